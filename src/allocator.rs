@@ -1,0 +1,197 @@
+//! The thread-safe front: one [`CachingAllocator`] per device, a mutex around the policy
+//! state and its backend, and PyTorch's `torch.cuda` memory API as methods.
+//!
+//! # Locking
+//! Every public method takes the lock once and delegates to [`DeviceState`]; helpers never
+//! re-lock. Nothing is done outside the lock yet (stack capture for history will be).
+
+use crate::backend::{Backend, BackendKind, DeviceError, StreamId};
+use crate::config::AllocatorConfig;
+use crate::error::AllocError;
+use crate::history::{RecordMode, TraceEntry};
+use crate::policy::{Allocation, BlockId, DeviceState, SegmentView};
+use crate::stats::{DeviceStats, SlotId, SlotPeaks};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+struct Inner<B> {
+    state: DeviceState,
+    backend: B,
+}
+
+/// PyTorch's caching allocator for one device, over backend `B`.
+pub struct CachingAllocator<B: Backend> {
+    inner: Mutex<Inner<B>>,
+    device: i32,
+    kind: BackendKind,
+}
+
+impl<B: Backend> std::fmt::Debug for CachingAllocator<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CachingAllocator").field("device", &self.device).field("backend", &self.kind.name()).finish()
+    }
+}
+
+impl<B: Backend> CachingAllocator<B> {
+    /// An allocator over `backend` with `config`.
+    pub fn new(backend: B, config: AllocatorConfig) -> Self {
+        let device = backend.device_index();
+        let kind = backend.kind();
+        CachingAllocator { inner: Mutex::new(Inner { state: DeviceState::new(device, config), backend }), device, kind }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner<B>> {
+        // A panic while holding the lock cannot leave the state half-updated in a way later
+        // calls trip over (transitions complete before anything can panic), so recover.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Device index.
+    pub fn device(&self) -> i32 {
+        self.device
+    }
+
+    /// What backs this allocator (real GPU, simulated, replay).
+    pub fn backend_kind(&self) -> BackendKind {
+        self.kind
+    }
+
+    /// Runs `f` with the state and backend under the lock (tests, replay, advanced use).
+    pub fn with_state<R>(&self, f: impl FnOnce(&mut DeviceState, &mut B) -> R) -> R {
+        let mut g = self.lock();
+        let Inner { state, backend } = &mut *g;
+        f(state, backend)
+    }
+
+    /// Allocates `size` bytes on `stream` (the raw API; [`crate::DeviceBuffer`] is the safe one).
+    pub fn malloc(&self, size: u64, stream: StreamId) -> Result<Allocation, AllocError> {
+        self.with_state(|s, b| s.malloc(b, size, stream))
+    }
+
+    /// Frees a block from [`CachingAllocator::malloc`]. Freeing a block twice is an error value.
+    pub fn free(&self, block: BlockId) -> Result<(), DeviceError> {
+        self.with_state(|s, b| s.free(b, block))
+    }
+
+    /// `record_stream`: the block is used on `stream` too; its reuse waits for that stream.
+    pub fn record_stream(&self, block: BlockId, stream: StreamId) -> Result<(), DeviceError> {
+        self.with_state(|s, _| s.record_stream(block, stream))
+    }
+
+    /// `torch.cuda.empty_cache()`.
+    pub fn empty_cache(&self) -> Result<(), DeviceError> {
+        self.with_state(|s, b| s.empty_cache(b))
+    }
+
+    /// A copy of the statistics.
+    pub fn stats(&self) -> DeviceStats {
+        self.with_state(|s, _| s.stats().clone())
+    }
+
+    /// `torch.cuda.memory_stats()`: 122 sorted keys.
+    pub fn memory_stats(&self) -> BTreeMap<String, i64> {
+        self.with_state(|s, _| s.stats().memory_stats())
+    }
+
+    /// `torch.cuda.memory_allocated()`: bytes in allocated blocks.
+    pub fn memory_allocated(&self) -> u64 {
+        self.with_state(|s, _| s.stats().allocated_bytes[0].current as u64)
+    }
+
+    /// `torch.cuda.max_memory_allocated()`.
+    pub fn max_memory_allocated(&self) -> u64 {
+        self.with_state(|s, _| s.stats().allocated_bytes[0].peak as u64)
+    }
+
+    /// `torch.cuda.memory_reserved()`: bytes obtained from the device.
+    pub fn memory_reserved(&self) -> u64 {
+        self.with_state(|s, _| s.stats().reserved_bytes[0].current as u64)
+    }
+
+    /// `torch.cuda.max_memory_reserved()`.
+    pub fn max_memory_reserved(&self) -> u64 {
+        self.with_state(|s, _| s.stats().reserved_bytes[0].peak as u64)
+    }
+
+    /// `torch.cuda.reset_peak_memory_stats()`. Peak slots are not touched.
+    pub fn reset_peak_memory_stats(&self) {
+        self.with_state(|s, _| s.reset_peak_stats())
+    }
+
+    /// `torch.cuda.reset_accumulated_memory_stats()`.
+    pub fn reset_accumulated_memory_stats(&self) {
+        self.with_state(|s, _| s.reset_accumulated_stats())
+    }
+
+    /// `torch.cuda.mem_get_info()`: `(free, total)` bytes of the whole device.
+    pub fn mem_get_info(&self) -> Result<(u64, u64), DeviceError> {
+        self.with_state(|_, b| b.mem_get_info())
+    }
+
+    /// `torch.cuda.memory_summary()`, PyTorch's text.
+    pub fn memory_summary(&self, abbreviated: bool) -> String {
+        crate::summary::memory_summary(&self.memory_stats(), self.device, abbreviated)
+    }
+
+    /// `torch.cuda.set_per_process_memory_fraction()`.
+    pub fn set_per_process_memory_fraction(&self, fraction: f64) -> Result<(), crate::Error> {
+        self.with_state(|s, b| s.set_memory_fraction(fraction, b.total_memory()))
+            .map_err(crate::Error::InvalidArgument)
+    }
+
+    /// `torch.cuda.get_per_process_memory_fraction()`.
+    pub fn get_per_process_memory_fraction(&self) -> f64 {
+        self.with_state(|s, b| s.memory_fraction(b.total_memory()))
+    }
+
+    /// Starts (or stops, with `Off`) recording allocator events.
+    pub fn record_memory_history(&self, mode: RecordMode, max_entries: usize) {
+        self.with_state(|s, _| s.history.set_mode(mode, max_entries))
+    }
+
+    /// The recorded events, oldest first.
+    pub fn history(&self) -> Vec<TraceEntry> {
+        self.with_state(|s, _| s.history.entries().iter().cloned().collect())
+    }
+
+    /// Segments and blocks, as a snapshot reports them.
+    pub fn segments(&self) -> Vec<SegmentView> {
+        self.with_state(|s, _| s.segments())
+    }
+
+    /// Recounts every invariant (tests call this after every step).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.with_state(|s, _| s.check_invariants())
+    }
+
+    /// Opens an independent peak tracker; see [`PeakSlot`].
+    pub fn peak_slot(self: &Arc<Self>) -> PeakSlot<B> {
+        let id = self.with_state(|s, _| s.open_slot());
+        PeakSlot { alloc: Arc::clone(self), id }
+    }
+}
+
+/// An independent peak tracker, closed on drop. Several can be open at once (a notebook cell
+/// and the scopes inside it); resetting one never disturbs another or the global peaks.
+pub struct PeakSlot<B: Backend> {
+    alloc: Arc<CachingAllocator<B>>,
+    id: SlotId,
+}
+
+impl<B: Backend> PeakSlot<B> {
+    /// The highest allocated / reserved / active / requested bytes since open or reset.
+    pub fn peaks(&self) -> SlotPeaks {
+        self.alloc.with_state(|s, _| s.slot_peaks(self.id)).unwrap_or_default()
+    }
+    /// Restarts this slot at the current values.
+    pub fn reset(&self) {
+        self.alloc.with_state(|s, _| s.reset_slot(self.id));
+    }
+}
+
+impl<B: Backend> Drop for PeakSlot<B> {
+    fn drop(&mut self) {
+        let id = self.id;
+        self.alloc.with_state(|s, _| s.close_slot(id));
+    }
+}

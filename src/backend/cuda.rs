@@ -1,0 +1,1 @@
+//! The CUDA backend (being written).

@@ -1,0 +1,284 @@
+//! The simulated device: a capacity-limited address space with deterministic addresses.
+//!
+//! Plan memory for an 80 GiB card on a laptop, test every layer without a GPU. Addresses are
+//! handed out first-fit from a fixed base, aligned to 2 MiB (the driver's granularity), so the
+//! same sequence of calls always gives the same addresses. Address-range reservations
+//! (expandable segments) take address space but no capacity; segments and mapped pages take
+//! capacity. Streams can be marked busy: events recorded on a busy stream stay incomplete until
+//! the stream is synchronised, which is how tests hold a cross-stream free pending.
+#![forbid(unsafe_code)]
+
+use super::{Backend, BackendKind, DeviceError, EventId, StreamId};
+use crate::units::{GIB, MIB};
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+/// Allocation granularity of the simulated driver.
+pub const GRANULARITY: u64 = 2 * MIB;
+/// First address handed out (looks like a CUDA device address).
+pub const BASE_ADDRESS: u64 = 0x7f00_0000_0000;
+/// Default capacity of the simulated device: 80 GiB.
+pub const DEFAULT_CAPACITY: u64 = 80 * GIB;
+
+/// A simulated GPU.
+#[derive(Clone, Debug)]
+pub struct SimBackend {
+    device: i32,
+    capacity: u64,
+    used: u64,
+    /// Free address ranges: start → length.
+    free_ranges: BTreeMap<u64, u64>,
+    /// Live reservations (segments and address ranges): start → length.
+    live: HashMap<u64, u64>,
+    /// Mapped pages: page address → page size.
+    mapped: HashMap<u64, u64>,
+    busy: HashSet<StreamId>,
+    events: HashMap<u64, (StreamId, bool)>,
+    next_event: u64,
+    fail_reserves: u32,
+    next_stream: u64,
+}
+
+impl SimBackend {
+    /// A simulated device of `capacity` bytes.
+    pub fn new(device: i32, capacity: u64) -> Self {
+        let mut free_ranges = BTreeMap::new();
+        free_ranges.insert(BASE_ADDRESS, u64::MAX - BASE_ADDRESS - GRANULARITY);
+        SimBackend {
+            device,
+            capacity,
+            used: 0,
+            free_ranges,
+            live: HashMap::new(),
+            mapped: HashMap::new(),
+            busy: HashSet::new(),
+            events: HashMap::new(),
+            next_event: 1,
+            fail_reserves: 0,
+            next_stream: 0x5000,
+        }
+    }
+
+    /// Bytes of capacity in use (segments plus mapped pages).
+    pub fn used(&self) -> u64 {
+        self.used
+    }
+
+    /// A new stream handle, distinct from the default stream and from earlier ones.
+    pub fn new_stream(&mut self) -> StreamId {
+        self.next_stream += 0x100;
+        StreamId(self.next_stream)
+    }
+
+    /// Marks a stream busy (events recorded on it stay pending) or idle (they complete).
+    pub fn set_stream_busy(&mut self, stream: StreamId, busy: bool) {
+        if busy {
+            self.busy.insert(stream);
+        } else {
+            self.busy.remove(&stream);
+            for (s, done) in self.events.values_mut() {
+                if *s == stream {
+                    *done = true;
+                }
+            }
+        }
+    }
+
+    /// Completes all work on every stream.
+    pub fn synchronize(&mut self) {
+        let streams: Vec<StreamId> = self.busy.drain().collect();
+        for s in streams {
+            self.set_stream_busy(s, false);
+        }
+    }
+
+    /// Makes the next `n` segment reservations or page maps fail with out-of-memory.
+    pub fn fail_next_reserves(&mut self, n: u32) {
+        self.fail_reserves = n;
+    }
+
+    fn take_range(&mut self, size: u64) -> Result<u64, DeviceError> {
+        let size = size.div_ceil(GRANULARITY) * GRANULARITY;
+        let (&start, &len) = self
+            .free_ranges
+            .iter()
+            .find(|&(_, &len)| len >= size)
+            .ok_or(DeviceError::OutOfMemory)?;
+        self.free_ranges.remove(&start);
+        if len > size {
+            self.free_ranges.insert(start + size, len - size);
+        }
+        self.live.insert(start, size);
+        Ok(start)
+    }
+
+    fn return_range(&mut self, addr: u64, size: u64) -> Result<(), DeviceError> {
+        let size = size.div_ceil(GRANULARITY) * GRANULARITY;
+        match self.live.remove(&addr) {
+            Some(s) if s == size => {}
+            Some(s) => {
+                self.live.insert(addr, s);
+                return Err(DeviceError::Driver(format!(
+                    "CUDA_ERROR_INVALID_VALUE (simulated): release of {size} bytes at {addr:#x}, reserved {s}"
+                )));
+            }
+            None => {
+                return Err(DeviceError::Driver(format!(
+                    "CUDA_ERROR_INVALID_VALUE (simulated): {addr:#x} is not a reservation"
+                )));
+            }
+        }
+        let mut start = addr;
+        let mut len = size;
+        if let Some((&ps, &pl)) = self.free_ranges.range(..addr).next_back() {
+            if ps + pl == addr {
+                self.free_ranges.remove(&ps);
+                start = ps;
+                len += pl;
+            }
+        }
+        if let Some(&nl) = self.free_ranges.get(&(addr + size)) {
+            self.free_ranges.remove(&(addr + size));
+            len += nl;
+        }
+        self.free_ranges.insert(start, len);
+        Ok(())
+    }
+
+    fn consume(&mut self, bytes: u64) -> Result<(), DeviceError> {
+        if self.fail_reserves > 0 {
+            self.fail_reserves -= 1;
+            return Err(DeviceError::OutOfMemory);
+        }
+        if self.used + bytes > self.capacity {
+            return Err(DeviceError::OutOfMemory);
+        }
+        self.used += bytes;
+        Ok(())
+    }
+}
+
+impl Backend for SimBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Simulated
+    }
+    fn device_index(&self) -> i32 {
+        self.device
+    }
+    fn total_memory(&self) -> u64 {
+        self.capacity
+    }
+    fn mem_get_info(&mut self) -> Result<(u64, u64), DeviceError> {
+        Ok((self.capacity - self.used, self.capacity))
+    }
+    fn reserve(&mut self, size: u64, _stream: StreamId) -> Result<u64, DeviceError> {
+        self.consume(size)?;
+        self.take_range(size).inspect_err(|_| self.used -= size)
+    }
+    fn release(&mut self, addr: u64, size: u64) -> Result<(), DeviceError> {
+        self.return_range(addr, size)?;
+        self.used -= size;
+        Ok(())
+    }
+    fn reserve_address_range(&mut self, size: u64) -> Result<u64, DeviceError> {
+        self.take_range(size)
+    }
+    fn release_address_range(&mut self, addr: u64, size: u64) -> Result<(), DeviceError> {
+        if self.mapped.keys().any(|&p| p >= addr && p < addr + size) {
+            return Err(DeviceError::Driver(format!(
+                "CUDA_ERROR_INVALID_VALUE (simulated): range {addr:#x} still has mapped pages"
+            )));
+        }
+        self.return_range(addr, size)
+    }
+    fn map_pages(&mut self, addr: u64, page_size: u64, pages: u64) -> Result<(), DeviceError> {
+        for i in 0..pages {
+            if self.mapped.contains_key(&(addr + i * page_size)) {
+                return Err(DeviceError::Driver(format!(
+                    "CUDA_ERROR_INVALID_VALUE (simulated): page {:#x} already mapped",
+                    addr + i * page_size
+                )));
+            }
+        }
+        self.consume(page_size * pages)?;
+        for i in 0..pages {
+            self.mapped.insert(addr + i * page_size, page_size);
+        }
+        Ok(())
+    }
+    fn unmap_pages(&mut self, addr: u64, page_size: u64, pages: u64, _stream: StreamId) -> Result<(), DeviceError> {
+        for i in 0..pages {
+            if self.mapped.remove(&(addr + i * page_size)).is_none() {
+                return Err(DeviceError::Driver(format!(
+                    "CUDA_ERROR_INVALID_VALUE (simulated): page {:#x} not mapped",
+                    addr + i * page_size
+                )));
+            }
+            self.used -= page_size;
+        }
+        Ok(())
+    }
+    fn record_event(&mut self, stream: StreamId) -> Result<EventId, DeviceError> {
+        let id = self.next_event;
+        self.next_event += 1;
+        self.events.insert(id, (stream, !self.busy.contains(&stream)));
+        Ok(EventId(id))
+    }
+    fn query_event(&mut self, event: EventId) -> Result<bool, DeviceError> {
+        match self.events.get(&event.0) {
+            Some(&(_, true)) => {
+                self.events.remove(&event.0);
+                Ok(true)
+            }
+            Some(_) => Ok(false),
+            None => Err(DeviceError::Driver("CUDA_ERROR_INVALID_HANDLE (simulated event)".into())),
+        }
+    }
+    fn synchronize_event(&mut self, event: EventId) -> Result<(), DeviceError> {
+        self.events
+            .remove(&event.0)
+            .map(|_| ())
+            .ok_or_else(|| DeviceError::Driver("CUDA_ERROR_INVALID_HANDLE (simulated event)".into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deterministic_first_fit_addresses_and_capacity() {
+        let mut s = SimBackend::new(0, 10 * MIB);
+        let a = s.reserve(2 * MIB, StreamId::DEFAULT).unwrap();
+        let b = s.reserve(4 * MIB, StreamId::DEFAULT).unwrap();
+        assert_eq!(a, BASE_ADDRESS);
+        assert_eq!(b, BASE_ADDRESS + 2 * MIB);
+        assert_eq!(s.reserve(6 * MIB, StreamId::DEFAULT), Err(DeviceError::OutOfMemory));
+        assert_eq!(s.mem_get_info().unwrap(), (4 * MIB, 10 * MIB));
+        s.release(a, 2 * MIB).unwrap();
+        assert_eq!(s.reserve(2 * MIB, StreamId::DEFAULT).unwrap(), a);
+        assert!(s.release(a + 1, 2 * MIB).is_err());
+    }
+
+    #[test]
+    fn busy_stream_holds_events() {
+        let mut s = SimBackend::new(0, GIB);
+        let st = s.new_stream();
+        s.set_stream_busy(st, true);
+        let e = s.record_event(st).unwrap();
+        assert!(!s.query_event(e).unwrap());
+        s.synchronize();
+        assert!(s.query_event(e).unwrap());
+    }
+
+    #[test]
+    fn pages_take_capacity_ranges_do_not() {
+        let mut s = SimBackend::new(0, 4 * MIB);
+        let va = s.reserve_address_range(100 * GIB).unwrap();
+        s.map_pages(va, 2 * MIB, 2).unwrap();
+        assert_eq!(s.map_pages(va + 4 * MIB, 2 * MIB, 1), Err(DeviceError::OutOfMemory));
+        assert!(s.release_address_range(va, 100 * GIB).is_err());
+        s.unmap_pages(va, 2 * MIB, 2, StreamId::DEFAULT).unwrap();
+        s.release_address_range(va, 100 * GIB).unwrap();
+        assert_eq!(s.used(), 0);
+    }
+}

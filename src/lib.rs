@@ -1,0 +1,36 @@
+//! # gpumem-nb
+//!
+//! GPU memory, seen cell by cell, for people who write Rust in Jupyter: a PyTorch-exact CUDA
+//! caching allocator over cudarc (and a simulated device, so everything runs without a GPU),
+//! with PyTorch's statistics, `memory_summary()`, peak slots, and a trace replayer.
+//!
+//! ## Layers (each depends only on those above it in this list)
+//! 1. [`backend`] — the device seam: [`backend::cuda`] (cudarc, feature `cuda`),
+//!    [`backend::sim`] (simulated), [`backend::replay`] (recorded addresses).
+//! 2. [`policy`] — PyTorch's caching policy as pure code: rounding, pools, best fit, split and
+//!    merge, events, release, GC, fraction, expandable segments. No `unsafe`, no device.
+//! 3. [`stats`] / [`summary`] — `memory_stats()` (122 keys), resets, peak slots, the summary.
+//! 4. [`history`] — PyTorch's trace vocabulary and the event ring.
+//! 5. [`allocator`] — the thread-safe front, one per device; [`trace`] — replay of recorded
+//!    PyTorch traces.
+//!
+//! Units: bytes everywhere in data; [`units`] formats them for people.
+
+pub mod allocator;
+pub mod backend;
+pub mod config;
+pub mod error;
+pub mod history;
+pub mod policy;
+pub mod stats;
+pub mod summary;
+pub mod trace;
+pub mod units;
+
+pub use allocator::{CachingAllocator, PeakSlot};
+pub use backend::{Backend, BackendKind, DeviceError, StreamId};
+pub use config::AllocatorConfig;
+pub use error::{AllocError, Error, OomReport, Result};
+pub use history::{RecordMode, TraceAction, TraceEntry};
+pub use policy::{Allocation, BlockId, DeviceState};
+pub use stats::{DeviceStats, SlotPeaks};

@@ -1,0 +1,145 @@
+//! Blocks, their arena, and the free-block pools.
+//!
+//! A block is a contiguous piece of a segment: allocated, free (cached), or unmapped address
+//! space of an expandable segment. Blocks of one segment form a doubly linked list in address
+//! order (`prev`/`next` are arena indices, [`NIL`] for none). Free, mapped blocks sit in their
+//! pool's `blocks` map keyed by (stream, size, address): best fit is one range lookup.
+//! Unmapped ranges of expandable segments sit in `unmapped`, keyed by (stream, address).
+//!
+//! See Note [Block identity] in `state.rs` for why the slot that keeps a segment's lowest
+//! address never changes while PyTorch's object identity is still reproduced.
+#![forbid(unsafe_code)]
+
+use super::rounding::PoolKind;
+use crate::backend::StreamId;
+use std::collections::BTreeMap;
+
+/// "No block".
+pub(crate) const NIL: u32 = u32::MAX;
+
+/// A handle to an allocated block, as handed out by `malloc`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlockId(pub(crate) u32);
+
+#[derive(Clone, Debug)]
+pub(crate) struct Block {
+    pub(crate) addr: u64,
+    pub(crate) size: u64,
+    /// The unrounded request this block last served (stale on inactive blocks, as in PyTorch).
+    pub(crate) requested_size: u64,
+    pub(crate) stream: StreamId,
+    pub(crate) prev: u32,
+    pub(crate) next: u32,
+    /// Outstanding stream events that must complete before the block is free.
+    pub(crate) event_count: u32,
+    pub(crate) pool: PoolKind,
+    pub(crate) allocated: bool,
+    pub(crate) mapped: bool,
+    /// Index of the expandable segment this block lies in, or [`NIL`].
+    pub(crate) expandable: u32,
+    /// The pool's free-search counter when the block was last inserted (GC age).
+    pub(crate) gc_count_base: u64,
+    /// Streams other than `stream` that used the block (`record_stream`).
+    pub(crate) stream_uses: Vec<StreamId>,
+    /// Caller-chosen tag carried by the block while allocated (e.g. the notebook cell).
+    pub(crate) tag: u32,
+    pub(crate) live: bool,
+}
+
+impl Block {
+    pub(crate) fn new(addr: u64, size: u64, stream: StreamId, pool: PoolKind) -> Self {
+        Block {
+            addr,
+            size,
+            requested_size: 0,
+            stream,
+            prev: NIL,
+            next: NIL,
+            event_count: 0,
+            pool,
+            allocated: false,
+            mapped: true,
+            expandable: NIL,
+            gc_count_base: 0,
+            stream_uses: Vec::new(),
+            tag: 0,
+            live: true,
+        }
+    }
+    #[inline]
+    pub(crate) fn is_split(&self) -> bool {
+        self.prev != NIL || self.next != NIL
+    }
+    #[inline]
+    pub(crate) fn is_expandable(&self) -> bool {
+        self.expandable != NIL
+    }
+    /// Active: allocated, or freed but still waiting for stream events.
+    #[inline]
+    pub(crate) fn is_active(&self) -> bool {
+        self.allocated || self.event_count > 0 || !self.stream_uses.is_empty()
+    }
+    #[inline]
+    pub(crate) fn free_key(&self) -> (u64, u64, u64) {
+        (self.stream.0, self.size, self.addr)
+    }
+}
+
+/// Slab of blocks addressed by index.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Arena {
+    pub(crate) slots: Vec<Block>,
+    free: Vec<u32>,
+}
+
+impl Arena {
+    pub(crate) fn insert(&mut self, b: Block) -> u32 {
+        if let Some(i) = self.free.pop() {
+            self.slots[i as usize] = b;
+            i
+        } else {
+            self.slots.push(b);
+            (self.slots.len() - 1) as u32
+        }
+    }
+    pub(crate) fn remove(&mut self, i: u32) {
+        let b = &mut self.slots[i as usize];
+        debug_assert!(b.live);
+        b.live = false;
+        b.stream_uses = Vec::new();
+        self.free.push(i);
+    }
+    #[inline]
+    pub(crate) fn get(&self, i: u32) -> &Block {
+        &self.slots[i as usize]
+    }
+    #[inline]
+    pub(crate) fn get_mut(&mut self, i: u32) -> &mut Block {
+        &mut self.slots[i as usize]
+    }
+    pub(crate) fn live(&self) -> impl Iterator<Item = (u32, &Block)> {
+        self.slots.iter().enumerate().filter(|(_, b)| b.live).map(|(i, b)| (i as u32, b))
+    }
+}
+
+/// One pool's free blocks.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct BlockPool {
+    /// Free mapped blocks by (stream, size, address).
+    pub(crate) blocks: BTreeMap<(u64, u64, u64), u32>,
+    /// Unmapped ranges of expandable segments by (stream, address).
+    pub(crate) unmapped: BTreeMap<(u64, u64), u32>,
+    /// Free-block searches so far (drives the GC age; counted only while GC is active).
+    pub(crate) get_free_blocks_call_count: u64,
+}
+
+/// An expandable segment: one reserved address range that grows by mapping pages.
+#[derive(Clone, Debug)]
+pub(crate) struct ExpandableSegment {
+    pub(crate) base: u64,
+    pub(crate) size: u64,
+    pub(crate) page: u64,
+    pub(crate) stream: StreamId,
+    pub(crate) mapped: Vec<bool>,
+    pub(crate) live: bool,
+}

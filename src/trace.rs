@@ -1,0 +1,1 @@
+//! Replay of recorded PyTorch allocator traces (placeholder, filled in below).
