@@ -155,6 +155,10 @@ impl AllocatorConfig {
         let mut i = 0;
         while i < toks.len() {
             let key = toks[i];
+            if key == "," {
+                i += 1;
+                continue;
+            }
             let t = Tokens { toks: toks.clone(), key };
             match key {
                 "max_split_size_mb" => {
@@ -245,7 +249,6 @@ impl AllocatorConfig {
                     cfg.backend = v.to_string();
                     i += 2;
                 }
-                "," => {}
                 other => {
                     return Err(ConfigError {
                         option: other.to_string(),
@@ -254,11 +257,14 @@ impl AllocatorConfig {
                 }
             }
             i += 1;
-            if i < toks.len() && toks[i] != "," {
-                return Err(ConfigError {
-                    option: key.to_string(),
-                    message: format!("expected ',' after the value, found '{}'", toks[i]),
-                });
+            if i < toks.len() {
+                if toks[i] != "," {
+                    return Err(ConfigError {
+                        option: key.to_string(),
+                        message: format!("expected ',' after the value, found '{}'", toks[i]),
+                    });
+                }
+                i += 1;
             }
         }
         Ok(cfg)
@@ -354,7 +360,8 @@ mod tests {
 
     #[test]
     fn max_split_and_gc() {
-        let c = AllocatorConfig::parse(" max_split_size_mb : 64 , garbage_collection_threshold:0.5").unwrap();
+        let c = AllocatorConfig::parse(" max_split_size_mb : 64 , garbage_collection_threshold:0.5,roundup_power2_divisions:[256:1,>:4],expandable_segments:False").unwrap();
+        assert_eq!(c.roundup_power2_divisions[8], 1);
         assert_eq!(c.max_split_size, 64 << 20);
         assert_eq!(c.garbage_collection_threshold, 0.5);
         let e = AllocatorConfig::parse("max_split_size_mb:10").unwrap_err();

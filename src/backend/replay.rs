@@ -18,6 +18,8 @@ pub struct ReplayBackend {
     addresses: VecDeque<u64>,
     range_bases: VecDeque<u64>,
     fallback_next: u64,
+    lookahead_range_bases: Vec<u64>,
+    ranges: Vec<(u64, u64)>,
     fail: u32,
     events: HashMap<u64, bool>,
     next_event: u64,
@@ -34,6 +36,8 @@ impl ReplayBackend {
             addresses: VecDeque::new(),
             range_bases: VecDeque::new(),
             fallback_next: 1 << 44,
+            lookahead_range_bases: Vec::new(),
+            ranges: Vec::new(),
             fail: 0,
             events: HashMap::new(),
             next_event: 1,
@@ -48,6 +52,12 @@ impl ReplayBackend {
     /// Queues the base the next address-range reservation returns (expandable segments).
     pub fn push_range_base(&mut self, addr: u64) {
         self.range_bases.push_back(addr);
+    }
+    /// Candidate bases for a range reservation when none is queued, in trace order: a
+    /// reservation whose first map failed (out of memory) leaves no trace of its address until
+    /// a later map reveals it. The first candidate outside every live range is used.
+    pub fn set_lookahead_range_bases(&mut self, addrs: Vec<u64>) {
+        self.lookahead_range_bases = addrs;
     }
     /// Drops queued addresses that were not used.
     pub fn clear_queued(&mut self) {
@@ -115,9 +125,22 @@ impl Backend for ReplayBackend {
         }
     }
     fn reserve_address_range(&mut self, size: u64) -> Result<u64, DeviceError> {
-        Ok(self.next_address(true, size))
+        // A queued or looked-ahead base inside a live range is a map into that range, not a
+        // new reservation.
+        let live = &self.ranges;
+        let free = |a: &u64| !live.iter().any(|&(b, s)| *a >= b && *a < b + s);
+        let base = if let Some(i) = self.range_bases.iter().position(free) {
+            self.range_bases.remove(i).unwrap_or_default()
+        } else if let Some(i) = self.lookahead_range_bases.iter().position(free) {
+            self.lookahead_range_bases.remove(i)
+        } else {
+            self.next_address(true, size)
+        };
+        self.ranges.push((base, size));
+        Ok(base)
     }
-    fn release_address_range(&mut self, _addr: u64, _size: u64) -> Result<(), DeviceError> {
+    fn release_address_range(&mut self, addr: u64, _size: u64) -> Result<(), DeviceError> {
+        self.ranges.retain(|&(b, _)| b != addr);
         Ok(())
     }
     fn map_pages(&mut self, _addr: u64, page_size: u64, pages: u64) -> Result<(), DeviceError> {

@@ -1,1 +1,137 @@
-fn main() {}
+//! `gpumem-replay TRACE [--alloc-conf STR] [--device-total BYTES] [--json]`
+//!
+//! Replays a recorded PyTorch allocator trace (`.tsv` / `.tsv.gz`, see `shared/traces`)
+//! through gpumem-nb's caching policy on the replay device, and prints the peaks, device
+//! counters, the sizes of every new segment in order, and the full `memory_stats()`.
+//!
+//! The allocator configuration is, in order: `--alloc-conf`, the trace's sidecar
+//! `<name>.json` (`alloc_conf`), `GPUMEM_NB_ALLOC_CONF`, the default.
+//! Bad input is one line on stderr naming the file and line, and exit status 2.
+
+use gpumem_nb::AllocatorConfig;
+use gpumem_nb::trace::{ReplayOptions, read_trace, replay};
+use gpumem_nb::units::iec;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+const USAGE: &str = "usage: gpumem-replay TRACE [--alloc-conf STR] [--device-total BYTES] [--json]";
+
+struct Args {
+    trace: PathBuf,
+    alloc_conf: Option<String>,
+    device_total: Option<u64>,
+    json: bool,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut trace = None;
+    let mut alloc_conf = None;
+    let mut device_total = None;
+    let mut json = false;
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--json" => json = true,
+            "--alloc-conf" => alloc_conf = Some(it.next().ok_or("--alloc-conf needs a value")?),
+            "--device-total" => {
+                let v = it.next().ok_or("--device-total needs a value")?;
+                device_total = Some(gpumem_nb::units::parse_size(&v).ok_or(format!("--device-total: bad size '{v}'"))?);
+            }
+            "-h" | "--help" => return Err(String::new()),
+            s if s.starts_with('-') => return Err(format!("unknown option '{s}'")),
+            s => {
+                if trace.replace(PathBuf::from(s)).is_some() {
+                    return Err("only one TRACE may be given".into());
+                }
+            }
+        }
+    }
+    let trace = trace.ok_or("missing TRACE")?;
+    Ok(Args { trace, alloc_conf, device_total, json })
+}
+
+/// The `<name>.json` beside `<name>.trace.tsv[.gz]`, if any.
+fn sidecar(trace: &Path) -> Option<serde_json::Value> {
+    let name = trace.file_name()?.to_str()?;
+    let stem = name.split(".trace.").next().filter(|s| *s != name).or_else(|| name.split('.').next())?;
+    let text = std::fs::read_to_string(trace.with_file_name(format!("{stem}.json"))).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+fn run(args: Args) -> Result<(), String> {
+    let side = sidecar(&args.trace);
+    let (conf, source) = if let Some(c) = args.alloc_conf.clone() {
+        (c, "--alloc-conf")
+    } else if let Some(c) = side.as_ref().and_then(|s| s["alloc_conf"].as_str()) {
+        (c.to_string(), "trace sidecar .json")
+    } else if let Ok(c) = std::env::var(gpumem_nb::config::ENV_VAR) {
+        (c, "GPUMEM_NB_ALLOC_CONF")
+    } else {
+        (String::new(), "default")
+    };
+    let config = AllocatorConfig::parse(&conf).map_err(|e| format!("{source}: {e}"))?;
+    let device_total = args
+        .device_total
+        .or_else(|| side.as_ref().and_then(|s| s["total_memory"].as_u64()))
+        .unwrap_or(ReplayOptions::default().device_total);
+    let events = read_trace(&args.trace).map_err(|e| e.to_string())?;
+    let path = args.trace.display().to_string();
+    let r = replay(&events, &ReplayOptions { config, device_total }, &path).map_err(|e| e.to_string())?;
+    if args.json {
+        let out = serde_json::json!({
+            "trace": path,
+            "alloc_conf": conf,
+            "alloc_conf_source": source,
+            "device": "replay",
+            "events": r.events,
+            "allocated_peak": r.allocated_peak,
+            "reserved_peak": r.reserved_peak,
+            "num_device_alloc": r.num_device_alloc,
+            "num_device_free": r.num_device_free,
+            "segment_sizes": r.segment_sizes,
+            "segment_sizes_match_trace": r.segment_sizes == r.trace_segment_sizes,
+            "divergences": r.divergences,
+            "first_divergence": r.first_divergence,
+            "address_mismatches": r.address_mismatches,
+            "releases_explained_by": {"malloc": r.strategies[0], "oom_path": r.strategies[1], "empty_cache": r.strategies[2]},
+            "stats": r.stats,
+        });
+        println!("{out}");
+    } else {
+        println!("trace           {path} ({} events)", r.events);
+        println!("alloc conf      {:?} ({source})", conf);
+        println!("allocated peak  {} ({} bytes)", iec(r.allocated_peak as u64), r.allocated_peak);
+        println!("reserved peak   {} ({} bytes)", iec(r.reserved_peak as u64), r.reserved_peak);
+        println!("device allocs   {}   device frees {}", r.num_device_alloc, r.num_device_free);
+        println!(
+            "segments        {} new, {} the trace's sizes in order",
+            r.segment_sizes.len(),
+            if r.segment_sizes == r.trace_segment_sizes { "matching" } else { "NOT matching" }
+        );
+        match &r.first_divergence {
+            None => println!("divergences     none: every device event matches the trace"),
+            Some(d) => println!("divergences     {} (first: {d})", r.divergences),
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    match parse_args() {
+        Err(e) if e.is_empty() => {
+            println!("{USAGE}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("gpumem-replay: {e}\n{USAGE}");
+            ExitCode::from(2)
+        }
+        Ok(args) => match run(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("gpumem-replay: {e}");
+                ExitCode::from(2)
+            }
+        },
+    }
+}

@@ -1122,6 +1122,18 @@ impl DeviceState {
         out
     }
 
+    /// Orders the streams with pending events so that blocks whose addresses come first in
+    /// `addrs` are checked first (others keep their order, after them). PyTorch visits streams
+    /// in hash-map order; a replay uses this to follow the order a trace recorded.
+    pub fn prioritize_pending(&mut self, addrs: &[u64]) {
+        let arena = &self.arena;
+        self.pending.sort_by_key(|(_, q)| {
+            q.front()
+                .and_then(|&(_, id)| addrs.iter().position(|&a| a == arena.get(id).addr))
+                .unwrap_or(usize::MAX)
+        });
+    }
+
     /// Number of blocks waiting on stream events.
     pub fn pending_frees(&self) -> usize {
         self.pending.iter().map(|(_, q)| q.len()).sum()
