@@ -1,1 +1,74 @@
-fn main() {}
+//! Allocation benchmarks on the simulated device (the policy plus the thread-safe front).
+//!
+//! - `hot/<size>`: one malloc+free pair of the same size, again and again (the cache is warm:
+//!   after the first pair no device call happens).
+//! - `mixed_1000_live`: 1000 live blocks of log-uniform sizes 512 B – 8 MiB; each iteration
+//!   frees a random live block and allocates a new random size (one pair).
+//!
+//! The same workloads run against PyTorch's C++ allocator and the CUDA driver on the GPU
+//! machine (scripts/gpu-check.sh); BENCHMARKS.md has the figures.
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use gpumem_nb::backend::sim::SimBackend;
+use gpumem_nb::{AllocatorConfig, CachingAllocator, DeviceState, StreamId};
+use std::hint::black_box;
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    /// Log-uniform in [512, 8 MiB].
+    fn size(&mut self) -> u64 {
+        let lo = 9.0f64; // log2(512)
+        let hi = 23.0f64; // log2(8 MiB)
+        let u = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
+        2f64.powf(lo + u * (hi - lo)) as u64
+    }
+}
+
+fn hot(c: &mut Criterion) {
+    let mut g = c.benchmark_group("hot");
+    g.throughput(Throughput::Elements(1));
+    for size in [512u64, 1 << 20, 64 << 20] {
+        let alloc = CachingAllocator::new(SimBackend::new(0, 80 << 30), AllocatorConfig::default());
+        g.bench_with_input(BenchmarkId::new("allocator", size), &size, |b, &size| {
+            b.iter(|| {
+                let a = alloc.malloc(black_box(size), StreamId::DEFAULT).unwrap();
+                alloc.free(a.block.unwrap()).unwrap();
+            })
+        });
+        let mut state = DeviceState::new(0, AllocatorConfig::default());
+        let mut dev = SimBackend::new(0, 80 << 30);
+        g.bench_with_input(BenchmarkId::new("policy", size), &size, |b, &size| {
+            b.iter(|| {
+                let a = state.malloc(&mut dev, black_box(size), StreamId::DEFAULT).unwrap();
+                state.free(&mut dev, a.block.unwrap()).unwrap();
+            })
+        });
+    }
+    g.finish();
+}
+
+fn mixed(c: &mut Criterion) {
+    let mut g = c.benchmark_group("mixed_1000_live");
+    g.throughput(Throughput::Elements(1));
+    let alloc = CachingAllocator::new(SimBackend::new(0, 80 << 30), AllocatorConfig::default());
+    let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+    let mut live: Vec<_> =
+        (0..1000).map(|_| alloc.malloc(rng.size(), StreamId::DEFAULT).unwrap().block.unwrap()).collect();
+    g.bench_function("allocator", |b| {
+        b.iter(|| {
+            let i = (rng.next() % live.len() as u64) as usize;
+            alloc.free(live[i]).unwrap();
+            live[i] = alloc.malloc(rng.size(), StreamId::DEFAULT).unwrap().block.unwrap();
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, hot, mixed);
+criterion_main!(benches);

@@ -135,8 +135,7 @@ impl<B: Backend> CachingAllocator<B> {
 
     /// `torch.cuda.set_per_process_memory_fraction()`.
     pub fn set_per_process_memory_fraction(&self, fraction: f64) -> Result<(), crate::Error> {
-        self.with_state(|s, b| s.set_memory_fraction(fraction, b.total_memory()))
-            .map_err(crate::Error::InvalidArgument)
+        self.with_state(|s, b| s.set_memory_fraction(fraction, b.total_memory())).map_err(crate::Error::InvalidArgument)
     }
 
     /// `torch.cuda.get_per_process_memory_fraction()`.

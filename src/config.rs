@@ -102,11 +102,7 @@ impl<'a> Tokens<'a> {
     }
     fn expect(&self, i: usize, tok: &str) -> Result<(), ConfigError> {
         let got = self.get(i)?;
-        if got == tok {
-            Ok(())
-        } else {
-            Err(self.err(format!("expected '{tok}', found '{got}'")))
-        }
+        if got == tok { Ok(()) } else { Err(self.err(format!("expected '{tok}', found '{got}'"))) }
     }
     fn size(&self, i: usize) -> Result<u64, ConfigError> {
         let t = self.get(i)?;
@@ -177,10 +173,9 @@ impl AllocatorConfig {
                     t.expect(i + 1, ":")?;
                     let v = t.size(i + 2)?;
                     if v < LARGE_BUFFER / MB {
-                        return Err(t.err(format!(
-                            "max_non_split_rounding_mb too small, must be >= {}",
-                            LARGE_BUFFER / MB
-                        )));
+                        return Err(
+                            t.err(format!("max_non_split_rounding_mb too small, must be >= {}", LARGE_BUFFER / MB))
+                        );
                     }
                     cfg.max_non_split_rounding = v.min(u64::MAX / MB) * MB;
                     i += 2;
@@ -244,7 +239,9 @@ impl AllocatorConfig {
                     t.expect(i + 1, ":")?;
                     let v = t.get(i + 2)?;
                     if v != "native" && v != "cudaMallocAsync" {
-                        return Err(t.err(format!("Unknown allocator backend '{v}', options are native and cudaMallocAsync")));
+                        return Err(
+                            t.err(format!("Unknown allocator backend '{v}', options are native and cudaMallocAsync"))
+                        );
                     }
                     cfg.backend = v.to_string();
                     i += 2;
@@ -291,7 +288,11 @@ impl AllocatorConfig {
     }
 }
 
-fn parse_roundup(t: &Tokens<'_>, start: usize, table: &mut [u64; ROUNDUP_POWER2_INTERVALS]) -> Result<usize, ConfigError> {
+fn parse_roundup(
+    t: &Tokens<'_>,
+    start: usize,
+    table: &mut [u64; ROUNDUP_POWER2_INTERVALS],
+) -> Result<usize, ConfigError> {
     let mut i = start;
     i += 1;
     t.expect(i, ":")?;
@@ -367,7 +368,10 @@ mod tests {
         let e = AllocatorConfig::parse("max_split_size_mb:10").unwrap_err();
         assert_eq!(e.option, "max_split_size_mb");
         assert!(e.to_string().contains("must be >= 20"), "{e}");
-        assert_eq!(AllocatorConfig::parse("garbage_collection_threshold:1.5").unwrap_err().option, "garbage_collection_threshold");
+        assert_eq!(
+            AllocatorConfig::parse("garbage_collection_threshold:1.5").unwrap_err().option,
+            "garbage_collection_threshold"
+        );
     }
 
     #[test]
@@ -402,7 +406,10 @@ mod tests {
     fn unknown_key_is_named() {
         let e = AllocatorConfig::parse("max_split_size_mb:64,foo:1").unwrap_err();
         assert_eq!(e.option, "foo");
-        assert_eq!(e.to_string(), "invalid allocator config option 'foo': Unrecognized key 'foo' in CUDA allocator config.");
+        assert_eq!(
+            e.to_string(),
+            "invalid allocator config option 'foo': Unrecognized key 'foo' in CUDA allocator config."
+        );
         let e = AllocatorConfig::parse("max_split_size_mb").unwrap_err();
         assert_eq!(e.option, "max_split_size_mb");
         let e = AllocatorConfig::parse("max_split_size_mb:abc").unwrap_err();

@@ -104,6 +104,9 @@ pub enum Error {
     /// A bad argument (size, index, fraction) with what was wrong.
     #[error("{0}")]
     InvalidArgument(String),
+    /// The operation needs another backend (e.g. a cudarc view of a simulated buffer).
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 /// `Result` with this crate's [`Error`].

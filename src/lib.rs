@@ -18,19 +18,28 @@
 
 pub mod allocator;
 pub mod backend;
+pub mod buffer;
 pub mod config;
 pub mod error;
 pub mod history;
 pub mod policy;
+pub mod registry;
 pub mod stats;
 pub mod summary;
 pub mod trace;
 pub mod units;
 
 pub use allocator::{CachingAllocator, PeakSlot};
+pub use backend::any::AnyBackend;
 pub use backend::{Backend, BackendKind, DeviceError, StreamId};
+pub use buffer::{DeviceBuffer, Element};
 pub use config::AllocatorConfig;
 pub use error::{AllocError, Error, OomReport, Result};
 pub use history::{RecordMode, TraceAction, TraceEntry};
 pub use policy::{Allocation, BlockId, DeviceState};
+pub use registry::{DeviceSelection, current, device};
 pub use stats::{DeviceStats, SlotPeaks};
+
+/// The allocator of a device picked at run time (CUDA or simulated): what [`registry::device`]
+/// and [`registry::current`] hand out, and what a [`DeviceBuffer`] allocates from.
+pub type Allocator = CachingAllocator<AnyBackend>;

@@ -56,7 +56,9 @@ pub fn memory_summary(stats: &BTreeMap<String, i64>, device: i32, abbreviated: b
             ));
         }
     }
-    for (key, title) in [("oversize_allocations", "Oversize allocations"), ("oversize_segments", "Oversize GPU segments")] {
+    for (key, title) in
+        [("oversize_allocations", "Oversize allocations"), ("oversize_segments", "Oversize GPU segments")]
+    {
         lines.push("-".repeat(75));
         let v = |field: &str| get(&format!("{key}.{field}"));
         let (c, p, a, f) = (v("current"), v("peak"), v("allocated"), v("freed"));

@@ -78,8 +78,11 @@ pub fn read_trace(path: &Path) -> Result<Vec<TraceEvent>, TraceError> {
     let mut magic = [0u8; 2];
     let n = file.read(&mut magic).map_err(|e| err(None, format!("cannot read: {e}")))?;
     let head = std::io::Cursor::new(magic[..n].to_vec()).chain(file);
-    let reader: Box<dyn Read> =
-        if n == 2 && magic == [0x1f, 0x8b] { Box::new(flate2::read::MultiGzDecoder::new(head)) } else { Box::new(head) };
+    let reader: Box<dyn Read> = if n == 2 && magic == [0x1f, 0x8b] {
+        Box::new(flate2::read::MultiGzDecoder::new(head))
+    } else {
+        Box::new(head)
+    };
     parse_trace(BufReader::new(reader), &name)
 }
 
@@ -110,7 +113,8 @@ pub fn parse_trace(reader: impl BufRead, name: &str) -> Result<Vec<TraceEvent>, 
                 format!("expected 5 tab-separated fields (action addr size stream time_us), found {}", f.len()),
             ));
         }
-        let action = TraceAction::from_name(f[0].trim()).ok_or_else(|| err(lineno, format!("unknown action '{}'", f[0])))?;
+        let action =
+            TraceAction::from_name(f[0].trim()).ok_or_else(|| err(lineno, format!("unknown action '{}'", f[0])))?;
         let num = |idx: usize, what: &str| -> Result<u64, TraceError> {
             let t = f[idx].trim();
             if t.is_empty() && action == TraceAction::Oom && idx == 1 {
@@ -259,35 +263,46 @@ impl Replayer<'_> {
 
     /// Replays one caller event together with the device events and deferred completions
     /// the trace recorded just before it (see the module doc for how releases are explained).
-    fn caller_event(&mut self, group: &[&TraceEvent], ev: Option<&TraceEvent>, future: &[TraceEvent]) -> Result<(), TraceError> {
+    fn caller_event(
+        &mut self,
+        group: &[&TraceEvent],
+        ev: Option<&TraceEvent>,
+        future: &[TraceEvent],
+    ) -> Result<(), TraceError> {
         let lookahead: Vec<u64> =
             future.iter().filter(|f| f.action == TraceAction::SegmentMap).take(32).map(|f| f.addr).collect();
         let segs: Vec<&TraceEvent> = group.iter().copied().filter(|e| e.action.is_segment()).collect();
         let want: Vec<(TraceAction, u64, u64)> = segs.iter().map(|s| (s.action, s.addr, s.size)).collect();
-        let want_done: Vec<u64> = group.iter().filter(|e| e.action == TraceAction::FreeCompleted).map(|e| e.addr).collect();
+        let want_done: Vec<u64> =
+            group.iter().filter(|e| e.action == TraceAction::FreeCompleted).map(|e| e.addr).collect();
         self.state.prioritize_pending(&want_done);
         let releases = segs.iter().any(|s| matches!(s.action, TraceAction::SegmentFree | TraceAction::SegmentUnmap));
         let is_malloc = ev.is_some_and(|e| matches!(e.action, TraceAction::Alloc | TraceAction::Oom));
         let line = ev.map(|e| e.line).or_else(|| group.first().map(|e| e.line)).unwrap_or(0);
-        let candidates: Vec<(Strategy, bool)> = if is_malloc {
-            let mut c = vec![(Strategy::Plain, true)];
-            if !want_done.is_empty() {
-                // Completions that the out-of-memory path's synchronisation produced.
-                c.push((Strategy::Plain, false));
+        // Completions recorded before the first device event came from the malloc's own event
+        // processing (already complete when it started); later ones from the synchronisation
+        // in a release path. Which blocks to mark complete up front is tried in that order.
+        let first_seg = group.iter().position(|e| e.action.is_segment()).unwrap_or(group.len());
+        let early: Vec<u64> =
+            group[..first_seg].iter().filter(|e| e.action == TraceAction::FreeCompleted).map(|e| e.addr).collect();
+        let mut pre_sets: Vec<&[u64]> = vec![&early];
+        for set in [&want_done[..], &[][..]] {
+            if !pre_sets.contains(&set) {
+                pre_sets.push(set);
             }
+        }
+        let candidates: Vec<(Strategy, &[u64])> = if is_malloc {
+            let mut c: Vec<(Strategy, &[u64])> = pre_sets.iter().map(|p| (Strategy::Plain, *p)).collect();
             if releases || !want_done.is_empty() {
-                for s in [Strategy::EmptyCache, Strategy::OomPath] {
-                    c.push((s, false));
-                    if !want_done.is_empty() {
-                        c.push((s, true));
-                    }
+                for st in [Strategy::EmptyCache, Strategy::OomPath] {
+                    c.extend(pre_sets.iter().map(|p| (st, *p)));
                 }
             }
             c
         } else if releases || !want_done.is_empty() {
-            vec![(Strategy::EmptyCache, false)]
+            vec![(Strategy::EmptyCache, &[][..])]
         } else {
-            vec![(Strategy::Plain, false)]
+            vec![(Strategy::Plain, &[][..])]
         };
         let mut chosen = candidates[0];
         if candidates.len() > 1 {
@@ -296,9 +311,7 @@ impl Replayer<'_> {
                 let mut dv = self.dev.clone();
                 Self::queue_addresses(&mut dv, &segs);
                 dv.set_lookahead_range_bases(lookahead.clone());
-                if pre {
-                    self.complete(&mut dv, &want_done);
-                }
+                self.complete(&mut dv, pre);
                 // The outcome must match too: the recorded address, or the recorded failure.
                 let ok = ev.is_none_or(|e| match (e.action, Self::run(&mut st, &mut dv, e, s)) {
                     (TraceAction::Alloc, Ok(Some(a))) => a.addr == e.addr,
@@ -315,11 +328,9 @@ impl Replayer<'_> {
         self.strategies[strategy as usize] += 1;
         Self::queue_addresses(&mut self.dev, &segs);
         self.dev.set_lookahead_range_bases(lookahead);
-        if pre {
-            let mut dev = std::mem::replace(&mut self.dev, ReplayBackend::new(0));
-            self.complete(&mut dev, &want_done);
-            self.dev = dev;
-        }
+        let mut dev = std::mem::replace(&mut self.dev, ReplayBackend::new(0));
+        self.complete(&mut dev, pre);
+        self.dev = dev;
         for a in &want_done {
             self.pending.remove(a);
         }
@@ -342,7 +353,11 @@ impl Replayer<'_> {
             };
             self.note_divergence(
                 line,
-                format!("trace has [{}] completing {want_done:?}, replay did [{}] completing {got_done:?}", fmt(&want), fmt(&got)),
+                format!(
+                    "trace has [{}] completing {want_done:?}, replay did [{}] completing {got_done:?}",
+                    fmt(&want),
+                    fmt(&got)
+                ),
             );
         }
         let Some(ev) = ev else { return Ok(()) };
@@ -361,7 +376,9 @@ impl Replayer<'_> {
                         self.address_mismatches += 1;
                     }
                     if self.live.insert(ev.addr, b).is_some() {
-                        return Err(self.fail(ev.line, format!("alloc at address {} which is already allocated", ev.addr)));
+                        return Err(
+                            self.fail(ev.line, format!("alloc at address {} which is already allocated", ev.addr))
+                        );
                     }
                 }
             }
@@ -398,10 +415,9 @@ impl Replayer<'_> {
 
     fn free_requested(&mut self, ev: &TraceEvent) -> Result<(), TraceError> {
         let Some(block) = self.live.remove(&ev.addr) else {
-            return Err(self.fail(
-                ev.line,
-                format!("free_requested of unknown address {} (no live allocation there)", ev.addr),
-            ));
+            return Err(
+                self.fail(ev.line, format!("free_requested of unknown address {} (no live allocation there)", ev.addr))
+            );
         };
         if self.deferred.contains(&ev.line) {
             // Completed later: the block was used on another stream.

@@ -101,9 +101,7 @@ pub fn iec_delta(delta: i64) -> String {
 /// Parses a size as a user writes it: `1024`, `512B`, `1.5GiB`, `20 MiB`, `2G` (binary units).
 pub fn parse_size(text: &str) -> Option<u64> {
     let t = text.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let num: f64 = num.parse().ok()?;
     let mult = match unit.trim().to_ascii_lowercase().as_str() {

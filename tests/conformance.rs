@@ -263,7 +263,12 @@ fn case_d_oom_releases_cache_retries_and_reports_pytorch_numbers() {
         assert!(want_text.contains(fragment), "golden text lost {fragment:?}");
         assert!(text.contains(fragment), "{text}");
     }
-    assert!(text.starts_with("CUDA out of memory. Tried to allocate 1024.00 GiB. GPU 0 (simulated) has a total capacity of 139.80 GiB"), "{text}");
+    assert!(
+        text.starts_with(
+            "CUDA out of memory. Tried to allocate 1024.00 GiB. GPU 0 (simulated) has a total capacity of 139.80 GiB"
+        ),
+        "{text}"
+    );
     assert_eq!(p.key_stats(), g["stats_after_oom"]);
     let want: Vec<(String, u64)> = g["trace"]
         .as_array()

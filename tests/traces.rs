@@ -17,9 +17,13 @@ fn replay_bin() -> Command {
 /// Traces shipped with the repo, plus any in `../shared/traces` (CI has it beside the clone).
 fn traces() -> Vec<PathBuf> {
     let mut out = Vec::new();
-    for dir in [concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/traces"), concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/traces")] {
+    for dir in [
+        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/traces"),
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/traces"),
+    ] {
         if let Ok(rd) = std::fs::read_dir(dir) {
-            let mut v: Vec<PathBuf> = rd.flatten().map(|e| e.path()).filter(|p| p.to_string_lossy().ends_with(".trace.tsv.gz")).collect();
+            let mut v: Vec<PathBuf> =
+                rd.flatten().map(|e| e.path()).filter(|p| p.to_string_lossy().ends_with(".trace.tsv.gz")).collect();
             v.sort();
             out.extend(v);
         }
@@ -95,7 +99,10 @@ fn bad_input_is_one_line_with_the_line_number() {
     expect_one_line_error(&malformed, ":3: expected 5 tab-separated fields");
     let badnum = write_tmp("badnum.tsv", format!("{good}alloc\t0x10\t512\t0\t3\n").as_bytes());
     expect_one_line_error(&badnum, ":3: address '0x10'");
-    let unknown = write_tmp("unknown.tsv", format!("{good}free_requested\t4242\t512\t0\t3\nfree_completed\t4242\t512\t0\t3\n").as_bytes());
+    let unknown = write_tmp(
+        "unknown.tsv",
+        format!("{good}free_requested\t4242\t512\t0\t3\nfree_completed\t4242\t512\t0\t3\n").as_bytes(),
+    );
     expect_one_line_error(&unknown, ":3: free_requested of unknown address 4242");
     let action = write_tmp("action.tsv", format!("{good}malloc\t1\t2\t0\t3\n").as_bytes());
     expect_one_line_error(&action, ":3: unknown action 'malloc'");
@@ -194,10 +201,23 @@ fn record_and_replay(conf: &str, capacity: u64, ops: &[Op]) -> Result<(), TestCa
     let hist = alloc.history();
     let tsv: String = hist
         .iter()
-        .map(|e| format!("{}\t{}\t{}\t{}\t{}\n", e.action.name(), if e.action == TraceAction::Oom { 0 } else { e.addr }, e.size, e.stream.0, e.time_us))
+        .map(|e| {
+            format!(
+                "{}\t{}\t{}\t{}\t{}\n",
+                e.action.name(),
+                if e.action == TraceAction::Oom { 0 } else { e.addr },
+                e.size,
+                e.stream.0,
+                e.time_us
+            )
+        })
         .collect();
     let events = parse_trace(tsv.as_bytes(), "roundtrip").unwrap();
-    let r = replay(&events, &ReplayOptions { config, device_total: capacity }, "roundtrip").map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let r = replay(&events, &ReplayOptions { config, device_total: capacity }, "roundtrip")
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    if r.divergences > 0 && std::env::var("DUMP_TRACE").is_ok() {
+        std::fs::write("/tmp/rt.tsv", &tsv).unwrap();
+    }
     prop_assert_eq!(r.divergences, 0, "{:?}", r.first_divergence);
     prop_assert_eq!(&r.segment_sizes, &r.trace_segment_sizes);
     let ours = alloc.memory_stats();

@@ -1,1 +1,1076 @@
-//! The CUDA backend (being written).
+//! The CUDA backend: cudarc's driver API on a real GPU (feature `cuda`).
+//!
+//! This file is the only place in the crate with `unsafe` code. Every block names the invariant
+//! it relies on in a `// SAFETY:` comment.
+//!
+//! # Probing, never panicking
+//! cudarc loads `libcuda` lazily and *panics* when it is absent, on the first call into the
+//! driver. So [`probe`] asks [`cudarc::driver::sys::is_culib_present`] first (cached in a
+//! `OnceLock`), and only then calls `cuInit` and `cuDeviceGetCount`. Every failure is a value:
+//! `Err(String)` from [`probe`], [`crate::Error::NoCuda`] from [`CudaBackend::new`]. Driver
+//! errors are named from their `CUresult` variant (`CUDA_ERROR_NO_DEVICE`), never through
+//! `DriverError`'s `Debug`/`Display`, which call back into the driver library.
+//!
+//! # Streams and events
+//! A [`StreamId`] is the raw `CUstream` handle value: 0 is the legacy default stream, 2 the
+//! per-thread default stream, anything else a stream this backend created ([`Backend::new_stream`])
+//! or adopted ([`CudaBackend::adopt_stream`]) and keeps alive. An unknown stream handle is an
+//! error value, never passed to the driver. Events come from a small pool of `CUevent`s
+//! (created with `CU_EVENT_DISABLE_TIMING`); an [`EventId`] is the raw event handle, and a
+//! completed event goes back to the pool.
+//!
+//! # Driver entry points
+//!
+//! | entry point | reached through | used by |
+//! | --- | --- | --- |
+//! | `dlopen("libcuda.so…")` | `sys::is_culib_present` | [`probe`] (cached) |
+//! | `cuInit` | `result::init` | [`probe`] |
+//! | `cuDeviceGetCount` | `result::device::get_count` | [`probe`] |
+//! | `cuDeviceGet`, `cuDevicePrimaryCtxRetain`, `cuCtxSetCurrent` | `CudaContext::new` | [`CudaBackend::new`] |
+//! | `cuDeviceTotalMem_v2` | `CudaContext::total_mem` | [`CudaBackend::new`] (cached) |
+//! | `cuCtxGetCurrent`, `cuCtxSetCurrent` | `CudaContext::bind_to_thread` | before every raw call |
+//! | `cuMemGetInfo_v2` | `CudaContext::mem_get_info` | `mem_get_info` |
+//! | `cuMemAlloc_v2` | `result::malloc_sync` | `reserve` |
+//! | `cuMemFree_v2` | `result::free_sync` | `release`, drop |
+//! | `cuMemAddressReserve` | `sys` | `reserve_address_range` |
+//! | `cuMemAddressFree` | `sys` | `release_address_range`, drop |
+//! | `cuMemCreate` | `sys` | `map_pages` |
+//! | `cuMemMap` | `sys` | `map_pages` |
+//! | `cuMemSetAccess` | `sys` | `map_pages` |
+//! | `cuMemUnmap` | `sys` | `unmap_pages`, `map_pages` rollback, drop |
+//! | `cuMemRelease` | `sys` | `unmap_pages`, `map_pages` rollback, drop |
+//! | `cuStreamCreate` | `CudaContext::new_stream` | `new_stream` |
+//! | `cuStreamSynchronize` | `CudaStream::synchronize` | `unmap_pages`, buffer copies |
+//! | `cuCtxSynchronize` | `CudaContext::synchronize` | `unmap_pages` (unknown stream), drop |
+//! | `cuEventCreate` | `CudaContext::new_event` | `record_event` (pool empty) |
+//! | `cuEventRecord` | `CudaEvent::record` | `record_event` |
+//! | `cuEventQuery` | `CudaEvent::try_is_complete` | `query_event` |
+//! | `cuEventSynchronize` | `CudaEvent::synchronize` | `synchronize_event` |
+//! | `cuEventDestroy_v2` | `CudaEvent`'s drop | pool overflow, drop |
+//! | `cuMemcpyHtoDAsync_v2` | `result::memcpy_htod_async` | [`crate::DeviceBuffer`] uploads |
+//! | `cuMemcpyDtoHAsync_v2` | `result::memcpy_dtoh_async` | [`crate::DeviceBuffer`] downloads |
+//! | `cuMemsetD8Async` | `result::memset_d8_async` | [`crate::DeviceBuffer::zeros`] |
+//!
+//! # cudarc interop
+//! [`CudaView`] and [`CudaViewMut`] borrow a [`crate::DeviceBuffer`] and implement cudarc's
+//! [`DeviceSlice`], [`DevicePtr`], [`DevicePtrMut`] and [`PushKernelArg`], so
+//! `stream.memcpy_htod(&host, &mut view)`, `stream.clone_dtoh(&view)`,
+//! `launch_builder().arg(&view)` and cuBLAS `gemm` take allocator memory directly. They return
+//! `SyncOnDrop::Sync(None)`: stream safety is the allocator's own (`record_stream`), as in
+//! PyTorch.
+
+use super::{Backend, BackendKind, DeviceError, EventId, StreamId};
+use crate::buffer::Element;
+use crate::error::Error;
+use cudarc::driver::sys::{self, CUdeviceptr, CUmemGenericAllocationHandle};
+use cudarc::driver::{
+    CudaContext, CudaEvent, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, DriverError, LaunchArgs, PushKernelArg,
+    SyncOnDrop, result,
+};
+use std::collections::{BTreeMap, HashMap};
+use std::marker::PhantomData;
+use std::sync::{Arc, OnceLock};
+
+/// The legacy default stream handle (`NULL`).
+const LEGACY_STREAM: StreamId = StreamId(0);
+/// `CU_STREAM_PER_THREAD`: the per-thread default stream handle.
+const PER_THREAD_STREAM: StreamId = StreamId(2);
+/// At most this many idle events are kept for reuse; more are destroyed.
+const EVENT_POOL_LIMIT: usize = 64;
+
+/// Whether the CUDA driver library can be loaded (cached: cudarc's check dlopens every time).
+pub fn library_present() -> bool {
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    // SAFETY: `is_culib_present` only tries `libloading::Library::new` on the driver library's
+    // names and closes it again; loading libcuda runs its initialisers, which the NVIDIA driver
+    // library supports (cudarc itself loads it the same way on first use). No cudarc symbol is
+    // resolved, so nothing can panic.
+    *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
+}
+
+/// Probes the CUDA driver: `Ok(number of devices)` (at least 1), or why there is no usable GPU.
+///
+/// Never panics: without a driver library nothing of cudarc's driver module is touched. The
+/// answer is cached for the process.
+pub fn probe() -> Result<usize, String> {
+    static PROBE: OnceLock<Result<usize, String>> = OnceLock::new();
+    PROBE.get_or_init(probe_uncached).clone()
+}
+
+fn probe_uncached() -> Result<usize, String> {
+    if !library_present() {
+        return Err("the CUDA driver library (libcuda.so) could not be loaded: no NVIDIA driver is installed, \
+                    or it is not on the library search path"
+            .into());
+    }
+    result::init().map_err(|e| init_failure(e, "cuInit"))?;
+    let count = result::device::get_count().map_err(|e| init_failure(e, "cuDeviceGetCount"))?;
+    match usize::try_from(count) {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err("the CUDA driver reports no devices (check CUDA_VISIBLE_DEVICES)".into()),
+    }
+}
+
+/// The `CUresult` variant name (`CUDA_ERROR_OUT_OF_MEMORY`), without calling into the driver.
+fn code_name(e: DriverError) -> String {
+    format!("{:?}", e.0)
+}
+
+/// A clear sentence for a failure of `cuInit` / `cuDeviceGetCount`.
+fn init_failure(e: DriverError, call: &str) -> String {
+    use sys::CUresult as R;
+    let why = match e.0 {
+        R::CUDA_ERROR_NO_DEVICE => "no CUDA-capable device is visible (check CUDA_VISIBLE_DEVICES)",
+        R::CUDA_ERROR_STUB_LIBRARY => {
+            "the libcuda found is the CUDA toolkit's stub library, not a driver: no NVIDIA driver is installed here"
+        }
+        R::CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER => "the installed NVIDIA driver is too old for this CUDA version",
+        R::CUDA_ERROR_SYSTEM_DRIVER_MISMATCH => "the NVIDIA kernel module and the user-space driver do not match",
+        R::CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE => {
+            "the CUDA forward-compatibility driver does not support this GPU"
+        }
+        R::CUDA_ERROR_DEVICE_UNAVAILABLE => "the CUDA device is busy or unavailable (exclusive compute mode?)",
+        R::CUDA_ERROR_OPERATING_SYSTEM => "the operating system refused the CUDA driver",
+        _ => "the CUDA driver failed to initialise",
+    };
+    format!("{why} ({call}: {})", code_name(e))
+}
+
+/// Any driver failure as [`DeviceError::Driver`], naming the call.
+fn driver(call: &str, e: DriverError) -> DeviceError {
+    DeviceError::Driver(format!("{} in {call}", code_name(e)))
+}
+
+/// Like [`driver`], but `CUDA_ERROR_OUT_OF_MEMORY` becomes [`DeviceError::OutOfMemory`] (the
+/// policy then frees cached blocks and retries). The driver API keeps no sticky "last error" for
+/// an out-of-memory result (unlike the runtime's `cudaGetLastError`), so there is nothing to
+/// clear.
+fn oom_or_driver(call: &str, e: DriverError) -> DeviceError {
+    if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY { DeviceError::OutOfMemory } else { driver(call, e) }
+}
+
+fn to_usize(v: u64) -> Result<usize, DeviceError> {
+    usize::try_from(v).map_err(|_| DeviceError::Driver(format!("CUDA_ERROR_INVALID_VALUE: {v} bytes")))
+}
+
+fn stream_id(s: &CudaStream) -> StreamId {
+    StreamId(s.cu_stream() as usize as u64)
+}
+
+/// `CUmemAllocationProp` for pinned device memory on `ordinal` (built per call: the struct holds a
+/// raw pointer, which would make the backend `!Send`).
+fn allocation_prop(ordinal: i32) -> sys::CUmemAllocationProp {
+    sys::CUmemAllocationProp {
+        type_: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+        requestedHandleTypes: sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+        location: device_location(ordinal),
+        win32HandleMetaData: std::ptr::null_mut(),
+        allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {
+            compressionType: 0,
+            gpuDirectRDMACapable: 0,
+            usage: 0,
+            reserved: [0; 4],
+        },
+    }
+}
+
+/// `CUmemLocation { type_, id }` (the cuda-13000 layout; from cuda-13020 on `id` is a union).
+fn device_location(ordinal: i32) -> sys::CUmemLocation {
+    sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: ordinal }
+}
+
+/// A real GPU through cudarc's driver API.
+pub struct CudaBackend {
+    ctx: Arc<CudaContext>,
+    ordinal: i32,
+    total: u64,
+    default_stream: Arc<CudaStream>,
+    per_thread_stream: Arc<CudaStream>,
+    /// Streams created or adopted here, kept alive while the backend lives.
+    streams: HashMap<StreamId, Arc<CudaStream>>,
+    /// Live `cuMemAlloc` segments: address → size.
+    segments: HashMap<u64, u64>,
+    /// Live VMM address reservations: address → size.
+    ranges: BTreeMap<u64, u64>,
+    /// Mapped pages: page address → (physical handle, page size).
+    pages: HashMap<u64, (CUmemGenericAllocationHandle, u64)>,
+    /// Recorded, not yet completed events, by raw handle.
+    events: HashMap<u64, CudaEvent>,
+    /// Idle events for reuse.
+    event_pool: Vec<CudaEvent>,
+}
+
+impl std::fmt::Debug for CudaBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaBackend")
+            .field("ordinal", &self.ordinal)
+            .field("total", &self.total)
+            .field("segments", &self.segments.len())
+            .field("mapped_pages", &self.pages.len())
+            .field("streams", &self.streams.len())
+            .finish()
+    }
+}
+
+impl CudaBackend {
+    /// Opens CUDA device `ordinal` (its primary context, the one the CUDA runtime and PyTorch
+    /// share). `Err(Error::NoCuda(reason))` when there is no usable driver or device; never
+    /// panics.
+    pub fn new(ordinal: usize) -> Result<Self, Error> {
+        let count = probe().map_err(Error::NoCuda)?;
+        if ordinal >= count {
+            return Err(Error::InvalidArgument(format!(
+                "CUDA device {ordinal} requested, but {count} device(s) are visible (indices 0..{count})"
+            )));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| {
+            Error::NoCuda(format!("opening the context of CUDA device {ordinal} failed ({})", code_name(e)))
+        })?;
+        let total = ctx.total_mem().map_err(|e| {
+            Error::NoCuda(format!("reading the memory size of CUDA device {ordinal} failed ({})", code_name(e)))
+        })? as u64;
+        let ordinal = i32::try_from(ordinal).map_err(|_| Error::InvalidArgument(format!("device {ordinal}")))?;
+        Ok(CudaBackend {
+            default_stream: ctx.default_stream(),
+            per_thread_stream: ctx.per_thread_stream(),
+            ctx,
+            ordinal,
+            total,
+            streams: HashMap::new(),
+            segments: HashMap::new(),
+            ranges: BTreeMap::new(),
+            pages: HashMap::new(),
+            events: HashMap::new(),
+            event_pool: Vec::new(),
+        })
+    }
+
+    /// The device's (primary) context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The cudarc stream for `id`: the default stream for [`StreamId::DEFAULT`], the per-thread
+    /// stream for 2, or one created by [`Backend::new_stream`] / adopted by
+    /// [`CudaBackend::adopt_stream`]. `None` for a handle this backend does not know.
+    pub fn stream(&self, id: StreamId) -> Option<Arc<CudaStream>> {
+        match id {
+            LEGACY_STREAM => Some(Arc::clone(&self.default_stream)),
+            PER_THREAD_STREAM => Some(Arc::clone(&self.per_thread_stream)),
+            _ => self.streams.get(&id).cloned(),
+        }
+    }
+
+    /// Registers a stream created elsewhere (by cudarc, candle, …) so the allocator can record
+    /// events on it; returns its id. The stream must belong to this device's context.
+    pub fn adopt_stream(&mut self, stream: Arc<CudaStream>) -> Result<StreamId, DeviceError> {
+        if **stream.context() != *self.ctx {
+            return Err(DeviceError::Driver(
+                "CUDA_ERROR_INVALID_CONTEXT: the stream belongs to another context".into(),
+            ));
+        }
+        let id = stream_id(&stream);
+        if id != LEGACY_STREAM && id != PER_THREAD_STREAM {
+            self.streams.insert(id, stream);
+        }
+        Ok(id)
+    }
+
+    fn lookup_stream(&self, id: StreamId) -> Result<Arc<CudaStream>, DeviceError> {
+        self.stream(id).ok_or_else(|| {
+            DeviceError::Driver(format!(
+                "CUDA_ERROR_INVALID_HANDLE: stream {:#x} is unknown to the allocator (create it with new_stream, \
+                 or register it with adopt_stream)",
+                id.0
+            ))
+        })
+    }
+
+    fn bind(&self) -> Result<(), DeviceError> {
+        self.ctx.bind_to_thread().map_err(|e| driver("cuCtxSetCurrent", e))
+    }
+
+    /// Unmaps one page and releases its physical memory; on failure, the call that failed.
+    fn unmap_one(
+        page: u64,
+        handle: CUmemGenericAllocationHandle,
+        size: usize,
+    ) -> Result<(), (&'static str, DriverError)> {
+        // SAFETY: `page` was mapped by `map_pages` with exactly `size` bytes (one cuMemMap per
+        // page, so this covers a whole mapping), and the caller synchronised the work that used
+        // it. The context is bound by the caller.
+        unsafe { sys::cuMemUnmap(page, size).result() }.map_err(|e| ("cuMemUnmap", e))?;
+        // SAFETY: `handle` came from cuMemCreate in `map_pages`, its only mapping is gone, and it
+        // is released exactly once (the caller removed it from `pages`, or never inserted it).
+        unsafe { sys::cuMemRelease(handle).result() }.map_err(|e| ("cuMemRelease", e))
+    }
+
+    fn range_contains(&self, addr: u64, len: u64) -> bool {
+        self.ranges
+            .range(..=addr)
+            .next_back()
+            .is_some_and(|(&start, &size)| addr.checked_add(len).is_some_and(|end| end <= start + size))
+    }
+}
+
+impl Backend for CudaBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Cuda
+    }
+
+    fn device_index(&self) -> i32 {
+        self.ordinal
+    }
+
+    fn total_memory(&self) -> u64 {
+        self.total
+    }
+
+    fn mem_get_info(&mut self) -> Result<(u64, u64), DeviceError> {
+        let (free, total) = self.ctx.mem_get_info().map_err(|e| driver("cuMemGetInfo_v2", e))?;
+        Ok((free as u64, total as u64))
+    }
+
+    fn reserve(&mut self, size: u64, _stream: StreamId) -> Result<u64, DeviceError> {
+        let bytes = to_usize(size)?;
+        self.bind()?;
+        // SAFETY: the context is bound to this thread; the result is a fresh device allocation
+        // that nothing else refers to yet (the caller owns it until `release`).
+        let addr = unsafe { result::malloc_sync(bytes) }.map_err(|e| oom_or_driver("cuMemAlloc_v2", e))?;
+        self.segments.insert(addr, size);
+        Ok(addr)
+    }
+
+    fn release(&mut self, addr: u64, size: u64) -> Result<(), DeviceError> {
+        match self.segments.get(&addr) {
+            Some(&s) if s == size => {}
+            Some(&s) => {
+                return Err(DeviceError::Driver(format!(
+                    "CUDA_ERROR_INVALID_VALUE: release of {size} bytes at {addr:#x}, reserved {s}"
+                )));
+            }
+            None => {
+                return Err(DeviceError::Driver(format!(
+                    "CUDA_ERROR_INVALID_VALUE: {addr:#x} is not a segment of this allocator"
+                )));
+            }
+        }
+        self.bind()?;
+        // SAFETY: `addr` is a live cuMemAlloc_v2 allocation of this backend (checked just above),
+        // freed once: it leaves `segments` below. The policy releases a segment only when none of
+        // its blocks is allocated or waiting on stream events, so no caller still uses it.
+        unsafe { result::free_sync(addr) }.map_err(|e| driver("cuMemFree_v2", e))?;
+        self.segments.remove(&addr);
+        Ok(())
+    }
+
+    fn reserve_address_range(&mut self, size: u64) -> Result<u64, DeviceError> {
+        let bytes = to_usize(size)?;
+        self.bind()?;
+        let mut addr: CUdeviceptr = 0;
+        // SAFETY: `addr` is a valid out-pointer for the duration of the call; alignment 0 and
+        // fixed address 0 ask the driver to choose; flags must be 0.
+        unsafe { sys::cuMemAddressReserve(&mut addr, bytes, 0, 0, 0).result() }
+            .map_err(|e| oom_or_driver("cuMemAddressReserve", e))?;
+        self.ranges.insert(addr, size);
+        Ok(addr)
+    }
+
+    fn release_address_range(&mut self, addr: u64, size: u64) -> Result<(), DeviceError> {
+        if self.ranges.get(&addr) != Some(&size) {
+            return Err(DeviceError::Driver(format!(
+                "CUDA_ERROR_INVALID_VALUE: {addr:#x} (+{size}) is not an address range of this allocator"
+            )));
+        }
+        if self.pages.keys().any(|&p| p >= addr && p < addr + size) {
+            return Err(DeviceError::Driver(format!(
+                "CUDA_ERROR_INVALID_VALUE: range {addr:#x} still has mapped pages"
+            )));
+        }
+        let bytes = to_usize(size)?;
+        self.bind()?;
+        // SAFETY: the range was reserved by `reserve_address_range` with this exact size (checked
+        // above) and has no mapped pages left; it is freed once (removed from `ranges` below).
+        unsafe { sys::cuMemAddressFree(addr, bytes).result() }.map_err(|e| driver("cuMemAddressFree", e))?;
+        self.ranges.remove(&addr);
+        Ok(())
+    }
+
+    fn map_pages(&mut self, addr: u64, page_size: u64, pages: u64) -> Result<(), DeviceError> {
+        let total = page_size
+            .checked_mul(pages)
+            .ok_or_else(|| DeviceError::Driver("CUDA_ERROR_INVALID_VALUE: page count overflows".into()))?;
+        if !self.range_contains(addr, total) {
+            return Err(DeviceError::Driver(format!(
+                "CUDA_ERROR_INVALID_VALUE: pages {addr:#x} (+{total}) lie outside every reserved range"
+            )));
+        }
+        if let Some(p) = (0..pages).map(|i| addr + i * page_size).find(|p| self.pages.contains_key(p)) {
+            return Err(DeviceError::Driver(format!("CUDA_ERROR_INVALID_VALUE: page {p:#x} already mapped")));
+        }
+        let ps = to_usize(page_size)?;
+        self.bind()?;
+        let prop = allocation_prop(self.ordinal);
+        let access = sys::CUmemAccessDesc {
+            location: device_location(self.ordinal),
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        let mut done: Vec<(u64, CUmemGenericAllocationHandle)> = Vec::new();
+        let mut failure = None;
+        for i in 0..pages {
+            let page = addr + i * page_size;
+            let mut handle: CUmemGenericAllocationHandle = 0;
+            // SAFETY: `handle` and `prop` are valid for the call; `prop` describes pinned memory
+            // on this device with no export handle types; flags must be 0.
+            if let Err(e) = unsafe { sys::cuMemCreate(&mut handle, ps, &prop, 0).result() } {
+                failure = Some(oom_or_driver("cuMemCreate", e));
+                break;
+            }
+            // SAFETY: `page..page + ps` lies inside a range reserved by `reserve_address_range`
+            // (checked above) and is not mapped (checked above; the pages of this call are
+            // distinct); `handle` is a fresh allocation of exactly `ps` bytes; offset, flags 0.
+            if let Err(e) = unsafe { sys::cuMemMap(page, ps, 0, handle, 0).result() } {
+                // SAFETY: `handle` was just created and is mapped nowhere; released once.
+                let _ = unsafe { sys::cuMemRelease(handle).result() };
+                failure = Some(oom_or_driver("cuMemMap", e));
+                break;
+            }
+            done.push((page, handle));
+            // SAFETY: `page..page + ps` is exactly the mapping made above; `access` is one valid
+            // descriptor (read/write from this device), count 1.
+            if let Err(e) = unsafe { sys::cuMemSetAccess(page, ps, &access, 1).result() } {
+                failure = Some(oom_or_driver("cuMemSetAccess", e));
+                break;
+            }
+        }
+        if let Some(err) = failure {
+            // All or nothing: undo this call's mappings (nothing has used them yet).
+            for (page, handle) in done {
+                let _ = Self::unmap_one(page, handle, ps);
+            }
+            return Err(err);
+        }
+        for (page, handle) in done {
+            self.pages.insert(page, (handle, page_size));
+        }
+        Ok(())
+    }
+
+    fn unmap_pages(&mut self, addr: u64, page_size: u64, pages: u64, stream: StreamId) -> Result<(), DeviceError> {
+        let list: Vec<u64> = (0..pages).map(|i| addr + i * page_size).collect();
+        for &p in &list {
+            match self.pages.get(&p) {
+                Some(&(_, s)) if s == page_size => {}
+                _ => {
+                    return Err(DeviceError::Driver(format!(
+                        "CUDA_ERROR_INVALID_VALUE: page {p:#x} ({page_size} bytes) is not mapped"
+                    )));
+                }
+            }
+        }
+        let ps = to_usize(page_size)?;
+        self.bind()?;
+        // Work queued on the stream may still touch the pages: wait for it first.
+        match self.stream(stream) {
+            Some(s) => s.synchronize().map_err(|e| driver("cuStreamSynchronize", e))?,
+            None => self.ctx.synchronize().map_err(|e| driver("cuCtxSynchronize", e))?,
+        }
+        for p in list {
+            if let Some((handle, _)) = self.pages.remove(&p) {
+                Self::unmap_one(p, handle, ps).map_err(|(call, e)| driver(call, e))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn record_event(&mut self, stream: StreamId) -> Result<EventId, DeviceError> {
+        let s = self.lookup_stream(stream)?;
+        let event = match self.event_pool.pop() {
+            Some(e) => e,
+            None => self.ctx.new_event(None).map_err(|e| driver("cuEventCreate", e))?,
+        };
+        if let Err(e) = event.record(&s) {
+            self.event_pool.push(event);
+            return Err(driver("cuEventRecord", e));
+        }
+        let id = event.cu_event() as usize as u64;
+        self.events.insert(id, event);
+        Ok(EventId(id))
+    }
+
+    fn query_event(&mut self, event: EventId) -> Result<bool, DeviceError> {
+        let ev = self
+            .events
+            .get(&event.0)
+            .ok_or_else(|| DeviceError::Driver(format!("CUDA_ERROR_INVALID_HANDLE: event {:#x} unknown", event.0)))?;
+        self.ctx.bind_to_thread().map_err(|e| driver("cuCtxSetCurrent", e))?;
+        match ev.try_is_complete() {
+            Ok(true) => {
+                if let Some(ev) = self.events.remove(&event.0)
+                    && self.event_pool.len() < EVENT_POOL_LIMIT
+                {
+                    self.event_pool.push(ev);
+                }
+                Ok(true)
+            }
+            Ok(false) => Ok(false),
+            Err(e) => Err(driver("cuEventQuery", e)),
+        }
+    }
+
+    fn synchronize_event(&mut self, event: EventId) -> Result<(), DeviceError> {
+        let ev = self
+            .events
+            .remove(&event.0)
+            .ok_or_else(|| DeviceError::Driver(format!("CUDA_ERROR_INVALID_HANDLE: event {:#x} unknown", event.0)))?;
+        ev.synchronize().map_err(|e| driver("cuEventSynchronize", e))?;
+        if self.event_pool.len() < EVENT_POOL_LIMIT {
+            self.event_pool.push(ev);
+        }
+        Ok(())
+    }
+
+    fn new_stream(&mut self) -> Result<StreamId, DeviceError> {
+        let s = self.ctx.new_stream().map_err(|e| driver("cuStreamCreate", e))?;
+        let id = stream_id(&s);
+        self.streams.insert(id, s);
+        Ok(id)
+    }
+}
+
+impl Drop for CudaBackend {
+    /// Returns every segment, page and address range still held (the allocator is gone, so
+    /// nobody can reach them any more). Errors are recorded on the context, never panicked on.
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_err() {
+            return;
+        }
+        self.ctx.record_err(self.ctx.synchronize());
+        for (addr, _) in self.segments.drain() {
+            // SAFETY: a live cuMemAlloc_v2 allocation of this backend, freed once (drained); the
+            // context was synchronised, and with the allocator gone no block of it is reachable.
+            self.ctx.record_err(unsafe { result::free_sync(addr) });
+        }
+        for (page, (handle, size)) in self.pages.drain() {
+            if let Ok(size) = usize::try_from(size) {
+                self.ctx.record_err(Self::unmap_one(page, handle, size).map_err(|(_, e)| e));
+            }
+        }
+        for (addr, size) in std::mem::take(&mut self.ranges) {
+            if let Ok(size) = usize::try_from(size) {
+                // SAFETY: a reservation of this backend with its exact size; its pages were all
+                // unmapped just above; freed once (taken out of `ranges`).
+                self.ctx.record_err(unsafe { sys::cuMemAddressFree(addr, size).result() });
+            }
+        }
+    }
+}
+
+/// A read-only borrow of a [`crate::DeviceBuffer`] for cudarc's safe API (from
+/// [`crate::DeviceBuffer::cuda`]): implements [`DeviceSlice`], [`DevicePtr`] and
+/// `PushKernelArg<&CudaView<T>>`.
+///
+/// Not to be confused with cudarc's own `CudaView`, which borrows a `CudaSlice`.
+pub struct CudaView<'a, T> {
+    ptr: CUdeviceptr,
+    len: usize,
+    stream: Arc<CudaStream>,
+    _borrow: PhantomData<&'a [T]>,
+}
+
+/// A mutable borrow of a [`crate::DeviceBuffer`] for cudarc's safe API (from
+/// [`crate::DeviceBuffer::cuda_mut`]): implements [`DeviceSlice`], [`DevicePtr`],
+/// [`DevicePtrMut`] and `PushKernelArg<&CudaViewMut<T>>` / `PushKernelArg<&mut CudaViewMut<T>>`.
+pub struct CudaViewMut<'a, T> {
+    ptr: CUdeviceptr,
+    len: usize,
+    stream: Arc<CudaStream>,
+    _borrow: PhantomData<&'a mut [T]>,
+}
+
+impl<T> std::fmt::Debug for CudaView<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CudaView {{ ptr: {:#x}, len: {} }}", self.ptr, self.len)
+    }
+}
+
+impl<T> std::fmt::Debug for CudaViewMut<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CudaViewMut {{ ptr: {:#x}, len: {} }}", self.ptr, self.len)
+    }
+}
+
+impl<'a, T> CudaView<'a, T> {
+    /// Invariant (relied on by the copies below): `ptr..ptr + len * size_of::<T>()` is a live
+    /// block of the allocator that the returned view borrows for `'a` (only
+    /// [`crate::DeviceBuffer`] constructs views), on `stream`'s device.
+    pub(crate) fn new(ptr: u64, len: usize, stream: Arc<CudaStream>) -> Self {
+        CudaView { ptr, len, stream, _borrow: PhantomData }
+    }
+
+    /// The raw device address (for `builder.arg(&ptr)` style launches).
+    pub fn device_address(&self) -> u64 {
+        self.ptr
+    }
+}
+
+impl<T: Element> CudaView<'_, T> {
+    /// Copies the whole view to a new host vector (on the view's stream, then waits for it).
+    pub(crate) fn read_to_host(&self) -> Result<Vec<T>, DeviceError> {
+        let mut out = vec![T::ZERO; self.len];
+        if self.len == 0 {
+            return Ok(out);
+        }
+        self.stream.context().bind_to_thread().map_err(|e| driver("cuCtxSetCurrent", e))?;
+        // SAFETY: by the view's invariant `ptr` is a live device block of `len * size_of::<T>()`
+        // bytes, exactly `size_of_val(out)`; `out` is a valid, exclusively borrowed host slice
+        // that outlives the copy (we synchronise the stream before returning); `T: Element`
+        // admits every bit pattern, so whatever the device holds is a valid `T`.
+        unsafe { result::memcpy_dtoh_async(&mut out, self.ptr, self.stream.cu_stream()) }
+            .map_err(|e| driver("cuMemcpyDtoHAsync_v2", e))?;
+        self.stream.synchronize().map_err(|e| driver("cuStreamSynchronize", e))?;
+        Ok(out)
+    }
+}
+
+impl<'a, T> CudaViewMut<'a, T> {
+    /// Same invariant as [`CudaView::new`], with an exclusive borrow.
+    pub(crate) fn new(ptr: u64, len: usize, stream: Arc<CudaStream>) -> Self {
+        CudaViewMut { ptr, len, stream, _borrow: PhantomData }
+    }
+
+    /// The raw device address (for `builder.arg(&ptr)` style launches).
+    pub fn device_address(&self) -> u64 {
+        self.ptr
+    }
+}
+
+impl<T: Element> CudaViewMut<'_, T> {
+    /// Copies `src` (exactly `len` elements) into the view and waits for the copy.
+    pub(crate) fn write_from_host(&mut self, src: &[T]) -> Result<(), DeviceError> {
+        if src.len() != self.len {
+            return Err(DeviceError::Driver(format!(
+                "CUDA_ERROR_INVALID_VALUE: copy of {} elements into a buffer of {}",
+                src.len(),
+                self.len
+            )));
+        }
+        if self.len == 0 {
+            return Ok(());
+        }
+        self.stream.context().bind_to_thread().map_err(|e| driver("cuCtxSetCurrent", e))?;
+        // SAFETY: by the view's invariant `ptr` is a live device block of `len * size_of::<T>()`
+        // bytes = `size_of_val(src)` (lengths checked above); `src` stays borrowed until the
+        // stream is synchronised below; `T: Element` has no padding, so every byte read is
+        // initialised.
+        unsafe { result::memcpy_htod_async(self.ptr, src, self.stream.cu_stream()) }
+            .map_err(|e| driver("cuMemcpyHtoDAsync_v2", e))?;
+        self.stream.synchronize().map_err(|e| driver("cuStreamSynchronize", e))
+    }
+
+    /// Zeroes the view (stream-ordered on the view's stream; does not wait).
+    pub(crate) fn write_zeros(&mut self) -> Result<(), DeviceError> {
+        let bytes = self.len * std::mem::size_of::<T>();
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.stream.context().bind_to_thread().map_err(|e| driver("cuCtxSetCurrent", e))?;
+        // SAFETY: by the view's invariant `ptr..ptr + bytes` is a live device block borrowed
+        // exclusively; the memset is ordered on the block's stream like every later use of it.
+        unsafe { result::memset_d8_async(self.ptr, 0, bytes, self.stream.cu_stream()) }
+            .map_err(|e| driver("cuMemsetD8Async", e))
+    }
+}
+
+impl<T> DeviceSlice<T> for CudaView<'_, T> {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+}
+
+impl<T> DeviceSlice<T> for CudaViewMut<'_, T> {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+}
+
+impl<T> DevicePtr<T> for CudaView<'_, T> {
+    fn device_ptr<'b>(&'b self, _stream: &'b CudaStream) -> (CUdeviceptr, SyncOnDrop<'b>) {
+        (self.ptr, SyncOnDrop::Sync(None))
+    }
+}
+
+impl<T> DevicePtr<T> for CudaViewMut<'_, T> {
+    fn device_ptr<'b>(&'b self, _stream: &'b CudaStream) -> (CUdeviceptr, SyncOnDrop<'b>) {
+        (self.ptr, SyncOnDrop::Sync(None))
+    }
+}
+
+impl<T> DevicePtrMut<T> for CudaViewMut<'_, T> {
+    fn device_ptr_mut<'b>(&'b mut self, _stream: &'b CudaStream) -> (CUdeviceptr, SyncOnDrop<'b>) {
+        (self.ptr, SyncOnDrop::Sync(None))
+    }
+}
+
+// SAFETY: the kernel argument is the view's device address, pushed through cudarc's own
+// `PushKernelArg<&u64>` impl (a `CUdeviceptr` is what a pointer parameter expects); the `&u64`
+// lives inside the view, which is borrowed for `'b`, and `'b` outlives the builder's `'a`.
+unsafe impl<'a, 'b: 'a, 'c: 'b, T> PushKernelArg<&'b CudaView<'c, T>> for LaunchArgs<'a> {
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b CudaView<'c, T>) -> &mut Self {
+        self.arg(&arg.ptr)
+    }
+}
+
+// SAFETY: as for `&CudaView` above: the address lives in the view, borrowed for `'b: 'a`.
+unsafe impl<'a, 'b: 'a, 'c: 'b, T> PushKernelArg<&'b CudaViewMut<'c, T>> for LaunchArgs<'a> {
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b CudaViewMut<'c, T>) -> &mut Self {
+        self.arg(&arg.ptr)
+    }
+}
+
+// SAFETY: as for `&CudaView` above: the address lives in the view, borrowed for `'b: 'a`.
+unsafe impl<'a, 'b: 'a, 'c: 'b, T> PushKernelArg<&'b mut CudaViewMut<'c, T>> for LaunchArgs<'a> {
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b mut CudaViewMut<'c, T>) -> &mut Self {
+        let ptr: &'b CUdeviceptr = &arg.ptr;
+        self.arg(ptr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::any::AnyBackend;
+    use crate::{AllocError, DeviceBuffer};
+
+    /// Runs everywhere: without a driver library the probe is an error value, not a panic.
+    #[test]
+    fn probe_without_driver_is_an_error_value() {
+        let probed = probe();
+        // On a GPU machine, `GPUMEM_NB_EXPECT_GPU=1` makes sure the GPU tests below really ran.
+        if std::env::var_os("GPUMEM_NB_EXPECT_GPU").is_some() {
+            assert!(probed.is_ok(), "GPUMEM_NB_EXPECT_GPU is set, but: {probed:?}");
+        }
+        if !library_present() {
+            let reason = probed.expect_err("no libcuda here, so the probe must fail");
+            assert!(reason.contains("libcuda"), "{reason}");
+            match CudaBackend::new(0) {
+                Err(Error::NoCuda(r)) => assert_eq!(r, reason),
+                other => panic!("expected NoCuda, got {:?}", other.map(|_| ())),
+            }
+            // Cached: asking again gives the same answer and still does not panic.
+            assert_eq!(probe(), Err(reason));
+        } else {
+            match probed {
+                Ok(n) => {
+                    assert!(n >= 1);
+                    assert!(matches!(CudaBackend::new(n), Err(Error::InvalidArgument(_))));
+                }
+                Err(reason) => {
+                    eprintln!("driver present, no usable device: {reason}");
+                    assert!(matches!(CudaBackend::new(0), Err(Error::NoCuda(r)) if r == reason))
+                }
+            }
+        }
+    }
+
+    /// GPU tests run one at a time: some of them fill the device on purpose.
+    static GPU_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    /// `None` when there is no usable GPU: the GPU tests below then do nothing. Holds the GPU
+    /// lock while the test runs.
+    fn gpu() -> Option<(std::sync::MutexGuard<'static, ()>, CudaBackend)> {
+        probe().ok()?;
+        let guard = GPU_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        Some((guard, CudaBackend::new(0).expect("probe found a device, so it opens")))
+    }
+
+    fn gpu_allocator(conf: &str) -> Option<(std::sync::MutexGuard<'static, ()>, Arc<crate::Allocator>)> {
+        let (guard, b) = gpu()?;
+        let config = crate::AllocatorConfig::parse(conf).unwrap();
+        Some((guard, Arc::new(crate::CachingAllocator::new(AnyBackend::Cuda(b), config))))
+    }
+
+    #[test]
+    fn gpu_reserve_release_and_oom() {
+        let Some((_gpu, mut b)) = gpu() else { return };
+        let (free, total) = b.mem_get_info().unwrap();
+        assert_eq!(total, b.total_memory());
+        assert!(free <= total);
+        let a = b.reserve(2 << 20, StreamId::DEFAULT).unwrap();
+        assert_ne!(a, 0);
+        assert!(b.release(a, 4 << 20).is_err(), "wrong size is refused");
+        b.release(a, 2 << 20).unwrap();
+        assert!(b.release(a, 2 << 20).is_err(), "double release is refused");
+        // Far more than the card has: out-of-memory, as a value.
+        assert_eq!(b.reserve(total * 4, StreamId::DEFAULT), Err(DeviceError::OutOfMemory));
+        // And the device still works afterwards.
+        let a = b.reserve(2 << 20, StreamId::DEFAULT).unwrap();
+        b.release(a, 2 << 20).unwrap();
+    }
+
+    #[test]
+    fn gpu_vmm_map_unmap() {
+        let Some((_gpu, mut b)) = gpu() else { return };
+        let page = 2u64 << 20;
+        let va = b.reserve_address_range(64 * page).unwrap();
+        b.map_pages(va, page, 3).unwrap();
+        assert!(b.map_pages(va + page, page, 1).is_err(), "already mapped");
+        assert!(b.map_pages(va + 63 * page, page, 2).is_err(), "outside the range");
+        assert!(b.release_address_range(va, 64 * page).is_err(), "pages still mapped");
+        // Mapping more than the device has fails all-or-nothing with OutOfMemory.
+        let big = 64 * page;
+        let huge = b.total_memory() / big + 2;
+        let va2 = b.reserve_address_range(huge * big).unwrap();
+        assert_eq!(b.map_pages(va2, big, huge), Err(DeviceError::OutOfMemory));
+        assert_eq!(b.pages.len(), 3, "the failed call left nothing mapped");
+        b.release_address_range(va2, huge * big).unwrap();
+        b.unmap_pages(va, page, 3, StreamId::DEFAULT).unwrap();
+        b.release_address_range(va, 64 * page).unwrap();
+    }
+
+    #[test]
+    fn gpu_streams_and_events() {
+        let Some((_gpu, mut b)) = gpu() else { return };
+        let s = b.new_stream().unwrap();
+        assert_ne!(s, StreamId::DEFAULT);
+        assert!(b.stream(s).is_some());
+        assert!(b.stream(StreamId(0xdead_0000)).is_none());
+        assert!(b.record_event(StreamId(0xdead_0000)).is_err(), "unknown streams are refused");
+        let e = b.record_event(s).unwrap();
+        b.stream(s).unwrap().synchronize().unwrap();
+        assert!(b.query_event(e).unwrap());
+        assert!(b.query_event(e).is_err(), "a completed event is released");
+        // The pooled event is reused.
+        let e2 = b.record_event(StreamId::DEFAULT).unwrap();
+        assert_eq!(e2, e);
+        b.synchronize_event(e2).unwrap();
+        let e3 = b.record_event(PER_THREAD_STREAM).unwrap();
+        b.synchronize_event(e3).unwrap();
+        // Adopting a stream from cudarc.
+        let foreign = b.context().new_stream().unwrap();
+        let id = b.adopt_stream(Arc::clone(&foreign)).unwrap();
+        assert_eq!(id, stream_id(&foreign));
+        let e4 = b.record_event(id).unwrap();
+        b.synchronize_event(e4).unwrap();
+    }
+
+    #[test]
+    fn gpu_buffers_round_trip_zero_and_return_memory() {
+        let Some((_gpu, a)) = gpu_allocator("") else {
+            return;
+        };
+        let data: Vec<f32> = (0..100_000).map(|i| i as f32).collect();
+        let b = DeviceBuffer::from_host(&a, &data, StreamId::DEFAULT).unwrap();
+        assert_eq!(b.to_host().unwrap(), data);
+        let addr = b.addr();
+        drop(b);
+        assert_eq!(a.memory_allocated(), 0);
+        // The cached block comes back, and `zeros` really clears it.
+        let z = DeviceBuffer::<f32>::zeros(&a, data.len(), StreamId::DEFAULT).unwrap();
+        assert_eq!(z.addr(), addr);
+        assert!(z.to_host().unwrap().iter().all(|&x| x == 0.0));
+        drop(z);
+        // A buffer on a stream of its own.
+        let s = a.with_state(|_, b| Backend::new_stream(b)).unwrap();
+        let mut u = DeviceBuffer::<u64>::alloc(&a, 4096, s).unwrap();
+        let v: Vec<u64> = (0..4096u64).map(|i| i * 0x1_0000_0001).collect();
+        u.copy_from_host(&v).unwrap();
+        assert_eq!(u.to_host().unwrap(), v);
+        assert_eq!(u.stream(), s);
+        drop(u);
+        let empty = DeviceBuffer::<u8>::from_host(&a, &[], StreamId::DEFAULT).unwrap();
+        assert!(empty.to_host().unwrap().is_empty());
+        drop(empty);
+        a.check_invariants().unwrap();
+        assert_eq!(a.memory_allocated(), 0);
+        assert!(a.memory_reserved() > 0);
+        a.empty_cache().unwrap();
+        assert_eq!(a.memory_reserved(), 0);
+    }
+
+    #[test]
+    fn gpu_out_of_memory_is_a_value() {
+        let Some((_gpu, a)) = gpu_allocator("") else {
+            return;
+        };
+        let total = a.with_state(|_, b| b.total_memory()) as usize;
+        let err = DeviceBuffer::<u8>::alloc(&a, total * 2, StreamId::DEFAULT).unwrap_err();
+        assert!(matches!(err, Error::Alloc(AllocError::OutOfMemory(_))), "{err}");
+        assert!(err.to_string().starts_with("CUDA out of memory. Tried to allocate"), "{err}");
+        // The device still works afterwards.
+        let b = DeviceBuffer::from_host(&a, &[1u32, 2, 3], StreamId::DEFAULT).unwrap();
+        assert_eq!(b.to_host().unwrap(), vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn gpu_expandable_segments() {
+        let Some((_gpu, a)) = gpu_allocator("expandable_segments:True") else {
+            return;
+        };
+        let mut bufs = Vec::new();
+        for i in 0..20u32 {
+            let n = ((i as usize % 5) + 1) * (3 << 20);
+            let v: Vec<u32> = (0..n as u32).map(|x| x ^ i).collect();
+            bufs.push((DeviceBuffer::from_host(&a, &v, StreamId::DEFAULT).unwrap(), v));
+        }
+        for (b, v) in &bufs {
+            assert_eq!(&b.to_host().unwrap(), v);
+        }
+        assert!(a.segments().iter().any(|s| s.is_expandable));
+        drop(bufs);
+        a.check_invariants().unwrap();
+        a.empty_cache().unwrap();
+        assert_eq!(a.memory_reserved(), 0);
+    }
+
+    #[test]
+    fn gpu_record_stream_defers_reuse() {
+        let Some((_gpu, a)) = gpu_allocator("") else {
+            return;
+        };
+        let side = a.with_state(|_, b| Backend::new_stream(b)).unwrap();
+        let b = DeviceBuffer::<u8>::zeros(&a, 1 << 20, StreamId::DEFAULT).unwrap();
+        b.record_stream(side).unwrap();
+        drop(b);
+        // The event recorded on `side` completes; later allocations process it.
+        a.with_state(|_, be| be.as_cuda().unwrap().stream(side).unwrap().synchronize()).unwrap();
+        let again = DeviceBuffer::<u8>::zeros(&a, 1 << 20, StreamId::DEFAULT).unwrap();
+        drop(again);
+        a.check_invariants().unwrap();
+        assert_eq!(a.memory_allocated(), 0);
+    }
+
+    #[test]
+    fn gpu_cudarc_copies_through_views() {
+        let Some((_gpu, a)) = gpu_allocator("") else {
+            return;
+        };
+        let host: Vec<f64> = (0..5000).map(|i| i as f64 / 3.0).collect();
+        let mut x = DeviceBuffer::<f64>::alloc(&a, host.len(), StreamId::DEFAULT).unwrap();
+        let mut y = DeviceBuffer::<f64>::alloc(&a, host.len(), StreamId::DEFAULT).unwrap();
+        {
+            let mut v = x.cuda_mut().unwrap();
+            let stream = Arc::clone(DeviceSlice::stream(&v));
+            stream.memcpy_htod(&host, &mut v).unwrap();
+            stream.memcpy_dtod(&x.cuda().unwrap(), &mut y.cuda_mut().unwrap()).unwrap();
+            assert_eq!(stream.clone_dtoh(&y.cuda().unwrap()).unwrap(), host);
+            stream.memset_zeros(&mut x.cuda_mut().unwrap()).unwrap();
+            assert!(stream.clone_dtoh(&x.cuda().unwrap()).unwrap().iter().all(|&v| v == 0.0));
+        }
+        assert_eq!(y.to_host().unwrap(), host);
+    }
+
+    /// `out[i] = out[i] * 2 + v` for `i < n`, hand-written PTX (no NVRTC library needed).
+    #[cfg(feature = "nvrtc")]
+    const AXPB_PTX: &str = r#"
+.version 7.0
+.target sm_70
+.address_size 64
+
+.visible .entry axpb(
+    .param .u64 out,
+    .param .f32 v,
+    .param .u32 n
+)
+{
+    .reg .pred %p<2>;
+    .reg .b32 %r<6>;
+    .reg .f32 %f<4>;
+    .reg .b64 %rd<5>;
+
+    ld.param.u64 %rd1, [out];
+    ld.param.f32 %f1, [v];
+    ld.param.u32 %r2, [n];
+    mov.u32 %r3, %ctaid.x;
+    mov.u32 %r4, %ntid.x;
+    mov.u32 %r5, %tid.x;
+    mad.lo.s32 %r1, %r3, %r4, %r5;
+    setp.ge.u32 %p1, %r1, %r2;
+    @%p1 bra DONE;
+    cvta.to.global.u64 %rd2, %rd1;
+    mul.wide.u32 %rd3, %r1, 4;
+    add.s64 %rd4, %rd2, %rd3;
+    ld.global.f32 %f2, [%rd4];
+    fma.rn.f32 %f3, %f2, 0f40000000, %f1;
+    st.global.f32 [%rd4], %f3;
+DONE:
+    ret;
+}
+"#;
+
+    #[cfg(feature = "nvrtc")]
+    #[test]
+    fn gpu_kernel_launch_on_views() {
+        use cudarc::driver::LaunchConfig;
+        let Some((_gpu, a)) = gpu_allocator("expandable_segments:True") else {
+            return;
+        };
+        let ctx = a.with_state(|_, b| Arc::clone(b.as_cuda().unwrap().context()));
+        let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(AXPB_PTX)).unwrap();
+        let f = module.load_function("axpb").unwrap();
+        let n = 3_000_000u32; // 12 MB: more than one 2 MiB page of the expandable segment
+        let host: Vec<f32> = (0..n).map(|i| (i % 1000) as f32).collect();
+        let mut buf = DeviceBuffer::from_host(&a, &host, StreamId::DEFAULT).unwrap();
+        {
+            let view = buf.cuda_mut().unwrap();
+            let stream = Arc::clone(DeviceSlice::stream(&view));
+            let mut launch = stream.launch_builder(&f);
+            launch.arg(&view).arg(&0.5f32).arg(&n);
+            // SAFETY: `axpb` takes (float*, float, unsigned) and touches out[0..n), which the
+            // view covers (n f32 elements).
+            unsafe { launch.launch(LaunchConfig::for_num_elems(n)) }.unwrap();
+            stream.synchronize().unwrap();
+        }
+        let out = buf.to_host().unwrap();
+        assert!(out.iter().zip(&host).all(|(&o, &h)| o == h * 2.0 + 0.5));
+    }
+
+    #[cfg(feature = "cublas")]
+    #[test]
+    fn gpu_cublas_gemm_on_views() {
+        use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t};
+        let Some((_gpu, a)) = gpu_allocator("") else {
+            return;
+        };
+        // SAFETY: only tries to dlopen the cuBLAS library (no cudarc symbol is resolved).
+        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+            eprintln!("skipped: no libcublas");
+            return;
+        }
+        // Column-major 2×2: A = identity, B = [[1, 3], [2, 4]] (columns (1,2) and (3,4)).
+        let ida = DeviceBuffer::from_host(&a, &[1.0f32, 0.0, 0.0, 1.0], StreamId::DEFAULT).unwrap();
+        let bm = DeviceBuffer::from_host(&a, &[1.0f32, 2.0, 3.0, 4.0], StreamId::DEFAULT).unwrap();
+        let mut c = DeviceBuffer::<f32>::zeros(&a, 4, StreamId::DEFAULT).unwrap();
+        {
+            let av = ida.cuda().unwrap();
+            let bv = bm.cuda().unwrap();
+            let mut cv = c.cuda_mut().unwrap();
+            let blas = CudaBlas::new(Arc::clone(DeviceSlice::stream(&cv))).unwrap();
+            let cfg = GemmConfig {
+                transa: cublasOperation_t::CUBLAS_OP_N,
+                transb: cublasOperation_t::CUBLAS_OP_N,
+                m: 2,
+                n: 2,
+                k: 2,
+                alpha: 1.0f32,
+                lda: 2,
+                ldb: 2,
+                beta: 0.0f32,
+                ldc: 2,
+            };
+            // SAFETY: the three views hold 4 f32 each, as m = n = k = 2 with leading dimension 2
+            // needs.
+            unsafe { blas.gemm(cfg, &av, &bv, &mut cv) }.unwrap();
+        }
+        assert_eq!(c.to_host().unwrap(), vec![1.0, 2.0, 3.0, 4.0]);
+    }
+}

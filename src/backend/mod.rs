@@ -7,11 +7,15 @@
 //! - [`replay::ReplayBackend`]: hands out the segment addresses a recorded trace got, so a
 //!   replay makes exactly the decisions PyTorch made.
 //!
+//! [`any::AnyBackend`] picks one of the device backends at run time (what the per-process
+//! registry, [`crate::registry`], hands out).
+//!
 //! # Contract
 //! Every method may be called only with the allocator's lock held (`&mut self`). Errors are
 //! [`DeviceError::OutOfMemory`] exactly when the device had no room (the policy then frees
 //! cached memory and retries), anything else is [`DeviceError::Driver`] and is passed up.
 
+pub mod any;
 pub mod replay;
 pub mod sim;
 
@@ -119,5 +123,10 @@ pub trait Backend {
     /// Per-process device memory (NVML), for the out-of-memory message. Empty when unknown.
     fn process_memory(&mut self) -> Vec<ProcessMemory> {
         Vec::new()
+    }
+    /// Creates a stream on the device and returns its handle (kept alive by the backend).
+    /// Backends without streams answer `Err(Driver("streams not supported"))`.
+    fn new_stream(&mut self) -> Result<StreamId, DeviceError> {
+        Err(DeviceError::Driver("streams not supported".into()))
     }
 }

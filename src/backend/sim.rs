@@ -98,11 +98,7 @@ impl SimBackend {
 
     fn take_range(&mut self, size: u64) -> Result<u64, DeviceError> {
         let size = size.div_ceil(GRANULARITY) * GRANULARITY;
-        let (&start, &len) = self
-            .free_ranges
-            .iter()
-            .find(|&(_, &len)| len >= size)
-            .ok_or(DeviceError::OutOfMemory)?;
+        let (&start, &len) = self.free_ranges.iter().find(|&(_, &len)| len >= size).ok_or(DeviceError::OutOfMemory)?;
         self.free_ranges.remove(&start);
         if len > size {
             self.free_ranges.insert(start + size, len - size);
@@ -129,12 +125,10 @@ impl SimBackend {
         }
         let mut start = addr;
         let mut len = size;
-        if let Some((&ps, &pl)) = self.free_ranges.range(..addr).next_back() {
-            if ps + pl == addr {
-                self.free_ranges.remove(&ps);
-                start = ps;
-                len += pl;
-            }
+        if let Some((&ps, &pl)) = self.free_ranges.range(..addr).next_back().filter(|(ps, pl)| **ps + **pl == addr) {
+            self.free_ranges.remove(&ps);
+            start = ps;
+            len += pl;
         }
         if let Some(&nl) = self.free_ranges.get(&(addr + size)) {
             self.free_ranges.remove(&(addr + size));

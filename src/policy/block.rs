@@ -122,11 +122,67 @@ impl Arena {
     }
 }
 
+/// Key of a free block: (stream, size, address).
+pub(crate) type FreeKey = (u64, u64, u64);
+
+/// Free mapped blocks ordered by (stream, size, address): best fit is one range lookup.
+///
+/// A sentinel entry above every real key keeps the map's root node alive: a pool that empties
+/// and refills on every allocation (the hot path: one cached remainder taken and put back)
+/// would otherwise free and reallocate a B-tree node twice per malloc/free pair. Streams are
+/// raw handles and `u64::MAX` is never one, so the sentinel never matches a search.
+#[derive(Clone, Debug)]
+pub(crate) struct FreeSet {
+    map: BTreeMap<FreeKey, u32>,
+}
+
+const SENTINEL: FreeKey = (u64::MAX, u64::MAX, u64::MAX);
+
+impl Default for FreeSet {
+    fn default() -> Self {
+        let mut map = BTreeMap::new();
+        map.insert(SENTINEL, NIL);
+        FreeSet { map }
+    }
+}
+
+impl FreeSet {
+    #[inline]
+    pub(crate) fn insert(&mut self, key: FreeKey, id: u32) {
+        debug_assert!(key != SENTINEL);
+        self.map.insert(key, id);
+    }
+    #[inline]
+    pub(crate) fn remove(&mut self, key: &FreeKey) -> Option<u32> {
+        debug_assert!(*key != SENTINEL);
+        self.map.remove(key)
+    }
+    pub(crate) fn get(&self, key: &FreeKey) -> Option<&u32> {
+        self.map.get(key).filter(|_| *key != SENTINEL)
+    }
+    pub(crate) fn len(&self) -> usize {
+        self.map.len() - 1
+    }
+    /// Entries with keys ≥ `from`, ascending.
+    #[inline]
+    pub(crate) fn range_from(&self, from: FreeKey) -> impl Iterator<Item = (FreeKey, u32)> + '_ {
+        self.map.range(from..).take_while(|(k, _)| **k != SENTINEL).map(|(k, v)| (*k, *v))
+    }
+    /// Entries with keys < `to`, descending.
+    pub(crate) fn range_below_rev(&self, to: FreeKey) -> impl Iterator<Item = (FreeKey, u32)> + '_ {
+        self.map.range(..to).rev().map(|(k, v)| (*k, *v))
+    }
+    /// All block ids, in PyTorch's order: (stream, size, address).
+    pub(crate) fn values(&self) -> Vec<u32> {
+        self.map.iter().filter(|(k, _)| **k != SENTINEL).map(|(_, v)| *v).collect()
+    }
+}
+
 /// One pool's free blocks.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct BlockPool {
     /// Free mapped blocks by (stream, size, address).
-    pub(crate) blocks: BTreeMap<(u64, u64, u64), u32>,
+    pub(crate) blocks: FreeSet,
     /// Unmapped ranges of expandable segments by (stream, address).
     pub(crate) unmapped: BTreeMap<(u64, u64), u32>,
     /// Free-block searches so far (drives the GC age; counted only while GC is active).
@@ -139,7 +195,6 @@ pub(crate) struct ExpandableSegment {
     pub(crate) base: u64,
     pub(crate) size: u64,
     pub(crate) page: u64,
-    pub(crate) stream: StreamId,
     pub(crate) mapped: Vec<bool>,
     pub(crate) live: bool,
 }

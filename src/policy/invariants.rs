@@ -158,7 +158,10 @@ pub(crate) fn check(state: &DeviceState) -> Result<(), String> {
         return Err(format!("oversize_segments.current {} != {oversize_seg}", stats.oversize_segments.current));
     }
     if total_reserved as i64 != stats.reserved_bytes[0].current {
-        return Err(format!("total reserved {total_reserved} != reserved_bytes.all.current {}", stats.reserved_bytes[0].current));
+        return Err(format!(
+            "total reserved {total_reserved} != reserved_bytes.all.current {}",
+            stats.reserved_bytes[0].current
+        ));
     }
     Ok(())
 }
