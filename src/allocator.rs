@@ -63,6 +63,11 @@ impl<B: Backend> CachingAllocator<B> {
         f(state, backend)
     }
 
+    /// A new stream on this device (a CUDA stream, or a simulated one).
+    pub fn new_stream(&self) -> Result<StreamId, DeviceError> {
+        self.with_state(|_, b| b.new_stream())
+    }
+
     /// Allocates `size` bytes on `stream` (the raw API; [`crate::DeviceBuffer`] is the safe one).
     pub fn malloc(&self, size: u64, stream: StreamId) -> Result<Allocation, AllocError> {
         self.with_state(|s, b| s.malloc(b, size, stream))

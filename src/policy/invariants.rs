@@ -117,6 +117,8 @@ pub(crate) fn check(state: &DeviceState) -> Result<(), String> {
     for es in expandable.iter().filter(|e| e.live) {
         spans.push((es.base, es.size));
     }
+    small.blocks.check()?;
+    large.blocks.check()?;
     let pool_entries = small.blocks.len() + large.blocks.len();
     if pool_entries != free_mapped {
         return Err(format!("pools hold {pool_entries} entries but {free_mapped} free blocks exist"));

@@ -349,39 +349,36 @@ impl DeviceState {
         if gc {
             pool.get_free_blocks_call_count += 1;
         }
-        let (key, id) = {
-            let mut iter = pool.blocks.range_from((stream.0, size, 0));
-            let (mut key, mut id) = iter.next()?;
-            if key.0 != stream.0 {
-                return None;
-            }
-            if arena.get(id).is_expandable() {
-                if expandable_on {
-                    // Best fit counts an expandable block at the size it can grow to.
-                    let exp_size = |i: u32| {
-                        let b = arena.get(i);
-                        b.size + if b.next != NIL && !arena.get(b.next).mapped { arena.get(b.next).size } else { 0 }
-                    };
-                    for (k, v) in iter {
-                        if !(arena.get(id).is_expandable() && k.0 == stream.0 && exp_size(v) < exp_size(id)) {
-                            break;
-                        }
+        let (mut key, mut id) = pool.blocks.lower_bound((stream.0, size, 0))?;
+        if key.0 != stream.0 {
+            return None;
+        }
+        if arena.get(id).is_expandable() {
+            let mut iter = pool.blocks.range_from(key).skip(1);
+            if expandable_on {
+                // Best fit counts an expandable block at the size it can grow to.
+                let exp_size = |i: u32| {
+                    let b = arena.get(i);
+                    b.size + if b.next != NIL && !arena.get(b.next).mapped { arena.get(b.next).size } else { 0 }
+                };
+                for (k, v) in iter {
+                    if !(arena.get(id).is_expandable() && k.0 == stream.0 && exp_size(v) < exp_size(id)) {
+                        break;
+                    }
+                    key = k;
+                    id = v;
+                }
+            } else {
+                // Expandable segments were switched off: skip expandable blocks.
+                match iter.find(|(k, v)| !(arena.get(*v).is_expandable() && k.0 == stream.0)) {
+                    Some((k, v)) if k.0 == stream.0 => {
                         key = k;
                         id = v;
                     }
-                } else {
-                    // Expandable segments were switched off: skip expandable blocks.
-                    match iter.find(|(k, v)| !(arena.get(*v).is_expandable() && k.0 == stream.0)) {
-                        Some((k, v)) if k.0 == stream.0 => {
-                            key = k;
-                            id = v;
-                        }
-                        _ => return None,
-                    }
+                    _ => return None,
                 }
             }
-            (key, id)
-        };
+        }
         let bsize = key.1;
         if size < max_split && bsize >= max_split {
             return None;
@@ -779,7 +776,7 @@ impl DeviceState {
             PoolKind::Small => &self.small,
             PoolKind::Large => &self.large,
         };
-        let first = pool.blocks.range_from(key).next();
+        let first = pool.blocks.lower_bound(key);
         match first {
             Some((k, id)) if k.0 == stream.0 && !arena.get(id).is_expandable() => {
                 self.release_block(dev, id)?;

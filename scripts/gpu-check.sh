@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Builds, here, everything the GPU machine runs (it has no Rust toolchain), into .gpu-bundle/
+# (ignored by git via .git/info/exclude). Then run on the GPU machine, from the repo root:
+#     bash scripts/gpu/run.sh          (results under $OUT)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/gpumem-nb/target}"
+mkdir -p .gpu-bundle
+grep -qx '.gpu-bundle/' .git/info/exclude 2>/dev/null || echo '.gpu-bundle/' >> .git/info/exclude
+bench=$(cargo bench --bench alloc --no-run --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "alloc" and m.get("executable"):
+        print(m["executable"])')
+cp "$bench" .gpu-bundle/alloc-bench
+tests=$(cargo test -p gpumem-nb --lib --release --features cublas,nvrtc --no-run --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m["target"]["kind"] == ["lib"] and m.get("executable"):
+        print(m["executable"])')
+cp "$tests" .gpu-bundle/gpumem-nb-lib-tests
+strip .gpu-bundle/* 2>/dev/null || true
+du -sh .gpu-bundle

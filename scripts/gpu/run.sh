@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine, in the repository root, with the bundle from scripts/gpu-check.sh in
+# .gpu-bundle/. Writes results under $OUT (default ./gpu-out).
+set -uo pipefail
+OUT="${OUT:-$PWD/gpu-out}"
+mkdir -p "$OUT"
+B=.gpu-bundle
+exec > >(tee "$OUT/log.txt") 2>&1
+
+echo "== machine"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+lscpu | grep -E "Model name|^CPU\(s\)"
+date -u +%Y-%m-%dT%H:%MZ
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
+
+echo "== gpumem-nb criterion benchmark (simulated device: policy + front, CPU only)"
+"$B/alloc-bench" --bench --warm-up-time 1 --measurement-time 3 2>&1 | grep -E "^(hot|mixed)|time:" | grep -v "%" | tee "$OUT/gpumem_bench.txt"
+
+echo "== PyTorch C++ allocator and CUDA driver, same workloads"
+TORCH=$(python3 -c 'import torch, os; print(os.path.dirname(torch.__file__))')
+CUDA_HOME="${CUDA_HOME:-$(ls -d /usr/local/cuda* 2>/dev/null | head -1)}"
+g++ -O2 -std=c++17 -D_GLIBCXX_USE_CXX11_ABI=1 scripts/gpu/alloc_bench.cpp \
+    -I"$TORCH/include" -I"$CUDA_HOME/include" \
+    -L"$TORCH/lib" -lc10 -lc10_cuda -L"$CUDA_HOME/lib64" -L"$CUDA_HOME/lib64/stubs" -lcudart -lcuda \
+    -Wl,-rpath,"$TORCH/lib" -o /tmp/alloc_bench && \
+  LD_LIBRARY_PATH="$TORCH/lib:${LD_LIBRARY_PATH:-}" /tmp/alloc_bench 200000 7 | tee "$OUT/torch_driver_bench.jsonl"
+
+if [ -x "$B/gpumem-nb-lib-tests" ]; then
+  echo "== gpumem-nb library tests on the GPU (CUDA backend, buffers, cudarc interop)"
+  GPUMEM_NB_EXPECT_GPU=1 LD_LIBRARY_PATH="$CUDA_HOME/lib64:${LD_LIBRARY_PATH:-}" "$B/gpumem-nb-lib-tests" --test-threads 1 2>&1 | tail -15
+fi
