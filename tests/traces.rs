@@ -71,12 +71,26 @@ fn real_traces_reproduce_pytorch_exactly() {
     }
 }
 
-fn write_tmp(name: &str, bytes: &[u8]) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("gpumem-replay-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let p = dir.join(name);
-    std::fs::write(&p, bytes).unwrap();
-    p
+/// A scratch directory removed when dropped.
+struct TmpDir(PathBuf);
+
+impl TmpDir {
+    fn new(test: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("gpumem-replay-{test}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        TmpDir(dir)
+    }
+    fn write(&self, name: &str, bytes: &[u8]) -> PathBuf {
+        let p = self.0.join(name);
+        std::fs::write(&p, bytes).unwrap();
+        p
+    }
+}
+
+impl Drop for TmpDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 fn expect_one_line_error(path: &Path, needle: &str) {
@@ -91,25 +105,26 @@ fn expect_one_line_error(path: &Path, needle: &str) {
 
 #[test]
 fn bad_input_is_one_line_with_the_line_number() {
+    let tmp = TmpDir::new("bad-input");
     let missing = std::env::temp_dir().join("gpumem-no-such-trace.tsv.gz");
     expect_one_line_error(&missing, "cannot open");
 
     let good = "segment_alloc\t1000\t2097152\t0\t1\nalloc\t1000\t512\t0\t2\n";
-    let malformed = write_tmp("malformed.tsv", format!("{good}alloc\t1000\t512\n").as_bytes());
+    let malformed = tmp.write("malformed.tsv", format!("{good}alloc\t1000\t512\n").as_bytes());
     expect_one_line_error(&malformed, ":3: expected 5 tab-separated fields");
-    let badnum = write_tmp("badnum.tsv", format!("{good}alloc\t0x10\t512\t0\t3\n").as_bytes());
+    let badnum = tmp.write("badnum.tsv", format!("{good}alloc\t0x10\t512\t0\t3\n").as_bytes());
     expect_one_line_error(&badnum, ":3: address '0x10'");
-    let unknown = write_tmp(
+    let unknown = tmp.write(
         "unknown.tsv",
         format!("{good}free_requested\t4242\t512\t0\t3\nfree_completed\t4242\t512\t0\t3\n").as_bytes(),
     );
     expect_one_line_error(&unknown, ":3: free_requested of unknown address 4242");
-    let action = write_tmp("action.tsv", format!("{good}malloc\t1\t2\t0\t3\n").as_bytes());
+    let action = tmp.write("action.tsv", format!("{good}malloc\t1\t2\t0\t3\n").as_bytes());
     expect_one_line_error(&action, ":3: unknown action 'malloc'");
 
     // A real trace cut in half: the gzip stream ends early.
     let real = std::fs::read(&traces()[0]).unwrap();
-    let truncated = write_tmp("truncated.tsv.gz", &real[..real.len() / 2]);
+    let truncated = tmp.write("truncated.tsv.gz", &real[..real.len() / 2]);
     let out = replay_bin().arg(&truncated).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
@@ -126,7 +141,8 @@ fn bad_input_is_one_line_with_the_line_number() {
 
 #[test]
 fn plain_tsv_and_text_output() {
-    let t = write_tmp(
+    let tmp = TmpDir::new("plain");
+    let t = tmp.write(
         "plain.tsv",
         b"segment_alloc\t4096000000\t2097152\t0\t1\nalloc\t4096000000\t1000\t0\t2\nfree_requested\t4096000000\t1000\t0\t3\nfree_completed\t4096000000\t1000\t0\t3\nsegment_free\t4096000000\t2097152\t0\t4\n",
     );
