@@ -8,10 +8,12 @@
 use crate::backend::{Backend, BackendKind, DeviceError, StreamId};
 use crate::config::AllocatorConfig;
 use crate::error::AllocError;
-use crate::history::{RecordMode, TraceEntry};
+use crate::history::{HistoryOptions, RecordMode, StackContext, TraceEntry};
 use crate::policy::{Allocation, BlockId, DeviceState, SegmentView};
+use crate::snapshot::{RawSnapshot, Snapshot};
 use crate::stats::{DeviceStats, SlotId, SlotPeaks};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 struct Inner<B> {
@@ -24,6 +26,8 @@ pub struct CachingAllocator<B: Backend> {
     inner: Mutex<Inner<B>>,
     device: i32,
     kind: BackendKind,
+    /// Whether operations capture their stack (read without the lock, before taking it).
+    stacks: AtomicBool,
 }
 
 impl<B: Backend> std::fmt::Debug for CachingAllocator<B> {
@@ -37,7 +41,12 @@ impl<B: Backend> CachingAllocator<B> {
     pub fn new(backend: B, config: AllocatorConfig) -> Self {
         let device = backend.device_index();
         let kind = backend.kind();
-        CachingAllocator { inner: Mutex::new(Inner { state: DeviceState::new(device, config), backend }), device, kind }
+        CachingAllocator {
+            inner: Mutex::new(Inner { state: DeviceState::new(device, config), backend }),
+            device,
+            kind,
+            stacks: AtomicBool::new(false),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner<B>> {
@@ -68,14 +77,36 @@ impl<B: Backend> CachingAllocator<B> {
         self.with_state(|_, b| b.new_stream())
     }
 
+    /// The caller's stack when stacks are being recorded, captured before the lock is taken.
+    #[inline]
+    fn op_context(&self) -> Option<crate::frames::Frames> {
+        self.stacks.load(Ordering::Relaxed).then(crate::frames::capture)
+    }
+
+    /// Runs `f` under the lock with the operation's stack (if recorded) made current.
+    #[inline]
+    fn with_context<R>(&self, f: impl FnOnce(&mut DeviceState, &mut B) -> R) -> R {
+        let ctx = self.op_context();
+        self.with_state(|s, b| {
+            if ctx.is_some() {
+                s.set_op_context(ctx);
+                let r = f(s, b);
+                s.set_op_context(None);
+                r
+            } else {
+                f(s, b)
+            }
+        })
+    }
+
     /// Allocates `size` bytes on `stream` (the raw API; [`crate::DeviceBuffer`] is the safe one).
     pub fn malloc(&self, size: u64, stream: StreamId) -> Result<Allocation, AllocError> {
-        self.with_state(|s, b| s.malloc(b, size, stream))
+        self.with_context(|s, b| s.malloc(b, size, stream))
     }
 
     /// Frees a block from [`CachingAllocator::malloc`]. Freeing a block twice is an error value.
     pub fn free(&self, block: BlockId) -> Result<(), DeviceError> {
-        self.with_state(|s, b| s.free(b, block))
+        self.with_context(|s, b| s.free(b, block))
     }
 
     /// `record_stream`: the block is used on `stream` too; its reuse waits for that stream.
@@ -85,7 +116,7 @@ impl<B: Backend> CachingAllocator<B> {
 
     /// `torch.cuda.empty_cache()`.
     pub fn empty_cache(&self) -> Result<(), DeviceError> {
-        self.with_state(|s, b| s.empty_cache(b))
+        self.with_context(|s, b| s.empty_cache(b))
     }
 
     /// A copy of the statistics.
@@ -148,9 +179,43 @@ impl<B: Backend> CachingAllocator<B> {
         self.with_state(|s, b| s.memory_fraction(b.total_memory()))
     }
 
-    /// Starts (or stops, with `Off`) recording allocator events.
+    /// Starts (or stops, with `Off`) recording allocator events, without stacks.
     pub fn record_memory_history(&self, mode: RecordMode, max_entries: usize) {
-        self.with_state(|s, _| s.history.set_mode(mode, max_entries))
+        self.record_memory_history_with(HistoryOptions { enabled: mode, context: StackContext::None, max_entries });
+    }
+
+    /// `torch.cuda.memory._record_memory_history(enabled, context, max_entries)`: what to record
+    /// and where to keep stacks (captured cheaply, symbolised when a snapshot is taken).
+    pub fn record_memory_history_with(&self, opts: HistoryOptions) {
+        self.with_state(|s, _| {
+            s.history.set_mode(opts.enabled, opts.max_entries);
+            s.history.set_context(opts.context);
+        });
+        let on = opts.enabled != RecordMode::Off && opts.context != StackContext::None;
+        self.stacks.store(on, Ordering::Relaxed);
+    }
+
+    /// The current recording settings.
+    pub fn history_options(&self) -> HistoryOptions {
+        self.with_state(|s, _| HistoryOptions {
+            enabled: s.history.mode(),
+            context: s.history.context(),
+            max_entries: s.history.max_entries(),
+        })
+    }
+
+    /// Labels blocks allocated and events recorded from now on (`None` clears it).
+    pub fn set_label(&self, label: Option<&str>) {
+        self.with_state(|s, _| {
+            s.set_label(label);
+        })
+    }
+
+    /// `torch.cuda.memory._snapshot()`: segments, blocks, this device's trace and the
+    /// settings. State is copied under the lock; stacks are symbolised after it is released.
+    pub fn snapshot(&self) -> Snapshot {
+        let raw = self.with_state(|s, _| RawSnapshot::take(s, self.device));
+        Snapshot::from_raw(&raw)
     }
 
     /// The recorded events, oldest first.

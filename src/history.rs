@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 use crate::backend::StreamId;
+use crate::frames::Frames;
 use std::collections::VecDeque;
 
 /// One allocator event kind, with PyTorch's action names.
@@ -82,6 +83,41 @@ pub struct TraceEntry {
     pub stream: StreamId,
     /// Microseconds since the Unix epoch.
     pub time_us: i64,
+    /// Raw stack of the call that caused the event, when stacks are recorded.
+    pub frames: Option<Frames>,
+    /// Label id (see `DeviceState::set_label`), 0 for none.
+    pub label: u32,
+}
+
+/// Where stacks are kept (PyTorch's `context` argument).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum StackContext {
+    /// No stacks.
+    None,
+    /// Stacks on live blocks only (snapshot `frames`), none in trace entries.
+    State,
+    /// Also on allocation events; free events reuse the block's allocation stack.
+    Alloc,
+    /// Every event captures its own stack.
+    All,
+}
+
+/// `record_memory_history` settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HistoryOptions {
+    /// What is recorded.
+    pub enabled: RecordMode,
+    /// Where stacks are kept.
+    pub context: StackContext,
+    /// Ring size (`State` forces 1).
+    pub max_entries: usize,
+}
+
+impl Default for HistoryOptions {
+    /// PyTorch's defaults: everything, with stacks, unbounded.
+    fn default() -> Self {
+        HistoryOptions { enabled: RecordMode::All, context: StackContext::All, max_entries: usize::MAX }
+    }
 }
 
 /// What is recorded.
@@ -99,13 +135,19 @@ pub enum RecordMode {
 #[derive(Clone, Debug)]
 pub struct History {
     mode: RecordMode,
+    context: StackContext,
     max_entries: usize,
     entries: VecDeque<TraceEntry>,
 }
 
 impl Default for History {
     fn default() -> Self {
-        History { mode: RecordMode::Off, max_entries: usize::MAX, entries: VecDeque::new() }
+        History {
+            mode: RecordMode::Off,
+            context: StackContext::None,
+            max_entries: usize::MAX,
+            entries: VecDeque::new(),
+        }
     }
 }
 
@@ -128,6 +170,18 @@ impl History {
     pub fn mode(&self) -> RecordMode {
         self.mode
     }
+    /// Sets where stacks are kept.
+    pub fn set_context(&mut self, context: StackContext) {
+        self.context = context;
+    }
+    /// Where stacks are kept (`None` while recording is off).
+    pub fn context(&self) -> StackContext {
+        if self.mode == RecordMode::Off { StackContext::None } else { self.context }
+    }
+    /// The ring size.
+    pub fn max_entries(&self) -> usize {
+        self.max_entries
+    }
     /// Whether events are being recorded.
     #[inline]
     pub fn is_on(&self) -> bool {
@@ -136,13 +190,26 @@ impl History {
     /// Appends an event when recording is on.
     #[inline]
     pub fn record(&mut self, action: TraceAction, addr: u64, size: u64, stream: StreamId) {
+        self.record_with(action, addr, size, stream, None, 0);
+    }
+    /// Appends an event with its stack and label when recording is on.
+    #[inline]
+    pub fn record_with(
+        &mut self,
+        action: TraceAction,
+        addr: u64,
+        size: u64,
+        stream: StreamId,
+        frames: Option<Frames>,
+        label: u32,
+    ) {
         if self.mode == RecordMode::Off {
             return;
         }
         if self.entries.len() >= self.max_entries {
             self.entries.pop_front();
         }
-        self.entries.push_back(TraceEntry { action, addr, size, stream, time_us: now_us() });
+        self.entries.push_back(TraceEntry { action, addr, size, stream, time_us: now_us(), frames, label });
     }
     /// The recorded events, oldest first.
     pub fn entries(&self) -> &VecDeque<TraceEntry> {

@@ -161,6 +161,22 @@ pub struct ReplayReport {
     pub strategies: [usize; 3],
     /// The final state (for snapshots and inspection).
     pub state: DeviceState,
+    /// Every replayed event, when `keep_history` was set; timestamps are the trace's.
+    pub history: Vec<TraceEntry>,
+}
+
+impl ReplayReport {
+    /// A snapshot of the replay's end state with the whole replayed history.
+    pub fn snapshot(&self) -> crate::snapshot::Snapshot {
+        let raw = crate::snapshot::RawSnapshot {
+            device: 0,
+            segments: self.state.segments(),
+            trace: self.history.clone(),
+            labels: self.state.labels(),
+            config: self.state.config().clone(),
+        };
+        crate::snapshot::Snapshot::from_raw(&raw)
+    }
 }
 
 /// Options of a replay.
@@ -170,11 +186,13 @@ pub struct ReplayOptions {
     pub config: AllocatorConfig,
     /// Device total memory to report (OOM text, expandable address-space size).
     pub device_total: u64,
+    /// Keep every replayed event (with the trace's timestamps) for a snapshot.
+    pub keep_history: bool,
 }
 
 impl Default for ReplayOptions {
     fn default() -> Self {
-        ReplayOptions { config: AllocatorConfig::default(), device_total: 80 << 30 }
+        ReplayOptions { config: AllocatorConfig::default(), device_total: 80 << 30, keep_history: false }
     }
 }
 
@@ -197,6 +215,8 @@ struct Replayer<'a> {
     address_mismatches: usize,
     strategies: [usize; 3],
     segment_sizes: Vec<u64>,
+    /// Every replayed event, when the history is kept (for snapshots).
+    kept: Option<Vec<TraceEntry>>,
     /// Lines of `free_requested` events whose `free_completed` comes later.
     deferred: std::collections::HashSet<usize>,
 }
@@ -341,7 +361,7 @@ impl Replayer<'_> {
         if let (true, Some(e)) = (is_malloc, ev) {
             result = Self::run(&mut self.state, &mut self.dev, e, strategy);
         }
-        let (got, got_done) = Self::take_device_events(&mut self.state);
+        let (got, got_done) = Self::device_events(&self.drain_kept(ev.map(|e| e.time_us)));
         for (a, _, size) in &got {
             if matches!(a, TraceAction::SegmentAlloc | TraceAction::SegmentMap) {
                 self.segment_sizes.push(*size);
@@ -364,7 +384,7 @@ impl Replayer<'_> {
         match ev.action {
             TraceAction::FreeRequested => {
                 self.free_requested(ev)?;
-                let _ = self.state.history.drain();
+                self.drain_kept(Some(ev.time_us));
             }
             TraceAction::FreeCompleted => {}
             _ => {}
@@ -389,7 +409,7 @@ impl Replayer<'_> {
                 self.note_divergence(ev.line, "trace has an out-of-memory error, the replay allocated".into());
                 if let Some(b) = a.block {
                     let _ = self.state.free(&mut self.dev, b);
-                    let _ = self.state.history.drain();
+                    self.drain_kept(Some(ev.time_us));
                 }
             }
             (_, Err(e)) => return Err(self.fail(ev.line, format!("device error: {e}"))),
@@ -407,10 +427,26 @@ impl Replayer<'_> {
 
     /// Device events and completed frees the policy recorded since the last call.
     fn take_device_events(state: &mut DeviceState) -> (Vec<(TraceAction, u64, u64)>, Vec<u64>) {
-        let all = state.history.drain();
+        Self::device_events(&state.history.drain())
+    }
+
+    fn device_events(all: &[TraceEntry]) -> (Vec<(TraceAction, u64, u64)>, Vec<u64>) {
         let segs = all.iter().filter(|e| e.action.is_segment()).map(seg_key).collect();
         let done = all.iter().filter(|e| e.action == TraceAction::FreeCompleted).map(|e| e.addr).collect();
         (segs, done)
+    }
+
+    /// Drains the replayed state's events, keeping them (stamped with the trace's time of the
+    /// caller event) when the history is wanted.
+    fn drain_kept(&mut self, time_us: Option<i64>) -> Vec<TraceEntry> {
+        let all = self.state.history.drain();
+        if let Some(k) = &mut self.kept {
+            k.extend(all.iter().cloned().map(|mut e| {
+                e.time_us = time_us.unwrap_or(e.time_us);
+                e
+            }));
+        }
+        all
     }
 
     fn free_requested(&mut self, ev: &TraceEvent) -> Result<(), TraceError> {
@@ -474,6 +510,7 @@ pub fn replay(events: &[TraceEvent], opts: &ReplayOptions, path: &str) -> Result
         address_mismatches: 0,
         strategies: [0; 3],
         segment_sizes: Vec::new(),
+        kept: opts.keep_history.then(Vec::new),
         deferred,
     };
     let trace_segment_sizes = events
@@ -518,5 +555,6 @@ pub fn replay(events: &[TraceEvent], opts: &ReplayOptions, path: &str) -> Result
         address_mismatches: r.address_mismatches,
         strategies: r.strategies,
         state: r.state,
+        history: r.kept.unwrap_or_default(),
     })
 }

@@ -229,7 +229,7 @@ fn record_and_replay(conf: &str, capacity: u64, ops: &[Op]) -> Result<(), TestCa
         })
         .collect();
     let events = parse_trace(tsv.as_bytes(), "roundtrip").unwrap();
-    let r = replay(&events, &ReplayOptions { config, device_total: capacity }, "roundtrip")
+    let r = replay(&events, &ReplayOptions { config, device_total: capacity, keep_history: false }, "roundtrip")
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
     if r.divergences > 0 && std::env::var("DUMP_TRACE").is_ok() {
         std::fs::write("/tmp/rt.tsv", &tsv).unwrap();

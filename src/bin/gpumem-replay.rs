@@ -1,4 +1,4 @@
-//! `gpumem-replay TRACE [--alloc-conf STR] [--device-total BYTES] [--json]`
+//! `gpumem-replay TRACE [--alloc-conf STR] [--device-total BYTES] [--json] [--snapshot DIR]`
 //!
 //! Replays a recorded PyTorch allocator trace (`.tsv` / `.tsv.gz`, see `shared/traces`)
 //! through gpumem-nb's caching policy on the replay device, and prints the peaks, device
@@ -6,6 +6,10 @@
 //!
 //! The allocator configuration is, in order: `--alloc-conf`, the trace's sidecar
 //! `<name>.json` (`alloc_conf`), `GPUMEM_NB_ALLOC_CONF`, the default.
+//! `--snapshot DIR` also writes `snapshot.pickle` (for pytorch.org/memory_viz and
+//! `python -m torch.cuda._memory_viz`), `snapshot.json` and `trace_plot.html` (offline) for the
+//! replayed trace.
+//!
 //! Bad input is one line on stderr naming the file and line, and exit status 2.
 
 use gpumem_nb::AllocatorConfig;
@@ -14,13 +18,14 @@ use gpumem_nb::units::iec;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: gpumem-replay TRACE [--alloc-conf STR] [--device-total BYTES] [--json]";
+const USAGE: &str = "usage: gpumem-replay TRACE [--alloc-conf STR] [--device-total BYTES] [--json] [--snapshot DIR]";
 
 struct Args {
     trace: PathBuf,
     alloc_conf: Option<String>,
     device_total: Option<u64>,
     json: bool,
+    snapshot: Option<PathBuf>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -28,10 +33,12 @@ fn parse_args() -> Result<Args, String> {
     let mut alloc_conf = None;
     let mut device_total = None;
     let mut json = false;
+    let mut snapshot = None;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
             "--json" => json = true,
+            "--snapshot" => snapshot = Some(PathBuf::from(it.next().ok_or("--snapshot needs a directory")?)),
             "--alloc-conf" => alloc_conf = Some(it.next().ok_or("--alloc-conf needs a value")?),
             "--device-total" => {
                 let v = it.next().ok_or("--device-total needs a value")?;
@@ -47,7 +54,7 @@ fn parse_args() -> Result<Args, String> {
         }
     }
     let trace = trace.ok_or("missing TRACE")?;
-    Ok(Args { trace, alloc_conf, device_total, json })
+    Ok(Args { trace, alloc_conf, device_total, json, snapshot })
 }
 
 /// The `<name>.json` beside `<name>.trace.tsv[.gz]`, if any.
@@ -76,7 +83,12 @@ fn run(args: Args) -> Result<(), String> {
         .unwrap_or(ReplayOptions::default().device_total);
     let events = read_trace(&args.trace).map_err(|e| e.to_string())?;
     let path = args.trace.display().to_string();
-    let r = replay(&events, &ReplayOptions { config, device_total }, &path).map_err(|e| e.to_string())?;
+    let keep_history = args.snapshot.is_some();
+    let r = replay(&events, &ReplayOptions { config, device_total, keep_history }, &path).map_err(|e| e.to_string())?;
+    let files = match &args.snapshot {
+        Some(dir) => Some(gpumem_nb::snapshot::write_all(&r.snapshot(), dir).map_err(|e| e.to_string())?),
+        None => None,
+    };
     if args.json {
         let out = serde_json::json!({
             "trace": path,
@@ -95,6 +107,9 @@ fn run(args: Args) -> Result<(), String> {
             "address_mismatches": r.address_mismatches,
             "releases_explained_by": {"malloc": r.strategies[0], "oom_path": r.strategies[1], "empty_cache": r.strategies[2]},
             "stats": r.stats,
+            "snapshot": files.as_ref().map(|f| serde_json::json!({
+                "pickle": f.pickle, "json": f.json, "html": f.html,
+            })),
         });
         println!("{out}");
     } else {
@@ -111,6 +126,11 @@ fn run(args: Args) -> Result<(), String> {
         match &r.first_divergence {
             None => println!("divergences     none: every device event matches the trace"),
             Some(d) => println!("divergences     {} (first: {d})", r.divergences),
+        }
+        if let Some(f) = &files {
+            println!("snapshot        {}", f.pickle.display());
+            println!("                {}", f.json.display());
+            println!("                {}", f.html.display());
         }
     }
     Ok(())

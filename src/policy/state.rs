@@ -28,9 +28,11 @@ use super::rounding::{PoolKind, allocation_size, round_size};
 use crate::backend::{Backend, DeviceError, EventId, StreamId};
 use crate::config::AllocatorConfig;
 use crate::error::{AllocError, OomReport};
-use crate::history::{History, TraceAction};
+use crate::frames::Frames;
+use crate::history::{History, StackContext, TraceAction};
 use crate::stats::{DeviceStats, PeakSlots, SlotId, SlotPeaks, StatArray, StatType};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 
 /// What `malloc` hands out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,8 +58,10 @@ pub struct BlockView {
     pub allocated: bool,
     /// Allocated, or freed but waiting on stream events.
     pub active: bool,
-    /// Caller tag (e.g. notebook cell number), 0 when none.
+    /// Label id the block was allocated under (e.g. a notebook cell), 0 when none.
     pub tag: u32,
+    /// Stack of the allocation, when stacks were recorded.
+    pub frames: Option<Frames>,
 }
 
 impl BlockView {
@@ -88,6 +92,8 @@ pub struct SegmentView {
     pub is_expandable: bool,
     /// Blocks in address order, tiling the segment.
     pub blocks: Vec<BlockView>,
+    /// Stack of the call that created the segment, when stacks were recorded.
+    pub frames: Option<Frames>,
 }
 
 impl SegmentView {
@@ -124,8 +130,16 @@ pub struct DeviceState {
     /// Recorded events.
     pub history: History,
     slots: PeakSlots,
-    /// Tag given to blocks allocated from now on.
+    /// Label id given to blocks and events from now on.
     current_tag: u32,
+    /// Interned labels; index 0 is the empty label.
+    labels: Vec<Arc<str>>,
+    /// Stack of the caller operation in progress (set by the front, outside the lock).
+    op_ctx: Option<Frames>,
+    /// Allocation stacks of active blocks, by slot.
+    block_ctx: HashMap<u32, Frames>,
+    /// Stacks of segment creation, by segment address.
+    seg_ctx: HashMap<u64, Frames>,
 }
 
 #[inline]
@@ -166,6 +180,10 @@ impl DeviceState {
             history: History::default(),
             slots: PeakSlots::default(),
             current_tag: 0,
+            labels: vec![Arc::from("")],
+            op_ctx: None,
+            block_ctx: HashMap::new(),
+            seg_ctx: HashMap::new(),
         }
     }
 
@@ -194,9 +212,66 @@ impl DeviceState {
         self.total_reserved
     }
 
-    /// Tag given to blocks allocated from now on (0 = none).
-    pub fn set_tag(&mut self, tag: u32) {
-        self.current_tag = tag;
+    /// Labels blocks allocated and events recorded from now on (e.g. "cell 3"); `None`
+    /// clears the label. Returns the label's id.
+    pub fn set_label(&mut self, label: Option<&str>) -> u32 {
+        self.current_tag = match label {
+            None | Some("") => 0,
+            Some(l) => match self.labels.iter().position(|x| &**x == l) {
+                Some(i) => i as u32,
+                None => {
+                    self.labels.push(Arc::from(l));
+                    (self.labels.len() - 1) as u32
+                }
+            },
+        };
+        self.current_tag
+    }
+
+    /// Every label text, indexed by id (id 0 is "").
+    pub fn labels(&self) -> Vec<String> {
+        self.labels.iter().map(|l| l.to_string()).collect()
+    }
+
+    /// The text of a label id ("" for 0 or an unknown id).
+    pub fn label_name(&self, id: u32) -> &str {
+        self.labels.get(id as usize).map_or("", |l| l)
+    }
+
+    /// The stack of the operation about to run (captured by the caller outside the lock);
+    /// kept until the next call.
+    pub fn set_op_context(&mut self, frames: Option<Frames>) {
+        self.op_ctx = frames;
+    }
+
+    /// Records an event with the current label and `frames`.
+    #[inline]
+    fn trace(&mut self, action: TraceAction, addr: u64, size: u64, stream: StreamId, frames: Option<Frames>) {
+        let label = self.current_tag;
+        self.history.record_with(action, addr, size, stream, frames, label);
+    }
+
+    /// The operation's own stack, when events of this kind carry stacks.
+    #[inline]
+    fn ctx_for_alloc_event(&self) -> Option<Frames> {
+        if self.op_ctx.is_some() && self.history.context() >= StackContext::Alloc { self.op_ctx.clone() } else { None }
+    }
+
+    /// A free event's stack: its own with context `All`, else the allocation's.
+    #[inline]
+    fn ctx_for_free_event(&self, saved: Option<&Frames>) -> Option<Frames> {
+        match self.history.context() {
+            StackContext::All if self.op_ctx.is_some() => self.op_ctx.clone(),
+            StackContext::All | StackContext::Alloc => saved.cloned(),
+            _ => None,
+        }
+    }
+
+    /// Records PyTorch's "snapshot" event (size: bytes of active blocks).
+    pub fn record_snapshot_event(&mut self) {
+        let active = self.stats.active_bytes[0].current as u64;
+        let frames = self.ctx_for_alloc_event();
+        self.trace(TraceAction::Snapshot, 0, active, StreamId::DEFAULT, frames);
     }
 
     fn pool(&mut self, kind: PoolKind) -> &mut BlockPool {
@@ -320,7 +395,8 @@ impl DeviceState {
             Ok(v) => v,
             Err(e) => return AllocError::Device(e),
         };
-        self.history.record(TraceAction::Oom, free, size, stream);
+        let frames = self.ctx_for_alloc_event();
+        self.trace(TraceAction::Oom, free, size, stream, frames);
         self.stats.num_ooms += 1;
         AllocError::OutOfMemory(Box::new(OomReport {
             device: self.device,
@@ -433,7 +509,11 @@ impl DeviceState {
             self.stats.oversize_segments.increase(1);
         }
         self.stats.num_device_alloc += 1;
-        self.history.record(TraceAction::SegmentAlloc, addr, alloc_size, stream);
+        let frames = self.ctx_for_alloc_event();
+        if let Some(f) = self.op_ctx.as_ref().filter(|_| self.history.context() >= StackContext::State) {
+            self.seg_ctx.insert(addr, f.clone());
+        }
+        self.trace(TraceAction::SegmentAlloc, addr, alloc_size, stream, frames);
         let now = self.now_peaks();
         self.slots.observe(now);
         Ok(Some(id))
@@ -494,7 +574,11 @@ impl DeviceState {
         b.requested_size = orig_size;
         b.tag = tag;
         let (addr, bsize, stream) = (b.addr, b.size, b.stream);
-        self.history.record(TraceAction::Alloc, addr, orig_size, stream);
+        if let Some(f) = self.op_ctx.as_ref().filter(|_| self.history.context() >= StackContext::State) {
+            self.block_ctx.insert(id, f.clone());
+        }
+        let frames = self.ctx_for_alloc_event();
+        self.trace(TraceAction::Alloc, addr, orig_size, stream, frames);
         inc(&mut self.stats.allocation, pool, 1);
         inc(&mut self.stats.allocated_bytes, pool, bsize);
         inc(&mut self.stats.active, pool, 1);
@@ -528,7 +612,8 @@ impl DeviceState {
         let has_uses = !b.stream_uses.is_empty();
         dec(&mut self.stats.allocation, pool, 1);
         dec(&mut self.stats.allocated_bytes, pool, size);
-        self.history.record(TraceAction::FreeRequested, addr, req, stream);
+        let frames = self.ctx_for_free_event(self.block_ctx.get(&id));
+        self.trace(TraceAction::FreeRequested, addr, req, stream, frames);
         if size >= self.config.max_split_size {
             self.stats.oversize_allocations.decrease(1);
         }
@@ -618,7 +703,9 @@ impl DeviceState {
         debug_assert!(!b.allocated && b.event_count == 0 && b.stream_uses.is_empty());
         let (addr, req, stream, pool, orig_size, expandable) =
             (b.addr, b.requested_size, b.stream, b.pool, b.size, b.is_expandable());
-        self.history.record(TraceAction::FreeCompleted, addr, req, stream);
+        let saved = self.block_ctx.remove(&id);
+        let frames = self.ctx_for_free_event(saved.as_ref());
+        self.trace(TraceAction::FreeCompleted, addr, req, stream, frames);
         self.arena.get_mut(id).tag = 0;
         let mut net_blocks: i64 = 0;
         let mut net_bytes: i64 = 0;
@@ -743,7 +830,9 @@ impl DeviceState {
         debug_assert!(!b.is_expandable() && !b.is_split() && !b.allocated);
         let (addr, size, stream, pool, key) = (b.addr, b.size, b.stream, b.pool, b.free_key());
         self.stats.num_device_free += 1;
-        self.history.record(TraceAction::SegmentFree, addr, size, stream);
+        let saved = self.seg_ctx.remove(&addr);
+        let frames = self.ctx_for_free_event(saved.as_ref());
+        self.trace(TraceAction::SegmentFree, addr, size, stream, frames);
         let result = dev.release(addr, size);
         self.total_reserved -= size;
         dec(&mut self.stats.segment, pool, 1);
@@ -993,7 +1082,8 @@ impl DeviceState {
         self.total_reserved += map_size;
         inc(&mut self.stats.reserved_bytes, kind, map_size);
         self.stats.num_device_alloc += 1;
-        self.history.record(TraceAction::SegmentMap, map_addr, map_size, stream);
+        let frames = self.ctx_for_alloc_event();
+        self.trace(TraceAction::SegmentMap, map_addr, map_size, stream, frames);
         let now = self.now_peaks();
         self.slots.observe(now);
         Ok(Some(cur))
@@ -1073,7 +1163,8 @@ impl DeviceState {
         self.total_reserved -= un_size;
         dec(&mut self.stats.reserved_bytes, kind, un_size);
         self.stats.num_device_free += 1;
-        self.history.record(TraceAction::SegmentUnmap, un_addr, un_size, stream);
+        let frames = self.ctx_for_free_event(None);
+        self.trace(TraceAction::SegmentUnmap, un_addr, un_size, stream, frames);
         result.map(|()| cur)
     }
 
@@ -1093,10 +1184,10 @@ impl DeviceState {
     /// Information about an allocated block.
     pub fn block(&self, id: BlockId) -> Option<BlockView> {
         let b = self.arena.slots.get(id.0 as usize).filter(|b| b.live)?;
-        Some(self.view(b))
+        Some(self.view(id.0, b))
     }
 
-    fn view(&self, b: &Block) -> BlockView {
+    fn view(&self, id: u32, b: &Block) -> BlockView {
         BlockView {
             addr: b.addr,
             size: b.size,
@@ -1104,13 +1195,14 @@ impl DeviceState {
             allocated: b.allocated,
             active: b.is_active(),
             tag: b.tag,
+            frames: self.block_ctx.get(&id).cloned(),
         }
     }
 
     /// Segments as PyTorch's snapshot reports them, sorted by address.
     pub fn segments(&self) -> Vec<SegmentView> {
         let mut out = Vec::new();
-        for (_, head) in self.arena.live() {
+        for (head_id, head) in self.arena.live() {
             if !head.mapped {
                 continue;
             }
@@ -1124,12 +1216,17 @@ impl DeviceState {
                 pool: head.pool,
                 is_expandable: head.is_expandable(),
                 blocks: Vec::new(),
+                frames: self.seg_ctx.get(&head.addr).cloned(),
             };
-            let mut b = Some(head);
-            while let Some(blk) = b.filter(|x| x.mapped) {
+            let mut cur = Some(head_id);
+            while let Some(id) = cur {
+                let blk = self.arena.get(id);
+                if !blk.mapped {
+                    break;
+                }
                 seg.total_size += blk.size;
-                seg.blocks.push(self.view(blk));
-                b = (blk.next != NIL).then(|| self.arena.get(blk.next));
+                seg.blocks.push(self.view(id, blk));
+                cur = (blk.next != NIL).then_some(blk.next);
             }
             out.push(seg);
         }
