@@ -1,0 +1,207 @@
+//! Inline rendering for Jupyter (through evcxr or the gpumem kernel) and for terminals.
+//!
+//! Every displayable value produces a [`MimeBundle`]: always `text/plain`, plus `text/html`
+//! and/or `image/svg+xml`. Everything renders offline (no scripts from a CDN, no fonts to
+//! fetch) and survives nbconvert. Sizes are bytes in data and IEC units (KiB, MiB, GiB) on
+//! screen. Renderers read plain data only (stats maps, snapshots, reports), never the
+//! allocator itself.
+//!
+//! evcxr shows a value whose type has an `evcxr_display(&self)` method; ours print the bundle
+//! in evcxr's content protocol (`EVCXR_BEGIN_CONTENT <mime>` … `EVCXR_END_CONTENT`).
+
+use std::fmt::Write as _;
+
+/// A value's representations, by MIME type.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MimeBundle {
+    /// `text/plain`: always present.
+    pub text: String,
+    /// `text/html`, when there is one.
+    pub html: Option<String>,
+    /// `image/svg+xml`, when there is one.
+    pub svg: Option<String>,
+}
+
+impl MimeBundle {
+    /// A text-only bundle.
+    pub fn text(text: impl Into<String>) -> Self {
+        MimeBundle { text: text.into(), html: None, svg: None }
+    }
+
+    /// Adds an HTML representation.
+    pub fn with_html(mut self, html: impl Into<String>) -> Self {
+        self.html = Some(html.into());
+        self
+    }
+
+    /// Adds an SVG representation.
+    pub fn with_svg(mut self, svg: impl Into<String>) -> Self {
+        self.svg = Some(svg.into());
+        self
+    }
+
+    /// The bundle in evcxr's content protocol.
+    pub fn to_evcxr(&self) -> String {
+        let mut out = String::new();
+        let mut block = |mime: &str, data: &str| {
+            let _ = write!(out, "EVCXR_BEGIN_CONTENT {mime}\n{data}\nEVCXR_END_CONTENT\n");
+        };
+        block("text/plain", &self.text);
+        if let Some(h) = &self.html {
+            block("text/html", h);
+        }
+        if let Some(s) = &self.svg {
+            block("image/svg+xml", s);
+        }
+        out
+    }
+
+    /// Shows the bundle in an evcxr notebook cell (prints it in evcxr's content protocol).
+    pub fn evcxr_display(&self) {
+        print!("{}", self.to_evcxr());
+    }
+}
+
+/// Escapes text for HTML element content and attribute values.
+pub fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// A table rendered as text (comfy-table) and as an HTML table, with a caption saying what
+/// the numbers cover.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Table {
+    /// Column titles.
+    pub header: Vec<String>,
+    /// Rows of cells (already formatted).
+    pub rows: Vec<Vec<String>>,
+    /// Columns to right-align (numbers).
+    pub right: Vec<usize>,
+    /// One line under the table: the source of the numbers.
+    pub caption: String,
+}
+
+impl Table {
+    /// A table with these column titles.
+    pub fn new<S: Into<String>>(header: impl IntoIterator<Item = S>) -> Self {
+        Table { header: header.into_iter().map(Into::into).collect(), ..Default::default() }
+    }
+
+    /// Right-aligns these columns.
+    pub fn right_align(mut self, cols: impl IntoIterator<Item = usize>) -> Self {
+        self.right = cols.into_iter().collect();
+        self
+    }
+
+    /// Sets the caption.
+    pub fn caption(mut self, caption: impl Into<String>) -> Self {
+        self.caption = caption.into();
+        self
+    }
+
+    /// Appends a row.
+    pub fn row<S: Into<String>>(&mut self, cells: impl IntoIterator<Item = S>) {
+        self.rows.push(cells.into_iter().map(Into::into).collect());
+    }
+
+    /// The text form.
+    pub fn to_text(&self) -> String {
+        use comfy_table::{CellAlignment, ContentArrangement, presets::UTF8_FULL_CONDENSED};
+        let mut t = comfy_table::Table::new();
+        t.load_preset(UTF8_FULL_CONDENSED).set_content_arrangement(ContentArrangement::Disabled);
+        t.set_header(self.header.clone());
+        for r in &self.rows {
+            t.add_row(r.clone());
+        }
+        for &c in &self.right {
+            if let Some(col) = t.column_mut(c) {
+                col.set_cell_alignment(CellAlignment::Right);
+            }
+        }
+        let mut s = t.to_string();
+        if !self.caption.is_empty() {
+            s.push('\n');
+            s.push_str(&self.caption);
+        }
+        s
+    }
+
+    /// The HTML form (inline styles only, so it renders the same everywhere).
+    pub fn to_html(&self) -> String {
+        let mut h = String::from(
+            "<table class=\"gpumem\" style=\"border-collapse:collapse;font-family:monospace;font-size:12px\">",
+        );
+        if !self.caption.is_empty() {
+            let _ = write!(
+                h,
+                "<caption style=\"caption-side:bottom;text-align:left;color:#666\">{}</caption>",
+                escape(&self.caption)
+            );
+        }
+        h.push_str("<thead><tr>");
+        for (i, c) in self.header.iter().enumerate() {
+            let align = if self.right.contains(&i) { "right" } else { "left" };
+            let _ = write!(
+                h,
+                "<th style=\"text-align:{align};padding:2px 8px;border-bottom:1px solid #999\">{}</th>",
+                escape(c)
+            );
+        }
+        h.push_str("</tr></thead><tbody>");
+        for r in &self.rows {
+            h.push_str("<tr>");
+            for (i, c) in r.iter().enumerate() {
+                let align = if self.right.contains(&i) { "right" } else { "left" };
+                let _ = write!(h, "<td style=\"text-align:{align};padding:2px 8px\">{}</td>", escape(c));
+            }
+            h.push_str("</tr>");
+        }
+        h.push_str("</tbody></table>");
+        h
+    }
+
+    /// Text and HTML together.
+    pub fn bundle(&self) -> MimeBundle {
+        MimeBundle::text(self.to_text()).with_html(self.to_html())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn evcxr_protocol_carries_text_and_html() {
+        let b = MimeBundle::text("1 B").with_html("<b>1 B</b>");
+        assert_eq!(
+            b.to_evcxr(),
+            "EVCXR_BEGIN_CONTENT text/plain\n1 B\nEVCXR_END_CONTENT\nEVCXR_BEGIN_CONTENT text/html\n<b>1 B</b>\nEVCXR_END_CONTENT\n"
+        );
+    }
+
+    #[test]
+    fn table_text_and_html() {
+        let mut t = Table::new(["what", "bytes"]).right_align([1]).caption("source: allocator");
+        t.row(["allocated", "1.00 MiB"]);
+        t.row(["<script>", "0 B"]);
+        let text = t.to_text();
+        assert!(
+            text.contains("allocated") && text.contains("1.00 MiB") && text.ends_with("source: allocator"),
+            "{text}"
+        );
+        let html = t.to_html();
+        assert!(html.contains("&lt;script&gt;") && !html.contains("<script>"));
+        assert!(html.contains("text-align:right"));
+    }
+}
