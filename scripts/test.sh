@@ -21,6 +21,17 @@ cargo clippy --workspace --all-targets --all-features -- -D warnings
 step "clippy: no default features (simulated backend only)"
 cargo clippy -p gpumem-nb --all-targets --no-default-features -- -D warnings
 
+# --- Chromium for tests/html.rs (renders trace_plot.html headless; the test fails without it) ---
+if [ ! -x /usr/bin/chromium ] && [ -z "${CHROMIUM:-}" ]; then
+    step "installing Debian's chromium (needed by tests/html.rs)"
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    else
+        echo "cannot install chromium here (not root or no apt-get): install it, or set CHROMIUM=/path/to/chrome"
+    fi
+fi
+# --- end chromium ---
+
 step "tests (unit, conformance with PyTorch 2.11 goldens, trace replay, round trips)"
 cargo test --workspace --all-features
 

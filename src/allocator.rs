@@ -80,7 +80,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// The caller's stack when stacks are being recorded, captured before the lock is taken.
     #[inline]
     fn op_context(&self) -> Option<crate::frames::Frames> {
-        self.stacks.load(Ordering::Relaxed).then(crate::frames::capture)
+        if self.stacks.load(Ordering::Relaxed) { Some(crate::frames::capture()) } else { None }
     }
 
     /// Runs `f` under the lock with the operation's stack (if recorded) made current.
@@ -214,7 +214,8 @@ impl<B: Backend> CachingAllocator<B> {
     /// `torch.cuda.memory._snapshot()`: segments, blocks, this device's trace and the
     /// settings. State is copied under the lock; stacks are symbolised after it is released.
     pub fn snapshot(&self) -> Snapshot {
-        let raw = self.with_state(|s, _| RawSnapshot::take(s, self.device));
+        let mut raw = self.with_state(|s, _| RawSnapshot::take(s, self.device));
+        raw.backend = Some(self.kind);
         Snapshot::from_raw(&raw)
     }
 

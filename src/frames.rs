@@ -13,7 +13,7 @@ use std::sync::Arc;
 pub type Frames = Arc<[usize]>;
 
 /// At most this many frames are kept per event.
-pub const MAX_FRAMES: usize = 48;
+pub const MAX_FRAMES: usize = 16;
 
 /// Captures the current stack as raw instruction pointers.
 #[inline(never)]
@@ -101,10 +101,16 @@ impl Symbolizer {
     }
 }
 
-/// Drops the leading (innermost) frames of gpumem-nb and the unwinder, and the trailing runtime
-/// frames below the program's own code.
+/// Standard-library frames (closure shims, iterator adapters) that can sit between our own.
+fn is_std(name: &str) -> bool {
+    const PREFIXES: [&str; 6] = ["core::", "<core::", "std::", "<std::", "alloc::", "<alloc::"];
+    PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
+/// Drops the leading (innermost) frames of gpumem-nb, the unwinder and the standard library
+/// glue between them, and the trailing runtime frames below the program's own code.
 fn keep_user(mut all: Vec<Frame>) -> Vec<Frame> {
-    let start = all.iter().position(|f| !is_internal(&f.name)).unwrap_or(all.len());
+    let start = all.iter().position(|f| !is_internal(&f.name) && !is_std(&f.name)).unwrap_or(all.len());
     let mut user = all.split_off(start);
     while user.last().is_some_and(|f| is_runtime(&f.name)) {
         user.pop();
@@ -125,6 +131,7 @@ mod tests {
         let all = vec![
             f("backtrace::backtrace::trace"),
             f("gpumem_nb::frames::capture"),
+            f("core::ops::function::FnOnce::call_once"),
             f("gpumem_nb::allocator::CachingAllocator<B>::malloc"),
             f("my_notebook::train_step"),
             f("gpumem_nb::scope::scope"), // the user's closure ran inside our scope: kept

@@ -49,3 +49,10 @@ pub use stats::{DeviceStats, SlotPeaks};
 /// The allocator of a device picked at run time (CUDA or simulated): what [`registry::device`]
 /// and [`registry::current`] hand out, and what a [`DeviceBuffer`] allocates from.
 pub type Allocator = CachingAllocator<AnyBackend>;
+pub use render::charts::{Chart, ChartOptions, MemoryTimeline, Series};
+pub use render::reports::{MemoryStatsTable, MemorySummary, SegmentTable, SnapshotSummary};
+
+// Scopes, the ipyexperiments helpers, pinned host memory.
+pub use mem::{Coverage, Filler, MemInfo, MemReading, PreloadReport};
+pub use pinned::{HostAllocator, HostStats, PinnedBuffer};
+pub use scope::{MemoryScope, ScopeReport, SnapshotError, SnapshotScope, measure, measure_with, save_memory_snapshot};

@@ -174,6 +174,7 @@ impl ReplayReport {
             trace: self.history.clone(),
             labels: self.state.labels(),
             config: self.state.config().clone(),
+            backend: Some(crate::backend::BackendKind::Replay),
         };
         crate::snapshot::Snapshot::from_raw(&raw)
     }

@@ -16,6 +16,7 @@
 //! cached memory and retries), anything else is [`DeviceError::Driver`] and is passed up.
 
 pub mod any;
+pub mod nvml;
 pub mod replay;
 pub mod sim;
 

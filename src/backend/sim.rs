@@ -155,6 +155,9 @@ impl Backend for SimBackend {
     fn kind(&self) -> BackendKind {
         BackendKind::Simulated
     }
+    fn new_stream(&mut self) -> Result<StreamId, DeviceError> {
+        Ok(SimBackend::new_stream(self))
+    }
     fn device_index(&self) -> i32 {
         self.device
     }

@@ -205,3 +205,6 @@ mod tests {
         assert!(html.contains("text-align:right"));
     }
 }
+
+pub mod charts;
+pub mod reports;

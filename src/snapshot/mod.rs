@@ -36,19 +36,24 @@ pub struct RawSnapshot {
     pub labels: Vec<String>,
     /// The configuration.
     pub config: AllocatorConfig,
+    /// What the numbers come from.
+    pub backend: Option<crate::backend::BackendKind>,
 }
 
 impl RawSnapshot {
-    /// Copies the state (and records PyTorch's "snapshot" event, as `_snapshot()` does).
+    /// Copies the state, then records PyTorch's "snapshot" event as `_snapshot()` does (after
+    /// the copy: a snapshot's own event shows up in the next snapshot, not in itself).
     pub fn take(state: &mut DeviceState, device: i32) -> Self {
-        state.record_snapshot_event();
-        RawSnapshot {
+        let raw = RawSnapshot {
             device,
             segments: state.segments(),
             trace: state.history.entries().iter().cloned().collect(),
             labels: state.labels(),
             config: state.config().clone(),
-        }
+            backend: None,
+        };
+        state.record_snapshot_event();
+        raw
     }
 }
 
@@ -77,6 +82,7 @@ pub fn write_all(snapshot: &Snapshot, dir: &Path) -> std::io::Result<SnapshotFil
     let write = |p: &Path, bytes: &[u8]| std::fs::write(p, bytes).map_err(|e| ctx("cannot write", p, e));
     write(&files.pickle, &pickle::to_bytes(snapshot))?;
     write(&files.json, json::to_string(snapshot).as_bytes())?;
-    write(&files.html, html::render(snapshot).as_bytes())?;
+    let opts = html::HtmlOptions { source: snapshot.source().map(String::from), ..Default::default() };
+    write(&files.html, html::render_with(snapshot, &opts).as_bytes())?;
     Ok(files)
 }

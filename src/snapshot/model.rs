@@ -18,6 +18,10 @@ pub struct Snapshot {
     pub allocator_settings: AllocatorSettings,
     /// `record_function` annotations (none are recorded yet).
     pub external_annotations: Vec<serde_json::Value>,
+    /// What the numbers came from (not part of PyTorch's format, so not written to the pickle
+    /// or JSON; renderers show it).
+    #[serde(skip)]
+    pub backend: Option<crate::backend::BackendKind>,
 }
 
 /// One segment (for expandable segments: one contiguous mapped run).
@@ -205,7 +209,17 @@ impl Snapshot {
                     .collect(),
             },
             external_annotations: Vec::new(),
+            backend: raw.backend,
         }
+    }
+
+    /// "simulated device", "CUDA device" or "replay of a recorded trace", when known.
+    pub fn source(&self) -> Option<&'static str> {
+        self.backend.map(|b| match b {
+            crate::backend::BackendKind::Cuda => "CUDA device",
+            crate::backend::BackendKind::Simulated => "simulated device",
+            crate::backend::BackendKind::Replay => "replay of a recorded trace",
+        })
     }
 
     /// Number of trace entries across devices.
