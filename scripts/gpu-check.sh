@@ -14,6 +14,19 @@ for l in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "alloc" and m.get("executable"):
         print(m["executable"])')
 cp "$bench" .gpu-bundle/alloc-bench
+hist=$(cargo bench --bench history --no-run --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "history" and m.get("executable"):
+        print(m["executable"])')
+cp "$hist" .gpu-bundle/history-bench
+cargo build --release --example snapshot_demo --bin gpumem-replay
+cp "$CARGO_TARGET_DIR/release/examples/snapshot_demo" .gpu-bundle/
+# Snapshots written here (simulated device; a replayed PyTorch trace) for PyTorch's tools there.
+rm -rf .gpu-bundle/snapshots && mkdir -p .gpu-bundle/snapshots
+GPUMEM_NB_DEVICE=sim "$CARGO_TARGET_DIR/release/examples/snapshot_demo" .gpu-bundle/snapshots/sim >/dev/null
+"$CARGO_TARGET_DIR/release/gpumem-replay" tests/fixtures/traces/gpt2_train.trace.tsv.gz --snapshot .gpu-bundle/snapshots/gpt2 >/dev/null
 tests=$(cargo test -p gpumem-nb --lib --release --features cublas,nvrtc --no-run --message-format=json 2>/dev/null | python3 -c '
 import json, sys
 for l in sys.stdin:
@@ -21,5 +34,5 @@ for l in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m["target"]["kind"] == ["lib"] and m.get("executable"):
         print(m["executable"])')
 cp "$tests" .gpu-bundle/gpumem-nb-lib-tests
-strip .gpu-bundle/* 2>/dev/null || true
+strip .gpu-bundle/alloc-bench .gpu-bundle/history-bench 2>/dev/null || true  # the tests and snapshot_demo keep their symbols (frame names)
 du -sh .gpu-bundle

@@ -8,22 +8,41 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Raw return addresses of one stack, innermost first.
 pub type Frames = Arc<[usize]>;
 
-/// At most this many frames are kept per event.
-pub const MAX_FRAMES: usize = 16;
+/// The most frames a stack may keep ([`set_depth`]).
+pub const MAX_FRAMES: usize = 64;
+
+/// Frames walked per stack unless [`set_depth`] says otherwise. Walking costs about 150 ns a
+/// frame (DWARF unwinding), and the innermost few are gpumem-nb's own, so 12 keeps the
+/// caller's innermost frames at about 1 µs per event (BENCHMARKS.md).
+pub const DEFAULT_DEPTH: usize = 12;
+
+static DEPTH: AtomicUsize = AtomicUsize::new(DEFAULT_DEPTH);
+
+/// Sets how many frames each recorded stack walks (1 ..= [`MAX_FRAMES`]; clamped).
+pub fn set_depth(frames: usize) {
+    DEPTH.store(frames.clamp(1, MAX_FRAMES), Ordering::Relaxed);
+}
+
+/// How many frames each recorded stack walks.
+pub fn depth() -> usize {
+    DEPTH.load(Ordering::Relaxed)
+}
 
 /// Captures the current stack as raw instruction pointers.
 #[inline(never)]
 pub fn capture() -> Frames {
+    let limit = depth();
     let mut ips = [0usize; MAX_FRAMES];
     let mut n = 0;
     backtrace::trace(|f| {
         ips[n] = f.ip() as usize;
         n += 1;
-        n < MAX_FRAMES
+        n < limit
     });
     Arc::from(&ips[..n])
 }

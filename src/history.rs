@@ -193,7 +193,7 @@ impl History {
         self.record_with(action, addr, size, stream, None, 0);
     }
     /// Appends an event with its stack and label when recording is on.
-    #[inline]
+    #[inline(always)]
     pub fn record_with(
         &mut self,
         action: TraceAction,
@@ -203,9 +203,21 @@ impl History {
         frames: Option<Frames>,
         label: u32,
     ) {
-        if self.mode == RecordMode::Off {
-            return;
+        if self.mode != RecordMode::Off {
+            self.push(action, addr, size, stream, frames, label);
         }
+    }
+
+    #[inline(never)]
+    fn push(
+        &mut self,
+        action: TraceAction,
+        addr: u64,
+        size: u64,
+        stream: StreamId,
+        frames: Option<Frames>,
+        label: u32,
+    ) {
         if self.entries.len() >= self.max_entries {
             self.entries.pop_front();
         }

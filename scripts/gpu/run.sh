@@ -25,6 +25,25 @@ g++ -O2 -std=c++17 -D_GLIBCXX_USE_CXX11_ABI=1 scripts/gpu/alloc_bench.cpp \
     -Wl,-rpath,"$TORCH/lib" -o /tmp/alloc_bench && \
   LD_LIBRARY_PATH="$TORCH/lib:${LD_LIBRARY_PATH:-}" /tmp/alloc_bench 200000 7 | tee "$OUT/torch_driver_bench.jsonl"
 
+if [ -x "$B/history-bench" ]; then
+  echo "== history recording and snapshot benchmarks (simulated device, CPU only)"
+  "$B/history-bench" --bench --warm-up-time 1 --measurement-time 3 2>&1 | grep -E "^(pair|snapshot)|time:" | grep -v "%" | tee "$OUT/history_bench.txt"
+fi
+
+if [ -x "$B/snapshot_demo" ]; then
+  echo "== a snapshot written on this GPU (CUDA backend), and PyTorch's tools on every snapshot"
+  "$B/snapshot_demo" "$B/snapshots/cuda" || echo "snapshot_demo failed: $?"
+  for snap in "$B"/snapshots/*/snapshot.pickle; do
+    for cmd in stats trace; do
+      python3 -m torch.cuda._memory_viz "$cmd" "$snap" > /tmp/viz.out 2>&1
+      rc=$?
+      echo "_memory_viz $cmd $snap: exit $rc, $(wc -l < /tmp/viz.out) lines"
+      head -12 /tmp/viz.out
+    done
+  done
+  cp "$B/snapshots/cuda/snapshot.pickle" "$OUT/cuda_snapshot.pickle" 2>/dev/null
+fi
+
 if [ -x "$B/gpumem-nb-lib-tests" ]; then
   echo "== gpumem-nb library tests on the GPU (CUDA backend, buffers, cudarc interop)"
   GPUMEM_NB_EXPECT_GPU=1 LD_LIBRARY_PATH="$CUDA_HOME/lib64:${LD_LIBRARY_PATH:-}" "$B/gpumem-nb-lib-tests" --test-threads 1 2>&1 | tail -15

@@ -245,14 +245,14 @@ impl DeviceState {
     }
 
     /// Records an event with the current label and `frames`.
-    #[inline]
+    #[inline(always)]
     fn trace(&mut self, action: TraceAction, addr: u64, size: u64, stream: StreamId, frames: Option<Frames>) {
         let label = self.current_tag;
         self.history.record_with(action, addr, size, stream, frames, label);
     }
 
     /// The operation's own stack, when events of this kind carry stacks.
-    #[inline]
+    #[inline(always)]
     fn ctx_for_alloc_event(&self) -> Option<Frames> {
         if self.op_ctx.is_some() && self.history.context() >= StackContext::Alloc { self.op_ctx.clone() } else { None }
     }
@@ -612,7 +612,11 @@ impl DeviceState {
         let has_uses = !b.stream_uses.is_empty();
         dec(&mut self.stats.allocation, pool, 1);
         dec(&mut self.stats.allocated_bytes, pool, size);
-        let frames = self.ctx_for_free_event(self.block_ctx.get(&id));
+        let frames = if self.block_ctx.is_empty() && self.op_ctx.is_none() {
+            None
+        } else {
+            self.ctx_for_free_event(self.block_ctx.get(&id))
+        };
         self.trace(TraceAction::FreeRequested, addr, req, stream, frames);
         if size >= self.config.max_split_size {
             self.stats.oversize_allocations.decrease(1);
@@ -703,8 +707,13 @@ impl DeviceState {
         debug_assert!(!b.allocated && b.event_count == 0 && b.stream_uses.is_empty());
         let (addr, req, stream, pool, orig_size, expandable) =
             (b.addr, b.requested_size, b.stream, b.pool, b.size, b.is_expandable());
-        let saved = self.block_ctx.remove(&id);
-        let frames = self.ctx_for_free_event(saved.as_ref());
+        // Stacks are kept only while recording with stacks: skip the lookups otherwise.
+        let frames = if self.block_ctx.is_empty() && self.op_ctx.is_none() {
+            None
+        } else {
+            let saved = self.block_ctx.remove(&id);
+            self.ctx_for_free_event(saved.as_ref())
+        };
         self.trace(TraceAction::FreeCompleted, addr, req, stream, frames);
         self.arena.get_mut(id).tag = 0;
         let mut net_blocks: i64 = 0;
@@ -830,8 +839,12 @@ impl DeviceState {
         debug_assert!(!b.is_expandable() && !b.is_split() && !b.allocated);
         let (addr, size, stream, pool, key) = (b.addr, b.size, b.stream, b.pool, b.free_key());
         self.stats.num_device_free += 1;
-        let saved = self.seg_ctx.remove(&addr);
-        let frames = self.ctx_for_free_event(saved.as_ref());
+        let frames = if self.seg_ctx.is_empty() && self.op_ctx.is_none() {
+            None
+        } else {
+            let saved = self.seg_ctx.remove(&addr);
+            self.ctx_for_free_event(saved.as_ref())
+        };
         self.trace(TraceAction::SegmentFree, addr, size, stream, frames);
         let result = dev.release(addr, size);
         self.total_reserved -= size;
