@@ -17,9 +17,11 @@
 //! Units: bytes everywhere in data; [`units`] formats them for people.
 
 pub mod allocator;
+pub mod anchor;
 pub mod backend;
 pub mod buffer;
 pub mod config;
+pub mod control;
 pub mod error;
 pub mod frames;
 pub mod history;

@@ -23,7 +23,7 @@ use crate::config::AllocatorConfig;
 use crate::error::{Error, Result};
 use crate::units::{GIB, MIB, parse_size};
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, MutexGuard};
 
 /// The environment variable that selects the device backend.
 pub const ENV_VAR: &str = "GPUMEM_NB_DEVICE";
@@ -162,7 +162,7 @@ pub fn open_backend(resolved: &Resolved, index: usize) -> Result<AnyBackend> {
 }
 
 /// The registry's state: the resolved selection and config, read once, and the devices opened.
-struct Registry {
+pub(crate) struct Registry {
     resolved: Resolved,
     config: AllocatorConfig,
     devices: Vec<Option<Arc<Allocator>>>,
@@ -177,17 +177,12 @@ impl Registry {
     }
 }
 
-// SEAM(process-wide anchor): under evcxr every notebook cell is compiled into its own shared
-// object that links its own copy of this crate, statics included (shared/reference/evcxr.md §B).
-// This plain `static` is therefore one registry per *crate copy*, not per process: a later
-// issue replaces it with a process-wide anchor that all copies find (keeping `device`/`current`
-// as they are). Do not add other per-process state beside it; put it in `Registry`.
-static REGISTRY: OnceLock<Mutex<Option<Registry>>> = OnceLock::new();
-
+/// The process's registry, through the process-wide anchor (see [`crate::anchor`]): under evcxr
+/// every cell links its own copy of this crate, and all copies reach this one state.
 fn registry() -> MutexGuard<'static, Option<Registry>> {
     // A panic while the lock was held cannot leave `Registry` half-updated (each update is one
     // assignment), so a poisoned lock is recovered.
-    REGISTRY.get_or_init(|| Mutex::new(None)).lock().unwrap_or_else(|e| e.into_inner())
+    crate::anchor::shared().registry.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The allocator of device `index` in this process: created on first use, then the same `Arc`.
@@ -205,7 +200,14 @@ pub fn device(index: usize) -> Result<Arc<Allocator>> {
     let backend = open_backend(&reg.resolved, index)?;
     let alloc = Arc::new(CachingAllocator::new(backend, reg.config.clone()));
     reg.devices[index] = Some(Arc::clone(&alloc));
+    drop(guard);
+    crate::control::start_if_requested();
     Ok(alloc)
+}
+
+/// The allocators opened so far in this process, by device index.
+pub fn opened() -> Vec<Arc<Allocator>> {
+    registry().as_ref().map(|r| r.devices.iter().flatten().cloned().collect()).unwrap_or_default()
 }
 
 /// The allocator of device 0 (the notebook's device).

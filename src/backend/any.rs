@@ -124,6 +124,12 @@ impl Backend for AnyBackend {
     fn process_memory(&mut self) -> Vec<ProcessMemory> {
         dispatch!(self, b => b.process_memory())
     }
+    fn pool_usage(&mut self) -> Option<super::PoolUsage> {
+        dispatch!(self, b => b.pool_usage())
+    }
+    fn reset_pool_high_water(&mut self) {
+        dispatch!(self, b => b.reset_pool_high_water())
+    }
     fn new_stream(&mut self) -> Result<StreamId, DeviceError> {
         match self {
             // The simulated device's streams are plain handles (its inherent `new_stream`).

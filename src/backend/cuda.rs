@@ -58,6 +58,9 @@
 //! | `cuEventSynchronize` | `CudaEvent::synchronize` | [`PinnedHostMemory`] slices, drop |
 //! | `cuStreamSynchronize` | `CudaStream::synchronize` | [`PinnedHostMemory`] copies when an event cannot be recorded |
 //! | NVML `nvmlDeviceGetComputeRunningProcesses_v3` | [`super::nvml`] | `process_memory` (OOM messages) |
+//! | `cuDeviceGetMemPool` | `result::device::get_mem_pool` | `pool_usage`, `reset_pool_high_water` |
+//! | `cuMemPoolGetAttribute` | `result::mem_pool::get_attribute` | `pool_usage` |
+//! | `cuMemPoolSetAttribute` | `result::mem_pool::set_attribute` | `reset_pool_high_water` |
 //!
 //! # Pinned host memory
 //! [`PinnedHostMemory`] is one page-locked host allocation (`cuMemHostAlloc` with
@@ -579,6 +582,49 @@ impl Backend for CudaBackend {
         match self.uuid() {
             Ok(u) => super::nvml::process_memory(u).unwrap_or_default(),
             Err(_) => Vec::new(),
+        }
+    }
+
+    /// The device's current memory pool (cudarc's `CudaSlice` allocates from it with
+    /// `cuMemAllocAsync`), read with `cuMemPoolGetAttribute`.
+    fn pool_usage(&mut self) -> Option<super::PoolUsage> {
+        if !self.ctx.has_async_alloc() || self.bind().is_err() {
+            return None;
+        }
+        // SAFETY: the context is bound to this thread and `cu_device` is its device; the call
+        // only writes the pool handle.
+        let pool = unsafe { result::device::get_mem_pool(self.ctx.cu_device()) }.ok()?;
+        let get = |attr: sys::CUmemPool_attribute| -> Option<u64> {
+            let mut v: u64 = 0;
+            // SAFETY: `pool` is the device's live current pool; the four `*_MEM_*` attributes
+            // are `cuuint64_t`, so the driver writes 8 bytes into `v`.
+            unsafe { result::mem_pool::get_attribute(pool, attr, (&mut v as *mut u64).cast()) }.ok()?;
+            Some(v)
+        };
+        use sys::CUmemPool_attribute as A;
+        Some(super::PoolUsage {
+            used: get(A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
+            reserved: get(A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
+            used_high: get(A::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?,
+            reserved_high: get(A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?,
+        })
+    }
+
+    fn reset_pool_high_water(&mut self) {
+        if !self.ctx.has_async_alloc() || self.bind().is_err() {
+            return;
+        }
+        // SAFETY: as in `pool_usage`: bound context, its own device.
+        let Ok(pool) = (unsafe { result::device::get_mem_pool(self.ctx.cu_device()) }) else { return };
+        for attr in [
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
+        ] {
+            let mut zero: u64 = 0;
+            // SAFETY: the `*_HIGH` attributes are `cuuint64_t` and are reset by setting them to 0
+            // (the driver reads 8 bytes from `zero`); `pool` is the live current pool.
+            let r = unsafe { result::mem_pool::set_attribute(pool, attr, (&mut zero as *mut u64).cast()) };
+            self.ctx.record_err(r);
         }
     }
 

@@ -91,6 +91,21 @@ pub struct ProcessMemory {
     pub is_self: bool,
 }
 
+/// The CUDA stream-ordered memory pool that `cuMemAllocAsync` (and so cudarc's own `CudaSlice`,
+/// and candle) allocate from: bytes in use and reserved by the driver's pool, with their
+/// high-water marks since the last [`Backend::reset_pool_high_water`]. Exact (driver counters).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolUsage {
+    /// `CU_MEMPOOL_ATTR_USED_MEM_CURRENT`.
+    pub used: u64,
+    /// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`.
+    pub reserved: u64,
+    /// `CU_MEMPOOL_ATTR_USED_MEM_HIGH`.
+    pub used_high: u64,
+    /// `CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH`.
+    pub reserved_high: u64,
+}
+
 /// The device operations the caching policy needs.
 pub trait Backend {
     /// What this backend is.
@@ -125,6 +140,13 @@ pub trait Backend {
     fn process_memory(&mut self) -> Vec<ProcessMemory> {
         Vec::new()
     }
+    /// The device's current stream-ordered pool (what cudarc's `CudaSlice` uses), when the
+    /// device has one. `None` on the simulated device.
+    fn pool_usage(&mut self) -> Option<PoolUsage> {
+        None
+    }
+    /// Restarts the pool's high-water marks at the current values (a cell's own peak).
+    fn reset_pool_high_water(&mut self) {}
     /// Creates a stream on the device and returns its handle (kept alive by the backend).
     /// Backends without streams answer `Err(Driver("streams not supported"))`.
     fn new_stream(&mut self) -> Result<StreamId, DeviceError> {
