@@ -49,3 +49,49 @@ fn oom_message_in_readme_is_the_real_one() {
         .expect("README shows the message");
     assert!(msg.starts_with(shown.trim_end()), "README:\n{shown}\nreal:\n{msg}");
 }
+
+/// The README's scope, snapshot, mem and pinned snippets, run on a simulated device.
+#[test]
+fn seed_capability_examples_run() {
+    use gpumem_nb::{HistoryOptions, RecordMode, StackContext};
+    let alloc = sim(4 << 30);
+    // Scope: the printed line has the README's shape.
+    let sink = gpumem_nb::scope::Capture::new();
+    let s = gpumem_nb::MemoryScope::new(&alloc, "forward").with_sink(sink.clone());
+    let x = DeviceBuffer::<u8>::zeros(&alloc, 16 << 20, StreamId::DEFAULT).unwrap();
+    drop(x);
+    let y = DeviceBuffer::<u8>::zeros(&alloc, 4 << 20, StreamId::DEFAULT).unwrap();
+    drop(s);
+    let line = sink.contents();
+    let shown = line.split(" in ").next().unwrap();
+    assert!(readme().contains(shown), "README shows the real line: {line}");
+    // Snapshot scope.
+    let dir = std::env::temp_dir().join(format!("gpumem-readme-{}", std::process::id()));
+    let (v, files) = gpumem_nb::scope::save_memory_snapshot_on(&alloc, &dir, || 7);
+    let files = files.unwrap();
+    assert_eq!(v, 7);
+    assert!(files.pickle.exists() && files.json.exists() && files.html.exists());
+    alloc.record_memory_history_with(HistoryOptions {
+        enabled: RecordMode::All,
+        context: StackContext::All,
+        max_entries: 100_000,
+    });
+    let snap = alloc.snapshot();
+    gpumem_nb::snapshot::write_all(&snap, &dir).unwrap();
+    // mem helpers and pinned memory.
+    let buf = gpumem_nb::mem::allocate_mib_on(&alloc, 512).expect("512 MiB fit on 4 GiB");
+    assert_eq!(buf.len(), 512 << 20);
+    let filler = gpumem_nb::mem::leave_free_mib_on(&alloc, 2048).unwrap();
+    assert_eq!(gpumem_nb::mem::free_on(&alloc).unwrap().bytes, 2048 << 20);
+    drop(filler);
+    let host = gpumem_nb::HostAllocator::for_device(&alloc);
+    let staging = gpumem_nb::PinnedBuffer::from_slice(&host, &[1u32, 2, 3]).unwrap();
+    let on_gpu = staging.to_device(&alloc, StreamId::DEFAULT).unwrap();
+    assert_eq!(on_gpu.to_host().unwrap(), vec![1, 2, 3]);
+    assert!(
+        host.host_memory_stats().contains_key("allocated_bytes.current"),
+        "{:?}",
+        host.host_memory_stats().keys().collect::<Vec<_>>()
+    );
+    let _ = (y, std::fs::remove_dir_all(&dir));
+}
