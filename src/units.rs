@@ -98,6 +98,19 @@ pub fn iec_delta(delta: i64) -> String {
     }
 }
 
+/// A count with thousands separators: `1234567` → `1,234,567`.
+pub fn group_digits(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::with_capacity(s.len() + s.len() / 3);
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
 /// Parses a size as a user writes it: `1024`, `512B`, `1.5GiB`, `20 MiB`, `2G` (binary units).
 pub fn parse_size(text: &str) -> Option<u64> {
     let t = text.trim();
@@ -140,6 +153,13 @@ mod tests {
         assert_eq!(summary_size(2_049_536, 26_681_344), "  2001 KiB");
         assert_eq!(summary_count(7, 7), "      7   ");
         assert_eq!(summary_count(1_500_000, 1_500_000), "   1500 K ");
+    }
+
+    #[test]
+    fn digit_groups() {
+        assert_eq!(group_digits(0), "0");
+        assert_eq!(group_digits(999), "999");
+        assert_eq!(group_digits(1_234_567), "1,234,567");
     }
 
     #[test]

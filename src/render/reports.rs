@@ -15,18 +15,7 @@ use crate::{CachingAllocator, TraceAction};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::{self, Write as _};
 
-/// "1,234,567".
-pub(crate) fn group_digits(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::with_capacity(s.len() + s.len() / 3);
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
+pub(crate) use crate::units::group_digits;
 
 /// A duration in microseconds as people read it: "850 µs", "12.3 ms", "4.21 s", "3 min 7 s".
 pub(crate) fn duration(us: i64) -> String {

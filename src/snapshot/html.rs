@@ -130,18 +130,7 @@ fn devices(s: &Snapshot) -> Vec<i32> {
     d
 }
 
-/// `1234567` → `1,234,567`.
-fn group(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::with_capacity(s.len() + s.len() / 3);
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
+use crate::units::group_digits as group;
 
 fn top_frame(frames: &[Frame]) -> Option<String> {
     frames.first().map(|f| format!("{} ({}:{})", f.name, f.filename, f.line))
