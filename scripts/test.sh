@@ -14,11 +14,11 @@ step() { printf '\n==> %s\n' "$*"; }
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
-step "clippy: default features (simulated + CUDA backends)"
-cargo clippy --workspace --all-targets -- -D warnings
-step "clippy: all features (cuBLAS, NVRTC interop)"
+step "clippy: the whole workspace, all features (cuBLAS/NVRTC interop, the kernel)"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
-step "clippy: no default features (simulated backend only)"
+step "clippy: the library, default features (simulated + CUDA backends)"
+cargo clippy -p gpumem-nb --all-targets -- -D warnings
+step "clippy: the library, no default features (simulated backend only)"
 cargo clippy -p gpumem-nb --all-targets --no-default-features -- -D warnings
 
 # --- Chromium for tests/html.rs (renders trace_plot.html headless; the test fails without it) ---
