@@ -70,5 +70,36 @@ fn mixed(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, hot, mixed);
+/// 8 threads, each on its own stream, doing hot 512 B pairs on one shared allocator: the time
+/// per pair as each thread sees it (wall time ÷ pairs per thread), lock contention included.
+fn threads8(c: &mut Criterion) {
+    let mut g = c.benchmark_group("threads8");
+    g.throughput(Throughput::Elements(1));
+    let alloc = std::sync::Arc::new(CachingAllocator::new(SimBackend::new(0, 80 << 30), AllocatorConfig::default()));
+    let streams: Vec<StreamId> = (0..8).map(|_| alloc.new_stream().unwrap()).collect();
+    g.bench_function("hot_512_per_stream", |b| {
+        b.iter_custom(|iters| {
+            let barrier = std::sync::Arc::new(std::sync::Barrier::new(8));
+            let handles: Vec<_> = streams
+                .iter()
+                .map(|&s| {
+                    let (a, barrier) = (std::sync::Arc::clone(&alloc), std::sync::Arc::clone(&barrier));
+                    std::thread::spawn(move || {
+                        barrier.wait();
+                        let t0 = std::time::Instant::now();
+                        for _ in 0..iters {
+                            let x = a.malloc(black_box(512), s).unwrap();
+                            a.free(x.block.unwrap()).unwrap();
+                        }
+                        t0.elapsed()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).max().unwrap()
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, hot, mixed, threads8);
 criterion_main!(benches);

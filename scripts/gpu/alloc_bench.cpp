@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <thread>
 #include <vector>
 
 static double now_ns() {
@@ -88,6 +89,29 @@ static void report(const char* impl, const char* workload, double ns) {
   std::fflush(stdout);
 }
 
+// 8 threads, each on its own stream, hot 512 B pairs: ns per pair as each thread sees it
+// (the slowest thread's wall time / pairs per thread), median of repeats.
+static double threads8(const std::function<void*(size_t, CUstream)>& a, const std::function<void(void*, CUstream)>& f,
+                       const std::vector<CUstream>& streams, int iters, int repeats) {
+  std::vector<double> r;
+  for (int k = 0; k < repeats; ++k) {
+    std::vector<double> per(streams.size());
+    std::vector<std::thread> ts;
+    for (size_t t = 0; t < streams.size(); ++t) {
+      ts.emplace_back([&, t] {
+        cudaSetDevice(0);
+        f(a(512, streams[t]), streams[t]);  // warm
+        double t0 = now_ns();
+        for (int i = 0; i < iters; ++i) f(a(512, streams[t]), streams[t]);
+        per[t] = (now_ns() - t0) / iters;
+      });
+    }
+    for (auto& th : ts) th.join();
+    r.push_back(*std::max_element(per.begin(), per.end()));
+  }
+  return median(r);
+}
+
 int main(int argc, char** argv) {
   int iters = argc > 1 ? std::atoi(argv[1]) : 200000;
   int repeats = argc > 2 ? std::atoi(argv[2]) : 7;
@@ -120,6 +144,21 @@ int main(int argc, char** argv) {
   report("pytorch_c10", "mixed_1000_live", mixed(torch_a, torch_f, iters, repeats));
   report("cuMemAllocAsync", "mixed_1000_live", mixed(async_a, async_f, iters, repeats));
   report("cuMemAlloc", "mixed_1000_live", mixed(sync_a, sync_f, iters / 200 + 1, repeats));
+
+  std::vector<CUstream> streams(8);
+  for (auto& s : streams) check(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  auto torch_sa = [](size_t n, CUstream s) {
+    return c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(n, reinterpret_cast<cudaStream_t>(s));
+  };
+  auto torch_sf = [](void* p, CUstream) { c10::cuda::CUDACachingAllocator::raw_delete(p); };
+  auto async_sa = [](size_t n, CUstream s) {
+    CUdeviceptr p;
+    check(cuMemAllocAsync(&p, n, s), "cuMemAllocAsync");
+    return (void*)p;
+  };
+  auto async_sf = [](void* p, CUstream s) { check(cuMemFreeAsync((CUdeviceptr)p, s), "cuMemFreeAsync"); };
+  report("pytorch_c10", "threads8/hot_512_per_stream", threads8(torch_sa, torch_sf, streams, iters / 4, repeats));
+  report("cuMemAllocAsync", "threads8/hot_512_per_stream", threads8(async_sa, async_sf, streams, iters / 4, repeats));
   cudaDeviceSynchronize();
   return 0;
 }
