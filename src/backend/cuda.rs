@@ -61,6 +61,7 @@
 //! | `cuDeviceGetMemPool` | `result::device::get_mem_pool` | `pool_usage`, `reset_pool_high_water` |
 //! | `cuMemPoolGetAttribute` | `result::mem_pool::get_attribute` | `pool_usage` |
 //! | `cuMemPoolSetAttribute` | `result::mem_pool::set_attribute` | `reset_pool_high_water` |
+//! | `cuLaunchHostFunc` | `result::stream::launch_host_function` | [`CudaBackend::sleep_on_stream`] (a busy stream, for probes and tests) |
 //!
 //! # Pinned host memory
 //! [`PinnedHostMemory`] is one page-locked host allocation (`cuMemHostAlloc` with
@@ -198,6 +199,12 @@ fn stream_id(s: &CudaStream) -> StreamId {
     StreamId(s.cu_stream() as usize as u64)
 }
 
+/// The host function queued by [`CudaBackend::sleep_on_stream`]: sleeps for `micros`
+/// microseconds (carried in the pointer's bits; never dereferenced). Calls no CUDA API.
+extern "C" fn sleep_host_fn(micros: *mut std::ffi::c_void) {
+    std::thread::sleep(std::time::Duration::from_micros(micros.addr() as u64));
+}
+
 /// `CUmemAllocationProp` for pinned device memory on `ordinal` (built per call: the struct holds a
 /// raw pointer, which would make the backend `!Send`).
 fn allocation_prop(ordinal: i32) -> sys::CUmemAllocationProp {
@@ -320,6 +327,27 @@ impl CudaBackend {
     /// The device's 16-byte UUID (`cuDeviceGetUuid`), to find it in NVML ([`super::nvml`]).
     pub fn uuid(&self) -> Result<[u8; 16], DeviceError> {
         self.ctx.uuid().map(|u| uuid_bytes(&u)).map_err(|e| driver("cuDeviceGetUuid_v2", e))
+    }
+
+    /// Keeps `stream` busy for `duration`: queues a host function (`cuLaunchHostFunc`) that
+    /// sleeps, so work queued on the stream after it, and events recorded there, complete only
+    /// once the sleep is over. Returns at once. PyTorch's `torch.cuda._sleep` does the same with a
+    /// spinning kernel; this needs no kernel. Used by probes and tests of cross-stream frees
+    /// (`record_stream` with the other stream still running).
+    pub fn sleep_on_stream(&mut self, stream: StreamId, duration: std::time::Duration) -> Result<(), DeviceError> {
+        let s = self.lookup_stream(stream)?;
+        let micros = usize::try_from(duration.as_micros())
+            .map_err(|_| DeviceError::Driver("CUDA_ERROR_INVALID_VALUE: sleep too long".into()))?;
+        self.bind()?;
+        // SAFETY: `s` is a live stream of this backend's context (kept alive by the backend, and
+        // by the `Arc` held here during the call), and that context is bound. The host function
+        // only sleeps: it calls no CUDA API (which a host function must not) and dereferences
+        // nothing; its argument is the sleep in microseconds passed by value in the pointer's
+        // bits, so no memory has to outlive the call.
+        unsafe {
+            result::stream::launch_host_function(s.cu_stream(), sleep_host_fn, std::ptr::without_provenance_mut(micros))
+        }
+        .map_err(|e| driver("cuLaunchHostFunc", e))
     }
 
     fn lookup_stream(&self, id: StreamId) -> Result<Arc<CudaStream>, DeviceError> {
@@ -1221,6 +1249,17 @@ mod tests {
         assert_eq!(id, stream_id(&foreign));
         let e4 = b.record_event(id).unwrap();
         b.synchronize_event(e4).unwrap();
+    }
+
+    #[test]
+    fn gpu_sleep_keeps_a_stream_busy() {
+        let Some((_gpu, mut b)) = gpu() else { return };
+        let s = b.new_stream().unwrap();
+        b.sleep_on_stream(s, std::time::Duration::from_millis(300)).unwrap();
+        let e = b.record_event(s).unwrap();
+        assert!(!b.query_event(e).unwrap(), "the event waits for the sleeping host function");
+        b.synchronize_event(e).unwrap();
+        assert!(b.sleep_on_stream(StreamId(0xdead_0000), std::time::Duration::from_millis(1)).is_err());
     }
 
     #[test]
