@@ -21,8 +21,9 @@ for l in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "history" and m.get("executable"):
         print(m["executable"])')
 cp "$hist" .gpu-bundle/history-bench
-cargo build --release --example snapshot_demo --example gpu_probe --bin gpumem-replay
-cp "$CARGO_TARGET_DIR/release/examples/snapshot_demo" "$CARGO_TARGET_DIR/release/examples/gpu_probe" .gpu-bundle/
+cargo build --release --example snapshot_demo --example gpu_probe --example gpu_check --bin gpumem-replay
+cp "$CARGO_TARGET_DIR/release/examples/snapshot_demo" "$CARGO_TARGET_DIR/release/examples/gpu_probe" \
+   "$CARGO_TARGET_DIR/release/examples/gpu_check" .gpu-bundle/
 # PyTorch's own probe, for the side-by-side conformance run (scripts/gpu/probe_compare.sh).
 cp "${SHARED:-../shared}/reference/pytorch_golden/probe.py" .gpu-bundle/ 2>/dev/null || cp /work/shared/reference/pytorch_golden/probe.py .gpu-bundle/
 # Snapshots written here (simulated device; a replayed PyTorch trace) for PyTorch's tools there.

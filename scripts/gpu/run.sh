@@ -44,6 +44,14 @@ if [ -x "$B/snapshot_demo" ]; then
   cp "$B/snapshots/cuda/snapshot.pickle" "$OUT/cuda_snapshot.pickle" 2>/dev/null
 fi
 
+if [ -x "$B/gpu_check" ]; then
+  echo "== GPU-only checks: CUDA pool numbers, NVML vs cuMemGetInfo, UUID matching, devices"
+  "$B/gpu_check" | tee "$OUT/gpu_check.jsonl"
+  CUDA_VISIBLE_DEVICES=0 "$B/gpu_check" uuid | tee -a "$OUT/gpu_check.jsonl"
+  uuid0=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1)
+  CUDA_VISIBLE_DEVICES="$uuid0" "$B/gpu_check" uuid | tee -a "$OUT/gpu_check.jsonl"
+fi
+
 if [ -x "$B/gpumem-nb-lib-tests" ]; then
   echo "== gpumem-nb library tests on the GPU (CUDA backend, buffers, cudarc interop)"
   GPUMEM_NB_EXPECT_GPU=1 LD_LIBRARY_PATH="$CUDA_HOME/lib64:${LD_LIBRARY_PATH:-}" "$B/gpumem-nb-lib-tests" --test-threads 1 2>&1 | tail -15
