@@ -122,8 +122,8 @@ fn main() -> std::process::ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let want = |c: &str| args.is_empty() || args.iter().any(|a| a == c);
     let mut ok = true;
-    let checks: [(&str, fn() -> gpumem_nb::Result<bool>); 4] =
-        [("pool", pool), ("nvml", nvml_vs_mem_get_info), ("uuid", uuid), ("multi", multi)];
+    type Check = fn() -> gpumem_nb::Result<bool>;
+    let checks: [(&str, Check); 4] = [("pool", pool), ("nvml", nvml_vs_mem_get_info), ("uuid", uuid), ("multi", multi)];
     for (name, f) in checks {
         if want(name) {
             ok &= f().unwrap_or_else(|e| report(name, false, json!({"error": e.to_string()})));
