@@ -173,6 +173,20 @@ impl FreeSet {
     pub(crate) fn get(&self, key: &FreeKey) -> Option<&u32> {
         self.stream(key.0)?.get(pack(key.1, key.2))
     }
+    /// Replaces entry `old` by (`new`, `id`): the same as `remove(old)` then `insert(new, id)`,
+    /// done in place when `new` sorts where `old` was (a split remainder or a merged block
+    /// usually does). `old` must be present.
+    #[inline]
+    pub(crate) fn replace(&mut self, old: &FreeKey, new: FreeKey, id: u32) {
+        if old.0 == new.0 {
+            if let Some((_, set)) = self.streams.iter_mut().find(|(s, _)| *s == old.0) {
+                set.replace(pack(old.1, old.2), pack(new.1, new.2), id);
+                return;
+            }
+        }
+        self.remove(old);
+        self.insert(new, id);
+    }
     pub(crate) fn len(&self) -> usize {
         self.len
     }
@@ -235,15 +249,17 @@ pub(crate) struct SizeAddrSet {
 
 impl SizeAddrSet {
     /// Entries per chunk before it splits in two.
-    pub(crate) const CHUNK_MAX: usize = 32;
+    pub(crate) const CHUNK_MAX: usize = 16;
 
     /// Chunk that holds, or would hold, `key`.
     #[inline]
     fn chunk_for(&self, key: u128) -> usize {
-        if self.len == 0 {
-            return self.chunks.len();
+        match (self.len, self.chunks.len()) {
+            (0, n) => n,
+            // One chunk (the common case): it holds every key, or would.
+            (_, 1) => usize::from(key > self.lasts[0]),
+            _ => self.lasts.partition_point(|&l| l < key),
         }
-        self.lasts.partition_point(|&l| l < key)
     }
 
     #[inline]
@@ -283,6 +299,12 @@ impl SizeAddrSet {
     #[inline]
     fn remove(&mut self, key: u128) -> Option<u32> {
         let (ci, i) = self.find(key)?;
+        Some(self.remove_at(ci, i))
+    }
+
+    /// Removes the entry at chunk `ci`, index `i`.
+    #[inline]
+    fn remove_at(&mut self, ci: usize, i: usize) -> u32 {
         self.len -= 1;
         let chunk = &mut self.chunks[ci];
         let (_, id) = chunk.remove(i);
@@ -294,11 +316,40 @@ impl SizeAddrSet {
         } else if i == chunk.len() {
             self.lasts[ci] = chunk[i - 1].0;
         }
-        Some(id)
+        id
     }
 
     fn get(&self, key: u128) -> Option<&u32> {
         self.find(key).map(|(ci, i)| &self.chunks[ci][i].1)
+    }
+
+    /// Replaces `old` (if present) by `new`: in place when `new` sorts into the same position,
+    /// else a removal at the position already found and an insertion.
+    #[inline]
+    fn replace(&mut self, old: u128, new: u128, id: u32) {
+        let Some((ci, i)) = self.find(old) else {
+            self.insert(new, id);
+            return;
+        };
+        let chunk = &self.chunks[ci];
+        let above_prev = match i.checked_sub(1) {
+            Some(p) => chunk[p].0 < new,
+            None => ci == 0 || self.lasts[ci - 1] < new,
+        };
+        let below_next = match chunk.get(i + 1) {
+            Some(n) => new < n.0,
+            None => self.chunks.get(ci + 1).is_none_or(|c| new < c[0].0),
+        };
+        if !(above_prev && below_next) {
+            self.remove_at(ci, i);
+            self.insert(new, id);
+            return;
+        }
+        let last = i + 1 == chunk.len();
+        self.chunks[ci][i] = (new, id);
+        if last {
+            self.lasts[ci] = new;
+        }
     }
 
     /// Position of the first entry with key ≥ `from`, as (chunk, index).

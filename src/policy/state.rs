@@ -22,7 +22,7 @@
 //! all complete (checked at the start of every malloc, or waited for by empty_cache and OOM).
 #![forbid(unsafe_code)]
 
-use super::block::{Arena, Block, BlockId, BlockPool, ExpandableSegment, NIL};
+use super::block::{Arena, Block, BlockId, BlockPool, ExpandableSegment, FreeKey, NIL};
 use super::constants::{MIN_BLOCK_SIZE, ONE_EXA_BYTE, SMALL_BUFFER, SMALL_SIZE};
 use super::rounding::{PoolKind, allocation_size, round_size};
 use crate::backend::{Backend, DeviceError, EventId, StreamId};
@@ -363,6 +363,7 @@ impl DeviceState {
         let alloc_size = allocation_size(size, &self.config);
 
         let mut found = self.get_free_block(pool, stream, size);
+        let in_pool = found.is_some();
         if found.is_none() {
             if self.gc_active() {
                 self.garbage_collect_cached_blocks(dev)?;
@@ -380,7 +381,7 @@ impl DeviceState {
             return Err(self.out_of_memory(dev, size, alloc_size, orig_size, stream));
         };
         let split = self.should_split(id, size);
-        Ok(self.alloc_found_block(id, orig_size, size, split))
+        Ok(self.alloc_found_block(id, orig_size, size, split, in_pool))
     }
 
     fn out_of_memory<B: Backend>(
@@ -462,7 +463,9 @@ impl DeviceState {
         if size >= max_split && bsize >= size.saturating_add(non_split) {
             return None;
         }
-        pool.blocks.remove(&key);
+        // The block stays in the pool: `alloc_found_block` removes it, or replaces it with the
+        // split remainder in place.
+        let _ = key;
         Some(id)
     }
 
@@ -531,10 +534,12 @@ impl DeviceState {
         self.arena.get_mut(id).gc_count_base = count;
     }
 
-    fn alloc_found_block(&mut self, id: u32, orig_size: u64, size: u64, split: bool) -> Allocation {
-        let (already_split, expandable, pool) = {
+    /// Hands out block `id` (`in_pool`: it is still in its pool's free set, from
+    /// `get_free_block`), splitting off the remainder when `split`.
+    fn alloc_found_block(&mut self, id: u32, orig_size: u64, size: u64, split: bool, in_pool: bool) -> Allocation {
+        let (already_split, expandable, pool, old_key) = {
             let b = self.arena.get(id);
-            (b.is_split(), b.is_expandable(), b.pool)
+            (b.is_split(), b.is_expandable(), b.pool, b.free_key())
         };
         if split {
             // The front keeps the slot; the remainder takes over the stale requested_size
@@ -554,7 +559,13 @@ impl DeviceState {
             let b = self.arena.get_mut(id);
             b.next = rid;
             b.size = size;
-            self.insert_into_pool(rid);
+            if in_pool {
+                let (key, count) = (self.arena.get(rid).free_key(), self.pool(pool).get_free_blocks_call_count);
+                self.pool(pool).blocks.replace(&old_key, key, rid);
+                self.arena.get_mut(rid).gc_count_base = count;
+            } else {
+                self.insert_into_pool(rid);
+            }
             if !expandable {
                 if already_split {
                     dec(&mut self.stats.inactive_split_bytes, pool, size);
@@ -563,10 +574,15 @@ impl DeviceState {
                     inc(&mut self.stats.inactive_split, pool, 1);
                 }
             }
-        } else if already_split && !expandable {
-            let bsize = self.arena.get(id).size;
-            dec(&mut self.stats.inactive_split_bytes, pool, bsize);
-            dec(&mut self.stats.inactive_split, pool, 1);
+        } else {
+            if in_pool {
+                self.pool(pool).blocks.remove(&old_key);
+            }
+            if already_split && !expandable {
+                let bsize = self.arena.get(id).size;
+                dec(&mut self.stats.inactive_split_bytes, pool, bsize);
+                dec(&mut self.stats.inactive_split, pool, 1);
+            }
         }
         let tag = self.current_tag;
         let b = self.arena.get_mut(id);
@@ -719,15 +735,28 @@ impl DeviceState {
         let mut net_blocks: i64 = 0;
         let mut net_bytes: i64 = 0;
         let mut cur = id;
+        // A merged neighbour's pool entry is replaced by the merged block's (in place when the
+        // order allows), instead of a removal and an insertion.
+        let mut vacated: Option<FreeKey> = None;
         for prev in [true, false] {
             let cand = if prev { self.arena.get(cur).prev } else { self.arena.get(cur).next };
-            if let Some((survivor, sub)) = self.try_merge_blocks(cur, cand) {
+            if let Some((survivor, sub, key)) = self.merge_free_neighbour(cur, cand) {
+                if let Some(k) = vacated.replace(key) {
+                    self.pool(pool).blocks.remove(&k);
+                }
                 cur = survivor;
                 net_blocks -= 1;
                 net_bytes -= sub as i64;
             }
         }
-        self.insert_into_pool(cur);
+        match vacated {
+            Some(k) => {
+                let (key, count) = (self.arena.get(cur).free_key(), self.pool(pool).get_free_blocks_call_count);
+                self.pool(pool).blocks.replace(&k, key, cur);
+                self.arena.get_mut(cur).gc_count_base = count;
+            }
+            None => self.insert_into_pool(cur),
+        }
         let b = self.arena.get(cur);
         if b.is_split() {
             net_blocks += 1;
@@ -756,20 +785,47 @@ impl DeviceState {
     /// Merges free neighbour `src` into `dst`. Returns the surviving slot and the bytes merged.
     /// The survivor carries `dst`'s identity (Note [Block identity]).
     fn try_merge_blocks(&mut self, dst: u32, src: u32) -> Option<(u32, u64)> {
-        if src == NIL {
+        if !self.mergeable(dst, src) {
             return None;
         }
         let s = self.arena.get(src);
-        if s.allocated || s.event_count > 0 || !s.stream_uses.is_empty() || s.mapped != self.arena.get(dst).mapped {
-            return None;
-        }
-        let (skey, spool, smapped, ssize) = (s.free_key(), s.pool, s.mapped, s.size);
+        let (skey, spool, smapped) = (s.free_key(), s.pool, s.mapped);
         let pool = self.pool(spool);
         if smapped {
             pool.blocks.remove(&skey);
         } else {
             pool.unmapped.remove(&(skey.0, skey.2));
         }
+        Some(self.link_merge(dst, src))
+    }
+
+    /// Whether free neighbour `src` can merge into `dst` (PyTorch's `try_merge_blocks` test).
+    #[inline]
+    fn mergeable(&self, dst: u32, src: u32) -> bool {
+        if src == NIL {
+            return false;
+        }
+        let s = self.arena.get(src);
+        !(s.allocated || s.event_count > 0 || !s.stream_uses.is_empty() || s.mapped != self.arena.get(dst).mapped)
+    }
+
+    /// As [`Self::try_merge_blocks`] for a block being freed (mapped, so only mapped neighbours
+    /// merge), but leaves the neighbour's pool entry for the caller, returning its key.
+    #[inline]
+    fn merge_free_neighbour(&mut self, dst: u32, src: u32) -> Option<(u32, u64, FreeKey)> {
+        if !self.mergeable(dst, src) {
+            return None;
+        }
+        debug_assert!(self.arena.get(src).mapped);
+        let key = self.arena.get(src).free_key();
+        let (survivor, sub) = self.link_merge(dst, src);
+        Some((survivor, sub, key))
+    }
+
+    /// Links `src` into `dst` (neighbours in one segment); returns the surviving slot and the
+    /// bytes merged. The survivor carries `dst`'s identity (Note [Block identity]).
+    fn link_merge(&mut self, dst: u32, src: u32) -> (u32, u64) {
+        let ssize = self.arena.get(src).size;
         if self.arena.get(dst).prev == src {
             // [src dst]: keep src's slot (the lower address), give it dst's identity.
             let d = self.arena.get(dst).clone();
@@ -782,7 +838,7 @@ impl DeviceState {
                 self.arena.get_mut(d.next).prev = src;
             }
             self.arena.remove(dst);
-            Some((src, ssize))
+            (src, ssize)
         } else {
             // [dst src]
             let snext = self.arena.get(src).next;
@@ -793,7 +849,7 @@ impl DeviceState {
                 self.arena.get_mut(snext).prev = dst;
             }
             self.arena.remove(src);
-            Some((dst, ssize))
+            (dst, ssize)
         }
     }
 
