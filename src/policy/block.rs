@@ -178,11 +178,9 @@ impl FreeSet {
     /// usually does). `old` must be present.
     #[inline]
     pub(crate) fn replace(&mut self, old: &FreeKey, new: FreeKey, id: u32) {
-        if old.0 == new.0 {
-            if let Some((_, set)) = self.streams.iter_mut().find(|(s, _)| *s == old.0) {
-                set.replace(pack(old.1, old.2), pack(new.1, new.2), id);
-                return;
-            }
+        if let Some((_, set)) = self.streams.iter_mut().find(|(s, _)| *s == old.0).filter(|_| old.0 == new.0) {
+            set.replace(pack(old.1, old.2), pack(new.1, new.2), id);
+            return;
         }
         self.remove(old);
         self.insert(new, id);
