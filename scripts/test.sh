@@ -32,8 +32,21 @@ if [ ! -x /usr/bin/chromium ] && [ -z "${CHROMIUM:-}" ]; then
 fi
 # --- end chromium ---
 
-step "tests (unit, conformance with PyTorch 2.11 goldens, trace replay, round trips)"
-cargo test --workspace --all-features
+step "tests: the library (unit, conformance with PyTorch 2.11 goldens, trace replay, round trips)"
+cargo test -p gpumem-nb --all-features
+
+# The kernel's tests run real evcxr, which compiles notebook cells: in release, evcxr's own
+# rust-analyzer is fast enough; evcxr's build cache for the notebooks lives in the target dir.
+export EVCXR_TMPDIR="$CARGO_TARGET_DIR/evcxr-tests"
+mkdir -p "$EVCXR_TMPDIR"
+step "tests: the kernel (real evcxr, the Jupyter protocol over ZMQ, headless runs, restarts)"
+cargo test --release -p gpumem-kernel -- --test-threads=1
+
+step "the tour notebook through jupyter_client/nbclient against the installed kernel"
+kernel/tests/run_tour.sh release
+
+step "the README's main command, and its HTML in headless Chromium (offline)"
+kernel/tests/tour_html_check.sh
 
 step "benchmarks build"
 cargo bench --workspace --no-run

@@ -88,7 +88,10 @@ pub fn serve(reader: impl BufRead, mut out: impl Write) {
             }
             Err(e) => json!({"id": null, "ok": false, "error": format!("malformed request: {e}")}),
         };
-        if writeln!(out, "{reply}").and_then(|()| out.flush()).is_err() {
+        // One write per reply (formatting straight into the socket writes token by token).
+        let mut line = reply.to_string();
+        line.push('\n');
+        if out.write_all(line.as_bytes()).and_then(|()| out.flush()).is_err() {
             return;
         }
     }
@@ -101,9 +104,9 @@ struct Session {
 }
 
 fn reading(alloc: &Allocator, slot: Option<SlotId>) -> Value {
-    let (stats, peaks, pool, info) = alloc.with_state(|s, b| {
+    let (stats, peaks, pool, info, uuid) = alloc.with_state(|s, b| {
         let peaks = slot.and_then(|id| s.slot_peaks(id));
-        (s.stats().clone(), peaks, b.pool_usage(), b.mem_get_info().ok())
+        (s.stats().clone(), peaks, b.pool_usage(), b.mem_get_info().ok(), device_uuid(b))
     });
     let (peak_allocated, peak_reserved) = match peaks {
         Some(p) => (p.allocated, p.reserved),
@@ -125,7 +128,18 @@ fn reading(alloc: &Allocator, slot: Option<SlotId>) -> Value {
         "pool_used_high": pool.map(|p| p.used_high),
         "pool_reserved_high": pool.map(|p| p.reserved_high),
         "num_ooms": stats.num_ooms,
+        "uuid": uuid,
     })
+}
+
+/// The CUDA device's UUID in NVML's form ("GPU-…"), for the kernel's NVML matching.
+fn device_uuid(b: &crate::AnyBackend) -> Option<String> {
+    #[cfg(feature = "cuda")]
+    if let Some(c) = b.as_cuda() {
+        return c.uuid().ok().map(|u| crate::backend::nvml::uuid_string("GPU", u));
+    }
+    let _ = b;
+    None
 }
 
 fn device0() -> Result<Arc<Allocator>, String> {

@@ -48,6 +48,7 @@ fn kernel_requests_get_exact_cell_numbers() {
     assert_eq!(d0["allocated"], 3 << 20);
     assert_eq!(d0["device_total"], 1u64 << 30);
     assert!(d0["pool_used"].is_null(), "no CUDA pool on the simulated device");
+    assert!(d0["uuid"].is_null(), "no UUID on the simulated device");
     let tmp = alloc.malloc(64 << 20, gpumem_nb::StreamId::DEFAULT).unwrap();
     alloc.free(tmp.block.unwrap()).unwrap();
     let post = ask(json!({"id": 2, "op": "post", "cell": 2}));

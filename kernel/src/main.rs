@@ -1,5 +1,99 @@
-//! gpumem-kernel: a Jupyter kernel for Rust with per-cell GPU memory reports.
-//! Until the kernel lands this binary only reports what it is.
+//! gpumem-kernel: a Jupyter kernel for Rust (evcxr inside) with a GPU memory report after
+//! every cell, `%gpumem` magics, and headless notebook runs.
+//!
+//! ```text
+//! gpumem-kernel install [--user | --prefix DIR]
+//! gpumem-kernel --connection-file FILE          (how Jupyter starts it)
+//! gpumem-kernel run NOTEBOOK.ipynb [--output OUT.ipynb] [--html OUT.html] [--allow-errors]
+//! ```
+
+use gpumem_kernel::{install, kernel, run};
+use std::path::PathBuf;
+
+const HELP: &str = "\
+gpumem-kernel — a Jupyter kernel for Rust (evcxr) with a GPU memory report after every cell
+
+USAGE:
+    gpumem-kernel install [--user | --prefix DIR]
+        Write the kernelspec `gpumem` (display name \"Rust (gpumem)\"): with --user (the default)
+        into the user's Jupyter data dir, with --prefix into DIR/share/jupyter/kernels/gpumem.
+    gpumem-kernel --connection-file FILE
+        Run as a Jupyter kernel (this is how Jupyter starts it).
+    gpumem-kernel run NOTEBOOK.ipynb [--output OUT.ipynb] [--html OUT.html] [--allow-errors]
+        Execute a notebook headlessly (working directory: the notebook's) and write the executed
+        notebook and/or a standalone HTML page. Exit status 1 when a cell fails that is not
+        tagged `raises-exception`. Without --output/--html: NOTEBOOK.executed.ipynb.
+    gpumem-kernel --help | --version
+
+In a notebook, `%gpumem help` lists the magics. GPUMEM_NB_DEVICE=auto|cuda|sim|sim:SIZE chooses
+the device of the gpumem-nb crate (without a GPU: a simulated 80 GiB device).
+";
+
 fn main() {
-    println!("gpumem-kernel {} (the Jupyter kernel is not built yet)", env!("CARGO_PKG_VERSION"));
+    // First: the same binary is also evcxr's child process and its rustc wrapper.
+    evcxr::runtime_hook();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let code = match real_main(&args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("gpumem-kernel: {e:#}");
+            2
+        }
+    };
+    std::process::exit(code);
+}
+
+fn real_main(args: &[String]) -> anyhow::Result<i32> {
+    let first = args.first().map(String::as_str);
+    match first {
+        None | Some("-h" | "--help" | "help") => {
+            print!("{HELP}");
+            Ok(if first.is_none() { 2 } else { 0 })
+        }
+        Some("-V" | "--version") => {
+            println!("gpumem-kernel {}", env!("CARGO_PKG_VERSION"));
+            Ok(0)
+        }
+        Some("install") => {
+            let target = match &args[1..] {
+                [] => install::Target::User,
+                [u] if u == "--user" => install::Target::User,
+                [p, dir] if p == "--prefix" => install::Target::Prefix(PathBuf::from(dir)),
+                other => anyhow::bail!("install: unexpected arguments {other:?}\n\n{HELP}"),
+            };
+            let dir = install::install(&target)?;
+            println!("Installed kernelspec {} in {}", install::KERNEL_NAME, dir.display());
+            Ok(0)
+        }
+        Some("--connection-file" | "--control_file" | "-f") => {
+            let file = args.get(1).ok_or_else(|| anyhow::anyhow!("--connection-file needs a file"))?;
+            kernel::run(std::path::Path::new(file))?;
+            Ok(0)
+        }
+        Some("run") => {
+            let mut opts = run::RunOptions::default();
+            let mut it = args[1..].iter();
+            while let Some(a) = it.next() {
+                match a.as_str() {
+                    "--output" | "-o" => {
+                        opts.output =
+                            Some(PathBuf::from(it.next().ok_or_else(|| anyhow::anyhow!("--output needs a file"))?))
+                    }
+                    "--html" => {
+                        opts.html =
+                            Some(PathBuf::from(it.next().ok_or_else(|| anyhow::anyhow!("--html needs a file"))?))
+                    }
+                    "--allow-errors" => opts.allow_errors = true,
+                    s if s.starts_with('-') => anyhow::bail!("run: unknown option {s}\n\n{HELP}"),
+                    s if opts.notebook.as_os_str().is_empty() => opts.notebook = PathBuf::from(s),
+                    s => anyhow::bail!("run: unexpected argument {s}"),
+                }
+            }
+            if opts.notebook.as_os_str().is_empty() {
+                anyhow::bail!("run: which notebook?\n\n{HELP}");
+            }
+            run::run(&opts)
+        }
+        Some(other) => anyhow::bail!("unknown command {other:?}\n\n{HELP}"),
+    }
 }

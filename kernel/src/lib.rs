@@ -1,0 +1,19 @@
+//! gpumem-kernel as a library: the pieces of the Jupyter kernel, for the binary and the tests.
+//!
+//! - [`engine`]: evcxr's `CommandContext`, per-cell hooks, magics, reports (shared by the
+//!   Jupyter kernel and headless runs).
+//! - [`kernel`]: the Jupyter wire protocol (jupyter-zmq-client + jupyter-protocol).
+//! - [`control`]: the kernel end of the control channel to the gpumem-nb crate in the child.
+//! - [`magic`]: the `%gpumem` / `%%gpumem` parser; [`complete`]: `is_complete`.
+//! - [`report`]: per-cell records, the report line, history, chart, export.
+//! - [`nvml`]: kernel-side NVML; [`install`]: the kernelspec; [`run`]: headless notebooks.
+
+pub mod complete;
+pub mod control;
+pub mod engine;
+pub mod install;
+pub mod kernel;
+pub mod magic;
+pub mod nvml;
+pub mod report;
+pub mod run;

@@ -1,0 +1,463 @@
+//! `%gpumem` line magics and the `%%gpumem` cell magic: a pure parser.
+//!
+//! [`parse`] takes a cell's source and returns the magics it holds plus the code to hand to
+//! evcxr. Every magic line is replaced by `// <the line>` so line numbers in compiler errors
+//! stay right, and evcxr never sees a `%`. evcxr's own `:` commands and `!` shell lines are
+//! left alone.
+//!
+//! Rules:
+//! - `%%gpumem [--timeline] [--snapshot DIR]` is a cell magic and must be the first non-blank
+//!   line of the cell.
+//! - Any line whose first non-blank text is `%gpumem` is a line magic.
+//! - A malformed magic becomes [`Magic::Bad`] with a one-line reason; the rest of the cell is
+//!   still returned (and run: see `help`).
+
+use std::path::PathBuf;
+
+/// What `%gpumem export` writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExportFormat {
+    /// One row per cell, bytes as integers.
+    Csv,
+    /// The full per-cell records (the same objects as `application/vnd.gpumem.cell+json`).
+    Json,
+}
+
+/// One parsed magic.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Magic {
+    /// `%gpumem help` (also `%gpumem` alone).
+    Help,
+    /// `%gpumem on`: show the per-cell report.
+    On,
+    /// `%gpumem off`: hide the per-cell report (cells are still measured and kept in history).
+    Off,
+    /// `%gpumem history`: a table of every cell of this session.
+    History,
+    /// `%gpumem plot`: peaks per cell as a chart, with the budget line.
+    Plot,
+    /// `%gpumem summary`: the allocator's `memory_summary()`.
+    Summary,
+    /// `%gpumem snapshot [DIR]`: write snapshot.pickle/.json/trace_plot.html.
+    Snapshot(Option<PathBuf>),
+    /// `%gpumem record on|off [--max-entries N] [--stacks]`.
+    Record {
+        /// `on` or `off`.
+        on: bool,
+        /// Ring size; `None`: unbounded.
+        max_entries: Option<u64>,
+        /// Capture Rust stack frames for each event.
+        stacks: bool,
+    },
+    /// `%gpumem budget SIZE|off`.
+    Budget(Option<u64>),
+    /// `%gpumem export FILE.csv|FILE.json`.
+    Export(PathBuf, ExportFormat),
+    /// `%gpumem reset`: forget this session's history (not the allocator's state).
+    Reset,
+    /// `%%gpumem [--timeline] [--snapshot DIR]`: full history for this one cell.
+    Cell {
+        /// Show the memory-over-time chart of the cell after it runs.
+        timeline: bool,
+        /// Write a snapshot of the cell to this directory.
+        snapshot: Option<PathBuf>,
+    },
+    /// A magic line that could not be understood.
+    Bad {
+        /// 1-based line in the cell.
+        line: usize,
+        /// The line as written.
+        text: String,
+        /// Why, in one line.
+        error: String,
+    },
+}
+
+impl Magic {
+    /// Whether the magic shows or saves something, and so runs after the cell's code (so it
+    /// includes that cell); the others change settings and take effect before the code runs.
+    pub fn runs_after_code(&self) -> bool {
+        matches!(self, Magic::History | Magic::Plot | Magic::Summary | Magic::Snapshot(_) | Magic::Export(..))
+    }
+}
+
+/// One row of the command table: what `help` prints and what the parser accepts.
+pub struct Command {
+    /// The verb (`on`, `budget`, …); the cell magic has `%%gpumem` here.
+    pub verb: &'static str,
+    /// Arguments as shown in the usage.
+    pub args: &'static str,
+    /// What it does.
+    pub what: &'static str,
+}
+
+/// Every magic, in the order `help` lists them.
+pub const COMMANDS: &[Command] = &[
+    Command { verb: "help", args: "", what: "this list" },
+    Command { verb: "on", args: "", what: "show the memory report after every cell (the default)" },
+    Command { verb: "off", args: "", what: "hide the per-cell report (cells are still measured and kept in history)" },
+    Command { verb: "history", args: "", what: "a table of every cell run in this session" },
+    Command { verb: "plot", args: "", what: "peak memory per cell as a chart, with the budget line" },
+    Command { verb: "summary", args: "", what: "the allocator's memory_summary() (needs gpumem-nb loaded)" },
+    Command {
+        verb: "snapshot",
+        args: "[DIR]",
+        what: "write snapshot.pickle, snapshot.json and trace_plot.html (default DIR: gpumem-snapshots/cell-N)",
+    },
+    Command {
+        verb: "record",
+        args: "on|off [--max-entries N] [--stacks]",
+        what: "record the allocator's history (all events), optionally with Rust stacks",
+    },
+    Command {
+        verb: "budget",
+        args: "SIZE|off",
+        what: "warn when a cell's peak goes over SIZE (e.g. 20GiB, 512MiB, 1.5G)",
+    },
+    Command { verb: "export", args: "FILE.csv|FILE.json", what: "write the session's per-cell history to a file" },
+    Command { verb: "reset", args: "", what: "forget this session's history (the allocator is untouched)" },
+    Command {
+        verb: "%%gpumem",
+        args: "[--timeline] [--snapshot DIR]",
+        what: "first line of a cell: record everything in that cell; show its timeline, write a snapshot",
+    },
+];
+
+/// The one-line usage shown after an error.
+pub fn usage() -> String {
+    let verbs: Vec<&str> = COMMANDS.iter().filter(|c| c.verb != "%%gpumem").map(|c| c.verb).collect();
+    format!(
+        "usage: %gpumem {} (see %gpumem help) · cell magic: %%gpumem [--timeline] [--snapshot DIR]",
+        verbs.join(" | ")
+    )
+}
+
+/// The `help` text, generated from [`COMMANDS`].
+pub fn help_text() -> String {
+    let mut out = String::from("gpumem kernel magics\n\n");
+    let width = COMMANDS.iter().map(|c| magic_head(c).len()).max().unwrap_or(0);
+    for c in COMMANDS {
+        let head = magic_head(c);
+        out.push_str(&format!("  {head:<width$}  {}\n", c.what));
+    }
+    out.push_str(
+        "\nSettings (on, off, record, budget, reset) take effect before the cell's code runs; \
+         history, plot, summary, snapshot and export run after it, so they include that cell.\n\
+         A magic line that cannot be understood is reported in one line with the usage, and the \
+         rest of the cell's code still runs.\n\
+         Magic lines become `// %gpumem …` comments, so compiler line numbers stay right; \
+         evcxr's `:` commands (:dep, :vars, …) work as usual.\n\
+         A cell made only of magics and comments runs no code and gets no report.\n",
+    );
+    out
+}
+
+fn magic_head(c: &Command) -> String {
+    if c.verb == "%%gpumem" {
+        format!("%%gpumem {}", c.args)
+    } else if c.args.is_empty() {
+        format!("%gpumem {}", c.verb)
+    } else {
+        format!("%gpumem {} {}", c.verb, c.args)
+    }
+}
+
+/// Splits a cell into its magics and the code for evcxr (magic lines commented out).
+pub fn parse(cell: &str) -> (Vec<Magic>, String) {
+    let mut magics = Vec::new();
+    let mut code = String::with_capacity(cell.len() + 8);
+    let mut seen_code = false;
+    for (i, raw) in cell.split_inclusive('\n').enumerate() {
+        let (line, nl) = match raw.strip_suffix('\n') {
+            Some(l) => (l.strip_suffix('\r').unwrap_or(l), &raw[l.len()..]),
+            None => (raw, ""),
+        };
+        let trimmed = line.trim();
+        let lineno = i + 1;
+        if let Some(rest) = strip_word(trimmed, "%%gpumem") {
+            let m = if seen_code {
+                Magic::Bad {
+                    line: lineno,
+                    text: trimmed.to_string(),
+                    error: "%%gpumem must be the first line of the cell".into(),
+                }
+            } else {
+                parse_cell_magic(rest).unwrap_or_else(|error| Magic::Bad { line: lineno, text: trimmed.into(), error })
+            };
+            magics.push(m);
+            comment_out(&mut code, line, nl);
+        } else if let Some(rest) = strip_word(trimmed, "%gpumem") {
+            let m =
+                parse_line_magic(rest).unwrap_or_else(|error| Magic::Bad { line: lineno, text: trimmed.into(), error });
+            magics.push(m);
+            comment_out(&mut code, line, nl);
+        } else {
+            if !trimmed.is_empty() {
+                seen_code = true;
+            }
+            code.push_str(raw);
+        }
+    }
+    (magics, code)
+}
+
+/// Whether code (as returned by [`parse`]) has anything to run: not only blank lines and `//`
+/// comments.
+pub fn has_code(code: &str) -> bool {
+    code.lines().map(str::trim).any(|l| !l.is_empty() && !l.starts_with("//"))
+}
+
+fn comment_out(code: &mut String, line: &str, nl: &str) {
+    let indent = &line[..line.len() - line.trim_start().len()];
+    code.push_str(indent);
+    code.push_str("// ");
+    code.push_str(line.trim_start());
+    code.push_str(nl);
+}
+
+/// `text` without the leading `word`, if `word` is followed by whitespace or nothing.
+fn strip_word<'a>(text: &'a str, word: &str) -> Option<&'a str> {
+    let rest = text.strip_prefix(word)?;
+    (rest.is_empty() || rest.starts_with(char::is_whitespace)).then(|| rest.trim())
+}
+
+fn parse_line_magic(args: &str) -> Result<Magic, String> {
+    let words: Vec<&str> = args.split_whitespace().collect();
+    let Some((&verb, rest)) = words.split_first() else { return Ok(Magic::Help) };
+    let no_args = |m: Magic| {
+        if rest.is_empty() { Ok(m) } else { Err(format!("`{verb}` takes no arguments (got {:?})", rest.join(" "))) }
+    };
+    match verb {
+        "help" | "-h" | "--help" => no_args(Magic::Help),
+        "on" => no_args(Magic::On),
+        "off" => no_args(Magic::Off),
+        "history" => no_args(Magic::History),
+        "plot" => no_args(Magic::Plot),
+        "summary" => no_args(Magic::Summary),
+        "reset" => no_args(Magic::Reset),
+        "snapshot" => match rest {
+            [] => Ok(Magic::Snapshot(None)),
+            [dir] => Ok(Magic::Snapshot(Some(PathBuf::from(dir)))),
+            _ => Err(format!("`snapshot` takes at most one directory (got {:?})", rest.join(" "))),
+        },
+        "budget" => match rest {
+            ["off" | "none"] => Ok(Magic::Budget(None)),
+            [size] => parse_budget(size).map(|b| Magic::Budget(Some(b))),
+            [] => Err("`budget` needs a size (e.g. 20GiB) or `off`".into()),
+            _ => {
+                // Allow a space between number and unit: `budget 20 GiB`.
+                let joined = rest.join("");
+                parse_budget(&joined).map(|b| Magic::Budget(Some(b)))
+            }
+        },
+        "export" => match rest {
+            [file] => {
+                let lower = file.to_ascii_lowercase();
+                let format = if lower.ends_with(".csv") {
+                    ExportFormat::Csv
+                } else if lower.ends_with(".json") {
+                    ExportFormat::Json
+                } else {
+                    return Err(format!("`export` writes .csv or .json files, not {file:?}"));
+                };
+                Ok(Magic::Export(PathBuf::from(file), format))
+            }
+            [] => Err("`export` needs a file name ending in .csv or .json".into()),
+            _ => Err(format!("`export` takes one file name (got {:?})", rest.join(" "))),
+        },
+        "record" => parse_record(rest),
+        other => Err(format!("unknown verb `{other}`")),
+    }
+}
+
+fn parse_budget(size: &str) -> Result<u64, String> {
+    match gpumem_nb::units::parse_size(size) {
+        Some(0) => Err("a budget of 0 bytes would flag every cell; use `budget off` to turn it off".into()),
+        Some(b) => Ok(b),
+        None => Err(format!("bad size {size:?} (write e.g. 20GiB, 512MiB, 1.5G or a number of bytes)")),
+    }
+}
+
+fn parse_record(rest: &[&str]) -> Result<Magic, String> {
+    let (&mode, opts) = rest.split_first().ok_or("`record` needs `on` or `off`")?;
+    let on = match mode {
+        "on" => true,
+        "off" => false,
+        other => return Err(format!("`record` needs `on` or `off`, not `{other}`")),
+    };
+    let mut max_entries = None;
+    let mut stacks = false;
+    let mut it = opts.iter();
+    while let Some(&opt) = it.next() {
+        let (name, inline) = match opt.split_once('=') {
+            Some((n, v)) => (n, Some(v)),
+            None => (opt, None),
+        };
+        match name {
+            "--stacks" if inline.is_none() => stacks = true,
+            "--max-entries" => {
+                let v = inline.or_else(|| it.next().copied()).ok_or("`--max-entries` needs a number")?;
+                let n: u64 =
+                    v.replace('_', "").parse().map_err(|_| format!("`--max-entries` needs a number, not {v:?}"))?;
+                if n == 0 {
+                    return Err("`--max-entries` must be at least 1".into());
+                }
+                max_entries = Some(n);
+            }
+            other => return Err(format!("unknown option `{other}` for `record`")),
+        }
+    }
+    if !on && (stacks || max_entries.is_some()) {
+        return Err("`record off` takes no options".into());
+    }
+    Ok(Magic::Record { on, max_entries, stacks })
+}
+
+fn parse_cell_magic(args: &str) -> Result<Magic, String> {
+    let mut timeline = false;
+    let mut snapshot = None;
+    let mut it = args.split_whitespace();
+    while let Some(opt) = it.next() {
+        let (name, inline) = match opt.split_once('=') {
+            Some((n, v)) => (n, Some(v)),
+            None => (opt, None),
+        };
+        match name {
+            "--timeline" if inline.is_none() => timeline = true,
+            "--snapshot" => {
+                let dir = inline.map(str::to_string).or_else(|| it.next().map(str::to_string));
+                snapshot = Some(PathBuf::from(dir.ok_or("`--snapshot` needs a directory")?));
+            }
+            other => return Err(format!("unknown option `{other}` for %%gpumem")),
+        }
+    }
+    Ok(Magic::Cell { timeline, snapshot })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> Option<PathBuf> {
+        Some(PathBuf::from(s))
+    }
+
+    #[test]
+    fn line_magics_table() {
+        let cases: &[(&str, Magic)] = &[
+            ("%gpumem", Magic::Help),
+            ("%gpumem help", Magic::Help),
+            ("%gpumem on", Magic::On),
+            ("  %gpumem off  ", Magic::Off),
+            ("%gpumem history", Magic::History),
+            ("%gpumem plot", Magic::Plot),
+            ("%gpumem summary", Magic::Summary),
+            ("%gpumem reset", Magic::Reset),
+            ("%gpumem snapshot", Magic::Snapshot(None)),
+            ("%gpumem snapshot out/snap", Magic::Snapshot(p("out/snap"))),
+            ("%gpumem budget 20GiB", Magic::Budget(Some(20 << 30))),
+            ("%gpumem budget 1.5G", Magic::Budget(Some(3 << 29))),
+            ("%gpumem budget 512 MiB", Magic::Budget(Some(512 << 20))),
+            ("%gpumem budget off", Magic::Budget(None)),
+            ("%gpumem export h.csv", Magic::Export(PathBuf::from("h.csv"), ExportFormat::Csv)),
+            ("%gpumem export dir/H.JSON", Magic::Export(PathBuf::from("dir/H.JSON"), ExportFormat::Json)),
+            ("%gpumem record on", Magic::Record { on: true, max_entries: None, stacks: false }),
+            ("%gpumem record off", Magic::Record { on: false, max_entries: None, stacks: false }),
+            (
+                "%gpumem record on --max-entries 10_000 --stacks",
+                Magic::Record { on: true, max_entries: Some(10_000), stacks: true },
+            ),
+            ("%gpumem record on --max-entries=5", Magic::Record { on: true, max_entries: Some(5), stacks: false }),
+            ("%%gpumem", Magic::Cell { timeline: false, snapshot: None }),
+            ("%%gpumem --timeline", Magic::Cell { timeline: true, snapshot: None }),
+            ("%%gpumem --snapshot s --timeline", Magic::Cell { timeline: true, snapshot: p("s") }),
+            ("%%gpumem --snapshot=s", Magic::Cell { timeline: false, snapshot: p("s") }),
+        ];
+        for (src, want) in cases {
+            let (magics, code) = parse(src);
+            assert_eq!(magics, vec![want.clone()], "{src}");
+            assert!(code.trim_start().starts_with("// %"), "{src} → {code:?}");
+            assert!(!has_code(&code), "{src}");
+        }
+    }
+
+    #[test]
+    fn bad_magics_table() {
+        let cases: &[(&str, &str)] = &[
+            ("%gpumem frobnicate", "unknown verb `frobnicate`"),
+            ("%gpumem budget", "needs a size"),
+            ("%gpumem budget twelve", "bad size \"twelve\""),
+            ("%gpumem budget 0", "use `budget off`"),
+            ("%gpumem export history.txt", ".csv or .json"),
+            ("%gpumem export", "needs a file name"),
+            ("%gpumem record", "needs `on` or `off`"),
+            ("%gpumem record maybe", "not `maybe`"),
+            ("%gpumem record on --max-entries", "needs a number"),
+            ("%gpumem record on --max-entries lots", "not \"lots\""),
+            ("%gpumem record on --max-entries 0", "at least 1"),
+            ("%gpumem record on --color", "unknown option `--color`"),
+            ("%gpumem record off --stacks", "takes no options"),
+            ("%gpumem on please", "takes no arguments"),
+            ("%gpumem snapshot a b", "at most one directory"),
+            ("%%gpumem --fast", "unknown option `--fast`"),
+            ("%%gpumem --snapshot", "needs a directory"),
+        ];
+        for (src, needle) in cases {
+            let (magics, _) = parse(src);
+            match &magics[..] {
+                [Magic::Bad { line: 1, text, error }] => {
+                    assert!(error.contains(needle), "{src}: {error}");
+                    assert!(!error.contains('\n'), "{src}: one line");
+                    assert_eq!(text, src.trim());
+                }
+                other => panic!("{src}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn code_keeps_line_numbers_and_other_lines() {
+        let cell = "%%gpumem --timeline\n:dep foo = \"1\"\n  %gpumem budget 1GiB\nlet x = 1;\r\n%gpumem plot\nx";
+        let (magics, code) = parse(cell);
+        assert_eq!(magics.len(), 3);
+        assert_eq!(code.lines().count(), cell.lines().count());
+        let lines: Vec<&str> = code.lines().collect();
+        assert_eq!(lines[0], "// %%gpumem --timeline");
+        assert_eq!(lines[1], ":dep foo = \"1\"");
+        assert_eq!(lines[2], "  // %gpumem budget 1GiB");
+        assert_eq!(lines[3], "let x = 1;");
+        assert!(code.contains("let x = 1;\r\n"), "line endings kept");
+        assert_eq!(lines[5], "x");
+        assert!(has_code(&code));
+        // Not ours: other `%` words and identifiers that merely start with the name.
+        let (m, c) = parse("%gpumemory on\nlet gpumem = 1;");
+        assert!(m.is_empty());
+        assert_eq!(c, "%gpumemory on\nlet gpumem = 1;");
+    }
+
+    #[test]
+    fn cell_magic_must_come_first() {
+        let (m, _) = parse("\n\n%%gpumem --timeline\nlet a = 1;");
+        assert_eq!(m, vec![Magic::Cell { timeline: true, snapshot: None }]);
+        let (m, _) = parse("let a = 1;\n%%gpumem --timeline");
+        assert!(matches!(&m[..], [Magic::Bad { line: 2, error, .. }] if error.contains("first line")));
+    }
+
+    #[test]
+    fn help_lists_every_command_and_says_what_happens_to_code() {
+        let h = help_text();
+        for c in COMMANDS {
+            assert!(h.contains(c.verb), "{}", c.verb);
+        }
+        assert!(h.contains("rest of the cell's code still runs"));
+        assert!(usage().starts_with("usage: %gpumem help | on | off"));
+    }
+
+    #[test]
+    fn output_magics_run_after_code() {
+        assert!(Magic::History.runs_after_code());
+        assert!(Magic::Snapshot(None).runs_after_code());
+        assert!(!Magic::Budget(None).runs_after_code());
+        assert!(!Magic::Record { on: true, max_entries: None, stacks: false }.runs_after_code());
+    }
+}

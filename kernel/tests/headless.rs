@@ -1,0 +1,225 @@
+//! `gpumem-kernel run` on small notebooks: real evcxr, the real gpumem-nb crate loaded with
+//! `:dep`, the control channel, per-cell reports and magics.
+//!
+//! These tests compile gpumem-nb inside evcxr the first time (minutes); evcxr's build
+//! directory is kept under the target directory (`EVCXR_TMPDIR`), so later runs are fast.
+
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const CELL_MIME: &str = "application/vnd.gpumem.cell+json";
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+fn evcxr_tmpdir(name: &str) -> PathBuf {
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn notebook(cells: &[(&str, &[&str])]) -> Value {
+    let cells: Vec<Value> = cells
+        .iter()
+        .map(|(src, tags)| {
+            json!({"cell_type": "code", "metadata": {"tags": tags}, "execution_count": null, "outputs": [], "source": src})
+        })
+        .collect();
+    json!({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": cells})
+}
+
+/// Runs a notebook headlessly; returns (exit status, executed notebook, stderr).
+fn run(name: &str, nb: &Value, extra_env: &[(&str, &str)]) -> (i32, Value, String) {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("nb-{name}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("in.ipynb");
+    std::fs::write(&path, serde_json::to_string(nb).unwrap()).unwrap();
+    let out = dir.join("out.ipynb");
+    let html = dir.join("out.html");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpumem-kernel"));
+    cmd.args(["run", path.to_str().unwrap(), "--output", out.to_str().unwrap(), "--html", html.to_str().unwrap()])
+        .env("EVCXR_TMPDIR", evcxr_tmpdir(&format!("evcxr-{name}")))
+        .env("GPUMEM_NB_DEVICE", "sim:8GiB");
+    for (k, v) in extra_env {
+        cmd.env(k, v);
+    }
+    let o = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr).to_string();
+    let executed: Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap_or_else(|e| panic!("{e}\n{stderr}"))).unwrap();
+    assert!(std::fs::read_to_string(&html).unwrap().contains("<!DOCTYPE html>"));
+    (o.status.code().unwrap_or(-1), executed, stderr)
+}
+
+fn outputs(nb: &Value, i: usize) -> &Vec<Value> {
+    nb["cells"][i]["outputs"].as_array().unwrap()
+}
+
+fn records(nb: &Value, i: usize) -> Vec<&Value> {
+    outputs(nb, i).iter().filter_map(|o| o["data"].get(CELL_MIME)).collect()
+}
+
+fn result_text(nb: &Value, i: usize) -> String {
+    outputs(nb, i)
+        .iter()
+        .find(|o| o["output_type"] == "execute_result")
+        .map(|o| o["data"]["text/plain"].as_str().unwrap_or("").to_string())
+        .unwrap_or_default()
+}
+
+/// One allocator state across cells under real evcxr: each cell is its own shared object with
+/// its own copy of the crate's statics, so this holds only through the crate's process-wide
+/// anchor. Also: the crate's numbers reach the kernel's report over the control channel.
+#[test]
+fn one_allocator_state_across_cells_and_exact_reports() {
+    let root = repo_root();
+    let dep = format!(":dep gpumem-nb = {{ path = {:?} }}", root.to_str().unwrap());
+    let nb = notebook(&[
+        (&dep, &[]),
+        (
+            "use gpumem_nb::{DeviceBuffer, StreamId};\nlet keep = DeviceBuffer::<u8>::zeros(&gpumem_nb::current()?, 64 << 20, StreamId::DEFAULT)?;\ngpumem_nb::current()?.memory_allocated()",
+            &[],
+        ),
+        ("let unrelated = 40 + 2;\nunrelated", &[]),
+        ("gpumem_nb::current()?.memory_allocated()", &[]),
+        ("drop(keep);\ngpumem_nb::current()?.memory_allocated()", &[]),
+        ("%gpumem history\n%gpumem export history.csv", &[]),
+    ]);
+    let (code, out, stderr) = run("state", &nb, &[]);
+    assert_eq!(code, 0, "{stderr}");
+    let mib64 = (64u64 << 20).to_string();
+    assert_eq!(result_text(&out, 1), mib64, "cell 2 allocates");
+    assert_eq!(result_text(&out, 2), "42");
+    assert_eq!(result_text(&out, 3), mib64, "a later cell sees the same allocator (process-wide anchor)\n{stderr}");
+    assert_eq!(result_text(&out, 4), "0", "dropping it brings the stats back down");
+
+    // Reports: one per code cell that ran code, with the crate's exact numbers.
+    for i in 0..5 {
+        assert_eq!(records(&out, i).len(), 1, "cell {i}: one report\n{stderr}");
+    }
+    let r2 = records(&out, 1)[0];
+    assert_eq!(r2["crate_loaded"]["after"], true, "the crate connected during cell 2: {r2}");
+    assert_eq!(r2["allocator"]["allocated"]["after"], 64u64 << 20);
+    assert_eq!(r2["allocator"]["backend"], "simulated");
+    let r4 = records(&out, 3)[0];
+    assert_eq!(r4["allocator"]["allocated"]["before"], 64u64 << 20);
+    assert_eq!(r4["allocator"]["allocated"]["after"], 64u64 << 20);
+    assert_eq!(r4["allocator"]["peak_is_cell"], true);
+    let r5 = records(&out, 4)[0];
+    assert_eq!(r5["allocator"]["allocated"]["after"], 0);
+    assert!(
+        outputs(&out, 4)
+            .iter()
+            .any(|o| o["data"]["text/plain"].as_str().is_some_and(|t| t.contains("allocated -64.00 MiB"))),
+        "the report line says what the cell freed"
+    );
+    // History and export (magics-only cell: no report of its own).
+    assert!(records(&out, 5).is_empty());
+    let hist = outputs(&out, 5).iter().find_map(|o| o["data"]["text/html"].as_str()).unwrap();
+    assert!(hist.contains("[2]") && hist.contains("+64.00 MiB") && hist.contains("-64.00 MiB"), "{hist}");
+    let csv = std::fs::read_to_string(Path::new(env!("CARGO_TARGET_TMPDIR")).join("nb-state/history.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 6, "{csv}");
+}
+
+/// Magics that talk to the crate: record, labels, snapshot, the cell magic's timeline, summary,
+/// budget; bad magics; a panic; an abort followed by a working cell.
+#[test]
+fn magics_snapshots_and_restarts() {
+    let root = repo_root();
+    let dep = format!(":dep gpumem-nb = {{ path = {:?} }}", root.to_str().unwrap());
+    let nb = notebook(&[
+        (&dep, &[]),
+        ("use gpumem_nb::{DeviceBuffer, StreamId};\nlet alloc = gpumem_nb::current()?;\nalloc.memory_allocated()", &[]),
+        (
+            "%gpumem record on --max-entries 1000\n%gpumem budget 16MiB\nlet a = DeviceBuffer::<u8>::zeros(&alloc, 32 << 20, StreamId::DEFAULT)?;",
+            &[],
+        ),
+        ("%gpumem snapshot snap\n%gpumem bogus\nlet still_runs = 1;", &[]),
+        (
+            "%%gpumem --timeline --snapshot cellsnap\nfor i in 1..4 { let _t = DeviceBuffer::<u8>::zeros(&alloc, i << 20, StreamId::DEFAULT)?; }",
+            &[],
+        ),
+        ("%gpumem summary", &[]),
+        ("panic!(\"boom\")", &["raises-exception"]),
+        ("std::process::abort()", &["raises-exception"]),
+        ("gpumem_nb::current()?.memory_allocated()", &[]),
+        ("%gpumem history\n%gpumem plot", &[]),
+        ("%gpumem off\nlet quiet = 1;", &[]),
+        ("%gpumem on", &[]),
+        (":restart", &[]),
+        ("gpumem_nb::current()?.memory_allocated()", &[]),
+        ("%gpumem reset\n%gpumem history", &[]),
+        ("%gpumem export /proc/no/such/dir/h.csv\n%gpumem snapshot /proc/no/such/dir", &[]),
+        ("unsafe { std::ptr::null_mut::<u8>().write_volatile(1) };", &["raises-exception"]),
+        ("gpumem_nb::current()?.memory_allocated()", &[]),
+    ]);
+    let (code, out, stderr) = run("magics", &nb, &[]);
+    assert_eq!(code, 0, "{stderr}");
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("nb-magics");
+
+    // Budget warning on the 32 MiB cell.
+    let r3 = records(&out, 2)[0];
+    assert!(r3["warnings"].as_array().unwrap().iter().any(|w| w.as_str().unwrap().starts_with("over budget")), "{r3}");
+
+    // Snapshot: files written, JSON re-read, allocations labelled with their cell.
+    for f in ["snapshot.pickle", "snapshot.json", "trace_plot.html"] {
+        assert!(dir.join("snap").join(f).is_file(), "{f}\n{stderr}");
+    }
+    let snap: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("snap/snapshot.json")).unwrap()).unwrap();
+    let text = snap.to_string();
+    assert!(text.contains("\"cell 3\""), "allocations of cell 3 carry its label");
+    // The bad magic is one line plus usage; the rest of the cell ran.
+    let err = outputs(&out, 3).iter().find(|o| o["name"] == "stderr").unwrap()["text"].as_str().unwrap().to_string();
+    assert!(err.contains("unknown verb `bogus`") && err.contains("usage: %gpumem"), "{err}");
+    assert_eq!(records(&out, 3).len(), 1, "the code of a cell with a bad magic still runs");
+
+    // Cell magic: a timeline SVG and a snapshot of that cell.
+    let svg = outputs(&out, 4).iter().find_map(|o| o["data"]["image/svg+xml"].as_str());
+    assert!(svg.is_some_and(|s| s.contains("<svg")), "{:?}", outputs(&out, 4));
+    assert!(dir.join("cellsnap/snapshot.pickle").is_file());
+    // Summary.
+    let summary = outputs(&out, 5).iter().find_map(|o| o["data"]["text/plain"].as_str()).unwrap();
+    assert!(summary.contains("PyTorch CUDA memory summary"), "{summary}");
+    // Panic: the kernel survives; abort: the child restarts, the next cell works, history kept.
+    assert_eq!(records(&out, 6)[0]["status"], "panicked");
+    let r8 = records(&out, 7)[0];
+    assert_eq!(r8["restarted"], true, "{r8}");
+    assert!(outputs(&out, 7).iter().any(|o| o["output_type"] == "error"));
+    assert_eq!(result_text(&out, 8), "0", "fresh child, fresh allocator");
+    let r9 = records(&out, 8)[0];
+    assert_eq!(r9["crate_loaded"]["after"], true, "the new child registered again: {r9}");
+    let hist = outputs(&out, 9).iter().find_map(|o| o["data"]["text/plain"].as_str()).unwrap();
+    assert!(hist.contains("8 cells") && hist.contains("child restarted"), "{hist}");
+    assert!(outputs(&out, 9).iter().any(|o| o["data"]["image/svg+xml"].as_str().is_some_and(|s| s.contains("<svg"))));
+    // off: measured but not shown; on again; :restart is a restart the report names.
+    assert!(records(&out, 10).is_empty(), "{:?}", outputs(&out, 10));
+    let r13 = records(&out, 12)[0];
+    assert_eq!((r13["restarted"].as_bool(), r13["restart_reason"].as_str()), (Some(true), Some("restart requested")));
+    assert_eq!(records(&out, 13)[0]["crate_loaded"]["after"], true, "registered again after :restart");
+    let hist = outputs(&out, 14).iter().find_map(|o| o["data"]["text/plain"].as_str()).unwrap();
+    assert!(hist.contains("0 cells this session"), "{hist}");
+    // Unwritable paths: one line each (with the usage), the kernel carries on.
+    let err: String =
+        outputs(&out, 15).iter().filter(|o| o["name"] == "stderr").map(|o| o["text"].as_str().unwrap()).collect();
+    assert!(err.contains("export: cannot write /proc/no/such/dir/h.csv"), "{err}");
+    assert!(err.contains("snapshot to /proc/no/such/dir"), "{err}");
+    // A segfault: the child restarts, the next cell works and registers again.
+    let r = records(&out, 16)[0];
+    assert_eq!(r["restarted"], true, "{r}");
+    assert_eq!(result_text(&out, 17), "0");
+    assert_eq!(records(&out, 17)[0]["crate_loaded"]["after"], true);
+}
+
+/// A failing cell that is not tagged `raises-exception` fails the run.
+#[test]
+fn unexpected_error_fails_the_run() {
+    let nb = notebook(&[("let x: u32 = \"no\";", &[]), ("1 + 1", &[])]);
+    let (code, out, stderr) = run("fail", &nb, &[]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(outputs(&out, 0).iter().any(|o| o["output_type"] == "error" && o["ename"] == "CompilationError"));
+    assert!(outputs(&out, 1).is_empty(), "stops at the first failure");
+    assert!(stderr.contains("1 failed"), "{stderr}");
+}

@@ -1,0 +1,380 @@
+//! The kernel over the Jupyter wire protocol, driven by a client built on the same crates
+//! (jupyter-zmq-client + jupyter-protocol): kernel_info, complete, is_complete, interrupt,
+//! stdin input, a panicking cell, an aborting cell followed by a working one with the history
+//! intact, a `:dep` path crate loaded twice, and message order (outputs → reply → idle).
+
+use jupyter_protocol::{ExecutionState, Transport};
+use jupyter_zmq_client::{
+    ClientControlConnection, ClientIoPubConnection, ClientShellConnection, ClientStdinConnection, CompleteRequest,
+    ConnectionInfo, ExecuteRequest, InputReply, InterruptRequest, IsCompleteReplyStatus, IsCompleteRequest,
+    JupyterMessage, JupyterMessageContent, KernelInfoRequest, ReplyStatus, ShutdownRequest,
+    create_client_control_connection, create_client_iopub_connection, create_client_shell_connection_with_identity,
+    create_client_stdin_connection_with_identity, peek_ports_with_listeners, peer_identity_for_session,
+};
+use std::path::Path;
+use std::time::Duration;
+use tokio::time::timeout;
+
+const CELL_MIME: &str = "application/vnd.gpumem.cell+json";
+
+struct Kernel {
+    process: std::process::Child,
+    shell: ClientShellConnection,
+    iopub: ClientIoPubConnection,
+    control: ClientControlConnection,
+    stdin: ClientStdinConnection,
+    _dir: tempfile::TempDir,
+}
+
+/// What one execute request produced.
+struct Executed {
+    iopub: Vec<JupyterMessage>,
+    reply: JupyterMessage,
+}
+
+impl Executed {
+    fn status(&self) -> ReplyStatus {
+        match &self.reply.content {
+            JupyterMessageContent::ExecuteReply(r) => r.status.clone(),
+            other => panic!("not an execute_reply: {other:?}"),
+        }
+    }
+
+    fn json(&self) -> Vec<serde_json::Value> {
+        self.iopub.iter().map(|m| serde_json::to_value(&m.content).unwrap()).collect()
+    }
+
+    fn of_type(&self, t: &str) -> Vec<serde_json::Value> {
+        self.iopub
+            .iter()
+            .filter(|m| m.header.msg_type == t)
+            .map(|m| serde_json::to_value(&m.content).unwrap())
+            .collect()
+    }
+
+    fn stream(&self, name: &str) -> String {
+        self.of_type("stream")
+            .iter()
+            .filter(|s| s["name"] == name)
+            .map(|s| s["text"].as_str().unwrap().to_string())
+            .collect()
+    }
+
+    fn result_text(&self) -> Option<String> {
+        self.of_type("execute_result").first().map(|r| r["data"]["text/plain"].as_str().unwrap().to_string())
+    }
+
+    fn reports(&self) -> Vec<serde_json::Value> {
+        self.of_type("display_data").into_iter().filter_map(|d| d["data"].get(CELL_MIME).cloned()).collect()
+    }
+}
+
+impl Kernel {
+    async fn start(name: &str) -> Kernel {
+        let ip = "127.0.0.1".parse().unwrap();
+        let (ports, listeners) = peek_ports_with_listeners(ip, 5).await.unwrap();
+        let key = format!(
+            "{:x}{:x}",
+            std::process::id(),
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(7, |d| d.as_nanos())
+        );
+        let info = ConnectionInfo {
+            ip: "127.0.0.1".into(),
+            transport: Transport::TCP,
+            shell_port: ports[0],
+            iopub_port: ports[1],
+            stdin_port: ports[2],
+            control_port: ports[3],
+            hb_port: ports[4],
+            key,
+            signature_scheme: "hmac-sha256".into(),
+            kernel_name: Some("gpumem".into()),
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("connection.json");
+        std::fs::write(&file, serde_json::to_string(&info).unwrap()).unwrap();
+        let evcxr_tmp = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("evcxr-{name}"));
+        std::fs::create_dir_all(&evcxr_tmp).unwrap();
+        drop(listeners);
+        let process = std::process::Command::new(env!("CARGO_BIN_EXE_gpumem-kernel"))
+            .arg("--connection-file")
+            .arg(&file)
+            .env("EVCXR_TMPDIR", &evcxr_tmp)
+            .env("GPUMEM_NB_DEVICE", "sim:8GiB")
+            .current_dir(dir.path())
+            .spawn()
+            .unwrap();
+        let session = format!("test-{name}-{}", std::process::id());
+        let identity = peer_identity_for_session(&session).unwrap();
+        let iopub = create_client_iopub_connection(&info, "", &session).await.unwrap();
+        let shell = create_client_shell_connection_with_identity(&info, &session, identity.clone()).await.unwrap();
+        let control = create_client_control_connection(&info, &session).await.unwrap();
+        let stdin = create_client_stdin_connection_with_identity(&info, &session, identity).await.unwrap();
+        let mut k = Kernel { process, shell, iopub, control, stdin, _dir: dir };
+        // Wait until the kernel answers and iopub is subscribed (PUB drops what is published
+        // before): ask for kernel_info until its idle arrives on iopub.
+        for _ in 0..60 {
+            let msg: JupyterMessage = KernelInfoRequest {}.into();
+            let id = msg.header.msg_id.clone();
+            k.shell.send(msg).await.unwrap();
+            let reply = timeout(Duration::from_secs(60), k.shell.read()).await.expect("kernel_info").unwrap();
+            assert!(matches!(reply.content, JupyterMessageContent::KernelInfoReply(_)));
+            if timeout(Duration::from_secs(1), k.until_idle(&id)).await.is_ok() {
+                return k;
+            }
+        }
+        panic!("iopub never delivered a status message");
+    }
+
+    /// A shell request; returns its reply (iopub is drained up to the request's idle).
+    async fn request(&mut self, msg: JupyterMessage, limit: Duration) -> JupyterMessage {
+        let id = msg.header.msg_id.clone();
+        self.shell.send(msg).await.unwrap();
+        let reply = timeout(limit, self.shell.read()).await.expect("shell reply in time").unwrap();
+        let _ = timeout(limit, self.until_idle(&id)).await;
+        reply
+    }
+
+    async fn until_idle(&mut self, parent: &str) -> Vec<JupyterMessage> {
+        let mut got = Vec::new();
+        loop {
+            let m = self.iopub.read().await.unwrap();
+            if m.parent_header.as_ref().map(|h| h.msg_id.as_str()) != Some(parent) {
+                continue;
+            }
+            let idle =
+                matches!(&m.content, JupyterMessageContent::Status(s) if s.execution_state == ExecutionState::Idle);
+            got.push(m);
+            if idle {
+                return got;
+            }
+        }
+    }
+
+    async fn execute_with(&mut self, code: &str, allow_stdin: bool, limit: Duration) -> Executed {
+        let mut req = ExecuteRequest::new(code.to_string());
+        req.allow_stdin = allow_stdin;
+        let msg: JupyterMessage = req.into();
+        let id = msg.header.msg_id.clone();
+        self.shell.send(msg).await.unwrap();
+        let iopub = timeout(limit, self.until_idle(&id)).await.unwrap_or_else(|_| panic!("no idle for {code:?}"));
+        let reply = timeout(Duration::from_secs(10), self.shell.read()).await.expect("reply").unwrap();
+        // Order: busy first, idle last, the reply before idle.
+        assert_eq!(iopub.first().unwrap().header.msg_type, "status");
+        let idle = iopub.last().unwrap();
+        assert!(reply.header.date <= idle.header.date, "execute_reply comes before idle");
+        for m in &iopub {
+            if m.header.msg_type != "status" {
+                assert!(m.header.date <= reply.header.date, "{} after the reply", m.header.msg_type);
+            }
+        }
+        Executed { iopub, reply }
+    }
+
+    async fn execute(&mut self, code: &str) -> Executed {
+        self.execute_with(code, false, Duration::from_secs(900)).await
+    }
+
+    async fn shutdown(mut self) {
+        let msg: JupyterMessage = ShutdownRequest { restart: false }.into();
+        self.control.send(msg).await.unwrap();
+        let r = timeout(Duration::from_secs(10), self.control.read()).await.expect("shutdown reply").unwrap();
+        assert!(matches!(r.content, JupyterMessageContent::ShutdownReply(_)));
+        for _ in 0..100 {
+            if self.process.try_wait().unwrap().is_some() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let _ = self.process.kill();
+        panic!("the kernel did not exit after shutdown");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protocol() {
+    let mut k = Kernel::start("protocol").await;
+
+    // kernel_info
+    let info = k.request(KernelInfoRequest {}.into(), Duration::from_secs(10)).await;
+    match &info.content {
+        JupyterMessageContent::KernelInfoReply(r) => {
+            assert_eq!(r.language_info.name, "Rust");
+            assert_eq!(r.implementation, "gpumem-kernel");
+            assert_eq!(r.protocol_version, "5.3");
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // is_complete: no compile needed.
+    for (code, want) in [
+        ("1 + 1", IsCompleteReplyStatus::Complete),
+        ("fn f() {", IsCompleteReplyStatus::Incomplete),
+        ("}", IsCompleteReplyStatus::Invalid),
+    ] {
+        let r = k.request(IsCompleteRequest { code: code.into() }.into(), Duration::from_secs(10)).await;
+        match r.content {
+            JupyterMessageContent::IsCompleteReply(r) => assert_eq!(r.status, want, "{code}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    // A first cell: result, one report, execute_input with the count.
+    let e = k.execute("40 + 2").await;
+    assert_eq!(e.status(), ReplyStatus::Ok);
+    assert_eq!(e.result_text().as_deref(), Some("42"));
+    assert_eq!(e.of_type("execute_input")[0]["execution_count"], 1);
+    let reports = e.reports();
+    assert_eq!(reports.len(), 1, "{:?}", e.json());
+    assert_eq!(reports[0]["cell"], 1);
+    assert_eq!(reports[0]["crate_loaded"]["after"], false);
+    let report_msg = e.of_type("display_data");
+    assert!(report_msg[0]["data"]["text/html"].as_str().unwrap().contains("<details>"));
+    // The report comes after the result.
+    let types: Vec<&str> = e.iopub.iter().map(|m| m.header.msg_type.as_str()).collect();
+    let pos = |t: &str| types.iter().position(|x| *x == t).unwrap();
+    assert!(pos("execute_result") < pos("display_data"), "{types:?}");
+
+    // complete: a magic verb, and Rust through evcxr.
+    let r =
+        k.request(CompleteRequest { code: "%gpumem bu".into(), cursor_pos: 10 }.into(), Duration::from_secs(10)).await;
+    match r.content {
+        JupyterMessageContent::CompleteReply(c) => {
+            assert_eq!(c.matches, vec!["budget".to_string()]);
+            assert_eq!((c.cursor_start, c.cursor_end), (8, 10));
+        }
+        other => panic!("{other:?}"),
+    }
+    let e = k.execute("let some_long_name = 5u32;").await;
+    assert_eq!(e.status(), ReplyStatus::Ok);
+    let code = "some_long_n";
+    let r =
+        k.request(CompleteRequest { code: code.into(), cursor_pos: code.len() }.into(), Duration::from_secs(300)).await;
+    match r.content {
+        JupyterMessageContent::CompleteReply(c) => {
+            assert!(c.matches.iter().any(|m| m == "some_long_name"), "{:?}", c.matches);
+            assert_eq!(c.cursor_start, 0);
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // stdin: an input_request round trip.
+    let dep = k.execute(":dep evcxr_input = \"1\"").await;
+    assert_eq!(dep.status(), ReplyStatus::Ok, "{:?}", dep.json());
+    let mut req =
+        ExecuteRequest::new("let who = evcxr_input::get_string(\"name? \");\nformat!(\"hello {who}\")".into());
+    req.allow_stdin = true;
+    let msg: JupyterMessage = req.into();
+    let id = msg.header.msg_id.clone();
+    k.shell.send(msg).await.unwrap();
+    let ask = timeout(Duration::from_secs(900), k.stdin.read()).await.expect("input_request").unwrap();
+    match &ask.content {
+        JupyterMessageContent::InputRequest(r) => assert_eq!(r.prompt, "name? "),
+        other => panic!("{other:?}"),
+    }
+    let answer = InputReply { value: "Ada".into(), ..Default::default() }.as_child_of(&ask);
+    k.stdin.send(answer).await.unwrap();
+    let out = timeout(Duration::from_secs(60), k.until_idle(&id)).await.unwrap();
+    let _ = k.shell.read().await.unwrap();
+    let result = out.iter().find(|m| m.header.msg_type == "execute_result").expect("result");
+    assert!(serde_json::to_string(&result.content).unwrap().contains("hello Ada"));
+
+    // A panicking cell: evcxr catches it (reply ok), the panic is on stderr, the report is there.
+    let e = k.execute("panic!(\"boom at {}\", 7)").await;
+    assert_eq!(e.status(), ReplyStatus::Ok);
+    assert!(e.stream("stderr").contains("boom at 7"), "{:?}", e.json());
+    assert_eq!(e.reports()[0]["status"], "panicked");
+
+    // An aborting cell: error reply, the child restarts, the report says so.
+    let e = k.execute("std::process::abort();").await;
+    assert_eq!(e.status(), ReplyStatus::Error);
+    let r = &e.reports()[0];
+    assert_eq!(r["restarted"], true, "{r}");
+    assert!(r["restart_reason"].as_str().unwrap().starts_with("crashed"), "{r}");
+    assert_ne!(r["child_pid"], r["child_pid_before"]);
+    // … and the next cell works, with the session's history intact.
+    let e = k.execute("1 + 2").await;
+    assert_eq!(e.result_text().as_deref(), Some("3"));
+    let e = k.execute("%gpumem history").await;
+    let hist = e.of_type("display_data")[0]["data"]["text/plain"].as_str().unwrap().to_string();
+    assert!(hist.contains("child restarted") && hist.contains("[1]") && hist.contains("panicked"), "{hist}");
+
+    // A :dep path crate, loaded twice.
+    let krate = Path::new(env!("CARGO_TARGET_TMPDIR")).join("mini-crate");
+    std::fs::create_dir_all(krate.join("src")).unwrap();
+    std::fs::write(
+        krate.join("Cargo.toml"),
+        "[package]\nname = \"mini\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n[workspace]\n",
+    )
+    .unwrap();
+    std::fs::write(krate.join("src/lib.rs"), "pub fn answer() -> u32 { 42 }\n").unwrap();
+    let dep = format!(":dep mini = {{ path = {:?} }}", krate.to_str().unwrap());
+    for _ in 0..2 {
+        let e = k.execute(&format!("{dep}\nmini::answer()")).await;
+        assert_eq!(e.status(), ReplyStatus::Ok, "{:?}", e.json());
+        assert_eq!(e.result_text().as_deref(), Some("42"));
+    }
+
+    // Interrupt: a long cell is stopped from the control channel, the child restarts, the
+    // kernel lives on.
+    let req: JupyterMessage =
+        ExecuteRequest::new("std::thread::sleep(std::time::Duration::from_secs(120));".into()).into();
+    let id = req.header.msg_id.clone();
+    k.shell.send(req).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let started = std::time::Instant::now();
+    k.control.send(InterruptRequest {}.into()).await.unwrap();
+    let r = timeout(Duration::from_secs(10), k.control.read()).await.expect("interrupt reply").unwrap();
+    assert!(matches!(r.content, JupyterMessageContent::InterruptReply(_)));
+    let out = timeout(Duration::from_secs(60), k.until_idle(&id)).await.expect("the cell ends after the interrupt");
+    assert!(started.elapsed() < Duration::from_secs(60));
+    let reply = k.shell.read().await.unwrap();
+    match reply.content {
+        JupyterMessageContent::ExecuteReply(r) => assert_eq!(r.status, ReplyStatus::Error),
+        other => panic!("{other:?}"),
+    }
+    let report = out
+        .iter()
+        .filter(|m| m.header.msg_type == "display_data")
+        .find_map(|m| serde_json::to_value(&m.content).unwrap()["data"].get(CELL_MIME).cloned())
+        .expect("a report for the interrupted cell");
+    assert_eq!(report["restarted"], true);
+    assert_eq!(report["restart_reason"], "interrupted");
+    let e = k.execute("2 * 21").await;
+    assert_eq!(e.result_text().as_deref(), Some("42"));
+
+    // A bad magic: one line and the usage; the code still runs.
+    let e = k.execute("%gpumem budget lots\n5").await;
+    assert_eq!(e.status(), ReplyStatus::Ok);
+    assert!(e.stream("stderr").contains("bad size \"lots\""), "{:?}", e.json());
+    assert_eq!(e.result_text().as_deref(), Some("5"));
+
+    // An interrupt while no cell runs changes nothing.
+    k.control.send(InterruptRequest {}.into()).await.unwrap();
+    let r = timeout(Duration::from_secs(10), k.control.read()).await.expect("interrupt reply").unwrap();
+    assert!(matches!(r.content, JupyterMessageContent::InterruptReply(_)));
+    let e = k.execute("let after_idle_interrupt = 1; after_idle_interrupt").await;
+    assert_eq!(e.status(), ReplyStatus::Ok, "{:?}", e.json());
+    assert_eq!(e.reports()[0]["restarted"], false);
+
+    // stop_on_error: a request queued behind a failing one is aborted, not run.
+    let bad: JupyterMessage = ExecuteRequest::new("let s: u32 = \"not a number\";".into()).into();
+    let queued: JupyterMessage = ExecuteRequest::new("println!(\"must not run\");".into()).into();
+    let (bad_id, queued_id) = (bad.header.msg_id.clone(), queued.header.msg_id.clone());
+    k.shell.send(bad).await.unwrap();
+    k.shell.send(queued).await.unwrap();
+    let out = timeout(Duration::from_secs(300), k.until_idle(&bad_id)).await.unwrap();
+    assert!(out.iter().any(|m| m.header.msg_type == "error"));
+    let skipped = timeout(Duration::from_secs(60), k.until_idle(&queued_id)).await.unwrap();
+    assert!(!skipped.iter().any(|m| m.header.msg_type == "stream"), "the queued cell did not run");
+    for want in [ReplyStatus::Error, ReplyStatus::Aborted] {
+        match timeout(Duration::from_secs(10), k.shell.read()).await.unwrap().unwrap().content {
+            JupyterMessageContent::ExecuteReply(r) => assert_eq!(r.status, want),
+            other => panic!("{other:?}"),
+        }
+    }
+    let e = k.execute("6 * 7").await;
+    assert_eq!(e.result_text().as_deref(), Some("42"), "later requests run again");
+
+    k.shutdown().await;
+}

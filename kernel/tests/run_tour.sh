@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Runs notebooks/tour.ipynb through jupyter_client/nbclient against the gpumem kernel.
+#   kernel/tests/run_tour.sh [release|debug]
+# Needs network access once (pip). evcxr's build directory and the virtualenv live under the
+# target directory, so reruns are fast.
+set -euo pipefail
+repo="$(cd "$(dirname "$0")/../.." && pwd)"
+profile="${1:-release}"
+target="${CARGO_TARGET_DIR:-$repo/target}"
+if [ "$profile" = release ]; then cargo build --release -p gpumem-kernel; else cargo build -p gpumem-kernel; fi
+venv="$target/tour-venv"
+if [ ! -x "$venv/bin/python" ]; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet jupyter_client nbclient nbformat
+fi
+export EVCXR_TMPDIR="$target/evcxr-tour"
+mkdir -p "$EVCXR_TMPDIR"
+exec "$venv/bin/python" "$repo/kernel/tests/tour_nbclient.py" "$target/$profile/gpumem-kernel" "$target/tour-out"
