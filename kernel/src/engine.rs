@@ -121,6 +121,23 @@ pub struct Engine {
     pub last_hook_us: (u64, u64),
 }
 
+/// The active toolchain's directory holding the `libstd-*.so` that evcxr's cells link against:
+/// `$(rustc --print sysroot)/lib/rustlib/<host>/lib` (rustup's layout) or `…/lib`.
+fn toolchain_lib_dir() -> Option<std::path::PathBuf> {
+    let out = std::process::Command::new("rustc").args(["--print", "sysroot"]).output().ok()?;
+    let sysroot = std::path::PathBuf::from(String::from_utf8(out.stdout).ok()?.trim());
+    let has_std = |dir: &std::path::Path| {
+        std::fs::read_dir(dir).is_ok_and(|rd| {
+            rd.flatten().any(|e| e.file_name().to_str().is_some_and(|n| n.starts_with("libstd-") && n.ends_with(".so")))
+        })
+    };
+    let rustlib = sysroot.join("lib").join("rustlib");
+    let mut candidates: Vec<std::path::PathBuf> =
+        std::fs::read_dir(&rustlib).map(|rd| rd.flatten().map(|e| e.path().join("lib")).collect()).unwrap_or_default();
+    candidates.push(sysroot.join("lib"));
+    candidates.into_iter().find(|d| has_std(d))
+}
+
 impl Engine {
     /// Starts evcxr (its child inherits `GPUMEM_NB_CONTROL`) and the control socket.
     /// `interrupted` is set by whoever kills the child on an interrupt request.
@@ -130,6 +147,19 @@ impl Engine {
         // The child (and every restarted child: evcxr re-spawns this same command) gets the
         // socket path. Set on the command rather than with `set_var`, which is `unsafe`.
         cmd.env(CONTROL_VAR, control.socket_path());
+        // Cells are cdylibs linked against the toolchain's `libstd-*.so` (evcxr builds with
+        // `-C prefer-dynamic`): the child must find it. Cells normally carry an rpath to it, but
+        // a kernel started by Jupyter (not under cargo/rustup) has been seen building cells
+        // without one, so the child also gets the toolchain's std directory on its library path.
+        if let Some(lib) = toolchain_lib_dir() {
+            let mut paths = vec![lib];
+            if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
+                paths.extend(std::env::split_paths(&old));
+            }
+            if let Ok(joined) = std::env::join_paths(paths) {
+                cmd.env("LD_LIBRARY_PATH", joined);
+            }
+        }
         let (eval, outputs) = evcxr::EvalContext::with_subprocess_command(cmd)
             .map_err(|e| anyhow::anyhow!("evcxr failed to start: {e}"))?;
         let mut ctx = evcxr::CommandContext::with_eval_context(eval);
