@@ -42,30 +42,7 @@ const CASES: [(&str, &str); 10] = [
     ("gc", "garbage_collection_threshold:0.5"),
 ];
 
-/// probe.py's `key_stats` keys.
-const KEY_STATS: [&str; 21] = [
-    "allocated_bytes.all.current",
-    "reserved_bytes.all.current",
-    "active_bytes.all.current",
-    "requested_bytes.all.current",
-    "inactive_split_bytes.all.current",
-    "inactive_split.all.current",
-    "segment.all.current",
-    "allocation.all.current",
-    "active.all.current",
-    "reserved_bytes.small_pool.current",
-    "reserved_bytes.large_pool.current",
-    "inactive_split_bytes.small_pool.current",
-    "inactive_split_bytes.large_pool.current",
-    "num_alloc_retries",
-    "num_ooms",
-    "num_sync_all_streams",
-    "num_device_alloc",
-    "num_device_free",
-    "oversize_allocations.current",
-    "oversize_segments.current",
-    "max_split_size",
-];
+include!("../tests/common/probe_key_stats.rs");
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 

@@ -24,29 +24,7 @@ fn h200_total() -> u64 {
     golden()["info"]["total_memory"].as_u64().unwrap()
 }
 
-const KEY_STATS: [&str; 21] = [
-    "allocated_bytes.all.current",
-    "reserved_bytes.all.current",
-    "active_bytes.all.current",
-    "requested_bytes.all.current",
-    "inactive_split_bytes.all.current",
-    "inactive_split.all.current",
-    "segment.all.current",
-    "allocation.all.current",
-    "active.all.current",
-    "reserved_bytes.small_pool.current",
-    "reserved_bytes.large_pool.current",
-    "inactive_split_bytes.small_pool.current",
-    "inactive_split_bytes.large_pool.current",
-    "num_alloc_retries",
-    "num_ooms",
-    "num_sync_all_streams",
-    "num_device_alloc",
-    "num_device_free",
-    "oversize_allocations.current",
-    "oversize_segments.current",
-    "max_split_size",
-];
+include!("common/probe_key_stats.rs");
 
 /// A scripted session, shaped like probe.py: named tensors and checkpoints.
 struct Probe {
