@@ -6,9 +6,9 @@
 //! then whatever the magics show.
 
 use crate::control::{CONTROL_VAR, ControlServer};
+use crate::hooks::{self, HOOK_TIMEOUT, Hooks};
 use crate::magic::{self, ExportFormat, Magic};
-use crate::nvml;
-use crate::report::{CellRecord, CrateReading, History, Readings, build_record};
+use crate::report::{CellRecord, History};
 use gpumem_nb::render::escape;
 use gpumem_nb::units::iec;
 use serde_json::{Map, Value, json};
@@ -18,8 +18,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Timeout of the per-cell control requests.
-const HOOK_TIMEOUT: Duration = Duration::from_secs(3);
 /// Timeout of the heavier requests (snapshot, chart, summary).
 const SLOW_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -109,7 +107,7 @@ impl RecordSetting {
 pub struct Engine {
     ctx: evcxr::CommandContext,
     child: Arc<Mutex<Child>>,
-    control: ControlServer,
+    hooks: Hooks,
     sink: Arc<dyn Sink>,
     pump: StreamPump,
     count: u64,
@@ -171,7 +169,7 @@ impl Engine {
         Ok(Engine {
             ctx,
             child,
-            control,
+            hooks: Hooks::new(control),
             sink,
             pump,
             count: 0,
@@ -195,7 +193,7 @@ impl Engine {
 
     /// The control socket's path.
     pub fn control_path(&self) -> &Path {
-        self.control.socket_path()
+        self.hooks.control.socket_path()
     }
 
     /// The session's records.
@@ -226,16 +224,9 @@ impl Engine {
         self.stream("stderr", format!("%gpumem: {what}\n{}", magic::usage()));
     }
 
-    /// Accepts a (re)connecting child and sends it the session's settings.
+    /// Accepts a (re)connecting child (the hooks send it the session's recording setting).
     fn poll_control(&mut self, pid: Option<u32>) -> bool {
-        let r = self.control.poll(pid);
-        for why in &r.refused {
-            eprintln!("gpumem-kernel: control channel: {why}");
-        }
-        if r.connected.is_some() && self.record.on {
-            let _ = self.control.request("record", self.record.request(), HOOK_TIMEOUT);
-        }
-        r.connected.is_some()
+        self.hooks.poll(pid)
     }
 
     /// Runs one cell: magics, hooks, evcxr, report.
@@ -279,26 +270,11 @@ impl Engine {
         cell_magic: Option<&(bool, Option<PathBuf>)>,
     ) -> (Option<ErrorInfo>, Option<CellRecord>) {
         // ---- pre hooks
-        let t_pre = Instant::now();
-        let pid_before = self.child_pid();
-        self.poll_control(pid_before);
-        let nvml_before = nvml::read();
-        let mut crate_before: Option<Vec<CrateReading>> = None;
-        let mut slot_opened = false;
-        if self.control.connected().is_some() {
-            match self.control.request("pre", json!({"cell": count}), HOOK_TIMEOUT) {
-                Ok(reply) => {
-                    crate_before = Some(CrateReading::list_from(&reply));
-                    slot_opened = true;
-                }
-                Err(e) => eprintln!("gpumem-kernel: pre-cell reading failed: {e}"),
-            }
-        }
-        let pre_us = t_pre.elapsed().as_micros() as u64;
+        let before = self.hooks.before(count, self.child_pid());
         if let Some((_, snap)) = cell_magic {
             let setting = RecordSetting { on: true, max_entries: None, stacks: snap.is_some() };
-            if self.control.connected().is_some() {
-                let _ = self.control.request("record", setting.request(), HOOK_TIMEOUT);
+            if self.hooks.control.connected().is_some() {
+                let _ = self.hooks.control.request("record", setting.request(), HOOK_TIMEOUT);
             }
         }
 
@@ -340,23 +316,8 @@ impl Engine {
         self.pump.flush();
 
         // ---- post hooks
-        let t_post = Instant::now();
-        let pid_after = self.child_pid();
-        let connected_now = self.poll_control(pid_after);
-        let nvml_after = nvml::read();
-        let mut crate_after: Option<Vec<CrateReading>> = None;
-        if self.control.connected().is_some() {
-            match self.control.request("post", json!({"cell": count}), HOOK_TIMEOUT) {
-                Ok(reply) => crate_after = Some(CrateReading::list_from(&reply)),
-                Err(e) => eprintln!("gpumem-kernel: post-cell reading failed: {e}"),
-            }
-        }
-        let post_us = t_post.elapsed().as_micros() as u64;
-        self.last_hook_us = (pre_us, post_us);
-        if pid_after != pid_before {
-            crate_before = None;
-        }
-        let _ = connected_now;
+        let after = self.hooks.after(count, self.child_pid());
+        self.last_hook_us = (before.us, after.us);
 
         // ---- outputs: result or error, then the report
         let interrupted = self.interrupted.swap(false, Ordering::SeqCst);
@@ -378,18 +339,7 @@ impl Engine {
                 error = Some(info);
             }
         }
-        let mut rec = build_record(
-            count,
-            &Readings {
-                crate_before: crate_before.as_deref(),
-                crate_after: crate_after.as_deref(),
-                slot_opened,
-                nvml_before: &nvml_before,
-                nvml_after: &nvml_after,
-                pid_before,
-                pid_after,
-            },
-        );
+        let mut rec = hooks::record(count, &before, &after);
         rec.status = if error.is_some() {
             "error".into()
         } else if self.pump.panicked() {
@@ -400,7 +350,6 @@ impl Engine {
         rec.first_line = first_code_line(run_code);
         rec.source_hash = source_hash(run_code);
         rec.wall_ms = wall.as_secs_f64() * 1000.0;
-        rec.hook_us = pre_us + post_us;
         if rec.restarted {
             rec.restart_reason = Some(if interrupted {
                 "interrupted".into()
@@ -420,14 +369,15 @@ impl Engine {
 
         // ---- %%gpumem: timeline, snapshot, then the session's own recording setting again
         if let Some((timeline, snap)) = cell_magic {
-            self.finish_cell_magic(count, *timeline, snap.as_deref(), crate_before.is_some());
+            let was_loaded = before.crate_readings.is_some() && before.pid == after.pid;
+            self.finish_cell_magic(count, *timeline, snap.as_deref(), was_loaded);
         }
         let _ = original;
         (error, Some(rec))
     }
 
     fn finish_cell_magic(&mut self, count: u64, timeline: bool, snap: Option<&Path>, was_loaded: bool) {
-        if self.control.connected().is_none() {
+        if self.hooks.control.connected().is_none() {
             self.stream(
                 "stderr",
                 "%%gpumem: gpumem-nb is not loaded in this notebook, so there is no allocator history \
@@ -439,7 +389,7 @@ impl Engine {
             self.stream("stderr", "%%gpumem: gpumem-nb was loaded during this cell; its history starts at first use");
         }
         if timeline {
-            match self.control.request("history_svg", json!({}), SLOW_TIMEOUT) {
+            match self.hooks.control.request("history_svg", json!({}), SLOW_TIMEOUT) {
                 Ok(reply) => {
                     let mut m = Map::new();
                     let text = reply.get("text").and_then(Value::as_str).unwrap_or("memory over time");
@@ -455,7 +405,7 @@ impl Engine {
         if let Some(dir) = snap {
             self.snapshot(count, Some(dir));
         }
-        let _ = self.control.request("record", self.record.request(), HOOK_TIMEOUT);
+        let _ = self.hooks.control.request("record", self.record.request(), HOOK_TIMEOUT);
     }
 
     fn apply_setting(&mut self, m: &Magic) {
@@ -485,6 +435,7 @@ impl Engine {
             }
             Magic::Record { on, max_entries, stacks } => {
                 self.record = RecordSetting { on: *on, max_entries: *max_entries, stacks: *stacks };
+                self.hooks.set_record_on_connect(self.record.on.then(|| self.record.request()));
                 let pid = self.child_pid();
                 self.poll_control(pid);
                 let what = if *on {
@@ -496,8 +447,8 @@ impl Engine {
                 } else {
                     "gpumem: history recording off".to_string()
                 };
-                if self.control.connected().is_some() {
-                    match self.control.request("record", self.record.request(), HOOK_TIMEOUT) {
+                if self.hooks.control.connected().is_some() {
+                    match self.hooks.control.request("record", self.record.request(), HOOK_TIMEOUT) {
                         Ok(_) => self.stream("stdout", what),
                         Err(e) => self.magic_error(&format!("record failed: {e}")),
                     }
@@ -535,7 +486,7 @@ impl Engine {
             Magic::Summary => {
                 let pid = self.child_pid();
                 self.poll_control(pid);
-                match self.control.request("summary", json!({}), SLOW_TIMEOUT) {
+                match self.hooks.control.request("summary", json!({}), SLOW_TIMEOUT) {
                     Ok(reply) => {
                         let text = reply.get("text").and_then(Value::as_str).unwrap_or("").to_string();
                         self.display_text_html(&text, format!("<pre style=\"font-size:12px\">{}</pre>", escape(&text)));
@@ -570,11 +521,11 @@ impl Engine {
         });
         let pid = self.child_pid();
         self.poll_control(pid);
-        if self.control.connected().is_none() {
+        if self.hooks.control.connected().is_none() {
             self.magic_error("snapshot: gpumem-nb is not loaded in this notebook (nothing to snapshot)");
             return;
         }
-        match self.control.request("snapshot", json!({"dir": dir}), SLOW_TIMEOUT) {
+        match self.hooks.control.request("snapshot", json!({"dir": dir}), SLOW_TIMEOUT) {
             Ok(reply) => {
                 let files = reply.get("files").cloned().unwrap_or(Value::Null);
                 let mut text = format!("gpumem: snapshot written to {}\n", dir.display());

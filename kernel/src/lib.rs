@@ -3,6 +3,7 @@
 //! - [`engine`]: evcxr's `CommandContext`, per-cell hooks, magics, reports (shared by the
 //!   Jupyter kernel and headless runs).
 //! - [`kernel`]: the Jupyter wire protocol (jupyter-zmq-client + jupyter-protocol).
+//! - [`hooks`]: the per-cell hooks (NVML and the crate's readings around a cell).
 //! - [`control`]: the kernel end of the control channel to the gpumem-nb crate in the child.
 //! - [`magic`]: the `%gpumem` / `%%gpumem` parser; [`complete`]: `is_complete`.
 //! - [`report`]: per-cell records, the report line, history, chart, export.
@@ -11,6 +12,7 @@
 pub mod complete;
 pub mod control;
 pub mod engine;
+pub mod hooks;
 pub mod install;
 pub mod kernel;
 pub mod magic;
