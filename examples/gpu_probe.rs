@@ -29,7 +29,7 @@ const MIB: u64 = 1 << 20;
 
 /// The probe's cases with their configuration (probe.py's `TESTS`, less "snapshot": the pickle
 /// and PyTorch's viewer are checked by `tests/snapshot.rs` and the GPU check).
-const CASES: [(&str, &str); 10] = [
+const CASES: [(&str, &str); 11] = [
     ("basic", ""),
     ("sizes", ""),
     ("streams", ""),
@@ -40,6 +40,8 @@ const CASES: [(&str, &str); 10] = [
     ("maxsplit", "max_split_size_mb:64"),
     ("state_only", ""),
     ("gc", "garbage_collection_threshold:0.5"),
+    // Not in probe.py: its PyTorch side is scripts/gpu/leave_free_torch.py.
+    ("leave_free", ""),
 ];
 
 include!("../tests/common/probe_key_stats.rs");
@@ -423,6 +425,49 @@ fn t_gc(p: &mut Probe, r: &mut R) -> Res<()> {
     Ok(())
 }
 
+/// ipyexperiments' `gpu_mem_leave_free_mbs(2048)` on a real card, then an OOM just over what
+/// is left, an allocation that fits, and the release (scripts/gpu/leave_free_torch.py is
+/// PyTorch's side).
+fn t_leave_free(p: &mut Probe, r: &mut R) -> Res<()> {
+    let n: u64 = 2048;
+    let free = |p: &Probe| -> Res<u64> { Ok(p.alloc.mem_get_info()?.0) };
+    r.insert("n_mib".into(), json!(n));
+    r.insert("free_before".into(), json!(free(p)?));
+    let filler = gpumem_nb::mem::leave_free_mib_on(&p.alloc, n)?;
+    p.check("leave_free_mib")?;
+    r.insert("filler_bytes".into(), json!(filler.filled));
+    r.insert("free_after_fill".into(), json!(free(p)?));
+    r.insert("after_fill".into(), p.key_stats());
+    let snap = p.alloc.snapshot();
+    let segs: Vec<Value> = snap
+        .segments
+        .iter()
+        .map(|s| {
+            json!({"total_size": s.total_size, "type": s.segment_type,
+                   "blocks": s.blocks.iter().map(|b| json!([b.size, b.state])).collect::<Vec<_>>()})
+        })
+        .collect();
+    r.insert("segs_fill".into(), json!(segs));
+    match p.try_empty((n + 2) * MIB)? {
+        Err(e) => r.insert("oom_msg".into(), json!(e.to_string())),
+        Ok(b) => {
+            p.alloc.free(b)?;
+            r.insert("oom_msg".into(), Value::Null)
+        }
+    };
+    r.insert("after_oom".into(), p.key_stats());
+    p.empty("half", n / 2 * MIB)?;
+    r.insert("after_half".into(), p.key_stats());
+    r.insert("free_after_half".into(), json!(free(p)?));
+    p.del("half")?;
+    drop(filler);
+    p.alloc.empty_cache()?;
+    p.check("release")?;
+    r.insert("after_release".into(), p.key_stats());
+    r.insert("free_end".into(), json!(free(p)?));
+    Ok(())
+}
+
 /// The device, for the results' `info`.
 fn info(r: &mut R) -> Res<()> {
     let alloc = gpumem_nb::current()?;
@@ -460,6 +505,7 @@ fn child(name: &str) {
             "maxsplit" => t_maxsplit(&mut p, r),
             "state_only" => t_state_only(&mut p, r),
             "gc" => t_gc(&mut p, r),
+            "leave_free" => t_leave_free(&mut p, r),
             other => Err(format!("unknown case {other:?}").into()),
         }
     };

@@ -233,11 +233,82 @@ def cmp_case(case, o, t):
                 "reference/pytorch_allocator.md §3 'Often empty'); gpumem-nb keeps it by segment address")
         else:
             row(case, "segment frame counts", DIFF, f"ours {so}, torch {stt}")
+    elif case == "leave_free":
+        cmp_leave_free(case, o, t)
     elif case == "gc":
         cmp_exact(case, "allowed", o.get("allowed"), t.get("allowed"))
         cmp_dict(case, "before", o.get("before"), t.get("before"))
         cmp_dict(case, "after", o.get("after"), t.get("after"))
         cmp_segs(case, "segs", o.get("segs"), t.get("segs"))
+
+
+FILLER_KEYS = ["allocated_bytes.all.current", "reserved_bytes.all.current", "active_bytes.all.current",
+               "requested_bytes.all.current", "reserved_bytes.large_pool.current"]
+
+
+def cmp_leave_free(case, o, t):
+    """ipyexperiments' gpu_mem_leave_free_mbs(N), then OOM, a fit, the release (leave_free_torch.py).
+
+    The two sides fill differently, on purpose. ipyexperiments holds one tensor of (whole MiB
+    free - N) MiB, which PyTorch rounds up to 2 MiB; when the free bytes are not a whole number
+    of 2 MiB pieces that leaves less than N MiB free, and an N MiB allocation then fails.
+    gpumem-nb's leave_free_mib never leaves less than N MiB nor N + 2 MiB or more. So the filler
+    differs by up to 2 MiB; the allocator's counters are compared with each side's filler taken
+    out (its block from the byte counters, its request from requested_bytes), and what stays free
+    is checked against each side's own promise."""
+    mib = 1 << 20
+    n = t["n_mib"] * mib
+    cmp_exact(case, "N (MiB)", o.get("n_mib"), t.get("n_mib"))
+    fo, ft = o["free_before"], t["free_before"]
+    row(case, "free before (cuMemGetInfo)", MATCH if fo == ft else INFO,
+        f"{ft} B" if fo == ft else f"ours {fo}, torch {ft} (another process, another instant)")
+
+    def filler_block(r):
+        return sum(b[0] for s in r["segs_fill"] for b in s["blocks"] if b[1] == "active_allocated")
+
+    (bo, ro), (bt, rt) = (filler_block(o), o["filler_bytes"]), (filler_block(t), t["filler_bytes"])
+    lo, lt = o["free_after_fill"] - n, t["free_after_fill"] - n
+    if lo == lt:
+        row(case, "free after the fill - N MiB", MATCH, f"{lo} B")
+    elif 0 <= lo < 2 * mib:
+        row(case, "free after the fill - N MiB", EXPLAINED,
+            f"ours {lo:+} B, torch {lt:+} B: free was {ft % (2 * mib)} B past a 2 MiB boundary; "
+            f"ipyexperiments' recipe {'left less than N MiB free' if lt < 0 else 'differs'}, gpumem-nb "
+            f"promises N <= free < N + 2 MiB (and keeps it)")
+    else:
+        row(case, "free after the fill - N MiB", DIFF, f"ours {lo:+} B breaks N <= free < N + 2 MiB; torch {lt:+} B")
+    row(case, "filler (request / block)", MATCH if (ro, bo) == (rt, bt) else INFO,
+        f"ours {ro} / {bo} B, torch {rt} / {bt} B")
+
+    def norm(stats, block, req):
+        out = dict(stats)
+        for k in FILLER_KEYS:
+            if out.get(k) is not None:
+                out[k] -= req if k.startswith("requested") else block
+        return out
+
+    def shape(r, block):
+        return sorted(canon({"type": s["type"], "total_size": "FILLER" if s["total_size"] == block else s["total_size"],
+                             "blocks": [["FILLER" if x[0] == block else x[0], x[1]] for x in s["blocks"]]})
+                      for s in r["segs_fill"])
+
+    a, b = shape(o, bo), shape(t, bt)
+    row(case, "segments after the fill", MATCH if a == b else DIFF,
+        f"{len(b)} segment(s): {b}" if a == b else f"ours {a}; torch {b}")
+    for k in ["after_fill", "after_oom", "after_half"]:
+        cmp_dict(case, k + " (filler taken out)", norm(o[k], bo, ro), norm(t[k], bt, rt))
+    cmp_dict(case, "after_release", o.get("after_release"), t.get("after_release"))
+    a, b = oom_numbers(o.get("oom_msg") or ""), oom_numbers(t.get("oom_msg") or "")
+    strict = ["tried", "total", "reserved_unallocated"]
+    d = [f"{k}: ours {a[k]}, torch {b[k]}" for k in strict if a[k] != b[k]]
+    row(case, "oom_msg (N + 2 MiB)", MATCH if not d else DIFF,
+        ", ".join(f"{k} {b[k]}" for k in strict) if not d else "; ".join(d))
+    row(case, "oom_msg (filler- and device-dependent parts)", INFO,
+        f"allocated: ours {a['allocated']}, torch {b['allocated']}; free: ours {a['free']}, torch {b['free']}; "
+        f"this process: ours {a['process']}, torch {b['process']}")
+    cmp_exact(case, "free consumed by N/2 MiB", o["free_after_fill"] - o["free_after_half"],
+              t["free_after_fill"] - t["free_after_half"])
+    cmp_exact(case, "free at the end - free before", o["free_end"] - fo, t["free_end"] - ft)
 
 
 def bool_list(v):

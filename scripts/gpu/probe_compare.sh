@@ -6,6 +6,7 @@
 #   gpu_probe        cargo build --release --example gpu_probe
 #   probe.py         a copy of shared/reference/pytorch_golden/probe.py
 #   gpumem-nb-lib-tests-probe (optional, cargo test --lib --release --no-run) the library's tests, of which the gpu_* ones are run
+#   (and scripts/gpu/leave_free_torch.py, PyTorch's side of the leave_free case)
 # Results under $OUT (default ./gpu-out): torch_results.json, gpumem_results.json,
 # compare_log.txt (everything printed). Exits with compare_probe.py's status.
 set -uo pipefail
@@ -26,6 +27,18 @@ start=$(date +%s)
 OUT="$T" timeout 420 python3 "$B/probe.py" | grep -v "^$" || echo "probe.py failed: $?"
 echo "probe.py took $(( $(date +%s) - start )) s"
 cp "$T/results.json" "$OUT/torch_results.json" || { echo "no results.json from probe.py"; exit 2; }
+
+echo "== PyTorch's side of leave_free (not in probe.py: scripts/gpu/leave_free_torch.py, fresh process)"
+if timeout 120 python3 scripts/gpu/leave_free_torch.py "$T/leave_free.json" 2048; then
+  python3 - "$OUT/torch_results.json" "$T/leave_free.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+r["leave_free"] = json.load(open(sys.argv[2]))
+json.dump(r, open(sys.argv[1], "w"), indent=1)
+PY
+else
+  echo "leave_free_torch.py failed: $?"
+fi
 
 echo "== gpumem-nb's probe (CUDA backend, each case in a fresh process)"
 start=$(date +%s)
