@@ -37,5 +37,23 @@ for l in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m["target"]["kind"] == ["lib"] and m.get("executable"):
         print(m["executable"])')
 cp "$tests" .gpu-bundle/gpumem-nb-lib-tests
+# The per-cell hook path (kernel side + notebook child in one binary) and the hook overhead.
+cargo test --release -p gpumem-kernel --test hook_path --test overhead --no-run --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] in ("hook_path", "overhead") and m.get("executable"):
+        print(m["target"]["name"], m["executable"])' | while read -r name exe; do
+  case "$name" in
+    hook_path) cp "$exe" .gpu-bundle/hook_path ;;
+    overhead) cp "$exe" .gpu-bundle/kernel-overhead ;;
+  esac
+done
+# A flame-graph renderer for `_memory_viz segments|memory` (PyTorch downloads Brendan Gregg's
+# flamegraph.pl at run time; the GPU machine has no network): inferno, its Rust port.
+cargo install --quiet inferno --version 0.12.8 --no-default-features --features cli --root "$CARGO_TARGET_DIR/inferno"
+cp "$CARGO_TARGET_DIR/inferno/bin/inferno-flamegraph" .gpu-bundle/
+rm -f .gpu-bundle/gpumem-nb-lib-tests-probe
+strip .gpu-bundle/hook_path .gpu-bundle/kernel-overhead .gpu-bundle/inferno-flamegraph 2>/dev/null || true
 strip .gpu-bundle/alloc-bench .gpu-bundle/history-bench 2>/dev/null || true  # the tests and snapshot_demo keep their symbols (frame names)
 du -sh .gpu-bundle

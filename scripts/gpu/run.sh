@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, in the repository root, with the bundle from scripts/gpu-check.sh in
 # .gpu-bundle/. Writes results under $OUT (default ./gpu-out).
+#
+#     bash scripts/gpu/run.sh [PART...]      PART: bench history snapshots checks tests hooks
+#                                           (default: all of them, in that order)
 set -uo pipefail
+PARTS="${*:-bench history snapshots checks tests hooks}"
+want() { [[ " $PARTS " == *" $1 "* ]]; }
 OUT="${OUT:-$PWD/gpu-out}"
 mkdir -p "$OUT"
 B=.gpu-bundle
@@ -12,25 +17,28 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 lscpu | grep -E "Model name|^CPU\(s\)"
 date -u +%Y-%m-%dT%H:%MZ
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
+echo "parts: $PARTS"
+CUDA_HOME="${CUDA_HOME:-$(ls -d /usr/local/cuda* 2>/dev/null | head -1)}"
 
+if want bench; then
 echo "== gpumem-nb criterion benchmark (simulated device: policy + front, CPU only)"
 "$B/alloc-bench" --bench --warm-up-time 1 --measurement-time 3 2>&1 | grep -E "^(hot|mixed)|time:" | grep -v "%" | tee "$OUT/gpumem_bench.txt"
 
 echo "== PyTorch C++ allocator and CUDA driver, same workloads"
 TORCH=$(python3 -c 'import torch, os; print(os.path.dirname(torch.__file__))')
-CUDA_HOME="${CUDA_HOME:-$(ls -d /usr/local/cuda* 2>/dev/null | head -1)}"
 g++ -O2 -std=c++17 -D_GLIBCXX_USE_CXX11_ABI=1 scripts/gpu/alloc_bench.cpp \
     -I"$TORCH/include" -I"$CUDA_HOME/include" \
     -L"$TORCH/lib" -lc10 -lc10_cuda -L"$CUDA_HOME/lib64" -L"$CUDA_HOME/lib64/stubs" -lcudart -lcuda \
     -Wl,-rpath,"$TORCH/lib" -o /tmp/alloc_bench && \
   LD_LIBRARY_PATH="$TORCH/lib:${LD_LIBRARY_PATH:-}" /tmp/alloc_bench 200000 7 | tee "$OUT/torch_driver_bench.jsonl"
+fi
 
-if [ -x "$B/history-bench" ]; then
+if want history && [ -x "$B/history-bench" ]; then
   echo "== history recording and snapshot benchmarks (simulated device, CPU only)"
   "$B/history-bench" --bench --warm-up-time 1 --measurement-time 3 2>&1 | grep -E "^(pair|snapshot)|time:" | grep -v "%" | tee "$OUT/history_bench.txt"
 fi
 
-if [ -x "$B/snapshot_demo" ]; then
+if want snapshots && [ -x "$B/snapshot_demo" ]; then
   echo "== a snapshot written on this GPU (CUDA backend), and PyTorch's tools on every snapshot"
   "$B/snapshot_demo" "$B/snapshots/cuda" || echo "snapshot_demo failed: $?"
   for snap in "$B"/snapshots/*/snapshot.pickle; do
@@ -42,9 +50,15 @@ if [ -x "$B/snapshot_demo" ]; then
     done
   done
   cp "$B/snapshots/cuda/snapshot.pickle" "$OUT/cuda_snapshot.pickle" 2>/dev/null
+  echo "== _memory_viz segments and memory (flame graphs) on the GPU snapshot and the replay, numbers checked"
+  for d in "$B/snapshots/cuda" "$B/snapshots/gpt2"; do
+    echo "-- $d"
+    python3 scripts/gpu/memviz_check.py "$d" "$B/inferno-flamegraph" || echo "memviz_check failed on $d: $?"
+  done
+  cp "$B/snapshots/cuda/segments.svg" "$B/snapshots/cuda/memory.svg" "$OUT/" 2>/dev/null
 fi
 
-if [ -x "$B/gpu_check" ]; then
+if want checks && [ -x "$B/gpu_check" ]; then
   echo "== GPU-only checks: CUDA pool numbers, NVML vs cuMemGetInfo, UUID matching, devices"
   "$B/gpu_check" | tee "$OUT/gpu_check.jsonl"
   CUDA_VISIBLE_DEVICES=0 "$B/gpu_check" uuid | tee -a "$OUT/gpu_check.jsonl"
@@ -52,7 +66,31 @@ if [ -x "$B/gpu_check" ]; then
   CUDA_VISIBLE_DEVICES="$uuid0" "$B/gpu_check" uuid | tee -a "$OUT/gpu_check.jsonl"
 fi
 
-if [ -x "$B/gpumem-nb-lib-tests" ]; then
+if want tests && [ -x "$B/gpumem-nb-lib-tests" ]; then
   echo "== gpumem-nb library tests on the GPU (CUDA backend, buffers, cudarc interop)"
   GPUMEM_NB_EXPECT_GPU=1 LD_LIBRARY_PATH="$CUDA_HOME/lib64:${LD_LIBRARY_PATH:-}" "$B/gpumem-nb-lib-tests" --test-threads 1 2>&1 | tail -15
+fi
+
+if want hooks && [ -x "$B/hook_path" ]; then
+  echo "== the per-cell hook path: the kernel's hooks measuring a compiled notebook child (kernel/tests/hook_path.rs)"
+  GPUMEM_NB_EXPECT_GPU=1 timeout 300 "$B/hook_path" > "$OUT/hook_path.jsonl" 2> "$OUT/hook_path.stderr"
+  echo "hook_path exit status $?"
+  grep -v '"check"' "$OUT/hook_path.jsonl" | python3 -c '
+import json, sys
+for l in sys.stdin:
+    l = l.rstrip("\n")
+    try:
+        v = json.loads(l)
+    except ValueError:
+        print(l)  # the history table
+        continue
+    if "line" in v:
+        print(v["line"])
+    elif "summary" in v:
+        print("summary:", json.dumps(v["summary"]))'
+  grep '"pass":false' "$OUT/hook_path.jsonl" | head -20
+  if [ -x "$B/kernel-overhead" ]; then
+    echo "== per-cell hook overhead (kernel/tests/overhead.rs)"
+    "$B/kernel-overhead" --ignored --nocapture hook_overhead 2>&1 | grep '^{' | tee "$OUT/hook_overhead.json"
+  fi
 fi
