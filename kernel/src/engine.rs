@@ -224,11 +224,6 @@ impl Engine {
         self.stream("stderr", format!("%gpumem: {what}\n{}", magic::usage()));
     }
 
-    /// Accepts a (re)connecting child (the hooks send it the session's recording setting).
-    fn poll_control(&mut self, pid: Option<u32>) -> bool {
-        self.hooks.poll(pid)
-    }
-
     /// Runs one cell: magics, hooks, evcxr, report.
     pub fn execute(&mut self, code: &str, allow_stdin: bool) -> Outcome {
         self.count += 1;
@@ -437,7 +432,7 @@ impl Engine {
                 self.record = RecordSetting { on: *on, max_entries: *max_entries, stacks: *stacks };
                 self.hooks.set_record_on_connect(self.record.on.then(|| self.record.request()));
                 let pid = self.child_pid();
-                self.poll_control(pid);
+                self.hooks.poll(pid);
                 let what = if *on {
                     format!(
                         "gpumem: recording allocator history{}{}",
@@ -485,7 +480,7 @@ impl Engine {
             }
             Magic::Summary => {
                 let pid = self.child_pid();
-                self.poll_control(pid);
+                self.hooks.poll(pid);
                 match self.hooks.control.request("summary", json!({}), SLOW_TIMEOUT) {
                     Ok(reply) => {
                         let text = reply.get("text").and_then(Value::as_str).unwrap_or("").to_string();
@@ -520,7 +515,7 @@ impl Engine {
             None => cwd.join("gpumem-snapshots").join(format!("cell-{count}")),
         });
         let pid = self.child_pid();
-        self.poll_control(pid);
+        self.hooks.poll(pid);
         if self.hooks.control.connected().is_none() {
             self.magic_error("snapshot: gpumem-nb is not loaded in this notebook (nothing to snapshot)");
             return;

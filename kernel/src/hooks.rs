@@ -79,33 +79,31 @@ impl Hooks {
 
     /// Runs the pre-cell hooks for cell `cell` of child `pid`.
     pub fn before(&mut self, cell: u64, pid: Option<u32>) -> Before {
-        let t = Instant::now();
-        self.poll(pid);
-        let nvml = nvml::read();
-        let mut crate_readings = None;
-        if self.control.connected().is_some() {
-            match self.control.request("pre", json!({"cell": cell}), HOOK_TIMEOUT) {
-                Ok(reply) => crate_readings = Some(CrateReading::list_from(&reply)),
-                Err(e) => eprintln!("gpumem-kernel: pre-cell reading failed: {e}"),
-            }
-        }
+        let (nvml, crate_readings, us) = self.read("pre", cell, pid);
         let slot_opened = crate_readings.is_some();
-        Before { pid, nvml, crate_readings, slot_opened, us: t.elapsed().as_micros() as u64 }
+        Before { pid, nvml, crate_readings, slot_opened, us }
     }
 
     /// Runs the post-cell hooks for cell `cell`; `pid` is the child's pid now.
     pub fn after(&mut self, cell: u64, pid: Option<u32>) -> After {
+        let (nvml, crate_readings, us) = self.read("post", cell, pid);
+        After { pid, nvml, crate_readings, us }
+    }
+
+    /// One side of the hooks: accept a (re)connecting child, read NVML, ask the crate for `op`
+    /// (`pre` or `post`); with the time it took, in microseconds.
+    fn read(&mut self, op: &str, cell: u64, pid: Option<u32>) -> (NvmlSnapshot, Option<Vec<CrateReading>>, u64) {
         let t = Instant::now();
         self.poll(pid);
         let nvml = nvml::read();
         let mut crate_readings = None;
         if self.control.connected().is_some() {
-            match self.control.request("post", json!({"cell": cell}), HOOK_TIMEOUT) {
+            match self.control.request(op, json!({"cell": cell}), HOOK_TIMEOUT) {
                 Ok(reply) => crate_readings = Some(CrateReading::list_from(&reply)),
-                Err(e) => eprintln!("gpumem-kernel: post-cell reading failed: {e}"),
+                Err(e) => eprintln!("gpumem-kernel: {op}-cell reading failed: {e}"),
             }
         }
-        After { pid, nvml, crate_readings, us: t.elapsed().as_micros() as u64 }
+        (nvml, crate_readings, t.elapsed().as_micros() as u64)
     }
 }
 
