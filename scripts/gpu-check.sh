@@ -7,20 +7,19 @@ cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/gpumem-nb/target}"
 mkdir -p .gpu-bundle
 grep -qx '.gpu-bundle/' .git/info/exclude 2>/dev/null || echo '.gpu-bundle/' >> .git/info/exclude
-bench=$(cargo bench --bench alloc --no-run --message-format=json 2>/dev/null | python3 -c '
+# The test or bench executable that `cargo ARGS... --no-run` builds for target NAME.
+executable() {
+  local name=$1
+  shift
+  cargo "$@" --no-run --message-format=json 2>/dev/null | python3 -c '
 import json, sys
 for l in sys.stdin:
     m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "alloc" and m.get("executable"):
-        print(m["executable"])')
-cp "$bench" .gpu-bundle/alloc-bench
-hist=$(cargo bench --bench history --no-run --message-format=json 2>/dev/null | python3 -c '
-import json, sys
-for l in sys.stdin:
-    m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "history" and m.get("executable"):
-        print(m["executable"])')
-cp "$hist" .gpu-bundle/history-bench
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == sys.argv[1] and m.get("executable"):
+        print(m["executable"])' "$name"
+}
+cp "$(executable alloc bench --bench alloc)" .gpu-bundle/alloc-bench
+cp "$(executable history bench --bench history)" .gpu-bundle/history-bench
 cargo build --release --example snapshot_demo --example gpu_probe --example gpu_check --bin gpumem-replay
 cp "$CARGO_TARGET_DIR/release/examples/snapshot_demo" "$CARGO_TARGET_DIR/release/examples/gpu_probe" \
    "$CARGO_TARGET_DIR/release/examples/gpu_check" .gpu-bundle/
@@ -30,25 +29,10 @@ cp "${SHARED:-../shared}/reference/pytorch_golden/probe.py" .gpu-bundle/ 2>/dev/
 rm -rf .gpu-bundle/snapshots && mkdir -p .gpu-bundle/snapshots
 GPUMEM_NB_DEVICE=sim "$CARGO_TARGET_DIR/release/examples/snapshot_demo" .gpu-bundle/snapshots/sim >/dev/null
 "$CARGO_TARGET_DIR/release/gpumem-replay" tests/fixtures/traces/gpt2_train.trace.tsv.gz --snapshot .gpu-bundle/snapshots/gpt2 >/dev/null
-tests=$(cargo test -p gpumem-nb --lib --release --features cublas,nvrtc --no-run --message-format=json 2>/dev/null | python3 -c '
-import json, sys
-for l in sys.stdin:
-    m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m["target"]["kind"] == ["lib"] and m.get("executable"):
-        print(m["executable"])')
-cp "$tests" .gpu-bundle/gpumem-nb-lib-tests
+cp "$(executable gpumem_nb test -p gpumem-nb --lib --release --features cublas,nvrtc)" .gpu-bundle/gpumem-nb-lib-tests
 # The per-cell hook path (kernel side + notebook child in one binary) and the hook overhead.
-cargo test --release -p gpumem-kernel --test hook_path --test overhead --no-run --message-format=json 2>/dev/null | python3 -c '
-import json, sys
-for l in sys.stdin:
-    m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] in ("hook_path", "overhead") and m.get("executable"):
-        print(m["target"]["name"], m["executable"])' | while read -r name exe; do
-  case "$name" in
-    hook_path) cp "$exe" .gpu-bundle/hook_path ;;
-    overhead) cp "$exe" .gpu-bundle/kernel-overhead ;;
-  esac
-done
+cp "$(executable hook_path test --release -p gpumem-kernel --test hook_path)" .gpu-bundle/hook_path
+cp "$(executable overhead test --release -p gpumem-kernel --test overhead)" .gpu-bundle/kernel-overhead
 # A flame-graph renderer for `_memory_viz segments|memory` (PyTorch downloads Brendan Gregg's
 # flamegraph.pl at run time; the GPU machine has no network): inferno, its Rust port.
 cargo install --quiet inferno --version 0.12.8 --no-default-features --features cli --root "$CARGO_TARGET_DIR/inferno"
