@@ -438,16 +438,7 @@ fn t_leave_free(p: &mut Probe, r: &mut R) -> Res<()> {
     r.insert("filler_bytes".into(), json!(filler.filled));
     r.insert("free_after_fill".into(), json!(free(p)?));
     r.insert("after_fill".into(), p.key_stats());
-    let snap = p.alloc.snapshot();
-    let segs: Vec<Value> = snap
-        .segments
-        .iter()
-        .map(|s| {
-            json!({"total_size": s.total_size, "type": s.segment_type,
-                   "blocks": s.blocks.iter().map(|b| json!([b.size, b.state])).collect::<Vec<_>>()})
-        })
-        .collect();
-    r.insert("segs_fill".into(), json!(segs));
+    r.insert("segs_fill".into(), p.seg_summary());
     match p.try_empty((n + 2) * MIB)? {
         Err(e) => r.insert("oom_msg".into(), json!(e.to_string())),
         Ok(b) => {

@@ -264,7 +264,7 @@ def cmp_leave_free(case, o, t):
         f"{ft} B" if fo == ft else f"ours {fo}, torch {ft} (another process, another instant)")
 
     def filler_block(r):
-        return sum(b[0] for s in r["segs_fill"] for b in s["blocks"] if b[1] == "active_allocated")
+        return sum(b[0] for s in r["segs_fill"] for b in s["blocks"] if b[2] == "active_allocated")
 
     (bo, ro), (bt, rt) = (filler_block(o), o["filler_bytes"]), (filler_block(t), t["filler_bytes"])
     lo, lt = o["free_after_fill"] - n, t["free_after_fill"] - n
@@ -289,7 +289,7 @@ def cmp_leave_free(case, o, t):
 
     def shape(r, block):
         return sorted(canon({"type": s["type"], "total_size": "FILLER" if s["total_size"] == block else s["total_size"],
-                             "blocks": [["FILLER" if x[0] == block else x[0], x[1]] for x in s["blocks"]]})
+                             "blocks": [["FILLER" if x[0] == block else x[0], x[2]] for x in s["blocks"]]})
                       for s in r["segs_fill"])
 
     a, b = shape(o, bo), shape(t, bt)

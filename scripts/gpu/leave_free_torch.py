@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """PyTorch's side of the `leave_free` conformance case (ipyexperiments' `gpu_mem_leave_free_mbs`).
 
-    leave_free_torch.py OUT.json [N_MIB]
+    PYTHONPATH=DIR_OF_PROBE_PY leave_free_torch.py OUT.json [N_MIB]
 
 probe.py has no such case, so this script plays it for PyTorch in one fresh process, in the
-shape that `examples/gpu_probe.rs --case leave_free` writes for gpumem-nb; probe_compare.sh adds
-it to PyTorch's results under "leave_free" and compare_probe.py compares the two.
+shape that `examples/gpu_probe.rs --case leave_free` writes for gpumem-nb, with probe.py's own
+`key_stats` and `seg_summary`; probe_compare.sh adds it to PyTorch's results under "leave_free"
+and compare_probe.py compares the two.
 
 The sequence, on a real card with nearly all of its memory free:
 1. open the device; `free_before` from cuMemGetInfo (`torch.cuda.mem_get_info`);
@@ -20,27 +21,9 @@ import json
 import sys
 
 import torch
+from probe import key_stats, seg_summary  # shared/reference/pytorch_golden/probe.py
 
 MiB = 1 << 20
-
-KEYS = ["allocated_bytes.all.current", "reserved_bytes.all.current", "active_bytes.all.current",
-        "requested_bytes.all.current", "inactive_split_bytes.all.current", "inactive_split.all.current",
-        "segment.all.current", "allocation.all.current", "active.all.current",
-        "reserved_bytes.small_pool.current", "reserved_bytes.large_pool.current",
-        "inactive_split_bytes.small_pool.current", "inactive_split_bytes.large_pool.current",
-        "num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc", "num_device_free",
-        "oversize_allocations.current", "oversize_segments.current", "max_split_size"]
-
-
-def key_stats():
-    s = torch.cuda.memory_stats()
-    return {k: s.get(k) for k in KEYS}
-
-
-def segments():
-    return [{"total_size": s["total_size"], "type": s["segment_type"],
-             "blocks": [[b["size"], b["state"]] for b in s["blocks"]]}
-            for s in torch.cuda.memory._snapshot()["segments"]]
 
 
 def free_now():
@@ -59,20 +42,20 @@ def main():
     filler = torch.empty((avail_mib - n) * MiB, dtype=torch.uint8, device="cuda")
     R["filler_bytes"] = filler.numel()
     R["free_after_fill"] = free_now()
-    R["after_fill"] = key_stats()
-    R["segs_fill"] = segments()
+    R["after_fill"] = key_stats(torch)
+    R["segs_fill"] = seg_summary(torch)
     try:
         torch.empty((n + 2) * MiB, dtype=torch.uint8, device="cuda")
         R["oom_msg"] = None
     except torch.OutOfMemoryError as ex:
         R["oom_msg"] = str(ex)
-    R["after_oom"] = key_stats()
+    R["after_oom"] = key_stats(torch)
     half = torch.empty(n // 2 * MiB, dtype=torch.uint8, device="cuda")
-    R["after_half"] = key_stats()
+    R["after_half"] = key_stats(torch)
     R["free_after_half"] = free_now()
     del half, filler
     torch.cuda.empty_cache()
-    R["after_release"] = key_stats()
+    R["after_release"] = key_stats(torch)
     R["free_end"] = free_now()
     with open(out, "w") as f:
         json.dump(R, f, indent=1)

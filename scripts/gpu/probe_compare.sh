@@ -29,7 +29,7 @@ echo "probe.py took $(( $(date +%s) - start )) s"
 cp "$T/results.json" "$OUT/torch_results.json" || { echo "no results.json from probe.py"; exit 2; }
 
 echo "== PyTorch's side of leave_free (not in probe.py: scripts/gpu/leave_free_torch.py, fresh process)"
-if timeout 120 python3 scripts/gpu/leave_free_torch.py "$T/leave_free.json" 2048; then
+if PYTHONPATH="$B" timeout 120 python3 scripts/gpu/leave_free_torch.py "$T/leave_free.json" 2048; then
   python3 - "$OUT/torch_results.json" "$T/leave_free.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
