@@ -1,4 +1,5 @@
-//! Allocation benchmarks on the simulated device (the policy plus the thread-safe front).
+//! Allocation benchmarks on the simulated device, through the thread-safe front (the policy
+//! under its mutex: what every caller pays).
 //!
 //! - `hot/<size>`: one malloc+free pair of the same size, again and again (the cache is warm:
 //!   after the first pair no device call happens).
@@ -9,8 +10,8 @@
 //! machine (scripts/gpu-check.sh); BENCHMARKS.md has the figures.
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use gpumem_nb::backend::sim::SimBackend;
-use gpumem_nb::{AllocatorConfig, CachingAllocator, DeviceState, StreamId};
+use gpumem_nb::device::sim::SimBackend;
+use gpumem_nb::{AllocatorConfig, CachingAllocator, StreamId};
 use std::hint::black_box;
 
 struct Rng(u64);
@@ -39,14 +40,6 @@ fn hot(c: &mut Criterion) {
             b.iter(|| {
                 let a = alloc.malloc(black_box(size), StreamId::DEFAULT).unwrap();
                 alloc.free(a.block.unwrap()).unwrap();
-            })
-        });
-        let mut state = DeviceState::new(0, AllocatorConfig::default());
-        let mut dev = SimBackend::new(0, 80 << 30);
-        g.bench_with_input(BenchmarkId::new("policy", size), &size, |b, &size| {
-            b.iter(|| {
-                let a = state.malloc(&mut dev, black_box(size), StreamId::DEFAULT).unwrap();
-                state.free(&mut dev, a.block.unwrap()).unwrap();
             })
         });
     }

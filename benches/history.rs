@@ -7,7 +7,7 @@
 //!   (no stacks), as `torch.cuda.memory._dump_snapshot` does.
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use gpumem_nb::backend::sim::SimBackend;
+use gpumem_nb::device::sim::SimBackend;
 use gpumem_nb::{AllocatorConfig, CachingAllocator, HistoryOptions, RecordMode, StackContext, StreamId};
 use std::hint::black_box;
 
@@ -63,7 +63,7 @@ fn snapshot_pickle(c: &mut Criterion) {
             let x = a.malloc(4096, StreamId::DEFAULT).unwrap();
             a.free(x.block.unwrap()).unwrap();
         }
-        assert_eq!(a.with_state(|s, _| s.history.entries().len()), n);
+        assert_eq!(a.history().len(), n);
         g.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
             b.iter(|| {
                 let snap = a.snapshot();

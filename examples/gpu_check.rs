@@ -11,7 +11,7 @@
 //! Prints one JSON line per check (`"pass"` true or false, and the numbers) and exits non-zero
 //! if any check fails. `gpu_check [pool|nvml|uuid|multi]...` (default: all).
 
-use gpumem_nb::backend::nvml;
+use gpumem_nb::device::nvml;
 use gpumem_nb::{Backend, DeviceBuffer, StreamId};
 use serde_json::json;
 
@@ -21,23 +21,23 @@ fn report(name: &str, pass: bool, details: serde_json::Value) -> bool {
 }
 
 fn cuda_uuid(alloc: &gpumem_nb::Allocator) -> Option<[u8; 16]> {
-    alloc.with_state(|_, b| b.as_cuda().and_then(|c| c.uuid().ok()))
+    alloc.with_backend(|b| b.as_cuda().and_then(|c| c.uuid().ok()))
 }
 
 fn pool() -> gpumem_nb::Result<bool> {
     let alloc = gpumem_nb::current()?;
-    let ctx = alloc.with_state(|_, b| b.as_cuda().map(|c| c.context().clone()));
+    let ctx = alloc.with_backend(|b| b.as_cuda().map(|c| c.context().clone()));
     let Some(ctx) = ctx else { return Ok(report("pool", false, json!({"error": "not a CUDA device"}))) };
     let stream = ctx.default_stream();
-    alloc.with_state(|_, b| b.reset_pool_high_water());
-    let before = alloc.with_state(|_, b| b.pool_usage()).unwrap_or_default();
+    alloc.with_backend(|b| b.reset_pool_high_water());
+    let before = alloc.with_backend(|b| b.pool_usage()).unwrap_or_default();
     let n = 48 << 20;
     let slice = stream.alloc_zeros::<u8>(n).map_err(|e| gpumem_nb::Error::NoCuda(format!("alloc_zeros: {e:?}")))?;
     stream.synchronize().ok();
-    let during = alloc.with_state(|_, b| b.pool_usage()).unwrap_or_default();
+    let during = alloc.with_backend(|b| b.pool_usage()).unwrap_or_default();
     drop(slice);
     stream.synchronize().ok();
-    let after = alloc.with_state(|_, b| b.pool_usage()).unwrap_or_default();
+    let after = alloc.with_backend(|b| b.pool_usage()).unwrap_or_default();
     let pass = during.used == before.used + n as u64
         && during.used_high == before.used + n as u64
         && after.used == before.used
@@ -84,7 +84,7 @@ fn uuid() -> gpumem_nb::Result<bool> {
     let alloc = gpumem_nb::current()?;
     let Some(uuid) = cuda_uuid(&alloc) else { return Ok(report("uuid", false, json!({"error": "no CUDA UUID"}))) };
     let cuda = nvml::uuid_string("GPU", uuid);
-    let n = nvml::nvml().map_err(gpumem_nb::Error::NoCuda)?;
+    let n = nvml::nvml()?;
     let found = n.device_by_uuid(cuda.as_str()).ok().and_then(|d| d.index().ok());
     let me_listed = matches!(nvml::this_process(uuid), Ok(nvml::ThisProcess::Used(_)));
     Ok(report(
@@ -96,7 +96,7 @@ fn uuid() -> gpumem_nb::Result<bool> {
 }
 
 fn multi() -> gpumem_nb::Result<bool> {
-    let count = gpumem_nb::backend::cuda::probe().unwrap_or(0);
+    let count = gpumem_nb::device::cuda::probe().unwrap_or(0);
     if count < 2 {
         return Ok(report("multi", true, json!({"devices": count, "note": "one device: nothing to compare"})));
     }

@@ -150,7 +150,7 @@ impl Probe {
 
     /// `with torch.cuda.stream(s): torch.cuda._sleep(...)`: keeps `s` busy for about a second.
     fn keep_busy(&self, s: StreamId) -> Res<()> {
-        self.alloc.with_state(|_, b| -> Res<()> {
+        self.alloc.with_backend(|b| -> Res<()> {
             if let Some(sim) = b.as_sim_mut() {
                 sim.set_stream_busy(s, true);
                 return Ok(());
@@ -166,7 +166,7 @@ impl Probe {
 
     /// `torch.cuda.synchronize()`.
     fn synchronize(&self) -> Res<()> {
-        self.alloc.with_state(|_, b| -> Res<()> {
+        self.alloc.with_backend(|b| -> Res<()> {
             if let Some(sim) = b.as_sim_mut() {
                 sim.synchronize();
                 return Ok(());
@@ -306,7 +306,7 @@ fn t_oom(p: &mut Probe, r: &mut R) -> Res<()> {
     r.insert("trace".into(), p.trace()?);
     let (free, total) = p.alloc.mem_get_info()?;
     r.insert("mem_get_info".into(), json!([free, total]));
-    r.insert("total_memory".into(), json!(p.alloc.with_state(|_, b| gpumem_nb::Backend::total_memory(b))));
+    r.insert("total_memory".into(), json!(p.alloc.with_backend(|b| gpumem_nb::Backend::total_memory(b))));
     p.alloc.empty_cache()?;
     p.alloc.set_per_process_memory_fraction(0.0)?;
     if let Err(e) = p.try_empty(1)? {
@@ -411,7 +411,7 @@ fn t_state_only(p: &mut Probe, r: &mut R) -> Res<()> {
 
 fn t_gc(p: &mut Probe, r: &mut R) -> Res<()> {
     p.alloc.set_per_process_memory_fraction(0.04)?;
-    r.insert("allowed".into(), json!(p.alloc.with_state(|s, _| s.allowed_bytes())));
+    r.insert("allowed".into(), json!(p.alloc.allowed_bytes()));
     for i in 0..3 {
         p.empty(&format!("x{i}"), 1 << 30)?;
     }
@@ -464,10 +464,10 @@ fn info(r: &mut R) -> Res<()> {
     let alloc = gpumem_nb::current()?;
     r.insert("gpumem_nb".into(), json!(env!("CARGO_PKG_VERSION")));
     r.insert("backend".into(), json!(alloc.backend_kind().name()));
-    r.insert("total_memory".into(), json!(alloc.with_state(|_, b| gpumem_nb::Backend::total_memory(b))));
+    r.insert("total_memory".into(), json!(alloc.with_backend(|b| gpumem_nb::Backend::total_memory(b))));
     #[cfg(feature = "cuda")]
     {
-        let name = alloc.with_state(|_, b| b.as_cuda().map(|c| c.context().name().map_err(|e| format!("{:?}", e.0))));
+        let name = alloc.with_backend(|b| b.as_cuda().map(|c| c.context().name().map_err(|e| format!("{:?}", e.0))));
         if let Some(name) = name {
             r.insert("device".into(), json!(name?));
         }

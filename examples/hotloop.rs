@@ -1,14 +1,14 @@
-//! Allocation loops on the simulated device, for profilers (callgrind, perf):
+//! Allocation loops on the simulated device through the allocator's public front (what every
+//! caller pays: the policy under its mutex), for profilers (callgrind, perf):
 //! `hotloop hot SIZE N` (one malloc/free pair of SIZE, N times) or
 //! `hotloop mixed N` (1000 live log-uniform blocks of 512 B–8 MiB, N random free+malloc pairs).
-use gpumem_nb::backend::sim::SimBackend;
-use gpumem_nb::{AllocatorConfig, DeviceState, StreamId};
+use gpumem_nb::device::sim::SimBackend;
+use gpumem_nb::{AllocatorConfig, CachingAllocator, StreamId};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let arg = |i: usize, d: u64| args.get(i).and_then(|s| s.parse().ok()).unwrap_or(d);
-    let mut state = DeviceState::new(0, AllocatorConfig::default());
-    let mut dev = SimBackend::new(0, 80 << 30);
+    let alloc = CachingAllocator::new(SimBackend::new(0, 80 << 30), AllocatorConfig::default());
     if args.get(1).map(String::as_str) == Some("mixed") {
         let mut x: u64 = 0x2545_F491_4F6C_DD1D;
         let mut size = || {
@@ -18,21 +18,21 @@ fn main() {
             (2f64.powf(9.0 + (x >> 11) as f64 / (1u64 << 53) as f64 * 14.0) as u64, x)
         };
         let mut live: Vec<_> =
-            (0..1000).map(|_| state.malloc(&mut dev, size().0, StreamId::DEFAULT).unwrap().block.unwrap()).collect();
+            (0..1000).map(|_| alloc.malloc(size().0, StreamId::DEFAULT).unwrap().block.unwrap()).collect();
         for _ in 0..arg(2, 100_000) {
             let (s, r) = size();
             let i = (r % 1000) as usize;
-            state.free(&mut dev, live[i]).unwrap();
-            live[i] = state.malloc(&mut dev, s, StreamId::DEFAULT).unwrap().block.unwrap();
+            alloc.free(live[i]).unwrap();
+            live[i] = alloc.malloc(s, StreamId::DEFAULT).unwrap().block.unwrap();
         }
     } else {
         let size = arg(2, 512);
         for _ in 0..arg(3, 200_000) {
-            let a = state.malloc(&mut dev, std::hint::black_box(size), StreamId::DEFAULT).unwrap();
-            state.free(&mut dev, a.block.unwrap()).unwrap();
+            let a = alloc.malloc(std::hint::black_box(size), StreamId::DEFAULT).unwrap();
+            alloc.free(a.block.unwrap()).unwrap();
         }
     }
-    let s = state.stats();
+    let s = alloc.stats();
     println!(
         "allocations {} segments {} free blocks cached {}",
         s.allocation[0].allocated, s.segment[0].current, s.inactive_split[0].current

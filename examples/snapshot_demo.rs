@@ -22,8 +22,7 @@ fn main() -> gpumem_nb::Result<()> {
     let (_, total) = alloc.mem_get_info()?;
     let oom = DeviceBuffer::<u8>::zeros(&alloc, (total + (1 << 30)) as usize, StreamId::DEFAULT).err();
     let snap = alloc.snapshot();
-    let files = gpumem_nb::snapshot::write_all(&snap, std::path::Path::new(&dir))
-        .map_err(|e| gpumem_nb::Error::Setting(e.to_string()))?;
+    let files = snap.save(std::path::Path::new(&dir)).map_err(|e| gpumem_nb::Error::Setting(e.to_string()))?;
     println!(
         "device {} ({:?}): allocated {} reserved {}; {} events; oom: {}",
         alloc.device(),

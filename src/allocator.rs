@@ -2,14 +2,14 @@
 //! state and its backend, and PyTorch's `torch.cuda` memory API as methods.
 //!
 //! # Locking
-//! Every public method takes the lock once and delegates to [`DeviceState`]; helpers never
-//! re-lock. Nothing is done outside the lock yet (stack capture for history will be).
+//! Every public method takes the lock once and delegates to the policy's `DeviceState`;
+//! helpers never re-lock. Stacks for history are captured before the lock is taken.
+#![forbid(unsafe_code)]
 
-use crate::backend::{Backend, BackendKind, DeviceError, StreamId};
-use crate::config::AllocatorConfig;
-use crate::error::AllocError;
-use crate::history::{HistoryOptions, RecordMode, StackContext, TraceEntry};
-use crate::policy::{Allocation, BlockId, DeviceState, SegmentView};
+use crate::device::{Backend, BackendKind, DeviceError, PoolUsage, StreamId};
+use crate::policy::config::AllocatorConfig;
+use crate::policy::{AllocError, Allocation, BlockId, BlockView, DeviceState, InvariantViolation, SegmentView};
+use crate::record::history::{HistoryOptions, RecordMode, StackContext, TraceEntry};
 use crate::snapshot::{RawSnapshot, Snapshot};
 use crate::stats::{DeviceStats, SlotId, SlotPeaks};
 use std::collections::BTreeMap;
@@ -65,11 +65,39 @@ impl<B: Backend> CachingAllocator<B> {
         self.kind
     }
 
-    /// Runs `f` with the state and backend under the lock (tests, replay, advanced use).
-    pub fn with_state<R>(&self, f: impl FnOnce(&mut DeviceState, &mut B) -> R) -> R {
+    /// Runs `f` with the state and backend under the lock.
+    pub(crate) fn with_state<R>(&self, f: impl FnOnce(&mut DeviceState, &mut B) -> R) -> R {
         let mut g = self.lock();
         let Inner { state, backend } = &mut *g;
         f(state, backend)
+    }
+
+    /// Runs `f` with the backend under the allocator's lock: what the backend itself offers
+    /// (on the simulated device: mark streams busy, refuse the next reservations; on a GPU: the
+    /// cudarc context and streams). The allocator's own state is not reachable from here.
+    pub fn with_backend<R>(&self, f: impl FnOnce(&mut B) -> R) -> R {
+        self.with_state(|_, b| f(b))
+    }
+
+    /// The configuration this allocator runs with (`GPUMEM_NB_ALLOC_CONF`).
+    pub fn config(&self) -> AllocatorConfig {
+        self.with_state(|s, _| s.config().clone())
+    }
+
+    /// An allocated or cached block by id (`None` once it is merged away or released).
+    pub fn block(&self, block: BlockId) -> Option<BlockView> {
+        self.with_state(|s, _| s.block(block))
+    }
+
+    /// The per-process limit in bytes that a memory fraction set, if one is set.
+    pub fn allowed_bytes(&self) -> Option<u64> {
+        self.with_state(|s, _| s.allowed_bytes())
+    }
+
+    /// The CUDA stream-ordered pool of this device (cudarc's `CudaSlice` and candle allocate
+    /// there): used and reserved bytes with their high-water marks. `None` without one.
+    pub fn pool_usage(&self) -> Option<PoolUsage> {
+        self.with_state(|_, b| b.pool_usage())
     }
 
     /// A new stream on this device (a CUDA stream, or a simulated one).
@@ -79,8 +107,8 @@ impl<B: Backend> CachingAllocator<B> {
 
     /// The caller's stack when stacks are being recorded, captured before the lock is taken.
     #[inline]
-    fn op_context(&self) -> Option<crate::frames::Frames> {
-        if self.stacks.load(Ordering::Relaxed) { Some(crate::frames::capture()) } else { None }
+    fn op_context(&self) -> Option<crate::record::frames::Frames> {
+        if self.stacks.load(Ordering::Relaxed) { Some(crate::record::frames::capture()) } else { None }
     }
 
     /// Runs `f` under the lock with the operation's stack (if recorded) made current.
@@ -166,7 +194,7 @@ impl<B: Backend> CachingAllocator<B> {
 
     /// `torch.cuda.memory_summary()`, PyTorch's text.
     pub fn memory_summary(&self, abbreviated: bool) -> String {
-        crate::summary::memory_summary(&self.memory_stats(), self.device, abbreviated)
+        crate::stats::summary::memory_summary(&self.memory_stats(), self.device, abbreviated)
     }
 
     /// `torch.cuda.set_per_process_memory_fraction()`.
@@ -230,7 +258,7 @@ impl<B: Backend> CachingAllocator<B> {
     }
 
     /// Recounts every invariant (tests call this after every step).
-    pub fn check_invariants(&self) -> Result<(), String> {
+    pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
         self.with_state(|s, _| s.check_invariants())
     }
 

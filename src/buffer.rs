@@ -14,51 +14,15 @@
 #![forbid(unsafe_code)]
 
 use crate::Allocator;
-use crate::backend::{BackendKind, StreamId};
+use crate::device::Element;
+use crate::device::{BackendKind, StreamId};
 use crate::error::{Error, Result};
 use crate::policy::BlockId;
 use std::fmt;
 use std::sync::Arc;
 
 #[cfg(feature = "cuda")]
-pub use crate::backend::cuda::{CudaView, CudaViewMut};
-
-mod sealed {
-    pub trait Sealed {}
-}
-
-/// Element types whose contents can be copied between host and device: the integer and
-/// floating-point primitives and arrays of them.
-///
-/// Every bit pattern is a valid value of each of them and none has padding, which is what makes
-/// reading device memory (possibly never written, or written by a kernel) into them sound. The
-/// trait is sealed for that reason: the CUDA backend's copies rely on it. Buffers of other
-/// `Copy` types can still be allocated and lent to cudarc, whose `DeviceRepr` contract covers
-/// them.
-pub trait Element: Copy + Send + Sync + 'static + sealed::Sealed {
-    /// The all-zero-bits value.
-    const ZERO: Self;
-}
-
-macro_rules! element {
-    ($($t:ty => $z:expr),* $(,)?) => {$(
-        impl sealed::Sealed for $t {}
-        impl Element for $t {
-            const ZERO: Self = $z;
-        }
-    )*};
-}
-
-element!(
-    u8 => 0, u16 => 0, u32 => 0, u64 => 0, u128 => 0, usize => 0,
-    i8 => 0, i16 => 0, i32 => 0, i64 => 0, i128 => 0, isize => 0,
-    f32 => 0.0, f64 => 0.0,
-);
-
-impl<T: Element, const N: usize> sealed::Sealed for [T; N] {}
-impl<T: Element, const N: usize> Element for [T; N] {
-    const ZERO: Self = [T::ZERO; N];
-}
+pub(crate) use crate::device::cuda::{CudaView, CudaViewMut};
 
 /// An owned buffer of `len` values of `T` in device memory from a caching allocator.
 pub struct DeviceBuffer<T: Copy> {
@@ -256,8 +220,8 @@ impl<T: Copy> Drop for DeviceBuffer<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::any::AnyBackend;
-    use crate::backend::sim::SimBackend;
+    use crate::device::any::AnyBackend;
+    use crate::device::sim::SimBackend;
     use crate::units::{GIB, MIB};
     use crate::{AllocError, AllocatorConfig, CachingAllocator};
 

@@ -2,59 +2,90 @@
 //!
 //! GPU memory, seen cell by cell, for people who write Rust in Jupyter: a PyTorch-exact CUDA
 //! caching allocator over cudarc (and a simulated device, so everything runs without a GPU),
-//! with PyTorch's statistics, `memory_summary()`, peak slots, and a trace replayer.
+//! with PyTorch's statistics, `memory_summary()`, peak slots, history and snapshots that
+//! PyTorch's own viewer opens, scoped measurement, the ipyexperiments helpers, pinned host
+//! memory and inline rendering for evcxr.
 //!
-//! ## Layers (each depends only on those above it in this list)
-//! 1. [`backend`] — the device seam: [`backend::cuda`] (cudarc, feature `cuda`),
-//!    [`backend::sim`] (simulated), [`backend::replay`] (recorded addresses).
-//! 2. [`policy`] — PyTorch's caching policy as pure code: rounding, pools, best fit, split and
-//!    merge, events, release, GC, fraction, expandable segments. No `unsafe`, no device.
-//! 3. [`stats`] / [`summary`] — `memory_stats()` (122 keys), resets, peak slots, the summary.
-//! 4. [`history`] — PyTorch's trace vocabulary and the event ring.
-//! 5. [`allocator`] — the thread-safe front, one per device; [`trace`] — replay of recorded
-//!    PyTorch traces.
+//! ## Layers
+//! Each folder (or root file) uses only those on earlier lines, never a later one; in
+//! non-test code the import graph has no cycle between them. `tests/layers.rs` reads this
+//! list and checks every `crate::` path against it.
+//!
+//! 1. [`units`] — sizes, durations and dates for people.
+//! 2. [`device`] — the device seam: the [`Backend`] trait and its vocabulary ([`StreamId`],
+//!    [`DeviceError`], [`Element`]), [`device::cuda`] (cudarc, feature `cuda`), `device::sim`
+//!    (simulated), `device::replay` (a trace's addresses), `device::nvml`.
+//! 3. `record`, `stats` — what the policy writes as it runs: the event ring and stacks
+//!    ([`TraceEntry`], [`RecordMode`]); the 122 `memory_stats()` counters, peak slots and the
+//!    `memory_summary()` text.
+//! 4. `policy` — PyTorch's caching policy as pure code: config ([`AllocatorConfig`]),
+//!    rounding, pools, best fit, split and merge, events, release, GC, fraction, expandable
+//!    segments, out-of-memory ([`AllocError`], [`OomReport`]).
+//! 5. [`snapshot`], `error` — PyTorch's snapshot structure read back from the policy, its
+//!    pickle and JSON writers and the memory timeline; [`Error`] gathering every failure.
+//! 6. `allocator` — [`CachingAllocator`]: the thread-safe front, `torch.cuda`'s memory API as
+//!    methods.
+//! 7. [`render`], `buffer`, [`replay`] — tables, charts and the offline snapshot page (plain
+//!    data in, text/HTML/SVG out); [`DeviceBuffer`]; PyTorch traces replayed through the policy.
+//! 8. `pinned` — [`PinnedBuffer`] and the caching [`HostAllocator`].
+//! 9. [`notebook`] — the per-process anchor (with `device::cuda`, the only `unsafe` code), the
+//!    device registry ([`current`], [`device()`]), the kernel's control channel and its
+//!    [`notebook::protocol`], [`scope`]s and the [`mem`] helpers.
 //!
 //! Units: bytes everywhere in data; [`units`] formats them for people.
+#![deny(unsafe_code)]
 
-pub mod allocator;
-pub mod anchor;
-pub mod backend;
-pub mod buffer;
-pub mod config;
-pub mod control;
-pub mod error;
-pub mod frames;
-pub mod history;
-pub mod mem;
-pub mod pinned;
-pub mod policy;
-pub mod registry;
-pub mod render;
-pub mod scope;
-pub mod snapshot;
-pub mod stats;
-pub mod summary;
-pub mod trace;
 pub mod units;
 
+pub mod device;
+
+mod record;
+mod stats;
+
+mod policy;
+
+pub mod snapshot;
+
+mod allocator;
+mod error;
+
+pub mod render;
+
+mod buffer;
+pub mod notebook;
+mod pinned;
+pub mod replay;
+
+pub use notebook::{mem, scope};
+
+// The allocator and its PyTorch-named API.
 pub use allocator::{CachingAllocator, PeakSlot};
-pub use backend::any::AnyBackend;
-pub use backend::{Backend, BackendKind, DeviceError, StreamId};
-pub use buffer::{DeviceBuffer, Element};
-pub use config::AllocatorConfig;
+pub use device::any::AnyBackend;
+pub use device::{Backend, BackendKind, DeviceError, Element, PoolUsage, ProcessMemory, StreamId};
 pub use error::{AllocError, Error, OomReport, Result};
-pub use history::{HistoryOptions, RecordMode, StackContext, TraceAction, TraceEntry};
-pub use policy::{Allocation, BlockId, DeviceState};
-pub use registry::{DeviceSelection, current, device};
-pub use stats::{DeviceStats, SlotPeaks};
+pub use notebook::registry::{DeviceSelection, current, device};
+pub use policy::config::AllocatorConfig;
+pub use policy::{Allocation, BlockId, BlockView, InvariantViolation, PoolKind, SegmentView};
+pub use stats::{DeviceStats, SlotPeaks, Stat};
 
-/// The allocator of a device picked at run time (CUDA or simulated): what [`registry::device`]
-/// and [`registry::current`] hand out, and what a [`DeviceBuffer`] allocates from.
+/// The allocator of a device picked at run time (CUDA or simulated): what [`device`] and
+/// [`current`] hand out, and what a [`DeviceBuffer`] allocates from.
 pub type Allocator = CachingAllocator<AnyBackend>;
-pub use render::charts::{Chart, ChartOptions, MemoryTimeline, Series};
-pub use render::reports::{MemoryStatsTable, MemorySummary, SegmentTable, SnapshotSummary};
 
-// Scopes, the ipyexperiments helpers, pinned host memory.
+// History and snapshots.
+pub use record::frames::set_depth as set_stack_depth;
+pub use record::history::{HistoryOptions, RecordMode, StackContext, TraceAction, TraceEntry};
+pub use render::SnapshotFiles;
+pub use snapshot::{MemoryTimeline, Snapshot};
+
+// Memory on the device and the host.
+pub use buffer::DeviceBuffer;
+pub use pinned::{HostAllocator, HostCacheState, HostMemoryKind, HostStats, PinnedBuffer};
+
+// Measurement and the ipyexperiments helpers.
 pub use mem::{Coverage, Filler, MemInfo, MemReading, PreloadReport};
-pub use pinned::{HostAllocator, HostStats, PinnedBuffer};
 pub use scope::{MemoryScope, ScopeReport, SnapshotError, SnapshotScope, measure, measure_with, save_memory_snapshot};
+
+// What a notebook shows.
+pub use render::chart::{Chart, ChartOptions, Series};
+pub use render::reports::{MemoryStatsTable, MemorySummary, SegmentTable, SnapshotSummary};

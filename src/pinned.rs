@@ -38,8 +38,9 @@
 #![forbid(unsafe_code)]
 
 use crate::Allocator;
-use crate::backend::{Backend, EventId, StreamId};
-use crate::buffer::{DeviceBuffer, Element};
+use crate::buffer::DeviceBuffer;
+use crate::device::Element;
+use crate::device::{Backend, EventId, StreamId};
 use crate::error::{Error, Result};
 use crate::render::{MimeBundle, Table};
 use crate::stats::Stat;
@@ -51,9 +52,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 #[cfg(feature = "cuda")]
-use crate::backend::DeviceError;
+use crate::device::DeviceError;
 #[cfg(feature = "cuda")]
-use crate::backend::cuda::PinnedHostMemory;
+use crate::device::cuda::PinnedHostMemory;
 #[cfg(feature = "cuda")]
 use cudarc::driver::{CudaContext, CudaStream};
 
@@ -192,11 +193,6 @@ impl HostStats {
     /// Text and HTML tables.
     pub fn bundle(&self) -> MimeBundle {
         self.table().bundle()
-    }
-
-    /// Shows the statistics in an evcxr notebook cell.
-    pub fn evcxr_display(&self) {
-        self.bundle().evcxr_display();
     }
 }
 
@@ -817,6 +813,8 @@ impl<T: Element> Drop for PinnedBuffer<T> {
         self.host.release(HostBlock { size, memory: untyped(mem) }, uses);
     }
 }
+
+crate::render::evcxr_display!(HostStats);
 
 #[cfg(test)]
 mod tests {

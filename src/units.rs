@@ -129,9 +129,74 @@ pub fn parse_size(text: &str) -> Option<u64> {
     (v.is_finite() && v >= 0.0 && v < u64::MAX as f64).then_some(v.round() as u64)
 }
 
+/// A duration as people read it, to three significant digits: "850 µs", "1.25 ms",
+/// "12.3 ms", "4.21 s", then "3 min 7 s" and "2 h 5 min". The one duration format of every
+/// report (scopes, cell reports, snapshot summaries).
+pub fn format_duration(d: std::time::Duration) -> String {
+    let us = d.as_micros();
+    let sig3 = |v: f64, unit: &str| match v {
+        v if v < 10.0 => format!("{v:.2} {unit}"),
+        v if v < 100.0 => format!("{v:.1} {unit}"),
+        v => format!("{v:.0} {unit}"),
+    };
+    if us < 1_000 {
+        format!("{us} µs")
+    } else if us < 1_000_000 {
+        sig3(us as f64 / 1e3, "ms")
+    } else if us < 60_000_000 {
+        sig3(us as f64 / 1e6, "s")
+    } else if us < 3_600_000_000 {
+        format!("{} min {} s", us / 60_000_000, (us / 1_000_000) % 60)
+    } else {
+        format!("{} h {} min", us / 3_600_000_000, (us / 60_000_000) % 60)
+    }
+}
+
+/// [`format_duration`] of a microsecond count (negative counts as 0).
+pub fn format_duration_us(us: i64) -> String {
+    format_duration(std::time::Duration::from_micros(us.max(0) as u64))
+}
+
+/// Microseconds since the Unix epoch as a UTC date and time: "2026-03-01 14:05:09 UTC".
+pub fn format_utc(time_us: i64) -> String {
+    let secs = time_us.div_euclid(1_000_000);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC", rem / 3600, (rem / 60) % 60, rem % 60)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_have_three_significant_digits() {
+        use std::time::Duration;
+        assert_eq!(format_duration(Duration::from_micros(850)), "850 µs");
+        assert_eq!(format_duration(Duration::from_micros(1_254)), "1.25 ms");
+        assert_eq!(format_duration(Duration::from_micros(12_345)), "12.3 ms");
+        assert_eq!(format_duration(Duration::from_micros(123_456)), "123 ms");
+        assert_eq!(format_duration(Duration::from_millis(3_200)), "3.20 s");
+        assert_eq!(format_duration_us(4_210_000), "4.21 s");
+        assert_eq!(format_duration_us(187_000_000), "3 min 7 s");
+        assert_eq!(format_duration_us(7_500_000_000), "2 h 5 min");
+        assert_eq!(format_duration_us(-5), "0 µs");
+    }
+
+    #[test]
+    fn utc_dates() {
+        assert_eq!(format_utc(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(format_utc(1_709_301_909_000_000), "2024-03-01 14:05:09 UTC");
+    }
 
     #[test]
     fn format_size_boundaries_match_pytorch() {

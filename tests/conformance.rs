@@ -4,7 +4,7 @@
 //! probe recorded, the same statistics and the same segment/block layout (cases A–I and K of
 //! reference/pytorch_allocator.md §6). Invariants are recounted after every step.
 
-use gpumem_nb::backend::sim::SimBackend;
+use gpumem_nb::device::sim::SimBackend;
 use gpumem_nb::units::MIB;
 use gpumem_nb::{AllocError, AllocatorConfig, BlockId, CachingAllocator, RecordMode, StreamId, TraceAction};
 use serde_json::{Value, json};
@@ -184,7 +184,7 @@ fn case_b_sequence_checkpoints_summary_and_resets() {
 fn case_c_streams_and_cross_stream_free() {
     let g = &golden()["streams"];
     let mut p = Probe::new("");
-    let s1 = p.alloc.with_state(|_, b| b.new_stream());
+    let s1 = p.alloc.with_backend(|b| b.new_stream());
     p.empty("a", 4 * MIB);
     p.del("a");
     p.empty_on("b", 4 * MIB, s1);
@@ -194,14 +194,14 @@ fn case_c_streams_and_cross_stream_free() {
 
     p.alloc.record_memory_history(RecordMode::All, 1000);
     p.empty("c", 4 * MIB);
-    p.alloc.with_state(|_, b| b.set_stream_busy(s1, true));
+    p.alloc.with_backend(|b| b.set_stream_busy(s1, true));
     p.alloc.record_stream(p.live["c"], s1).unwrap();
     p.del("c");
     assert_eq!(p.key_stats(), g["after_record_stream_free"]);
     assert_eq!(norm_segs(&json!(p.seg_summary())), norm_segs(&g["segs_pending"]));
     let states: Vec<_> = p.alloc.segments().iter().flat_map(|s| s.blocks.iter().map(|b| b.state())).collect();
     assert!(states.contains(&"active_pending_free"));
-    p.alloc.with_state(|_, b| b.synchronize());
+    p.alloc.with_backend(|b| b.synchronize());
     p.empty("d", 1);
     assert_eq!(p.key_stats(), g["after_sync_and_malloc"]);
     assert_eq!(norm_segs(&json!(p.seg_summary())), norm_segs(&g["segs_after"]));
@@ -325,7 +325,7 @@ fn case_f_expandable_segments() {
     let ours: Vec<(String, u64)> = p.alloc.history().iter().map(|e| (e.action.name().to_string(), e.size)).collect();
     assert_eq!(ours, want);
     // Every simulated page went back to the device.
-    assert_eq!(p.alloc.with_state(|_, b| b.used()), 0);
+    assert_eq!(p.alloc.with_backend(|b| b.used()), 0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -378,7 +378,7 @@ fn case_i_garbage_collection() {
     let g = &golden()["gc"];
     let mut p = Probe::new(g["conf"].as_str().unwrap());
     p.alloc.set_per_process_memory_fraction(0.04).unwrap();
-    assert_eq!(p.alloc.with_state(|s, _| s.allowed_bytes()), g["allowed"].as_u64());
+    assert_eq!(p.alloc.allowed_bytes(), g["allowed"].as_u64());
     for i in 0..3 {
         p.empty(&format!("x{i}"), 1 << 30);
     }

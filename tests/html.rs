@@ -1,12 +1,12 @@
 //! The offline HTML page (`trace_plot.html`) rendered by a real browser: a scripted workload on
-//! the simulated device, written with `snapshot::write_all`, loaded in headless Chromium with
+//! the simulated device, written with `Snapshot::save`, loaded in headless Chromium with
 //! networking off, checked on the rendered DOM and saved as a screenshot.
 //!
 //! Needs Chromium (`/usr/bin/chromium`, or `$CHROMIUM`); `scripts/test.sh` installs Debian's
 //! package when it is missing. Without it the browser test fails with that hint.
 
-use gpumem_nb::backend::sim::SimBackend;
-use gpumem_nb::snapshot::{self, Snapshot};
+use gpumem_nb::device::sim::SimBackend;
+use gpumem_nb::snapshot::Snapshot;
 use gpumem_nb::{AllocatorConfig, CachingAllocator, HistoryOptions, StreamId};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -99,7 +99,7 @@ fn count(haystack: &str, needle: &str) -> usize {
 fn trace_plot_renders_in_headless_chromium() {
     let snap = scripted_snapshot();
     let dir = out_dir("browser");
-    let files = snapshot::write_all(&snap, &dir).expect("write_all");
+    let files = snap.save(&dir).expect("Snapshot::save");
     let page = std::fs::read_to_string(&files.html).expect("trace_plot.html");
     // Self-contained: nothing to fetch (the SVG namespace is a name, not a fetch).
     let without_ns = page.replace("http://www.w3.org/2000/svg", "");
@@ -168,7 +168,7 @@ fn trace_plot_renders_in_headless_chromium() {
 }
 
 fn gpt2_snapshot() -> Snapshot {
-    use gpumem_nb::trace::{ReplayOptions, read_trace, replay};
+    use gpumem_nb::replay::{ReplayOptions, read_trace, replay};
     let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/traces/gpt2_train.trace.tsv.gz"));
     let events = read_trace(path).expect("the shipped GPT-2 trace");
     let opts = ReplayOptions { keep_history: true, ..ReplayOptions::default() };
@@ -180,9 +180,9 @@ fn real_trace_page_is_downsampled_and_renders() {
     let snap = gpt2_snapshot();
     let allocs = snap.device_traces[0].iter().filter(|e| e.action == "alloc").count();
     let dir = out_dir("gpt2");
-    let files = snapshot::write_all(&snap, &dir).expect("write_all");
+    let files = snap.save(&dir).expect("Snapshot::save");
     let page = std::fs::read_to_string(&files.html).expect("trace_plot.html");
-    let max = snapshot::html::DEFAULT_MAX_BANDS;
+    let max = gpumem_nb::render::trace_plot::DEFAULT_MAX_BANDS;
     assert!(allocs > max, "the GPT-2 trace has more allocations ({allocs}) than the band limit");
     assert_eq!(count(&page, "class=\"band\""), max);
     assert_eq!(count(&page, "class=\"agg\""), 1);
@@ -276,7 +276,7 @@ fn million_event_page_size_and_time() {
     let mut page = String::new();
     for _ in 0..3 {
         let t = std::time::Instant::now();
-        page = snapshot::html::render(&snap);
+        page = gpumem_nb::render::trace_plot::render(&snap);
         times.push(t.elapsed());
     }
     eprintln!("render: {times:.2?}; page {:.2} MiB", page.len() as f64 / MIB as f64);

@@ -1,7 +1,7 @@
 //! The ipyexperiments helpers (`gpumem_nb::mem`) on a simulated 1 GiB device, with exact
 //! byte numbers and what each number covers.
 
-use gpumem_nb::backend::sim::SimBackend;
+use gpumem_nb::device::sim::SimBackend;
 use gpumem_nb::mem::{
     self, Coverage, Quantity, allocate_mib_fatal_on, allocate_mib_on, free_after_flush_on, free_on, leave_free_mib_on,
     mem_info_on, preload_on, total_on, used_after_flush_on, used_on,
@@ -250,7 +250,7 @@ static GPU_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// nothing; `GPUMEM_NB_EXPECT_GPU=1` makes sure they ran).
 #[cfg(feature = "cuda")]
 fn gpu() -> Option<(std::sync::MutexGuard<'static, ()>, Arc<Allocator>)> {
-    use gpumem_nb::backend::cuda::{CudaBackend, probe};
+    use gpumem_nb::device::cuda::{CudaBackend, probe};
     let probed = probe();
     if std::env::var_os("GPUMEM_NB_EXPECT_GPU").is_some() {
         assert!(probed.is_ok(), "GPUMEM_NB_EXPECT_GPU is set, but: {probed:?}");
@@ -265,9 +265,9 @@ fn gpu() -> Option<(std::sync::MutexGuard<'static, ()>, Arc<Allocator>)> {
 #[test]
 fn gpu_numbers_come_from_the_driver_and_nvml_matched_by_uuid() {
     use gpumem_nb::Backend;
-    use gpumem_nb::backend::{cuda::device_uuid, nvml};
+    use gpumem_nb::device::{cuda::device_uuid, nvml};
     let Some((_gpu, a)) = gpu() else { return };
-    let uuid = a.with_state(|_, b| b.as_cuda().unwrap().uuid()).unwrap();
+    let uuid = a.with_backend(|b| b.as_cuda().unwrap().uuid()).unwrap();
     assert_eq!(device_uuid(0).unwrap(), uuid, "the UUID without a context is the context's");
     let keep = allocate_mib_on(&a, 64).unwrap();
     let info = mem_info_on(&a).unwrap();
@@ -281,7 +281,7 @@ fn gpu_numbers_come_from_the_driver_and_nvml_matched_by_uuid() {
             let name = nvml::uuid_string("GPU", uuid);
             assert_eq!(n.device_by_uuid(name.as_str()).unwrap().uuid().unwrap(), name);
             eprintln!("NVML device memory: {:?}", nvml::device_memory(uuid).unwrap());
-            let procs = a.with_state(|_, b| b.process_memory());
+            let procs = a.with_backend(|b| b.process_memory());
             eprintln!("NVML processes: {procs:?}");
             match info.used_process {
                 Some(p) => {

@@ -1,11 +1,11 @@
-//! The caching host allocator (`gpumem_nb::pinned`) on the simulated device: power-of-two
+//! The caching host allocator (`gpumem_nb::HostAllocator`) on the simulated device: power-of-two
 //! classes, reuse only after stream work completes, PyTorch's host stats, and round trips
 //! through a `DeviceBuffer`.
 
-use gpumem_nb::backend::sim::SimBackend;
-use gpumem_nb::pinned::{HostAllocator, HostCacheState, HostMemoryKind, PinnedBuffer};
+use gpumem_nb::device::sim::SimBackend;
 use gpumem_nb::units::GIB;
 use gpumem_nb::{Allocator, AllocatorConfig, AnyBackend, CachingAllocator, DeviceBuffer, Error, StreamId};
+use gpumem_nb::{HostAllocator, HostCacheState, HostMemoryKind, PinnedBuffer};
 use std::sync::Arc;
 
 fn sim(cap: u64) -> Arc<Allocator> {
@@ -13,7 +13,7 @@ fn sim(cap: u64) -> Arc<Allocator> {
 }
 
 fn busy(a: &Arc<Allocator>, stream: StreamId, busy: bool) {
-    a.with_state(|_, b| b.as_sim_mut().unwrap().set_stream_busy(stream, busy));
+    a.with_backend(|b| b.as_sim_mut().unwrap().set_stream_busy(stream, busy));
 }
 
 #[test]
@@ -216,7 +216,7 @@ fn empty_buffers_take_no_block() {
 /// makes sure the GPU tests ran).
 #[cfg(feature = "cuda")]
 fn gpu() -> Option<Arc<Allocator>> {
-    use gpumem_nb::backend::cuda::{CudaBackend, probe};
+    use gpumem_nb::device::cuda::{CudaBackend, probe};
     let probed = probe();
     if std::env::var_os("GPUMEM_NB_EXPECT_GPU").is_some() {
         assert!(probed.is_ok(), "GPUMEM_NB_EXPECT_GPU is set, but: {probed:?}");
@@ -245,7 +245,7 @@ fn gpu_pinned_round_trip_on_a_stream_and_reuse() {
     let mut dev2 = DeviceBuffer::<f32>::alloc(&a, data.len(), StreamId::DEFAULT).unwrap();
     back.as_mut_slice().unwrap()[0] = -3.0;
     back.copy_to_device_async(&mut dev2, s).unwrap(); // dev2 is marked used on `s`
-    a.with_state(|_, b| b.as_cuda().unwrap().stream(s).unwrap().synchronize()).unwrap();
+    a.with_backend(|b| b.as_cuda().unwrap().stream(s).unwrap().synchronize()).unwrap();
     let got = dev2.to_host().unwrap();
     assert_eq!(got[0], -3.0);
     assert!(got[1..] == data[1..]);

@@ -3,7 +3,7 @@
 //! blocks are exactly the pool entries, no two mergeable neighbours are left apart, segments
 //! never overlap, and every current statistic equals a recount from the blocks.
 
-use gpumem_nb::backend::sim::SimBackend;
+use gpumem_nb::device::sim::SimBackend;
 use gpumem_nb::{AllocError, AllocatorConfig, BlockId, CachingAllocator, StreamId};
 use proptest::prelude::*;
 
@@ -36,7 +36,7 @@ fn op() -> impl Strategy<Value = Op> {
 fn run(conf: &str, ops: &[Op]) -> Result<(), TestCaseError> {
     let alloc = CachingAllocator::new(SimBackend::new(0, 512 << 20), AllocatorConfig::parse(conf).unwrap());
     let streams: Vec<StreamId> =
-        (0..3).map(|i| if i == 0 { StreamId::DEFAULT } else { alloc.with_state(|_, b| b.new_stream()) }).collect();
+        (0..3).map(|i| if i == 0 { StreamId::DEFAULT } else { alloc.with_backend(|b| b.new_stream()) }).collect();
     let mut live: Vec<(BlockId, u64)> = Vec::new();
     for op in ops {
         match *op {
@@ -58,9 +58,9 @@ fn run(conf: &str, ops: &[Op]) -> Result<(), TestCaseError> {
                 let (b, _) = live[pick % live.len()];
                 alloc.record_stream(b, streams[stream as usize]).unwrap();
             }
-            Op::SetBusy { stream, busy } => alloc.with_state(|_, d| d.set_stream_busy(streams[stream as usize], busy)),
+            Op::SetBusy { stream, busy } => alloc.with_backend(|d| d.set_stream_busy(streams[stream as usize], busy)),
             Op::EmptyCache => alloc.empty_cache().unwrap(),
-            Op::DeviceRefuses { n } => alloc.with_state(|_, d| d.fail_next_reserves(n as u32)),
+            Op::DeviceRefuses { n } => alloc.with_backend(|d| d.fail_next_reserves(n as u32)),
             Op::Fraction { percent } => alloc.set_per_process_memory_fraction(percent as f64 / 100.0).unwrap(),
             Op::ResetPeaks => alloc.reset_peak_memory_stats(),
             _ => {}
@@ -68,21 +68,21 @@ fn run(conf: &str, ops: &[Op]) -> Result<(), TestCaseError> {
         alloc.check_invariants().map_err(|e| TestCaseError::fail(format!("after {op:?}: {e}")))?;
         // Live blocks never overlap one another.
         let mut spans: Vec<(u64, u64)> =
-            live.iter().map(|(b, a)| (*a, alloc.with_state(|s, _| s.block(*b).map(|v| v.size).unwrap_or(0)))).collect();
+            live.iter().map(|(b, a)| (*a, alloc.block(*b).map(|v| v.size).unwrap_or(0))).collect();
         spans.sort();
         prop_assert!(spans.windows(2).all(|w| w[0].0 + w[0].1 <= w[1].0), "live blocks overlap");
         // The device's accounting agrees with the allocator's.
-        let (reserved, used) = (alloc.memory_reserved(), alloc.with_state(|_, d| d.used()));
+        let (reserved, used) = (alloc.memory_reserved(), alloc.with_backend(|d| d.used()));
         prop_assert_eq!(reserved, used, "reserved bytes equal the simulated device's used bytes");
     }
     // Everything returns: free all, complete every stream, release the cache.
     for (b, _) in live {
         alloc.free(b).unwrap();
     }
-    alloc.with_state(|_, d| d.synchronize());
+    alloc.with_backend(|d| d.synchronize());
     alloc.set_per_process_memory_fraction(1.0).unwrap();
     alloc.empty_cache().unwrap();
-    alloc.check_invariants().map_err(TestCaseError::fail)?;
+    alloc.check_invariants().map_err(|e| TestCaseError::fail(e.to_string()))?;
     prop_assert_eq!(alloc.memory_reserved(), 0);
     prop_assert_eq!(alloc.memory_allocated(), 0);
     Ok(())

@@ -1,7 +1,7 @@
 //! The README's examples, run: the numbers and the message it shows are the ones the code
 //! produces (on the simulated device, as on a machine without a GPU).
 
-use gpumem_nb::backend::sim::SimBackend;
+use gpumem_nb::device::sim::SimBackend;
 use gpumem_nb::{AllocatorConfig, AnyBackend, CachingAllocator, DeviceBuffer, StreamId};
 use std::sync::Arc;
 
@@ -77,7 +77,7 @@ fn seed_capability_examples_run() {
         max_entries: 100_000,
     });
     let snap = alloc.snapshot();
-    gpumem_nb::snapshot::write_all(&snap, &dir).unwrap();
+    snap.save(&dir).unwrap();
     // mem helpers and pinned memory.
     let buf = gpumem_nb::mem::allocate_mib_on(&alloc, 512).expect("512 MiB fit on 4 GiB");
     assert_eq!(buf.len(), 512 << 20);

@@ -2,10 +2,11 @@
 //! structure, and the chart's reconstructed totals against the allocator's own statistics
 //! (also on the real PyTorch traces replayed through the allocator).
 
-use gpumem_nb::backend::sim::SimBackend;
-use gpumem_nb::render::charts::{self, ChartOptions, MemoryTimeline, Series, memory_over_time, peak_bars, segment_map};
+use gpumem_nb::device::sim::SimBackend;
+use gpumem_nb::render::chart::{self, ChartOptions, Series, memory_over_time, peak_bars, segment_map};
 use gpumem_nb::render::reports::{MemoryStatsTable, MemorySummary, SegmentTable, SnapshotSummary, StatUnit};
-use gpumem_nb::trace::{ReplayOptions, read_trace, replay};
+use gpumem_nb::replay::{ReplayOptions, read_trace, replay};
+use gpumem_nb::snapshot::{MemoryTimeline, TimelineSource};
 use gpumem_nb::units::{GIB, KIB, MIB};
 use gpumem_nb::{
     AllocatorConfig, BlockId, CachingAllocator, HistoryOptions, RecordMode, StackContext, StreamId, TraceAction,
@@ -102,7 +103,7 @@ fn workload(a: &Sim) -> (Vec<BlockId>, StreamId) {
     let z = malloc(a, 40 * MIB); // segment #3, 40 MiB
     let p = malloc(a, 700 * KIB); // small
     a.record_stream(p, s2).unwrap();
-    a.with_state(|_, b| b.set_stream_busy(s2, true));
+    a.with_backend(|b| b.set_stream_busy(s2, true));
     a.free(p).unwrap(); // pending: its stream is busy
     (vec![y, s, t, z], s2)
 }
@@ -226,7 +227,7 @@ fn timeline_totals_match_the_allocator() {
         assert_eq!(tl.peak_allocated().allocated, a.max_memory_allocated());
         assert_eq!(tl.peak_reserved().reserved, a.max_memory_reserved());
         // The same from the plain history and from a snapshot.
-        let from_history = charts::TimelineSource::timeline(&a.history());
+        let from_history = TimelineSource::timeline(&a.history());
         assert_eq!(from_history.points, tl.points);
         let snap = MemoryTimeline::from_snapshot(&a.snapshot());
         assert!(snap.exact, "{:?}", snap.note);
@@ -234,7 +235,7 @@ fn timeline_totals_match_the_allocator() {
     };
     check(&a);
     // The pending block completes; everything is freed and the cache emptied.
-    a.with_state(|_, b| b.set_stream_busy(s2, false));
+    a.with_backend(|b| b.set_stream_busy(s2, false));
     for b in live {
         a.free(b).unwrap();
     }
@@ -408,7 +409,7 @@ fn segment_map_colours_blocks_by_state() {
     assert!(c.text.contains("pending free (700.00 KiB)"), "{}", c.text);
     assert!(c.text.contains("largest inactive block: 12.00 MiB"), "{}", c.text);
     // Many segments: capped rows with a note.
-    let many = gpumem_nb::render::charts::segment_map_with(&snap, &ChartOptions { max_rows: 2, ..Default::default() });
+    let many = chart::segment_map_with(&snap, &ChartOptions { max_rows: 2, ..Default::default() });
     assert!(many.svg.contains("1 more segments"));
     c.save_svg(out_dir().join("segments.svg")).unwrap();
 }

@@ -1,7 +1,7 @@
 //! Scoped measurement (`MemoryScope`, `measure_with_on`) and `save_memory_snapshot` on the
 //! simulated device, with exact byte numbers.
 
-use gpumem_nb::backend::sim::SimBackend;
+use gpumem_nb::device::sim::SimBackend;
 use gpumem_nb::scope::{
     Capture, MemoryScope, SnapshotError, SnapshotScope, measure, measure_with_on, save_memory_snapshot_on,
 };

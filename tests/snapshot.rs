@@ -2,8 +2,7 @@
 //! `pickle` through tests/snapshot_check.py — the same checker that PyTorch's own snapshot
 //! (tests/fixtures/snapshot_torch2.11_py3.12_protocol4.pickle) passes.
 
-use gpumem_nb::backend::sim::SimBackend;
-use gpumem_nb::snapshot::write_all;
+use gpumem_nb::device::sim::SimBackend;
 use gpumem_nb::{AllocatorConfig, CachingAllocator, HistoryOptions, RecordMode, StackContext, StreamId};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -72,14 +71,14 @@ fn scripted_snapshot_reads_like_pytorchs() {
     assert!(alloc.malloc(2 << 30, StreamId::DEFAULT).is_err());
     // A cross-stream free left pending (the other stream is busy).
     let d = alloc.malloc(4 << 20, StreamId::DEFAULT).unwrap().block.unwrap();
-    alloc.with_state(|_, dev| dev.set_stream_busy(side, true));
+    alloc.with_backend(|dev| dev.set_stream_busy(side, true));
     alloc.record_stream(d, side).unwrap();
     alloc.free(d).unwrap();
     let snap = alloc.snapshot();
     alloc.check_invariants().unwrap();
 
     let tmp = TmpDir::new("scripted");
-    let files = write_all(&snap, &tmp.0).unwrap();
+    let files = snap.save(&tmp.0).unwrap();
     let summary = check(&files.pickle, Some(&files.json));
 
     // The checker saw exactly what the allocator recorded.

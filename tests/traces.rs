@@ -1,8 +1,8 @@
 //! Replay of real PyTorch traces through `gpumem-replay` (the fixed interface), bad input, and
 //! record → replay round trips of random workloads on the simulated device.
 
-use gpumem_nb::backend::sim::SimBackend;
-use gpumem_nb::trace::{ReplayOptions, parse_trace, replay};
+use gpumem_nb::device::sim::SimBackend;
+use gpumem_nb::replay::{ReplayOptions, parse_trace, replay};
 use gpumem_nb::{AllocatorConfig, CachingAllocator, RecordMode, StreamId, TraceAction};
 use proptest::prelude::*;
 use serde_json::Value;
@@ -182,9 +182,9 @@ fn record_and_replay(conf: &str, capacity: u64, ops: &[Op]) -> Result<(), TestCa
     let config = AllocatorConfig::parse(conf).unwrap();
     let alloc = CachingAllocator::new(SimBackend::new(0, capacity), config.clone());
     alloc.record_memory_history(RecordMode::All, usize::MAX);
-    let side = alloc.with_state(|_, b| b.new_stream());
-    let other = alloc.with_state(|_, b| b.new_stream());
-    alloc.with_state(|_, b| b.set_stream_busy(other, true));
+    let side = alloc.with_backend(|b| b.new_stream());
+    let other = alloc.with_backend(|b| b.new_stream());
+    alloc.with_backend(|b| b.set_stream_busy(other, true));
     let mut live = Vec::new();
     for op in ops {
         match *op {
@@ -204,7 +204,7 @@ fn record_and_replay(conf: &str, capacity: u64, ops: &[Op]) -> Result<(), TestCa
                 alloc.free(b).unwrap();
             }
             Op::CompleteStreams => {
-                alloc.with_state(|_, b| {
+                alloc.with_backend(|b| {
                     b.set_stream_busy(other, false);
                     b.set_stream_busy(other, true);
                 });
@@ -212,7 +212,7 @@ fn record_and_replay(conf: &str, capacity: u64, ops: &[Op]) -> Result<(), TestCa
             Op::EmptyCache => alloc.empty_cache().unwrap(),
             _ => {}
         }
-        alloc.check_invariants().map_err(TestCaseError::fail)?;
+        alloc.check_invariants().map_err(|e| TestCaseError::fail(e.to_string()))?;
     }
     let hist = alloc.history();
     let tsv: String = hist
@@ -245,7 +245,7 @@ fn record_and_replay(conf: &str, capacity: u64, ops: &[Op]) -> Result<(), TestCa
         }
         prop_assert_eq!(r.stats[k], *v, "{}", k);
     }
-    r.state.check_invariants().map_err(|e| TestCaseError::fail(format!("replayed state: {e}")))?;
+    r.check_invariants().map_err(|e| TestCaseError::fail(format!("replayed state: {e}")))?;
     Ok(())
 }
 

@@ -20,7 +20,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// The environment variable the crate reads (the same name as `gpumem_nb::control::CONTROL_VAR`).
+/// The environment variable the crate reads (the same name as `gpumem_nb::notebook::protocol::CONTROL_VAR`).
 pub const CONTROL_VAR: &str = "GPUMEM_NB_CONTROL";
 
 /// How long a connecting child has to send its hello.

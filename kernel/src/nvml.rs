@@ -89,9 +89,9 @@ impl NvmlSnapshot {
 
 /// Reads every device now.
 pub fn read() -> NvmlSnapshot {
-    let nvml = match gpumem_nb::backend::nvml::nvml() {
+    let nvml = match gpumem_nb::device::nvml::nvml() {
         Ok(n) => n,
-        Err(e) => return NvmlSnapshot { devices: Vec::new(), error: Some(e) },
+        Err(e) => return NvmlSnapshot { devices: Vec::new(), error: Some(e.to_string()) },
     };
     let count = match nvml.device_count() {
         Ok(c) => c,

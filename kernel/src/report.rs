@@ -7,7 +7,7 @@
 //! device), or the simulated device.
 
 use crate::nvml::{NvmlDevice, NvmlSnapshot};
-use gpumem_nb::render::charts::{Series, peak_bars};
+use gpumem_nb::render::chart::{Series, peak_bars};
 use gpumem_nb::render::{MimeBundle, Table, escape};
 use gpumem_nb::units::{iec, iec_delta};
 use serde::{Deserialize, Serialize};

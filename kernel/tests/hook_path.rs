@@ -67,13 +67,13 @@ fn child_main() -> ExitCode {
             }
         };
         let op = req["do"].as_str().unwrap_or("");
-        let start = gpumem_nb::registry::opened().first().map(|a| {
+        let start = gpumem_nb::notebook::registry::opened().first().map(|a| {
             // The child's own measure of the cell's peak: the allocator's global peak, reset here.
             a.reset_peak_memory_stats();
             self_reading(a)
         });
         let (status, error) = run_cell(op, &mut vars);
-        let end = gpumem_nb::registry::opened().first().map(self_reading);
+        let end = gpumem_nb::notebook::registry::opened().first().map(self_reading);
         let reply = json!({"pid": std::process::id(), "status": status, "error": error, "start": start, "end": end});
         let _ = writeln!(out, "{reply}");
         let _ = out.flush();
@@ -106,7 +106,7 @@ fn run_cell(op: &str, vars: &mut Vars) -> (&'static str, Option<String>) {
             // cudarc's own `CudaSlice`, from the CUDA stream-ordered pool, kept.
             "cudarc" => {
                 let a = device()?;
-                let ctx = a.with_state(|_, b| b.as_cuda().map(|c| c.context().clone()));
+                let ctx = a.with_backend(|b| b.as_cuda().map(|c| c.context().clone()));
                 if let Some(ctx) = ctx {
                     let stream = ctx.default_stream();
                     let s = stream.alloc_zeros::<u8>(SLICE as usize).map_err(|e| format!("alloc_zeros: {e:?}"))?;
@@ -153,12 +153,12 @@ fn run_cell(op: &str, vars: &mut Vars) -> (&'static str, Option<String>) {
 
 /// What the child's allocator, CUDA pool and NVML say about this process.
 fn self_reading(a: &Arc<Allocator>) -> Value {
-    let (pool, info, uuid) = a.with_state(|_, b| {
+    let (pool, info, uuid) = a.with_backend(|b| {
         use gpumem_nb::Backend;
         (b.pool_usage(), b.mem_get_info().ok(), b.as_cuda().and_then(|c| c.uuid().ok()))
     });
-    let nvml_process = uuid.and_then(|u| match gpumem_nb::backend::nvml::this_process(u) {
-        Ok(gpumem_nb::backend::nvml::ThisProcess::Used(b)) => Some(b),
+    let nvml_process = uuid.and_then(|u| match gpumem_nb::device::nvml::this_process(u) {
+        Ok(gpumem_nb::device::nvml::ThisProcess::Used(b)) => Some(b),
         _ => None,
     });
     let stats = a.memory_stats();

@@ -1,6 +1,6 @@
 //! What the per-cell hooks cost the kernel, measured with the real pieces: kernel-side NVML
 //! (`nvml::read`) and the control channel's `pre` and `post` round trips, answered by the
-//! gpumem-nb crate's own serving loop (`gpumem_nb::control::serve`) over a Unix socket, with a
+//! gpumem-nb crate's own serving loop (`gpumem_nb::notebook::control::serve`) over a Unix socket, with a
 //! device open (CUDA when there is one, else simulated).
 //!
 //! A measurement, not a timed test: `cargo test --release -p gpumem-kernel --test overhead --
@@ -29,9 +29,11 @@ fn hook_overhead() {
     // GPUMEM_BENCH_BUFFERED=1: the crate's loop writing through a BufWriter (one write per
     // reply) instead of the raw socket, to see what per-token writes cost.
     if std::env::var_os("GPUMEM_BENCH_BUFFERED").is_some() {
-        std::thread::spawn(move || gpumem_nb::control::serve(BufReader::new(stream), std::io::BufWriter::new(w)));
+        std::thread::spawn(move || {
+            gpumem_nb::notebook::control::serve(BufReader::new(stream), std::io::BufWriter::new(w))
+        });
     } else {
-        std::thread::spawn(move || gpumem_nb::control::serve(BufReader::new(stream), w));
+        std::thread::spawn(move || gpumem_nb::notebook::control::serve(BufReader::new(stream), w));
     }
     assert!(server.poll(Some(std::process::id())).connected.is_some());
 

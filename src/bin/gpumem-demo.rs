@@ -69,9 +69,9 @@ fn run() -> gpumem_nb::Result<()> {
     }
 
     let trace = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/traces/gpt2_train.trace.tsv.gz");
-    if let Ok(events) = gpumem_nb::trace::read_trace(std::path::Path::new(trace)) {
+    if let Ok(events) = gpumem_nb::replay::read_trace(std::path::Path::new(trace)) {
         println!("\n5. A PyTorch trace (GPT-2 training, recorded on an H200) replayed through the policy");
-        let r = gpumem_nb::trace::replay(&events, &Default::default(), trace)
+        let r = gpumem_nb::replay::replay(&events, &Default::default(), trace)
             .map_err(|e| gpumem_nb::Error::Setting(e.to_string()))?;
         println!(
             "  {} events: allocated peak {}, reserved peak {}, {} segments; {} divergences from PyTorch",

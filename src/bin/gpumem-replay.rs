@@ -13,7 +13,7 @@
 //! Bad input is one line on stderr naming the file and line, and exit status 2.
 
 use gpumem_nb::AllocatorConfig;
-use gpumem_nb::trace::{ReplayOptions, read_trace, replay};
+use gpumem_nb::replay::{ReplayOptions, read_trace, replay};
 use gpumem_nb::units::iec;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -71,7 +71,7 @@ fn run(args: Args) -> Result<(), String> {
         (c, "--alloc-conf")
     } else if let Some(c) = side.as_ref().and_then(|s| s["alloc_conf"].as_str()) {
         (c.to_string(), "trace sidecar .json")
-    } else if let Ok(c) = std::env::var(gpumem_nb::config::ENV_VAR) {
+    } else if let Ok(c) = std::env::var(gpumem_nb::AllocatorConfig::ENV_VAR) {
         (c, "GPUMEM_NB_ALLOC_CONF")
     } else {
         (String::new(), "default")
@@ -86,7 +86,7 @@ fn run(args: Args) -> Result<(), String> {
     let keep_history = args.snapshot.is_some();
     let r = replay(&events, &ReplayOptions { config, device_total, keep_history }, &path).map_err(|e| e.to_string())?;
     let files = match &args.snapshot {
-        Some(dir) => Some(gpumem_nb::snapshot::write_all(&r.snapshot(), dir).map_err(|e| e.to_string())?),
+        Some(dir) => Some(r.snapshot().save(dir).map_err(|e| e.to_string())?),
         None => None,
     };
     if args.json {

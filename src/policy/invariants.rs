@@ -18,7 +18,26 @@ fn idx(p: PoolKind) -> usize {
     }
 }
 
-pub(crate) fn check(state: &DeviceState) -> Result<(), String> {
+/// A broken invariant of an allocator's state: the first violation found, in one line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InvariantViolation(pub String);
+
+impl std::fmt::Display for InvariantViolation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "allocator invariant violated: {}", self.0)
+    }
+}
+
+impl std::error::Error for InvariantViolation {}
+
+impl DeviceState {
+    /// Checks every structural and statistical invariant; `Err` names the first violation.
+    pub(crate) fn check_invariants(&self) -> Result<(), InvariantViolation> {
+        check(self).map_err(InvariantViolation)
+    }
+}
+
+fn check(state: &DeviceState) -> Result<(), String> {
     let (arena, small, large, expandable, stats, total_reserved) = state.parts();
     let max_split = state.config().max_split_size;
     let mergeable = |b: &Block| !b.allocated && b.event_count == 0 && b.stream_uses.is_empty();

@@ -4,20 +4,29 @@
 //! and the state holds no backend, so the policy is unit-tested on the simulated device and
 //! replayed against recorded traces. No `unsafe` anywhere in this module.
 //!
+//! - [`config`]: `GPUMEM_NB_ALLOC_CONF` (PyTorch's `PYTORCH_CUDA_ALLOC_CONF` syntax).
 //! - [`constants`]: PyTorch's sizes (512 B blocks, 1 MiB small limit, 2/20 MiB segments).
 //! - [`rounding`]: `round_size`, `roundup_power2_divisions`, segment size, pool choice.
-//! - `block`: blocks in an index arena, pools keyed by (stream, size, address).
-//! - [`state`]: `DeviceState` — malloc with its fallback chain, free, events, release, GC,
+//! - `block`: blocks in an index arena, the free-block index keyed by (stream, size, address).
+//! - `state`: `DeviceState` — malloc with its fallback chain, free, events, release, GC,
 //!   memory fraction, expandable segments; stats and trace updated in one place.
 //! - `invariants`: the recount behind `DeviceState::check_invariants`.
+//! - [`oom`]: how an allocation fails ([`AllocError`], [`OomReport`]).
+#![forbid(unsafe_code)]
 
-pub mod constants;
-pub mod rounding;
-pub mod state;
+pub(crate) mod config;
+pub(crate) mod constants;
+pub(crate) mod oom;
+pub(crate) mod rounding;
 
 mod block;
+mod freeset;
 mod invariants;
+mod state;
 
 pub use block::BlockId;
-pub use rounding::{PoolKind, allocation_size, round_size};
-pub use state::{Allocation, BlockView, DeviceState, SegmentView};
+pub use invariants::InvariantViolation;
+pub(crate) use oom::AllocError;
+pub use rounding::PoolKind;
+pub(crate) use state::DeviceState;
+pub use state::{Allocation, BlockView, SegmentView};

@@ -3,7 +3,7 @@
 #![forbid(unsafe_code)]
 
 use super::constants::{MIN_BLOCK_SIZE, MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE};
-use crate::config::AllocatorConfig;
+use crate::policy::config::AllocatorConfig;
 
 /// Which of a device's two pools a rounded size belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -30,7 +30,7 @@ impl PoolKind {
 
 /// PyTorch's `round_size`: at least 512 bytes; power-of-two divisions when configured for the
 /// size's interval and the size exceeds `512 · divisions`; otherwise a multiple of 512.
-pub fn round_size(size: u64, config: &AllocatorConfig) -> u64 {
+pub(crate) fn round_size(size: u64, config: &AllocatorConfig) -> u64 {
     if size < MIN_BLOCK_SIZE {
         return MIN_BLOCK_SIZE;
     }
@@ -58,7 +58,7 @@ fn roundup_power2_next_division(size: u64, divisions: u64) -> u64 {
 
 /// PyTorch's `get_allocation_size`: the size of a new segment for a rounded request.
 /// ≤ 1 MiB → 2 MiB; < 10 MiB → `large_segment_size` (20 MiB); else rounded up to 2 MiB.
-pub fn allocation_size(rounded: u64, config: &AllocatorConfig) -> u64 {
+pub(crate) fn allocation_size(rounded: u64, config: &AllocatorConfig) -> u64 {
     if rounded <= SMALL_SIZE {
         SMALL_BUFFER
     } else if rounded < MIN_LARGE_ALLOC {

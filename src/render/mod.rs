@@ -9,6 +9,15 @@
 //! evcxr shows a value whose type has an `evcxr_display(&self)` method; ours print the bundle
 //! in evcxr's content protocol (`EVCXR_BEGIN_CONTENT <mime>` … `EVCXR_END_CONTENT`).
 
+pub mod chart;
+mod files;
+pub mod reports;
+pub mod trace_plot;
+
+pub use files::SnapshotFiles;
+
+use crate::units::{GIB, KIB, MIB, TIB};
+
 use std::fmt::Write as _;
 
 /// A value's representations, by MIME type.
@@ -177,6 +186,49 @@ impl Table {
     }
 }
 
+/// The unit an axis of byte values up to `max` is labelled in: the largest IEC unit not above
+/// `max`, as (name, bytes per unit). Charts and the snapshot page share it.
+pub(crate) fn axis_unit(max: u64) -> (&'static str, f64) {
+    if max >= TIB {
+        ("TiB", TIB as f64)
+    } else if max >= GIB {
+        ("GiB", GIB as f64)
+    } else if max >= MIB {
+        ("MiB", MIB as f64)
+    } else if max >= KIB {
+        ("KiB", KIB as f64)
+    } else {
+        ("B", 1.0)
+    }
+}
+
+/// An axis tick value in `unit`: "0", "512 MiB", "1.5 GiB".
+pub(crate) fn axis_label(v: f64, unit: &str) -> String {
+    if v.abs() < 1e-9 {
+        return "0".to_string();
+    }
+    if unit == "B" && (v - v.round()).abs() > 1e-9 {
+        return String::new();
+    }
+    let s = format!("{v:.2}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    format!("{s} {unit}")
+}
+
+/// Gives each type, which has `fn bundle(&self) -> MimeBundle`, its `evcxr_display`: evcxr
+/// shows a cell's value through an inherent method of that name (a trait method is not found).
+macro_rules! evcxr_display {
+    ($($t:ty),+ $(,)?) => {$(
+        impl $t {
+            /// Shows the value in an evcxr notebook cell: text, and HTML or SVG.
+            pub fn evcxr_display(&self) {
+                self.bundle().evcxr_display();
+            }
+        }
+    )+};
+}
+pub(crate) use evcxr_display;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -205,6 +257,3 @@ mod tests {
         assert!(html.contains("text-align:right"));
     }
 }
-
-pub mod charts;
-pub mod reports;

@@ -7,7 +7,7 @@
 //! cell) and `Display` (its text form).
 
 use super::{MimeBundle, Table, escape};
-use crate::backend::{Backend, BackendKind};
+use crate::device::{Backend, BackendKind};
 use crate::policy::SegmentView;
 use crate::snapshot::Snapshot;
 use crate::units::iec;
@@ -15,40 +15,7 @@ use crate::{CachingAllocator, TraceAction};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::{self, Write as _};
 
-pub(crate) use crate::units::group_digits;
-
-/// A duration in microseconds as people read it: "850 µs", "12.3 ms", "4.21 s", "3 min 7 s".
-pub(crate) fn duration(us: i64) -> String {
-    let us = us.max(0);
-    if us < 1_000 {
-        format!("{us} µs")
-    } else if us < 1_000_000 {
-        format!("{:.1} ms", us as f64 / 1e3)
-    } else if us < 60_000_000 {
-        format!("{:.2} s", us as f64 / 1e6)
-    } else if us < 3_600_000_000 {
-        format!("{} min {} s", us / 60_000_000, (us / 1_000_000) % 60)
-    } else {
-        format!("{} h {} min", us / 3_600_000_000, (us / 60_000_000) % 60)
-    }
-}
-
-/// Microseconds since the Unix epoch as a UTC date and time: "2026-03-01 14:05:09 UTC".
-pub(crate) fn utc(time_us: i64) -> String {
-    let secs = time_us.div_euclid(1_000_000);
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC", rem / 3600, (rem / 60) % 60, rem % 60)
-}
+use crate::units::{format_duration_us, format_utc, group_digits};
 
 /// "allocator, device 0, simulated": what the numbers of a report cover.
 fn allocator_source(device: i32, backend: BackendKind) -> String {
@@ -94,7 +61,12 @@ impl MemorySummary {
 
     /// The summary of a `memory_stats()` map.
     pub fn from_stats(stats: &BTreeMap<String, i64>, device: i32, backend: BackendKind, abbreviated: bool) -> Self {
-        MemorySummary { text: crate::summary::memory_summary(stats, device, abbreviated), device, backend, abbreviated }
+        MemorySummary {
+            text: crate::stats::summary::memory_summary(stats, device, abbreviated),
+            device,
+            backend,
+            abbreviated,
+        }
     }
 
     /// "allocator, device 0, simulated".
@@ -115,11 +87,6 @@ impl MemorySummary {
     /// Text and HTML.
     pub fn bundle(&self) -> MimeBundle {
         MimeBundle::text(self.text.clone()).with_html(self.to_html())
-    }
-
-    /// Shows the summary in an evcxr notebook cell.
-    pub fn evcxr_display(&self) {
-        self.bundle().evcxr_display();
     }
 }
 
@@ -262,11 +229,6 @@ impl MemoryStatsTable {
     /// Text and HTML.
     pub fn bundle(&self) -> MimeBundle {
         self.table().bundle()
-    }
-
-    /// Shows the table in an evcxr notebook cell.
-    pub fn evcxr_display(&self) {
-        self.bundle().evcxr_display();
     }
 }
 
@@ -460,11 +422,6 @@ impl SegmentTable {
     pub fn bundle(&self) -> MimeBundle {
         self.table().bundle()
     }
-
-    /// Shows the table in an evcxr notebook cell.
-    pub fn evcxr_display(&self) {
-        self.bundle().evcxr_display();
-    }
 }
 
 impl fmt::Display for SegmentTable {
@@ -547,7 +504,7 @@ const ACTIONS: [TraceAction; 9] = [
     TraceAction::Oom,
 ];
 
-fn short_frame(f: &crate::frames::Frame) -> String {
+fn short_frame(f: &crate::record::frames::Frame) -> String {
     let mut name = f.name.clone();
     if name.chars().count() > 64 {
         name = format!("…{}", name.chars().rev().take(63).collect::<Vec<_>>().into_iter().rev().collect::<String>());
@@ -673,7 +630,7 @@ impl SnapshotSummary {
     /// The time span line.
     pub fn span_line(&self) -> String {
         match self.span_us {
-            Some((a, b)) => format!("events from {} over {}", utc(a), duration(b - a)),
+            Some((a, b)) => format!("events from {} over {}", format_utc(a), format_duration_us(b - a)),
             None => "no timed events".to_string(),
         }
     }
@@ -767,11 +724,6 @@ impl SnapshotSummary {
     pub fn bundle(&self) -> MimeBundle {
         MimeBundle::text(self.to_text()).with_html(self.to_html())
     }
-
-    /// Shows the summary in an evcxr notebook cell.
-    pub fn evcxr_display(&self) {
-        self.bundle().evcxr_display();
-    }
 }
 
 impl fmt::Display for SnapshotSummary {
@@ -780,22 +732,11 @@ impl fmt::Display for SnapshotSummary {
     }
 }
 
+crate::render::evcxr_display!(MemorySummary, MemoryStatsTable, SegmentTable, SnapshotSummary);
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn helpers() {
-        assert_eq!(group_digits(0), "0");
-        assert_eq!(group_digits(999), "999");
-        assert_eq!(group_digits(1_234_567), "1,234,567");
-        assert_eq!(duration(850), "850 µs");
-        assert_eq!(duration(12_300), "12.3 ms");
-        assert_eq!(duration(4_210_000), "4.21 s");
-        assert_eq!(duration(187_000_000), "3 min 7 s");
-        assert_eq!(utc(0), "1970-01-01 00:00:00 UTC");
-        assert_eq!(utc(1_709_301_909_000_000), "2024-03-01 14:05:09 UTC");
-    }
 
     #[test]
     fn stats_table_from_map() {

@@ -2,8 +2,8 @@
 //! PyTorch 2.11 (key names, order and meaning; see reference/pytorch_allocator.md §3).
 
 use super::RawSnapshot;
-use crate::frames::{Frame, Symbolizer};
-use crate::history::TraceAction;
+use crate::record::frames::{Frame, Symbolizer};
+use crate::record::history::TraceAction;
 use serde::Serialize;
 use std::collections::HashMap;
 
@@ -21,7 +21,7 @@ pub struct Snapshot {
     /// What the numbers came from (not part of PyTorch's format, so not written to the pickle
     /// or JSON; renderers show it).
     #[serde(skip)]
-    pub backend: Option<crate::backend::BackendKind>,
+    pub backend: Option<crate::device::BackendKind>,
 }
 
 /// One segment (for expandable segments: one contiguous mapped run).
@@ -133,7 +133,7 @@ impl Snapshot {
     pub fn from_raw(raw: &RawSnapshot) -> Self {
         let mut sym = Symbolizer::new();
         let mut memo: HashMap<usize, Vec<Frame>> = HashMap::new();
-        let mut frames_of = |f: &Option<crate::frames::Frames>| -> Vec<Frame> {
+        let mut frames_of = |f: &Option<crate::record::frames::Frames>| -> Vec<Frame> {
             match f {
                 None => Vec::new(),
                 Some(f) => memo.entry(f.as_ptr() as usize).or_insert_with(|| sym.symbolize(f)).clone(),
@@ -216,9 +216,9 @@ impl Snapshot {
     /// "simulated device", "CUDA device" or "replay of a recorded trace", when known.
     pub fn source(&self) -> Option<&'static str> {
         self.backend.map(|b| match b {
-            crate::backend::BackendKind::Cuda => "CUDA device",
-            crate::backend::BackendKind::Simulated => "simulated device",
-            crate::backend::BackendKind::Replay => "replay of a recorded trace",
+            crate::device::BackendKind::Cuda => "CUDA device",
+            crate::device::BackendKind::Simulated => "simulated device",
+            crate::device::BackendKind::Replay => "replay of a recorded trace",
         })
     }
 

@@ -8,7 +8,7 @@
 //! back to, as Python's pickler does, which keeps large traces compact.
 
 use super::model::{BlockSnap, Segment, Snapshot, TraceSnap};
-use crate::frames::Frame;
+use crate::record::frames::Frame;
 use std::collections::HashMap;
 
 mod op {

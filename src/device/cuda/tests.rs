@@ -1,0 +1,338 @@
+use super::*;
+use crate::device::any::AnyBackend;
+use crate::{AllocError, DeviceBuffer, Error};
+use cudarc::driver::{DeviceSlice, PushKernelArg};
+
+/// Runs everywhere: without a driver library the probe is an error value, not a panic.
+#[test]
+fn probe_without_driver_is_an_error_value() {
+    let probed = probe();
+    // On a GPU machine, `GPUMEM_NB_EXPECT_GPU=1` makes sure the GPU tests below really ran.
+    if std::env::var_os("GPUMEM_NB_EXPECT_GPU").is_some() {
+        assert!(probed.is_ok(), "GPUMEM_NB_EXPECT_GPU is set, but: {probed:?}");
+    }
+    if !library_present() {
+        let reason = probed.expect_err("no libcuda here, so the probe must fail");
+        assert!(matches!(&reason, DeviceError::Unavailable(r) if r.contains("libcuda")), "{reason}");
+        match CudaBackend::new(0) {
+            Err(e) => assert_eq!(e, reason),
+            Ok(_) => panic!("expected Unavailable, got a backend"),
+        }
+        // Cached: asking again gives the same answer and still does not panic.
+        assert_eq!(probe(), Err(reason));
+    } else {
+        match probed {
+            Ok(n) => {
+                assert!(n >= 1);
+                assert!(matches!(CudaBackend::new(n), Err(DeviceError::Unavailable(r)) if r.contains("requested")));
+            }
+            Err(reason) => {
+                eprintln!("driver present, no usable device: {reason}");
+                assert!(matches!(CudaBackend::new(0), Err(e) if e == reason))
+            }
+        }
+    }
+}
+
+/// GPU tests run one at a time: some of them fill the device on purpose.
+static GPU_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// `None` when there is no usable GPU: the GPU tests below then do nothing. Holds the GPU
+/// lock while the test runs.
+fn gpu() -> Option<(std::sync::MutexGuard<'static, ()>, CudaBackend)> {
+    probe().ok()?;
+    let guard = GPU_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    Some((guard, CudaBackend::new(0).expect("probe found a device, so it opens")))
+}
+
+fn gpu_allocator(conf: &str) -> Option<(std::sync::MutexGuard<'static, ()>, Arc<crate::Allocator>)> {
+    let (guard, b) = gpu()?;
+    let config = crate::AllocatorConfig::parse(conf).unwrap();
+    Some((guard, Arc::new(crate::CachingAllocator::new(AnyBackend::Cuda(b), config))))
+}
+
+#[test]
+fn gpu_reserve_release_and_oom() {
+    let Some((_gpu, mut b)) = gpu() else { return };
+    let (free, total) = b.mem_get_info().unwrap();
+    assert_eq!(total, b.total_memory());
+    assert!(free <= total);
+    let a = b.reserve(2 << 20, StreamId::DEFAULT).unwrap();
+    assert_ne!(a, 0);
+    assert!(b.release(a, 4 << 20).is_err(), "wrong size is refused");
+    b.release(a, 2 << 20).unwrap();
+    assert!(b.release(a, 2 << 20).is_err(), "double release is refused");
+    // Far more than the card has: out-of-memory, as a value.
+    assert_eq!(b.reserve(total * 4, StreamId::DEFAULT), Err(DeviceError::OutOfMemory));
+    // And the device still works afterwards.
+    let a = b.reserve(2 << 20, StreamId::DEFAULT).unwrap();
+    b.release(a, 2 << 20).unwrap();
+}
+
+#[test]
+fn gpu_vmm_map_unmap() {
+    let Some((_gpu, mut b)) = gpu() else { return };
+    let page = 2u64 << 20;
+    let va = b.reserve_address_range(64 * page).unwrap();
+    b.map_pages(va, page, 3).unwrap();
+    assert!(b.map_pages(va + page, page, 1).is_err(), "already mapped");
+    assert!(b.map_pages(va + 63 * page, page, 2).is_err(), "outside the range");
+    assert!(b.release_address_range(va, 64 * page).is_err(), "pages still mapped");
+    // Mapping more than the device has fails all-or-nothing with OutOfMemory.
+    let big = 64 * page;
+    let huge = b.total_memory() / big + 2;
+    let va2 = b.reserve_address_range(huge * big).unwrap();
+    assert_eq!(b.map_pages(va2, big, huge), Err(DeviceError::OutOfMemory));
+    assert_eq!(b.pages.len(), 3, "the failed call left nothing mapped");
+    b.release_address_range(va2, huge * big).unwrap();
+    b.unmap_pages(va, page, 3, StreamId::DEFAULT).unwrap();
+    b.release_address_range(va, 64 * page).unwrap();
+}
+
+#[test]
+fn gpu_streams_and_events() {
+    let Some((_gpu, mut b)) = gpu() else { return };
+    let s = b.new_stream().unwrap();
+    assert_ne!(s, StreamId::DEFAULT);
+    assert!(b.stream(s).is_some());
+    assert!(b.stream(StreamId(0xdead_0000)).is_none());
+    assert!(b.record_event(StreamId(0xdead_0000)).is_err(), "unknown streams are refused");
+    let e = b.record_event(s).unwrap();
+    b.stream(s).unwrap().synchronize().unwrap();
+    assert!(b.query_event(e).unwrap());
+    assert!(b.query_event(e).is_err(), "a completed event is released");
+    // The pooled event is reused.
+    let e2 = b.record_event(StreamId::DEFAULT).unwrap();
+    assert_eq!(e2, e);
+    b.synchronize_event(e2).unwrap();
+    let e3 = b.record_event(PER_THREAD_STREAM).unwrap();
+    b.synchronize_event(e3).unwrap();
+    // Adopting a stream from cudarc.
+    let foreign = b.context().new_stream().unwrap();
+    let id = b.adopt_stream(Arc::clone(&foreign)).unwrap();
+    assert_eq!(id, stream_id(&foreign));
+    let e4 = b.record_event(id).unwrap();
+    b.synchronize_event(e4).unwrap();
+}
+
+#[test]
+fn gpu_sleep_keeps_a_stream_busy() {
+    let Some((_gpu, mut b)) = gpu() else { return };
+    let s = b.new_stream().unwrap();
+    b.sleep_on_stream(s, std::time::Duration::from_millis(300)).unwrap();
+    let e = b.record_event(s).unwrap();
+    assert!(!b.query_event(e).unwrap(), "the event waits for the sleeping host function");
+    b.synchronize_event(e).unwrap();
+    assert!(b.sleep_on_stream(StreamId(0xdead_0000), std::time::Duration::from_millis(1)).is_err());
+}
+
+#[test]
+fn gpu_buffers_round_trip_zero_and_return_memory() {
+    let Some((_gpu, a)) = gpu_allocator("") else {
+        return;
+    };
+    let data: Vec<f32> = (0..100_000).map(|i| i as f32).collect();
+    let b = DeviceBuffer::from_host(&a, &data, StreamId::DEFAULT).unwrap();
+    assert_eq!(b.to_host().unwrap(), data);
+    let addr = b.addr();
+    drop(b);
+    assert_eq!(a.memory_allocated(), 0);
+    // The cached block comes back, and `zeros` really clears it.
+    let z = DeviceBuffer::<f32>::zeros(&a, data.len(), StreamId::DEFAULT).unwrap();
+    assert_eq!(z.addr(), addr);
+    assert!(z.to_host().unwrap().iter().all(|&x| x == 0.0));
+    drop(z);
+    // A buffer on a stream of its own.
+    let s = a.with_state(|_, b| Backend::new_stream(b)).unwrap();
+    let mut u = DeviceBuffer::<u64>::alloc(&a, 4096, s).unwrap();
+    let v: Vec<u64> = (0..4096u64).map(|i| i * 0x1_0000_0001).collect();
+    u.copy_from_host(&v).unwrap();
+    assert_eq!(u.to_host().unwrap(), v);
+    assert_eq!(u.stream(), s);
+    drop(u);
+    let empty = DeviceBuffer::<u8>::from_host(&a, &[], StreamId::DEFAULT).unwrap();
+    assert!(empty.to_host().unwrap().is_empty());
+    drop(empty);
+    a.check_invariants().unwrap();
+    assert_eq!(a.memory_allocated(), 0);
+    assert!(a.memory_reserved() > 0);
+    a.empty_cache().unwrap();
+    assert_eq!(a.memory_reserved(), 0);
+}
+
+#[test]
+fn gpu_out_of_memory_is_a_value() {
+    let Some((_gpu, a)) = gpu_allocator("") else {
+        return;
+    };
+    let total = a.with_state(|_, b| b.total_memory()) as usize;
+    let err = DeviceBuffer::<u8>::alloc(&a, total * 2, StreamId::DEFAULT).unwrap_err();
+    assert!(matches!(err, Error::Alloc(AllocError::OutOfMemory(_))), "{err}");
+    assert!(err.to_string().starts_with("CUDA out of memory. Tried to allocate"), "{err}");
+    // The device still works afterwards.
+    let b = DeviceBuffer::from_host(&a, &[1u32, 2, 3], StreamId::DEFAULT).unwrap();
+    assert_eq!(b.to_host().unwrap(), vec![1, 2, 3]);
+}
+
+#[test]
+fn gpu_expandable_segments() {
+    let Some((_gpu, a)) = gpu_allocator("expandable_segments:True") else {
+        return;
+    };
+    let mut bufs = Vec::new();
+    for i in 0..20u32 {
+        let n = ((i as usize % 5) + 1) * (3 << 20);
+        let v: Vec<u32> = (0..n as u32).map(|x| x ^ i).collect();
+        bufs.push((DeviceBuffer::from_host(&a, &v, StreamId::DEFAULT).unwrap(), v));
+    }
+    for (b, v) in &bufs {
+        assert_eq!(&b.to_host().unwrap(), v);
+    }
+    assert!(a.segments().iter().any(|s| s.is_expandable));
+    drop(bufs);
+    a.check_invariants().unwrap();
+    a.empty_cache().unwrap();
+    assert_eq!(a.memory_reserved(), 0);
+}
+
+#[test]
+fn gpu_record_stream_defers_reuse() {
+    let Some((_gpu, a)) = gpu_allocator("") else {
+        return;
+    };
+    let side = a.with_state(|_, b| Backend::new_stream(b)).unwrap();
+    let b = DeviceBuffer::<u8>::zeros(&a, 1 << 20, StreamId::DEFAULT).unwrap();
+    b.record_stream(side).unwrap();
+    drop(b);
+    // The event recorded on `side` completes; later allocations process it.
+    a.with_state(|_, be| be.as_cuda().unwrap().stream(side).unwrap().synchronize()).unwrap();
+    let again = DeviceBuffer::<u8>::zeros(&a, 1 << 20, StreamId::DEFAULT).unwrap();
+    drop(again);
+    a.check_invariants().unwrap();
+    assert_eq!(a.memory_allocated(), 0);
+}
+
+#[test]
+fn gpu_cudarc_copies_through_views() {
+    let Some((_gpu, a)) = gpu_allocator("") else {
+        return;
+    };
+    let host: Vec<f64> = (0..5000).map(|i| i as f64 / 3.0).collect();
+    let mut x = DeviceBuffer::<f64>::alloc(&a, host.len(), StreamId::DEFAULT).unwrap();
+    let mut y = DeviceBuffer::<f64>::alloc(&a, host.len(), StreamId::DEFAULT).unwrap();
+    {
+        let mut v = x.cuda_mut().unwrap();
+        let stream = Arc::clone(DeviceSlice::stream(&v));
+        stream.memcpy_htod(&host, &mut v).unwrap();
+        stream.memcpy_dtod(&x.cuda().unwrap(), &mut y.cuda_mut().unwrap()).unwrap();
+        assert_eq!(stream.clone_dtoh(&y.cuda().unwrap()).unwrap(), host);
+        stream.memset_zeros(&mut x.cuda_mut().unwrap()).unwrap();
+        assert!(stream.clone_dtoh(&x.cuda().unwrap()).unwrap().iter().all(|&v| v == 0.0));
+    }
+    assert_eq!(y.to_host().unwrap(), host);
+}
+
+/// `out[i] = out[i] * 2 + v` for `i < n`, hand-written PTX (no NVRTC library needed).
+#[cfg(feature = "nvrtc")]
+const AXPB_PTX: &str = r#"
+.version 7.0
+.target sm_70
+.address_size 64
+
+.visible .entry axpb(
+.param .u64 out,
+.param .f32 v,
+.param .u32 n
+)
+{
+.reg .pred %p<2>;
+.reg .b32 %r<6>;
+.reg .f32 %f<4>;
+.reg .b64 %rd<5>;
+
+ld.param.u64 %rd1, [out];
+ld.param.f32 %f1, [v];
+ld.param.u32 %r2, [n];
+mov.u32 %r3, %ctaid.x;
+mov.u32 %r4, %ntid.x;
+mov.u32 %r5, %tid.x;
+mad.lo.s32 %r1, %r3, %r4, %r5;
+setp.ge.u32 %p1, %r1, %r2;
+@%p1 bra DONE;
+cvta.to.global.u64 %rd2, %rd1;
+mul.wide.u32 %rd3, %r1, 4;
+add.s64 %rd4, %rd2, %rd3;
+ld.global.f32 %f2, [%rd4];
+fma.rn.f32 %f3, %f2, 0f40000000, %f1;
+st.global.f32 [%rd4], %f3;
+DONE:
+ret;
+}
+"#;
+
+#[cfg(feature = "nvrtc")]
+#[test]
+fn gpu_kernel_launch_on_views() {
+    use cudarc::driver::LaunchConfig;
+    let Some((_gpu, a)) = gpu_allocator("expandable_segments:True") else {
+        return;
+    };
+    let ctx = a.with_state(|_, b| Arc::clone(b.as_cuda().unwrap().context()));
+    let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(AXPB_PTX)).unwrap();
+    let f = module.load_function("axpb").unwrap();
+    let n = 3_000_000u32; // 12 MB: more than one 2 MiB page of the expandable segment
+    let host: Vec<f32> = (0..n).map(|i| (i % 1000) as f32).collect();
+    let mut buf = DeviceBuffer::from_host(&a, &host, StreamId::DEFAULT).unwrap();
+    {
+        let view = buf.cuda_mut().unwrap();
+        let stream = Arc::clone(DeviceSlice::stream(&view));
+        let mut launch = stream.launch_builder(&f);
+        launch.arg(&view).arg(&0.5f32).arg(&n);
+        // SAFETY: `axpb` takes (float*, float, unsigned) and touches out[0..n), which the
+        // view covers (n f32 elements).
+        unsafe { launch.launch(LaunchConfig::for_num_elems(n)) }.unwrap();
+        stream.synchronize().unwrap();
+    }
+    let out = buf.to_host().unwrap();
+    assert!(out.iter().zip(&host).all(|(&o, &h)| o == h * 2.0 + 0.5));
+}
+
+#[cfg(feature = "cublas")]
+#[test]
+fn gpu_cublas_gemm_on_views() {
+    use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t};
+    let Some((_gpu, a)) = gpu_allocator("") else {
+        return;
+    };
+    // SAFETY: only tries to dlopen the cuBLAS library (no cudarc symbol is resolved).
+    if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+        eprintln!("skipped: no libcublas");
+        return;
+    }
+    // Column-major 2×2: A = identity, B = [[1, 3], [2, 4]] (columns (1,2) and (3,4)).
+    let ida = DeviceBuffer::from_host(&a, &[1.0f32, 0.0, 0.0, 1.0], StreamId::DEFAULT).unwrap();
+    let bm = DeviceBuffer::from_host(&a, &[1.0f32, 2.0, 3.0, 4.0], StreamId::DEFAULT).unwrap();
+    let mut c = DeviceBuffer::<f32>::zeros(&a, 4, StreamId::DEFAULT).unwrap();
+    {
+        let av = ida.cuda().unwrap();
+        let bv = bm.cuda().unwrap();
+        let mut cv = c.cuda_mut().unwrap();
+        let blas = CudaBlas::new(Arc::clone(DeviceSlice::stream(&cv))).unwrap();
+        let cfg = GemmConfig {
+            transa: cublasOperation_t::CUBLAS_OP_N,
+            transb: cublasOperation_t::CUBLAS_OP_N,
+            m: 2,
+            n: 2,
+            k: 2,
+            alpha: 1.0f32,
+            lda: 2,
+            ldb: 2,
+            beta: 0.0f32,
+            ldc: 2,
+        };
+        // SAFETY: the three views hold 4 f32 each, as m = n = k = 2 with leading dimension 2
+        // needs.
+        unsafe { blas.gemm(cfg, &av, &bv, &mut cv) }.unwrap();
+    }
+    assert_eq!(c.to_host().unwrap(), vec![1.0, 2.0, 3.0, 4.0]);
+}

@@ -1,0 +1,231 @@
+//! The child end of the gpumem kernel's control channel.
+//!
+//! The kernel (`gpumem-kernel`) runs notebook code in an evcxr child process and, around every
+//! cell, asks the allocator in that child for its exact numbers. It listens on a private Unix
+//! socket and passes its path to the child in `GPUMEM_NB_CONTROL`. The first time this crate
+//! opens a device in the child it connects there (once per process: the connection lives in
+//! the process-wide anchor's state), says hello, and serves the kernel's requests on a
+//! background thread, without any code in the cell and without a compile per cell. The messages
+//! are [`super::protocol`]'s.
+#![forbid(unsafe_code)]
+
+use super::protocol::{self, DeviceReading, Hello, Op, RecordRequest, Reply, SnapshotPaths};
+use crate::Allocator;
+use crate::device::Backend;
+use crate::record::history::{HistoryOptions, StackContext};
+use crate::stats::SlotId;
+use std::collections::HashMap;
+use std::io::{BufRead, Write};
+use std::sync::Arc;
+
+pub use super::protocol::CONTROL_VAR;
+
+/// Connects to the kernel if it asked for it and this process has not connected yet.
+pub(crate) fn start_if_requested() {
+    let Some(path) = std::env::var_os(CONTROL_VAR) else { return };
+    let shared = super::anchor::shared();
+    let mut started = shared.control_started.lock().unwrap_or_else(|e| e.into_inner());
+    if *started {
+        return;
+    }
+    *started = true;
+    drop(started);
+    connect(std::path::Path::new(&path));
+}
+
+#[cfg(unix)]
+fn connect(path: &std::path::Path) {
+    let Ok(mut stream) = std::os::unix::net::UnixStream::connect(path) else { return };
+    if writeln!(stream, "{}", protocol::to_line(&Hello::new())).is_err() {
+        return;
+    }
+    let Ok(reader) = stream.try_clone() else { return };
+    let _ = std::thread::Builder::new()
+        .name("gpumem-control".into())
+        .spawn(move || serve(std::io::BufReader::new(reader), stream));
+}
+
+#[cfg(not(unix))]
+fn connect(_path: &std::path::Path) {}
+
+/// Answers requests until the kernel closes the connection (or a line exceeds
+/// [`protocol::MAX_LINE`], which ends the conversation: the peer is broken).
+pub fn serve(mut reader: impl BufRead, mut out: impl Write) {
+    let mut session = Session::default();
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        match std::io::Read::take(reader.by_ref(), protocol::MAX_LINE as u64 + 1).read_until(b'\n', &mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) if n > protocol::MAX_LINE => {
+                let reply = Reply::error(None, format!("request longer than {} bytes", protocol::MAX_LINE));
+                let _ = writeln!(out, "{}", protocol::to_line(&reply));
+                return;
+            }
+            Ok(_) => {}
+        }
+        let line = String::from_utf8_lossy(&buf);
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        let reply = match protocol::parse_request(line) {
+            Ok(req) => session.handle(req.id, &req.op),
+            Err((id, why)) => Reply::error(id, why),
+        };
+        // One write per reply (formatting straight into the socket writes token by token).
+        let mut text = protocol::to_line(&reply);
+        text.push('\n');
+        if out.write_all(text.as_bytes()).and_then(|()| out.flush()).is_err() {
+            return;
+        }
+    }
+}
+
+/// What the serving thread remembers between requests: the open peak slots per device.
+#[derive(Default)]
+struct Session {
+    slots: HashMap<i32, SlotId>,
+}
+
+/// One device's numbers now; peaks since `slot` was opened when there is one.
+pub(crate) fn reading(alloc: &Allocator, slot: Option<SlotId>) -> DeviceReading {
+    let (stats, peaks, pool, info, uuid) = alloc.with_state(|s, b| {
+        let peaks = slot.and_then(|id| s.slot_peaks(id));
+        (s.stats().clone(), peaks, b.pool_usage(), b.mem_get_info().ok(), device_uuid(b))
+    });
+    let (peak_allocated, peak_reserved) = match peaks {
+        Some(p) => (p.allocated, p.reserved),
+        None => (stats.allocated_bytes[0].peak, stats.reserved_bytes[0].peak),
+    };
+    let count = |v: i64| v.max(0) as u64;
+    DeviceReading {
+        device: alloc.device(),
+        backend: alloc.backend_kind(),
+        allocated: count(stats.allocated_bytes[0].current),
+        reserved: count(stats.reserved_bytes[0].current),
+        active: count(stats.active_bytes[0].current),
+        requested: count(stats.requested_bytes[0].current),
+        peak_allocated: count(peak_allocated),
+        peak_reserved: count(peak_reserved),
+        device_free: info.map(|i| i.0),
+        device_total: info.map(|i| i.1),
+        pool_used: pool.map(|p| p.used),
+        pool_reserved: pool.map(|p| p.reserved),
+        pool_used_high: pool.map(|p| p.used_high),
+        pool_reserved_high: pool.map(|p| p.reserved_high),
+        num_ooms: count(stats.num_ooms),
+        uuid,
+    }
+}
+
+/// The CUDA device's UUID in NVML's form ("GPU-…"), for the kernel's NVML matching.
+fn device_uuid(b: &crate::AnyBackend) -> Option<String> {
+    #[cfg(feature = "cuda")]
+    if let Some(c) = b.as_cuda() {
+        return c.uuid().ok().map(|u| crate::device::nvml::uuid_string("GPU", u));
+    }
+    let _ = b;
+    None
+}
+
+fn device0() -> Result<Arc<Allocator>, String> {
+    super::registry::opened().into_iter().find(|a| a.device() == 0).ok_or_else(|| "no device is open".to_string())
+}
+
+impl Session {
+    fn readings(&self, id: u64) -> Reply {
+        let devices =
+            super::registry::opened().iter().map(|a| reading(a, self.slots.get(&a.device()).copied())).collect();
+        Reply { devices: Some(devices), ..Reply::ok(id) }
+    }
+
+    fn handle(&mut self, id: u64, op: &Op) -> Reply {
+        self.try_handle(id, op).unwrap_or_else(|why| Reply::error(Some(id), why))
+    }
+
+    fn try_handle(&mut self, id: u64, op: &Op) -> Result<Reply, String> {
+        match op {
+            Op::Pre { cell } => {
+                for a in super::registry::opened() {
+                    a.set_label(Some(&format!("cell {cell}")));
+                    let slot = a.with_state(|s, b| {
+                        b.reset_pool_high_water();
+                        s.open_slot()
+                    });
+                    if let Some(old) = self.slots.insert(a.device(), slot) {
+                        a.with_state(|s, _| s.close_slot(old));
+                    }
+                }
+                Ok(self.readings(id))
+            }
+            Op::Post { .. } => {
+                let r = self.readings(id);
+                for a in super::registry::opened() {
+                    if let Some(slot) = self.slots.remove(&a.device()) {
+                        a.with_state(|s, _| s.close_slot(slot));
+                    }
+                    a.set_label(None);
+                }
+                Ok(r)
+            }
+            Op::Read => Ok(self.readings(id)),
+            Op::Record(RecordRequest { enabled, max_entries, stacks }) => {
+                let max_entries = max_entries.map_or(usize::MAX, |m| m.min(usize::MAX as u64) as usize);
+                let context = if *stacks { StackContext::All } else { StackContext::None };
+                for a in super::registry::opened() {
+                    a.record_memory_history_with(HistoryOptions { enabled: *enabled, context, max_entries });
+                }
+                Ok(Reply::ok(id))
+            }
+            Op::Snapshot { dir } => {
+                let files = device0()?.snapshot().save(std::path::Path::new(dir)).map_err(|e| e.to_string())?;
+                let path = |p: std::path::PathBuf| p.display().to_string();
+                let files =
+                    SnapshotPaths { pickle: path(files.pickle), json: path(files.json), html: path(files.html) };
+                Ok(Reply { files: Some(files), ..Reply::ok(id) })
+            }
+            Op::HistorySvg => {
+                let chart = crate::snapshot::MemoryTimeline::of(&*device0()?).chart(&Default::default());
+                Ok(Reply { svg: Some(chart.svg), text: Some(chart.text), ..Reply::ok(id) })
+            }
+            Op::Summary => Ok(Reply { text: Some(device0()?.memory_summary(false)), ..Reply::ok(id) }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(requests: &str) -> Vec<Reply> {
+        let mut out = Vec::new();
+        serve(requests.as_bytes(), &mut out);
+        String::from_utf8(out).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    }
+
+    #[test]
+    fn malformed_and_unknown_requests_are_answered_not_fatal() {
+        let r = run("not json\n{\"id\":7,\"op\":\"frobnicate\"}\n{\"id\":8}\n\n{\"id\":9,\"op\":\"read\"}\n");
+        assert_eq!(r.len(), 4);
+        assert!(!r[0].ok && r[0].id.is_none());
+        assert!(r[0].error.as_deref().unwrap().starts_with("malformed request"));
+        assert_eq!((r[1].id, r[1].ok), (Some(7), false));
+        assert!(r[1].error.as_deref().unwrap().contains("frobnicate"));
+        assert_eq!((r[2].id, r[2].ok), (Some(8), false));
+        assert_eq!((r[3].id, r[3].ok), (Some(9), true), "the channel still answers");
+        assert!(r[3].devices.is_some());
+    }
+
+    #[test]
+    fn an_overlong_line_ends_the_conversation_with_a_reason() {
+        let mut input = vec![b'x'; protocol::MAX_LINE + 10];
+        input.extend_from_slice(b"\n{\"id\":1,\"op\":\"read\"}\n");
+        let mut out = Vec::new();
+        serve(&input[..], &mut out);
+        let replies: Vec<Reply> =
+            String::from_utf8(out).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(replies.len(), 1);
+        assert!(replies[0].error.as_deref().unwrap().contains("longer than"));
+    }
+}

@@ -1,0 +1,18 @@
+//! The notebook side: what makes the crate work as one per-process state inside evcxr, and the
+//! helpers a notebook user calls.
+//!
+//! - [`anchor`]: the process-wide anchor. Under evcxr every cell links its own copy of this
+//!   crate (statics included); all copies reach one [`anchor::Shared`] through it.
+//! - [`registry`]: `GPUMEM_NB_DEVICE`, and one allocator per device per process.
+//! - [`protocol`]: the control channel's typed messages, shared with gpumem-kernel.
+//! - [`control`]: the child end of that channel (serves the kernel's per-cell readings).
+//! - [`scope`]: `measure` / `save_memory_snapshot` scopes.
+//! - [`mem`]: the ipyexperiments helpers (free/used/total, allocate, leave free, preload).
+
+#[allow(unsafe_code)]
+pub(crate) mod anchor;
+pub mod control;
+pub mod mem;
+pub mod protocol;
+pub mod registry;
+pub mod scope;

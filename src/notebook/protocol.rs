@@ -1,0 +1,297 @@
+//! The control channel's messages, as types: what gpumem-kernel asks the crate in the notebook
+//! child and what it answers. Both ends use these types, so a field cannot drift apart.
+//!
+//! The wire is one JSON object per line each way. On connecting, the child sends a [`Hello`];
+//! then every [`Request`] (`{"id": n, "op": "…", …}`) gets one [`Reply`] with the same id
+//! (`{"id": n, "ok": true, …}` or `{"id": n, "ok": false, "error": "…"}`).
+//!
+//! Version skew (a kernel built from one release talking to a notebook that loaded another) is
+//! tolerated both ways: unknown fields are ignored, missing optional fields take their
+//! defaults, and an unknown `op` is answered with an error naming it. A line that is not a
+//! request at all gets an error reply and changes nothing.
+#![forbid(unsafe_code)]
+
+use crate::device::BackendKind;
+use crate::record::history::RecordMode;
+use serde::{Deserialize, Serialize};
+
+/// The environment variable naming the kernel's control socket.
+pub const CONTROL_VAR: &str = "GPUMEM_NB_CONTROL";
+
+/// The longest line either end accepts (a hostile or broken peer cannot make the other end
+/// buffer without bound). Replies with an SVG chart stay far below it.
+pub const MAX_LINE: usize = 16 << 20;
+
+/// The child's first line: who it is.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    /// Always 1 (the protocol's version).
+    pub hello: u32,
+    /// The child's process id (the kernel checks it against the socket's peer credentials).
+    pub pid: u32,
+    /// The crate's version (`CARGO_PKG_VERSION`).
+    #[serde(default)]
+    pub version: String,
+}
+
+impl Hello {
+    /// This process's hello.
+    pub fn new() -> Self {
+        Hello { hello: 1, pid: std::process::id(), version: env!("CARGO_PKG_VERSION").to_string() }
+    }
+}
+
+impl Default for Hello {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A request: its id and what is asked.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Request {
+    /// Echoed in the reply.
+    pub id: u64,
+    /// The operation.
+    #[serde(flatten)]
+    pub op: Op,
+}
+
+/// What the kernel asks for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Op {
+    /// Before a cell: label allocations "cell N", open a fresh peak slot per device, restart
+    /// the CUDA pool's high-water marks; answered with the readings.
+    Pre {
+        /// The cell's execution count.
+        cell: u64,
+    },
+    /// After a cell: the readings with the peaks since `pre`; closes the slots, clears the
+    /// label.
+    Post {
+        /// The cell's execution count.
+        cell: u64,
+    },
+    /// The readings now.
+    Read,
+    /// Sets history recording on every open device.
+    Record(RecordRequest),
+    /// Writes snapshot.pickle/.json/trace_plot.html of device 0 into `dir`.
+    Snapshot {
+        /// Directory (created if missing).
+        dir: String,
+    },
+    /// The memory-over-time chart of device 0's recorded history.
+    HistorySvg,
+    /// Device 0's `memory_summary()`.
+    Summary,
+}
+
+/// What `record` sets.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordRequest {
+    /// `all`, `state` or `off`.
+    #[serde(default = "record_all", with = "record_mode")]
+    pub enabled: RecordMode,
+    /// Ring size (`None`: unbounded).
+    #[serde(default)]
+    pub max_entries: Option<u64>,
+    /// Whether to capture stacks.
+    #[serde(default)]
+    pub stacks: bool,
+}
+
+fn record_all() -> RecordMode {
+    RecordMode::All
+}
+
+/// `RecordMode` as PyTorch's strings (`"all"`, `"state"`, `"off"`).
+mod record_mode {
+    use super::RecordMode;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(m: &RecordMode, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(match m {
+            RecordMode::All => "all",
+            RecordMode::State => "state",
+            RecordMode::Off => "off",
+        })
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<RecordMode, D::Error> {
+        let s = String::deserialize(d)?;
+        match s.as_str() {
+            "all" => Ok(RecordMode::All),
+            "state" => Ok(RecordMode::State),
+            "off" => Ok(RecordMode::Off),
+            other => Err(serde::de::Error::custom(format!("unknown record mode {other:?} (all, state or off)"))),
+        }
+    }
+}
+
+/// One device's numbers, bytes. `pool_*` (the CUDA stream-ordered pool that cudarc's own
+/// `CudaSlice` and candle use) are `None` on the simulated device.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceReading {
+    /// CUDA device index (as the child numbers it).
+    pub device: i32,
+    /// What backs the allocator.
+    pub backend: BackendKind,
+    /// Bytes in live allocations.
+    pub allocated: u64,
+    /// Bytes in segments the allocator holds.
+    pub reserved: u64,
+    /// Bytes in active blocks.
+    #[serde(default)]
+    pub active: u64,
+    /// Bytes requested by callers (before rounding).
+    #[serde(default)]
+    pub requested: u64,
+    /// Peak allocated since `pre` (or overall, when no cell slot was open).
+    pub peak_allocated: u64,
+    /// Peak reserved since `pre`.
+    pub peak_reserved: u64,
+    /// Free device memory (`cuMemGetInfo`, or the simulated capacity left).
+    #[serde(default)]
+    pub device_free: Option<u64>,
+    /// Device size.
+    #[serde(default)]
+    pub device_total: Option<u64>,
+    /// CUDA pool: bytes in use.
+    #[serde(default)]
+    pub pool_used: Option<u64>,
+    /// CUDA pool: bytes reserved.
+    #[serde(default)]
+    pub pool_reserved: Option<u64>,
+    /// CUDA pool: high-water mark of use since `pre`.
+    #[serde(default)]
+    pub pool_used_high: Option<u64>,
+    /// CUDA pool: high-water mark of reservation since `pre`.
+    #[serde(default)]
+    pub pool_reserved_high: Option<u64>,
+    /// Allocation failures so far.
+    #[serde(default)]
+    pub num_ooms: u64,
+    /// The device's UUID in NVML's form (`GPU-…`), to find the NVML device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+}
+
+impl DeviceReading {
+    /// Whether the numbers come from the simulated device.
+    pub fn is_simulated(&self) -> bool {
+        self.backend != BackendKind::Cuda
+    }
+}
+
+/// Paths of a written snapshot.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotPaths {
+    /// `snapshot.pickle`.
+    pub pickle: String,
+    /// `snapshot.json`.
+    pub json: String,
+    /// `trace_plot.html`.
+    pub html: String,
+}
+
+/// A reply. Which fields are set depends on the request: `devices` for `pre`/`post`/`read`,
+/// `files` for `snapshot`, `svg` and `text` for `history_svg`, `text` for `summary`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reply {
+    /// The request's id (`None` when the request could not be read at all).
+    pub id: Option<u64>,
+    /// Whether the request succeeded.
+    pub ok: bool,
+    /// Why it failed, in one line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Every open device's numbers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub devices: Option<Vec<DeviceReading>>,
+    /// The files a snapshot wrote.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files: Option<SnapshotPaths>,
+    /// A chart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub svg: Option<String>,
+    /// A text (a chart's text form, the memory summary).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+}
+
+impl Reply {
+    /// A success for request `id`, with nothing in it yet.
+    pub fn ok(id: u64) -> Self {
+        Reply { id: Some(id), ok: true, ..Default::default() }
+    }
+
+    /// A failure for request `id` (or an unreadable one), with its reason.
+    pub fn error(id: Option<u64>, why: impl Into<String>) -> Self {
+        Reply { id, ok: false, error: Some(why.into()), ..Default::default() }
+    }
+}
+
+/// Reads a request line. A line that is not a request is an error naming what was wrong, with
+/// the id when one could still be read from it (so the sender can match the failure).
+pub fn parse_request(line: &str) -> Result<Request, (Option<u64>, String)> {
+    serde_json::from_str::<Request>(line).map_err(|e| {
+        let id = serde_json::from_str::<serde_json::Value>(line).ok().and_then(|v| v.get("id")?.as_u64());
+        (id, format!("malformed request: {e}"))
+    })
+}
+
+/// One line of JSON (without the newline) for a message.
+pub fn to_line<T: Serialize>(msg: &T) -> String {
+    // Serialising these types cannot fail: no maps with non-string keys, no custom errors.
+    serde_json::to_string(msg).unwrap_or_else(|e| format!("{{\"ok\":false,\"error\":\"unserialisable: {e}\"}}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_have_the_documented_wire_form() {
+        let r = Request { id: 7, op: Op::Pre { cell: 3 } };
+        assert_eq!(to_line(&r), r#"{"id":7,"op":"pre","cell":3}"#);
+        let r = Request {
+            id: 8,
+            op: Op::Record(RecordRequest { enabled: RecordMode::State, max_entries: Some(10), stacks: true }),
+        };
+        assert_eq!(to_line(&r), r#"{"id":8,"op":"record","enabled":"state","max_entries":10,"stacks":true}"#);
+        assert_eq!(to_line(&Request { id: 9, op: Op::HistorySvg }), r#"{"id":9,"op":"history_svg"}"#);
+        for line in [
+            r#"{"id":7,"op":"pre","cell":3}"#,
+            r#"{"id":8,"op":"record","enabled":"state","max_entries":10,"stacks":true}"#,
+            r#"{"id":9,"op":"history_svg"}"#,
+            r#"{"id":10,"op":"snapshot","dir":"/tmp/x"}"#,
+        ] {
+            assert_eq!(to_line(&parse_request(line).unwrap()), line);
+        }
+    }
+
+    #[test]
+    fn skew_is_tolerated_and_garbage_is_named() {
+        // An older kernel's `record` without fields: the defaults.
+        let r = parse_request(r#"{"id":1,"op":"record","future_field":true}"#).unwrap();
+        assert_eq!(r.op, Op::Record(RecordRequest { enabled: RecordMode::All, max_entries: None, stacks: false }));
+        let (id, why) = parse_request(r#"{"id":4,"op":"frobnicate"}"#).unwrap_err();
+        assert_eq!(id, Some(4));
+        assert!(why.starts_with("malformed request") && why.contains("frobnicate"), "{why}");
+        let (id, why) = parse_request("not json").unwrap_err();
+        assert_eq!(id, None);
+        assert!(!why.contains('\n'), "{why}");
+        assert!(parse_request(r#"{"id":1,"op":"record","enabled":"sometimes"}"#).unwrap_err().1.contains("sometimes"));
+        assert!(parse_request(r#"{"id":1,"op":"pre"}"#).unwrap_err().1.contains("cell"));
+        // A reply with fields from a newer crate still reads.
+        let reply: Reply = serde_json::from_str(
+            r#"{"id":2,"ok":true,"devices":[{"device":0,"backend":"simulated","allocated":1,"reserved":2,
+                "peak_allocated":1,"peak_reserved":2,"from_the_future":[1,2]}],"extra":{}}"#,
+        )
+        .unwrap();
+        let d = &reply.devices.unwrap()[0];
+        assert_eq!((d.allocated, d.reserved, d.device_free, d.backend), (1, 2, None, BackendKind::Simulated));
+    }
+}

@@ -1,0 +1,316 @@
+//! Device selection and the per-process registry: one [`Allocator`] per device.
+//!
+//! `GPUMEM_NB_DEVICE` chooses the backend:
+//!
+//! | value | device |
+//! | --- | --- |
+//! | `auto` (default, also when unset or empty) | CUDA when the CUDA probe (`backend::cuda::probe`) finds a GPU, else simulated with 80 GiB |
+//! | `cuda` | CUDA; an error value ([`Error::NoCuda`]) when there is no usable GPU |
+//! | `sim` | the simulated device with 80 GiB ([`DEFAULT_CAPACITY`]) |
+//! | `sim:SIZE` | the simulated device with SIZE bytes (`sim:24GiB`, `sim:512MiB`, `sim:1.5TiB`) |
+//!
+//! The allocator configuration comes from `GPUMEM_NB_ALLOC_CONF` (same syntax as
+//! `PYTORCH_CUDA_ALLOC_CONF`). Both are read once, when the first device is opened; a malformed
+//! value is an error value and nothing is cached, so a corrected environment is picked up by the
+//! next call.
+#![forbid(unsafe_code)]
+
+use crate::Allocator;
+use crate::CachingAllocator;
+use crate::device::any::AnyBackend;
+use crate::device::sim::{DEFAULT_CAPACITY, SimBackend};
+use crate::error::{Error, Result};
+use crate::policy::config::AllocatorConfig;
+use crate::units::{GIB, MIB, parse_size};
+use std::fmt;
+use std::sync::{Arc, MutexGuard};
+
+/// The environment variable that selects the device backend.
+pub const ENV_VAR: &str = "GPUMEM_NB_DEVICE";
+
+/// What `GPUMEM_NB_DEVICE` asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceSelection {
+    /// CUDA when a usable GPU is there, otherwise simulated with 80 GiB.
+    Auto,
+    /// CUDA, or an error.
+    Cuda,
+    /// The simulated device with this capacity in bytes.
+    Sim(u64),
+}
+
+impl fmt::Display for DeviceSelection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceSelection::Auto => f.write_str("auto"),
+            DeviceSelection::Cuda => f.write_str("cuda"),
+            DeviceSelection::Sim(c) => match *c {
+                c if c % GIB == 0 => write!(f, "sim:{}GiB", c / GIB),
+                c if c % MIB == 0 => write!(f, "sim:{}MiB", c / MIB),
+                c => write!(f, "sim:{c}"),
+            },
+        }
+    }
+}
+
+/// Parses a `GPUMEM_NB_DEVICE` value (case-insensitive; surrounding blanks ignored; empty means
+/// `auto`). A malformed value is [`Error::Setting`], one line naming it.
+pub fn parse_selection(value: &str) -> Result<DeviceSelection> {
+    let v = value.trim();
+    let bad = |why: &str| {
+        Error::Setting(format!(
+            "{ENV_VAR}: invalid value {value:?}{why}; expected auto|cuda|sim|sim:SIZE (e.g. sim:24GiB)"
+        ))
+    };
+    let lower = v.to_ascii_lowercase();
+    match lower.as_str() {
+        "" | "auto" => Ok(DeviceSelection::Auto),
+        "cuda" => Ok(DeviceSelection::Cuda),
+        "sim" => Ok(DeviceSelection::Sim(DEFAULT_CAPACITY)),
+        _ => {
+            let Some(size) = lower.strip_prefix("sim:") else {
+                return Err(bad(""));
+            };
+            match parse_size(size) {
+                Some(0) => Err(bad(" (the simulated device needs a capacity above 0)")),
+                Some(c) => Ok(DeviceSelection::Sim(c)),
+                None => Err(bad(&format!(" ({:?} is not a size)", size.trim()))),
+            }
+        }
+    }
+}
+
+/// The parsed `GPUMEM_NB_DEVICE` of the environment now (for reports; the registry itself reads
+/// it once, when the first device is opened).
+pub fn selection() -> Result<DeviceSelection> {
+    match std::env::var(ENV_VAR) {
+        Ok(v) => parse_selection(&v),
+        Err(std::env::VarError::NotPresent) => Ok(DeviceSelection::Auto),
+        Err(std::env::VarError::NotUnicode(v)) => {
+            Err(Error::Setting(format!("{ENV_VAR}: invalid value {v:?} (not UTF-8); expected auto|cuda|sim|sim:SIZE")))
+        }
+    }
+}
+
+/// What a [`DeviceSelection`] came to on this machine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Resolved {
+    /// CUDA with this many visible devices.
+    Cuda {
+        /// Number of CUDA devices.
+        devices: usize,
+    },
+    /// The simulated device (one device, index 0).
+    Simulated {
+        /// Capacity in bytes.
+        capacity: u64,
+        /// Why `auto` fell back to the simulated device (the CUDA probe's answer); `None` when
+        /// the simulated device was asked for.
+        fallback_reason: Option<String>,
+    },
+}
+
+impl Resolved {
+    /// How many devices there are.
+    pub fn device_count(&self) -> usize {
+        match self {
+            Resolved::Cuda { devices } => *devices,
+            Resolved::Simulated { .. } => 1,
+        }
+    }
+}
+
+/// Resolves a selection on this machine: probes CUDA for `auto` and `cuda`.
+pub fn resolve(selection: DeviceSelection) -> Result<Resolved> {
+    match selection {
+        DeviceSelection::Sim(capacity) => Ok(Resolved::Simulated { capacity, fallback_reason: None }),
+        DeviceSelection::Cuda => probe_cuda().map(|devices| Resolved::Cuda { devices }).map_err(Error::NoCuda),
+        DeviceSelection::Auto => Ok(match probe_cuda() {
+            Ok(devices) => Resolved::Cuda { devices },
+            Err(reason) => Resolved::Simulated { capacity: DEFAULT_CAPACITY, fallback_reason: Some(reason) },
+        }),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn probe_cuda() -> std::result::Result<usize, String> {
+    crate::device::cuda::probe().map_err(|e| e.to_string())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn probe_cuda() -> std::result::Result<usize, String> {
+    Err("gpumem-nb was built without the `cuda` feature".into())
+}
+
+/// A backend for device `index` as `resolved` says (checks the index).
+pub fn open_backend(resolved: &Resolved, index: usize) -> Result<AnyBackend> {
+    let count = resolved.device_count();
+    if index >= count {
+        let what = match resolved {
+            Resolved::Cuda { .. } => format!("{count} CUDA device(s)"),
+            Resolved::Simulated { .. } => "1 simulated device (index 0)".to_string(),
+        };
+        return Err(Error::InvalidArgument(format!("device index {index} is out of range: there is {what}")));
+    }
+    match resolved {
+        Resolved::Simulated { capacity, .. } => Ok(AnyBackend::Sim(SimBackend::new(0, *capacity))),
+        #[cfg(feature = "cuda")]
+        Resolved::Cuda { .. } => match crate::device::cuda::CudaBackend::new(index) {
+            Ok(b) => Ok(AnyBackend::Cuda(b)),
+            Err(crate::DeviceError::Unavailable(why)) => Err(Error::NoCuda(why)),
+            Err(e) => Err(e.into()),
+        },
+        #[cfg(not(feature = "cuda"))]
+        Resolved::Cuda { .. } => Err(Error::NoCuda("gpumem-nb was built without the `cuda` feature".into())),
+    }
+}
+
+/// The registry's state: the resolved selection and config, read once, and the devices opened.
+pub(crate) struct Registry {
+    resolved: Resolved,
+    config: AllocatorConfig,
+    devices: Vec<Option<Arc<Allocator>>>,
+}
+
+impl Registry {
+    fn from_env() -> Result<Self> {
+        let resolved = resolve(selection()?)?;
+        let config = AllocatorConfig::from_env()?;
+        let devices = vec![None; resolved.device_count()];
+        Ok(Registry { resolved, config, devices })
+    }
+}
+
+/// The process's registry, through the process-wide anchor (see [`crate::notebook::anchor`]): under evcxr
+/// every cell links its own copy of this crate, and all copies reach this one state.
+fn registry() -> MutexGuard<'static, Option<Registry>> {
+    // A panic while the lock was held cannot leave `Registry` half-updated (each update is one
+    // assignment), so a poisoned lock is recovered.
+    crate::notebook::anchor::shared().registry.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The allocator of device `index` in this process: created on first use, then the same `Arc`.
+/// Thread-safe; errors (a malformed setting, no GPU for `cuda`, an index out of range) are
+/// values and leave nothing cached.
+pub fn device(index: usize) -> Result<Arc<Allocator>> {
+    let mut guard = registry();
+    let reg = match guard.as_mut() {
+        Some(reg) => reg,
+        None => guard.insert(Registry::from_env()?),
+    };
+    if let Some(Some(a)) = reg.devices.get(index) {
+        return Ok(Arc::clone(a));
+    }
+    let backend = open_backend(&reg.resolved, index)?;
+    let alloc = Arc::new(CachingAllocator::new(backend, reg.config.clone()));
+    reg.devices[index] = Some(Arc::clone(&alloc));
+    drop(guard);
+    crate::notebook::control::start_if_requested();
+    Ok(alloc)
+}
+
+/// The allocators opened so far in this process, by device index.
+pub fn opened() -> Vec<Arc<Allocator>> {
+    registry().as_ref().map(|r| r.devices.iter().flatten().cloned().collect()).unwrap_or_default()
+}
+
+/// The allocator of device 0 (the notebook's device).
+pub fn current() -> Result<Arc<Allocator>> {
+    device(0)
+}
+
+/// What the registry resolved the selection to, once a device has been opened (`None` before).
+pub fn resolved() -> Option<Resolved> {
+    registry().as_ref().map(|r| r.resolved.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::units::TIB;
+
+    #[test]
+    fn parses_every_form() {
+        assert_eq!(parse_selection("").unwrap(), DeviceSelection::Auto);
+        assert_eq!(parse_selection("auto").unwrap(), DeviceSelection::Auto);
+        assert_eq!(parse_selection(" AUTO ").unwrap(), DeviceSelection::Auto);
+        assert_eq!(parse_selection("cuda").unwrap(), DeviceSelection::Cuda);
+        assert_eq!(parse_selection("Cuda").unwrap(), DeviceSelection::Cuda);
+        assert_eq!(parse_selection("sim").unwrap(), DeviceSelection::Sim(80 * GIB));
+        assert_eq!(parse_selection("sim:24GiB").unwrap(), DeviceSelection::Sim(24 * GIB));
+        assert_eq!(parse_selection("sim:24 GiB").unwrap(), DeviceSelection::Sim(24 * GIB));
+        assert_eq!(parse_selection("SIM:512MiB").unwrap(), DeviceSelection::Sim(512 * MIB));
+        assert_eq!(parse_selection("sim:1.5TiB").unwrap(), DeviceSelection::Sim(TIB * 3 / 2));
+        assert_eq!(parse_selection("sim:4096").unwrap(), DeviceSelection::Sim(4096));
+    }
+
+    #[test]
+    fn malformed_values_are_one_line_errors_naming_the_value() {
+        for bad in ["gpu0", "sim:", "sim:lots", "sim:0", "sim:-1GiB", "simulated:4GiB", "cuda:0", "sim 4GiB"] {
+            let err = parse_selection(bad).unwrap_err();
+            let msg = err.to_string();
+            assert!(matches!(err, Error::Setting(_)), "{bad}: {msg}");
+            assert!(msg.starts_with("GPUMEM_NB_DEVICE: invalid value"), "{msg}");
+            assert!(msg.contains(&format!("{bad:?}")), "{msg}");
+            assert!(msg.contains("expected auto|cuda|sim|sim:SIZE"), "{msg}");
+            assert!(!msg.contains('\n'), "{msg}");
+        }
+    }
+
+    #[test]
+    fn display_round_trips() {
+        for s in [
+            DeviceSelection::Auto,
+            DeviceSelection::Cuda,
+            DeviceSelection::Sim(24 * GIB),
+            DeviceSelection::Sim(1536 * MIB),
+            DeviceSelection::Sim(12345),
+        ] {
+            assert_eq!(parse_selection(&s.to_string()).unwrap(), s);
+        }
+    }
+
+    #[test]
+    fn resolve_and_open_check_the_index() {
+        let r = resolve(DeviceSelection::Sim(GIB)).unwrap();
+        assert_eq!(r, Resolved::Simulated { capacity: GIB, fallback_reason: None });
+        assert_eq!(r.device_count(), 1);
+        let b = open_backend(&r, 0).unwrap();
+        assert_eq!(crate::Backend::total_memory(&b), GIB);
+        let err = open_backend(&r, 1).unwrap_err().to_string();
+        assert!(err.contains("device index 1") && err.contains("1 simulated device"), "{err}");
+        // `auto` always gives something; `cuda` agrees with the probe.
+        let auto = resolve(DeviceSelection::Auto).unwrap();
+        match (auto, resolve(DeviceSelection::Cuda)) {
+            (Resolved::Cuda { devices }, Ok(Resolved::Cuda { devices: d })) => {
+                assert_eq!(devices, d)
+            }
+            (Resolved::Simulated { capacity, fallback_reason: Some(why) }, Err(Error::NoCuda(r))) => {
+                assert_eq!(capacity, DEFAULT_CAPACITY);
+                assert_eq!(why, r);
+            }
+            other => panic!("auto and cuda disagree: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn device_returns_one_allocator_per_process() {
+        // Reads the environment as the test runner left it (no mutation here).
+        let (a, b) = match (current(), device(0)) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(e), _) | (_, Err(e)) => {
+                // Only a malformed environment can make this fail.
+                assert!(matches!(e, Error::Setting(_) | Error::Config(_) | Error::NoCuda(_)), "{e}");
+                return;
+            }
+        };
+        assert!(Arc::ptr_eq(&a, &b));
+        let r = resolved().unwrap();
+        let n = r.device_count();
+        assert!(device(n).is_err());
+        let threads: Vec<_> = (0..4).map(|_| std::thread::spawn(|| device(0).unwrap())).collect();
+        for t in threads {
+            assert!(Arc::ptr_eq(&t.join().unwrap(), &a));
+        }
+    }
+}

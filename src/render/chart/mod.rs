@@ -1,0 +1,205 @@
+//! Charts as self-contained SVG (plotters' SVG backend; text stays SVG `<text>`, so no fonts
+//! are embedded or fetched), each wrapped in a [`Chart`] that carries a `text/plain` summary of
+//! the data next to the `image/svg+xml`.
+//!
+//! - [`memory_over_time`]: allocated and reserved bytes stepping over the event sequence of a
+//!   trace ([`TraceEntry`] list or [`Snapshot`]), OOMs marked. The running totals come from
+//!   [`crate::snapshot::MemoryTimeline`], which replays the trace's geometry (see there for what is exact).
+//! - [`segment_map`]: one bar per segment, blocks coloured by state.
+//! - [`peak_bars`]: grouped bars (and optional lines) per label with an optional budget line;
+//!   made for "peak per notebook cell" (x = cells; allocated peak, reserved peak, process total).
+//!
+//! Each `*_svg` function returns the SVG string alone. Long traces are downsampled to the plot
+//! width (per pixel column: first, lowest, highest and last value, so no peak is lost), which
+//! keeps a chart of 100k events well under 100 KiB.
+
+mod peak_bars;
+mod segment_map;
+mod timeline;
+
+pub use peak_bars::{Series, SeriesKind, peak_bars, peak_bars_svg, peak_bars_with};
+pub use segment_map::{segment_map, segment_map_svg, segment_map_with};
+pub use timeline::{memory_over_time, memory_over_time_svg, memory_over_time_with};
+
+use super::{MimeBundle, axis_label, axis_unit};
+use crate::snapshot::TimelinePoint;
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+use std::fmt;
+
+// ---------------------------------------------------------------------------------------------
+// Chart
+
+/// A rendered chart: SVG plus a plain-text description of the data it shows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Chart {
+    /// The chart's title (also drawn in the SVG).
+    pub title: String,
+    /// The SVG document.
+    pub svg: String,
+    /// What the chart shows, as text (the `text/plain` fallback).
+    pub text: String,
+}
+
+impl Chart {
+    /// The SVG document.
+    pub fn svg(&self) -> &str {
+        &self.svg
+    }
+
+    /// Text and SVG.
+    pub fn bundle(&self) -> MimeBundle {
+        MimeBundle::text(self.text.clone()).with_svg(self.svg.clone())
+    }
+
+    /// Writes the SVG to `path`.
+    pub fn save_svg(&self, path: impl AsRef<std::path::Path>) -> std::io::Result<()> {
+        std::fs::write(path, &self.svg)
+    }
+}
+
+impl fmt::Display for Chart {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+/// Size and labels of a chart.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChartOptions {
+    /// Width in pixels.
+    pub width: u32,
+    /// Height in pixels (for the segment map: the height grows with the rows instead).
+    pub height: u32,
+    /// Replaces the default title.
+    pub title: Option<String>,
+    /// Replaces the default x-axis description.
+    pub x_desc: Option<String>,
+    /// Segment map: at most this many segment rows (the rest are summed up in a note).
+    pub max_rows: usize,
+}
+
+impl Default for ChartOptions {
+    fn default() -> Self {
+        ChartOptions { width: 900, height: 360, title: None, x_desc: None, max_rows: 48 }
+    }
+}
+
+// Fonts: plotters writes `font-size = size / 1.24` into the SVG, so 15 gives ~12 px.
+pub(super) const FONT: &str = "sans-serif";
+pub(super) const TITLE_SIZE: f64 = 20.0;
+pub(super) const LABEL_SIZE: f64 = 15.5;
+pub(super) const DESC_SIZE: f64 = 16.0;
+pub(super) const SMALL_SIZE_FONT: f64 = 14.5;
+
+pub(super) const ALLOCATED_COLOR: RGBColor = RGBColor(31, 119, 180);
+pub(super) const RESERVED_COLOR: RGBColor = RGBColor(255, 127, 14);
+pub(super) const OOM_COLOR: RGBColor = RGBColor(214, 39, 40);
+/// Used for the budget line only, so the line can be found and dashed in the SVG text.
+pub(super) const BUDGET_COLOR: RGBColor = RGBColor(214, 39, 41);
+pub(super) const BUDGET_STROKE: &str = "stroke=\"#D62729\"";
+pub(super) const GRID_COLOR: RGBColor = RGBColor(232, 232, 232);
+pub(super) const AXIS_GRAY: RGBColor = RGBColor(90, 90, 90);
+/// Series colours for [`peak_bars`], in order.
+pub(super) const PALETTE: [RGBColor; 6] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(23, 190, 207),
+];
+pub(super) const STATE_ALLOCATED: RGBColor = RGBColor(78, 121, 167);
+pub(super) const STATE_PENDING: RGBColor = RGBColor(242, 142, 43);
+pub(super) const STATE_INACTIVE: RGBColor = RGBColor(226, 226, 226);
+
+pub(super) fn font(size: f64) -> TextStyle<'static> {
+    TextStyle::from((FONT, size).into_font()).color(&BLACK)
+}
+
+/// A chart that could not be drawn: an SVG saying so.
+pub(super) fn error_svg(width: u32, height: u32, what: &str, err: &dyn fmt::Display) -> String {
+    format!(
+        "<svg width=\"{width}\" height=\"{height}\" viewBox=\"0 0 {width} {height}\" xmlns=\"http://www.w3.org/2000/svg\">\
+         <text x=\"10\" y=\"20\" font-family=\"sans-serif\" font-size=\"13\">{}</text></svg>",
+        super::escape(&format!("{what}: cannot draw the chart ({err})"))
+    )
+}
+
+pub(super) type DrawResult = Result<(), Box<dyn std::error::Error>>;
+
+/// Reads one total out of a point.
+pub(super) type Getter = fn(&TimelinePoint) -> u64;
+
+pub(super) fn err<E: std::error::Error + Send + Sync + 'static>(e: E) -> Box<dyn std::error::Error> {
+    Box::new(e)
+}
+
+/// A legend swatch.
+#[derive(Clone, Copy)]
+pub(super) enum Swatch {
+    Square(RGBColor),
+    Line(RGBColor),
+    /// A line with a dot (line series).
+    Dotted(RGBColor),
+    /// A dashed line (the budget).
+    Dashed(RGBColor),
+}
+
+/// Space above the plot for the title and the legend.
+pub(super) const HEADER_H: i32 = 58;
+
+/// Draws the title and, under it, the legend (both centred), above the plot.
+pub(super) fn draw_header<DB: DrawingBackend>(
+    root: &DrawingArea<DB, plotters::coord::Shift>,
+    width: u32,
+    title: &str,
+    legend: &[(String, Swatch)],
+) -> DrawResult
+where
+    DB::ErrorType: 'static,
+{
+    let center = Pos::new(HPos::Center, VPos::Top);
+    root.draw(&Text::new(title.to_string(), (width as i32 / 2, 8), font(TITLE_SIZE).pos(center))).map_err(err)?;
+    // plotters cannot measure SVG text: estimate ~0.56 em per character.
+    let char_w = SMALL_SIZE_FONT / 1.24 * 0.56;
+    let item_w = |l: &str| 20 + (char_w * l.chars().count() as f64).round() as i32 + 18;
+    let total: i32 = legend.iter().map(|(l, _)| item_w(l)).sum::<i32>() - 18;
+    let mut x = ((width as i32 - total) / 2).max(8);
+    let y = 36;
+    for (label, swatch) in legend {
+        match *swatch {
+            Swatch::Square(c) => root.draw(&Rectangle::new([(x, y), (x + 12, y + 12)], c.filled())).map_err(err)?,
+            Swatch::Line(c) => {
+                root.draw(&Rectangle::new([(x, y + 5), (x + 14, y + 7)], c.filled())).map_err(err)?;
+            }
+            Swatch::Dotted(c) => {
+                root.draw(&Rectangle::new([(x, y + 5), (x + 14, y + 7)], c.filled())).map_err(err)?;
+                root.draw(&Circle::new((x + 7, y + 6), 3, c.filled())).map_err(err)?;
+            }
+            Swatch::Dashed(c) => {
+                root.draw(&Rectangle::new([(x, y + 5), (x + 5, y + 7)], c.filled())).map_err(err)?;
+                root.draw(&Rectangle::new([(x + 9, y + 5), (x + 14, y + 7)], c.filled())).map_err(err)?;
+            }
+        }
+        root.draw(&Text::new(label.clone(), (x + 20, y - 1), font(SMALL_SIZE_FONT))).map_err(err)?;
+        x += item_w(label);
+    }
+    Ok(())
+}
+
+crate::render::evcxr_display!(Chart);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn axis_labels() {
+        use crate::units::GIB;
+        assert_eq!(axis_unit(3 * GIB / 2), ("GiB", GIB as f64));
+        assert_eq!(axis_label(0.0, "MiB"), "0");
+        assert_eq!(axis_label(1.5, "GiB"), "1.5 GiB");
+        assert_eq!(axis_label(200.0, "MiB"), "200 MiB");
+    }
+}
