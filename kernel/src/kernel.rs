@@ -14,10 +14,12 @@ use crate::complete::{Completeness, is_complete};
 use crate::engine::{Engine, ErrorInfo, Outcome, Output, Sink};
 use jupyter_protocol::{CodeMirrorMode, DisplayData, HelpLink, Media};
 use jupyter_zmq_client::{
-    CommInfoReply, CompleteReply, ConnectionInfo, ErrorOutput, ExecuteInput, ExecuteReply, ExecuteResult,
-    ExecutionCount, HistoryReply, InputRequest, InspectReply, InterruptReply, IoPubWelcome, IsCompleteReply,
-    IsCompleteReplyStatus, JupyterMessage, JupyterMessageContent, KernelInfoReply, LanguageInfo, ReplyError,
-    ReplyStatus, ShutdownReply, Status, StreamContent, SubscriptionEvent,
+    CommInfoReply, CompleteReply, CompleteRequest, ConnectionInfo, ErrorOutput, ExecuteInput, ExecuteReply,
+    ExecuteRequest, ExecuteResult, ExecutionCount, HistoryReply, InputRequest, InspectReply, InterruptReply,
+    IoPubWelcome, IsCompleteReply, IsCompleteReplyStatus, JupyterMessage, JupyterMessageContent,
+    KernelControlConnection, KernelHeartbeatConnection, KernelInfoReply, KernelIoPubXPubConnection,
+    KernelStdinConnection, LanguageInfo, ReplyError, ReplyStatus, RouterRecvConnection, RouterSendConnection,
+    ShutdownReply, Status, StreamContent, SubscriptionEvent,
 };
 use jupyter_zmq_client::{
     create_kernel_control_connection, create_kernel_heartbeat_connection, create_kernel_iopub_xpub_connection,
@@ -231,56 +233,21 @@ async fn serve(info: ConnectionInfo) -> anyhow::Result<()> {
         std::process::id(),
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
     );
-    let mut heartbeat = create_kernel_heartbeat_connection(&info).await?;
-    let (mut shell_tx, mut shell_rx) = create_kernel_shell_connection(&info, &session).await?.split();
-    let mut control = create_kernel_control_connection(&info, &session).await?;
-    let mut stdin = create_kernel_stdin_connection(&info, &session).await?;
-    let mut iopub = create_kernel_iopub_xpub_connection(&info, &session).await?;
+    let heartbeat = create_kernel_heartbeat_connection(&info).await?;
+    let (shell_tx, shell_rx) = create_kernel_shell_connection(&info, &session).await?.split();
+    let control = create_kernel_control_connection(&info, &session).await?;
+    let stdin = create_kernel_stdin_connection(&info, &session).await?;
+    let iopub = create_kernel_iopub_xpub_connection(&info, &session).await?;
 
-    let (iopub_tx, mut iopub_rx) = mpsc::unbounded_channel::<JupyterMessage>();
-    tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                m = iopub_rx.recv() => match m {
-                    Some(m) => { let _ = iopub.send(m).await; }
-                    None => break,
-                },
-                s = iopub.recv_subscription() => {
-                    if let Ok(SubscriptionEvent::Subscribe(topic)) = s {
-                        let _ = iopub.send(IoPubWelcome::new(topic).into()).await;
-                    }
-                }
-            }
-        }
-    });
-    tokio::spawn(async move { while heartbeat.single_heartbeat().await.is_ok() {} });
-
-    let (stdin_tx, mut stdin_rx) = mpsc::unbounded_channel::<StdinReq>();
-    tokio::spawn(async move {
-        while let Some(req) = stdin_rx.recv().await {
-            let msg = InputRequest { prompt: req.prompt.clone(), password: req.password }.as_child_of(&req.parent);
-            if stdin.send(msg).await.is_err() {
-                let _ = req.reply.send(String::new());
-                continue;
-            }
-            let value = loop {
-                match stdin.read().await {
-                    Ok(m) => {
-                        if let JupyterMessageContent::InputReply(r) = m.content {
-                            break r.value;
-                        }
-                    }
-                    Err(_) => break String::new(),
-                }
-            };
-            let _ = req.reply.send(value);
-        }
-    });
+    let (iopub_tx, iopub_rx) = mpsc::unbounded_channel::<JupyterMessage>();
+    tokio::spawn(iopub_task(iopub, iopub_rx));
+    tokio::spawn(heartbeat_task(heartbeat));
+    let (stdin_tx, stdin_rx) = mpsc::unbounded_channel::<StdinReq>();
+    tokio::spawn(stdin_task(stdin, stdin_rx));
 
     let interrupted = Arc::new(AtomicBool::new(false));
     let running = Arc::new(AtomicBool::new(false));
     let child: ChildHandle = Arc::new(Mutex::new(None));
-    let child_at_exit = child.clone();
     let sink = Arc::new(ZmqSink {
         iopub: iopub_tx.clone(),
         parent: Mutex::new(None),
@@ -292,180 +259,254 @@ async fn serve(info: ConnectionInfo) -> anyhow::Result<()> {
     let _ = iopub_tx.send(Status::idle().into());
 
     let (shutdown_tx, mut shutdown_rx) = mpsc::unbounded_channel::<bool>();
-
-    // Control: also served while a cell runs.
-    let control_shutdown = shutdown_tx.clone();
-    let control_iopub = iopub_tx.clone();
-    tokio::spawn(async move {
-        while let Ok(msg) = control.read().await {
-            let _ = control_iopub.send(Status::busy().as_child_of(&msg));
-            match &msg.content {
-                JupyterMessageContent::KernelInfoRequest(_) => {
-                    let _ = control.send(kernel_info().as_child_of(&msg)).await;
-                }
-                JupyterMessageContent::InterruptRequest(_) => {
-                    // Only a running cell is stopped: killing an idle child would only make
-                    // the next cell fail.
-                    if running.load(Ordering::SeqCst) {
-                        interrupted.store(true, Ordering::SeqCst);
-                        kill(&child);
-                    }
-                    let _ = control.send(InterruptReply::new().as_child_of(&msg)).await;
-                }
-                JupyterMessageContent::ShutdownRequest(req) => {
-                    let reply = ShutdownReply { restart: req.restart, status: ReplyStatus::Ok, error: None };
-                    let _ = control.send(reply.as_child_of(&msg)).await;
-                    let _ = control_iopub.send(Status::idle().as_child_of(&msg));
-                    let _ = control_shutdown.send(req.restart);
-                    return;
-                }
-                _ => {}
-            }
-            let _ = control_iopub.send(Status::idle().as_child_of(&msg));
-        }
-    });
-
-    // Shell.
-    let shell_engine = engine.clone();
-    let shell_iopub = iopub_tx.clone();
-    let shell_shutdown = shutdown_tx.clone();
-    tokio::spawn(async move {
-        // After a failed cell with `stop_on_error`, execute requests already queued behind it
-        // (a "run all") are answered `aborted` instead of run, as ipykernel does.
-        let mut pending: std::collections::VecDeque<(JupyterMessage, bool)> = Default::default();
-        loop {
-            let (msg, abort) = match pending.pop_front() {
-                Some(p) => p,
-                None => match shell_rx.read().await {
-                    Ok(m) => (m, false),
-                    Err(e) => {
-                        eprintln!("gpumem-kernel: shell read error: {e}");
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                        continue;
-                    }
-                },
-            };
-            let _ = shell_iopub.send(Status::busy().as_child_of(&msg));
-            let reply: Option<JupyterMessage> = match &msg.content {
-                JupyterMessageContent::KernelInfoRequest(_) => Some(kernel_info().as_child_of(&msg)),
-                JupyterMessageContent::ExecuteRequest(_) if abort => Some(
-                    ExecuteReply {
-                        status: ReplyStatus::Aborted,
-                        execution_count: ExecutionCount::new(0),
-                        payload: vec![],
-                        user_expressions: None,
-                        error: None,
-                    }
-                    .as_child_of(&msg),
-                ),
-                JupyterMessageContent::ExecuteRequest(req) => {
-                    let (tx, rx) = oneshot::channel();
-                    let sent = shell_engine.send(EngineReq::Execute {
-                        msg: Box::new(msg.clone()),
-                        code: req.code.clone(),
-                        allow_stdin: req.allow_stdin,
-                        reply: tx,
-                    });
-                    let outcome = if sent.is_ok() { rx.await.ok() } else { None };
-                    if req.stop_on_error && outcome.as_ref().is_some_and(|o| o.error.is_some()) {
-                        // What is queued now (nothing more arrives within a few ms of asking).
-                        while let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(5), shell_rx.read()).await {
-                            let is_exec = matches!(m.content, JupyterMessageContent::ExecuteRequest(_));
-                            pending.push_back((m, is_exec));
-                        }
-                    }
-                    let reply = match outcome {
-                        Some(o) => ExecuteReply {
-                            status: if o.error.is_some() { ReplyStatus::Error } else { ReplyStatus::Ok },
-                            execution_count: ExecutionCount::new(o.count as usize),
-                            payload: vec![],
-                            user_expressions: None,
-                            error: o.error.as_ref().map(reply_error),
-                        },
-                        None => ExecuteReply {
-                            status: ReplyStatus::Error,
-                            execution_count: ExecutionCount::new(0),
-                            payload: vec![],
-                            user_expressions: None,
-                            error: Some(reply_error(&ErrorInfo {
-                                ename: "KernelError".into(),
-                                evalue: "the engine thread is gone".into(),
-                                traceback: vec![],
-                            })),
-                        },
-                    };
-                    Some(reply.as_child_of(&msg))
-                }
-                JupyterMessageContent::CompleteRequest(req) => {
-                    let (tx, rx) = oneshot::channel();
-                    let sent = shell_engine.send(EngineReq::Complete {
-                        code: req.code.clone(),
-                        cursor: req.cursor_pos,
-                        reply: tx,
-                    });
-                    let (matches, start, end) = if sent.is_ok() {
-                        rx.await.unwrap_or_default()
-                    } else {
-                        (vec![], req.cursor_pos, req.cursor_pos)
-                    };
-                    Some(
-                        CompleteReply {
-                            matches,
-                            cursor_start: start,
-                            cursor_end: end,
-                            metadata: Default::default(),
-                            status: ReplyStatus::Ok,
-                            error: None,
-                        }
-                        .as_child_of(&msg),
-                    )
-                }
-                JupyterMessageContent::IsCompleteRequest(req) => {
-                    let r = match is_complete(&req.code) {
-                        Completeness::Complete => IsCompleteReply::new(IsCompleteReplyStatus::Complete, String::new()),
-                        Completeness::Incomplete(indent) => {
-                            IsCompleteReply::new(IsCompleteReplyStatus::Incomplete, indent)
-                        }
-                        Completeness::Invalid => IsCompleteReply::new(IsCompleteReplyStatus::Invalid, String::new()),
-                    };
-                    Some(r.as_child_of(&msg))
-                }
-                JupyterMessageContent::InspectRequest(_) => Some(
-                    InspectReply {
-                        found: false,
-                        data: Media::default(),
-                        metadata: Default::default(),
-                        status: ReplyStatus::Ok,
-                        error: None,
-                    }
-                    .as_child_of(&msg),
-                ),
-                JupyterMessageContent::HistoryRequest(_) => {
-                    Some(HistoryReply { history: vec![], status: ReplyStatus::Ok, error: None }.as_child_of(&msg))
-                }
-                JupyterMessageContent::CommInfoRequest(_) => Some(
-                    CommInfoReply { status: ReplyStatus::Ok, comms: Default::default(), error: None }.as_child_of(&msg),
-                ),
-                JupyterMessageContent::ShutdownRequest(req) => {
-                    let _ = shell_shutdown.send(req.restart);
-                    Some(ShutdownReply { restart: req.restart, status: ReplyStatus::Ok, error: None }.as_child_of(&msg))
-                }
-                _ => None,
-            };
-            if let Some(r) = reply {
-                let _ = shell_tx.send(r).await;
-            }
-            let _ = shell_iopub.send(Status::idle().as_child_of(&msg));
-        }
-    });
+    let interrupt = Interrupt { running, interrupted, child: child.clone() };
+    tokio::spawn(control_task(control, iopub_tx.clone(), shutdown_tx.clone(), interrupt));
+    tokio::spawn(shell_task(shell_tx, shell_rx, engine.clone(), iopub_tx.clone(), shutdown_tx.clone()));
 
     // Wait for a shutdown request, then stop the engine (kills the child) and leave.
     let _restart = shutdown_rx.recv().await;
     let (done_tx, done_rx) = oneshot::channel();
     // Stop a running cell first, so the engine thread can take the request.
-    kill(&child_at_exit);
+    kill(&child);
     let _ = engine.send(EngineReq::Shutdown { done: done_tx });
     let _ = tokio::time::timeout(Duration::from_secs(3), done_rx).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
     Ok(())
+}
+
+/// iopub: writes what the channel brings, and welcomes every new subscriber (JEP 65).
+async fn iopub_task(mut iopub: KernelIoPubXPubConnection, mut rx: mpsc::UnboundedReceiver<JupyterMessage>) {
+    loop {
+        tokio::select! {
+            m = rx.recv() => match m {
+                Some(m) => { let _ = iopub.send(m).await; }
+                None => break,
+            },
+            s = iopub.recv_subscription() => {
+                if let Ok(SubscriptionEvent::Subscribe(topic)) = s {
+                    let _ = iopub.send(IoPubWelcome::new(topic).into()).await;
+                }
+            }
+        }
+    }
+}
+
+/// Heartbeat: echoes until the socket fails.
+async fn heartbeat_task(mut heartbeat: KernelHeartbeatConnection) {
+    while heartbeat.single_heartbeat().await.is_ok() {}
+}
+
+/// stdin: one `input_request` at a time, answered with the value of its `input_reply` (or an
+/// empty string when the socket fails).
+async fn stdin_task(mut stdin: KernelStdinConnection, mut rx: mpsc::UnboundedReceiver<StdinReq>) {
+    while let Some(req) = rx.recv().await {
+        let msg = InputRequest { prompt: req.prompt.clone(), password: req.password }.as_child_of(&req.parent);
+        if stdin.send(msg).await.is_err() {
+            let _ = req.reply.send(String::new());
+            continue;
+        }
+        let value = loop {
+            match stdin.read().await {
+                Ok(m) => {
+                    if let JupyterMessageContent::InputReply(r) = m.content {
+                        break r.value;
+                    }
+                }
+                Err(_) => break String::new(),
+            }
+        };
+        let _ = req.reply.send(value);
+    }
+}
+
+/// What the control task needs to interrupt a running cell.
+struct Interrupt {
+    /// A cell is running.
+    running: Arc<AtomicBool>,
+    /// Set before the child is killed, so the cell's error says "interrupted".
+    interrupted: Arc<AtomicBool>,
+    /// The evcxr child.
+    child: ChildHandle,
+}
+
+/// Control: `kernel_info`, `interrupt_request`, `shutdown_request`; also served while a cell
+/// runs. Each request is wrapped in `busy`/`idle`; a shutdown ends the task.
+async fn control_task(
+    mut control: KernelControlConnection,
+    iopub: mpsc::UnboundedSender<JupyterMessage>,
+    shutdown: mpsc::UnboundedSender<bool>,
+    interrupt: Interrupt,
+) {
+    while let Ok(msg) = control.read().await {
+        let _ = iopub.send(Status::busy().as_child_of(&msg));
+        match &msg.content {
+            JupyterMessageContent::KernelInfoRequest(_) => {
+                let _ = control.send(kernel_info().as_child_of(&msg)).await;
+            }
+            JupyterMessageContent::InterruptRequest(_) => {
+                // Only a running cell is stopped: killing an idle child would only make
+                // the next cell fail.
+                if interrupt.running.load(Ordering::SeqCst) {
+                    interrupt.interrupted.store(true, Ordering::SeqCst);
+                    kill(&interrupt.child);
+                }
+                let _ = control.send(InterruptReply::new().as_child_of(&msg)).await;
+            }
+            JupyterMessageContent::ShutdownRequest(req) => {
+                let reply = ShutdownReply { restart: req.restart, status: ReplyStatus::Ok, error: None };
+                let _ = control.send(reply.as_child_of(&msg)).await;
+                let _ = iopub.send(Status::idle().as_child_of(&msg));
+                let _ = shutdown.send(req.restart);
+                return;
+            }
+            _ => {}
+        }
+        let _ = iopub.send(Status::idle().as_child_of(&msg));
+    }
+}
+
+/// Shell: every request wrapped in `busy`/`idle`, answered "outputs → reply → idle" (an execute
+/// request waits for the engine thread).
+async fn shell_task(
+    mut shell_tx: RouterSendConnection,
+    mut shell_rx: RouterRecvConnection,
+    engine: std::sync::mpsc::Sender<EngineReq>,
+    iopub: mpsc::UnboundedSender<JupyterMessage>,
+    shutdown: mpsc::UnboundedSender<bool>,
+) {
+    // After a failed cell with `stop_on_error`, execute requests already queued behind it
+    // (a "run all") are answered `aborted` instead of run, as ipykernel does.
+    let mut pending: std::collections::VecDeque<(JupyterMessage, bool)> = Default::default();
+    loop {
+        let (msg, abort) = match pending.pop_front() {
+            Some(p) => p,
+            None => match shell_rx.read().await {
+                Ok(m) => (m, false),
+                Err(e) => {
+                    eprintln!("gpumem-kernel: shell read error: {e}");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = iopub.send(Status::busy().as_child_of(&msg));
+        let reply: Option<JupyterMessage> = match &msg.content {
+            JupyterMessageContent::ExecuteRequest(_) if abort => {
+                Some(execute_reply(ReplyStatus::Aborted, 0, None).as_child_of(&msg))
+            }
+            JupyterMessageContent::ExecuteRequest(req) => {
+                let outcome = execute(&engine, &msg, req).await;
+                if req.stop_on_error && outcome.as_ref().is_some_and(|o| o.error.is_some()) {
+                    // What is queued now (nothing more arrives within a few ms of asking).
+                    while let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(5), shell_rx.read()).await {
+                        let is_exec = matches!(m.content, JupyterMessageContent::ExecuteRequest(_));
+                        pending.push_back((m, is_exec));
+                    }
+                }
+                Some(outcome_reply(outcome).as_child_of(&msg))
+            }
+            JupyterMessageContent::CompleteRequest(req) => Some(complete(&engine, req).await.as_child_of(&msg)),
+            JupyterMessageContent::ShutdownRequest(req) => {
+                let _ = shutdown.send(req.restart);
+                Some(ShutdownReply { restart: req.restart, status: ReplyStatus::Ok, error: None }.as_child_of(&msg))
+            }
+            _ => quick_reply(&msg),
+        };
+        if let Some(r) = reply {
+            let _ = shell_tx.send(r).await;
+        }
+        let _ = iopub.send(Status::idle().as_child_of(&msg));
+    }
+}
+
+/// Runs an execute request on the engine thread; `None` when the thread is gone.
+async fn execute(
+    engine: &std::sync::mpsc::Sender<EngineReq>,
+    msg: &JupyterMessage,
+    req: &ExecuteRequest,
+) -> Option<Outcome> {
+    let (tx, rx) = oneshot::channel();
+    let sent = engine.send(EngineReq::Execute {
+        msg: Box::new(msg.clone()),
+        code: req.code.clone(),
+        allow_stdin: req.allow_stdin,
+        reply: tx,
+    });
+    if sent.is_ok() { rx.await.ok() } else { None }
+}
+
+/// The `execute_reply` for an outcome (`None`: the engine thread is gone).
+fn outcome_reply(outcome: Option<Outcome>) -> ExecuteReply {
+    match outcome {
+        Some(o) => {
+            let status = if o.error.is_some() { ReplyStatus::Error } else { ReplyStatus::Ok };
+            execute_reply(status, o.count, o.error.as_ref().map(reply_error))
+        }
+        None => {
+            let gone = ErrorInfo {
+                ename: "KernelError".into(),
+                evalue: "the engine thread is gone".into(),
+                traceback: vec![],
+            };
+            execute_reply(ReplyStatus::Error, 0, Some(reply_error(&gone)))
+        }
+    }
+}
+
+fn execute_reply(status: ReplyStatus, count: u64, error: Option<Box<ReplyError>>) -> ExecuteReply {
+    ExecuteReply {
+        status,
+        execution_count: ExecutionCount::new(count as usize),
+        payload: vec![],
+        user_expressions: None,
+        error,
+    }
+}
+
+/// Completions from the engine thread.
+async fn complete(engine: &std::sync::mpsc::Sender<EngineReq>, req: &CompleteRequest) -> CompleteReply {
+    let (tx, rx) = oneshot::channel();
+    let sent = engine.send(EngineReq::Complete { code: req.code.clone(), cursor: req.cursor_pos, reply: tx });
+    let (matches, start, end) =
+        if sent.is_ok() { rx.await.unwrap_or_default() } else { (vec![], req.cursor_pos, req.cursor_pos) };
+    CompleteReply {
+        matches,
+        cursor_start: start,
+        cursor_end: end,
+        metadata: Default::default(),
+        status: ReplyStatus::Ok,
+        error: None,
+    }
+}
+
+/// The replies that need neither the engine nor the shell's state; `None`: no reply.
+fn quick_reply(msg: &JupyterMessage) -> Option<JupyterMessage> {
+    match &msg.content {
+        JupyterMessageContent::KernelInfoRequest(_) => Some(kernel_info().as_child_of(msg)),
+        JupyterMessageContent::IsCompleteRequest(req) => {
+            let r = match is_complete(&req.code) {
+                Completeness::Complete => IsCompleteReply::new(IsCompleteReplyStatus::Complete, String::new()),
+                Completeness::Incomplete(indent) => IsCompleteReply::new(IsCompleteReplyStatus::Incomplete, indent),
+                Completeness::Invalid => IsCompleteReply::new(IsCompleteReplyStatus::Invalid, String::new()),
+            };
+            Some(r.as_child_of(msg))
+        }
+        JupyterMessageContent::InspectRequest(_) => Some(
+            InspectReply {
+                found: false,
+                data: Media::default(),
+                metadata: Default::default(),
+                status: ReplyStatus::Ok,
+                error: None,
+            }
+            .as_child_of(msg),
+        ),
+        JupyterMessageContent::HistoryRequest(_) => {
+            Some(HistoryReply { history: vec![], status: ReplyStatus::Ok, error: None }.as_child_of(msg))
+        }
+        JupyterMessageContent::CommInfoRequest(_) => {
+            Some(CommInfoReply { status: ReplyStatus::Ok, comms: Default::default(), error: None }.as_child_of(msg))
+        }
+        _ => None,
+    }
 }

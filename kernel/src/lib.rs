@@ -9,6 +9,8 @@
 //! - [`report`]: per-cell records, the report line, history, chart, export.
 //! - [`nvml`]: kernel-side NVML; [`install`]: the kernelspec; [`run`]: headless notebooks.
 
+#![forbid(unsafe_code)]
+
 pub mod complete;
 pub mod control;
 pub mod engine;

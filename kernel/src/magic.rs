@@ -287,16 +287,12 @@ fn parse_record(rest: &[&str]) -> Result<Magic, String> {
     };
     let mut max_entries = None;
     let mut stacks = false;
-    let mut it = opts.iter();
-    while let Some(&opt) = it.next() {
-        let (name, inline) = match opt.split_once('=') {
-            Some((n, v)) => (n, Some(v)),
-            None => (opt, None),
-        };
+    let mut opts = Opts::new(opts);
+    while let Some((name, inline)) = opts.next() {
         match name {
             "--stacks" if inline.is_none() => stacks = true,
             "--max-entries" => {
-                let v = inline.or_else(|| it.next().copied()).ok_or("`--max-entries` needs a number")?;
+                let v = opts.value(inline).ok_or("`--max-entries` needs a number")?;
                 let n: u64 =
                     v.replace('_', "").parse().map_err(|_| format!("`--max-entries` needs a number, not {v:?}"))?;
                 if n == 0 {
@@ -316,22 +312,48 @@ fn parse_record(rest: &[&str]) -> Result<Magic, String> {
 fn parse_cell_magic(args: &str) -> Result<Magic, String> {
     let mut timeline = false;
     let mut snapshot = None;
-    let mut it = args.split_whitespace();
-    while let Some(opt) = it.next() {
-        let (name, inline) = match opt.split_once('=') {
-            Some((n, v)) => (n, Some(v)),
-            None => (opt, None),
-        };
+    let words: Vec<&str> = args.split_whitespace().collect();
+    let mut opts = Opts::new(&words);
+    while let Some((name, inline)) = opts.next() {
         match name {
             "--timeline" if inline.is_none() => timeline = true,
             "--snapshot" => {
-                let dir = inline.map(str::to_string).or_else(|| it.next().map(str::to_string));
-                snapshot = Some(PathBuf::from(dir.ok_or("`--snapshot` needs a directory")?));
+                let dir = opts.value(inline).ok_or("`--snapshot` needs a directory")?;
+                snapshot = Some(PathBuf::from(dir));
             }
             other => return Err(format!("unknown option `{other}` for %%gpumem")),
         }
     }
     Ok(Magic::Cell { timeline, snapshot })
+}
+
+/// A magic's options, one at a time: `--name`, `--name=value` or `--name value`.
+struct Opts<'a> {
+    words: std::slice::Iter<'a, &'a str>,
+}
+
+impl<'a> Opts<'a> {
+    fn new(words: &'a [&'a str]) -> Opts<'a> {
+        Opts { words: words.iter() }
+    }
+
+    /// The value of the option just read: written inline (`--name=value`), else the next word.
+    fn value(&mut self, inline: Option<&'a str>) -> Option<&'a str> {
+        inline.or_else(|| self.words.next().copied())
+    }
+}
+
+impl<'a> Iterator for Opts<'a> {
+    /// The option's name, and its value when written `--name=value`.
+    type Item = (&'a str, Option<&'a str>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let opt = *self.words.next()?;
+        Some(match opt.split_once('=') {
+            Some((name, value)) => (name, Some(value)),
+            None => (opt, None),
+        })
+    }
 }
 
 #[cfg(test)]

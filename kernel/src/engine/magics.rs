@@ -1,0 +1,237 @@
+//! What the magics do: settings before the cell's code, `%%gpumem`'s timeline and snapshot
+//! after it, the output magics (history, plot, summary, snapshot, export) last.
+
+use super::{Engine, SLOW_TIMEOUT};
+use crate::hooks::HOOK_TIMEOUT;
+use crate::magic::{self, ExportFormat, Magic};
+use gpumem_nb::render::escape;
+use gpumem_nb::units::iec;
+use serde_json::{Map, Value, json};
+use std::path::{Path, PathBuf};
+
+/// `%gpumem record` as the session wants it (re-sent to every new child).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct RecordSetting {
+    pub(super) on: bool,
+    pub(super) max_entries: Option<u64>,
+    pub(super) stacks: bool,
+}
+
+impl RecordSetting {
+    pub(super) fn request(&self) -> Value {
+        json!({
+            "enabled": if self.on { "all" } else { "off" },
+            "max_entries": self.max_entries.unwrap_or(u64::from(u32::MAX)),
+            "stacks": self.stacks,
+        })
+    }
+}
+
+impl Engine {
+    pub(super) fn finish_cell_magic(&mut self, count: u64, timeline: bool, snap: Option<&Path>, was_loaded: bool) {
+        if self.hooks.control.connected().is_none() {
+            self.stream(
+                "stderr",
+                "%%gpumem: gpumem-nb is not loaded in this notebook, so there is no allocator history \
+                 (load it with `:dep gpumem-nb = { path = \"…\" }` and use a device first)",
+            );
+            return;
+        }
+        if !was_loaded {
+            self.stream("stderr", "%%gpumem: gpumem-nb was loaded during this cell; its history starts at first use");
+        }
+        if timeline {
+            match self.hooks.control.request("history_svg", json!({}), SLOW_TIMEOUT) {
+                Ok(reply) => {
+                    let mut m = Map::new();
+                    let text = reply.get("text").and_then(Value::as_str).unwrap_or("memory over time");
+                    m.insert("text/plain".into(), Value::String(format!("cell {count}: {text}")));
+                    if let Some(svg) = reply.get("svg").and_then(Value::as_str) {
+                        m.insert("image/svg+xml".into(), Value::String(svg.to_string()));
+                    }
+                    self.display(m);
+                }
+                Err(e) => self.stream("stderr", format!("%%gpumem --timeline: {e}")),
+            }
+        }
+        if let Some(dir) = snap {
+            self.snapshot(count, Some(dir));
+        }
+        let _ = self.hooks.control.request("record", self.record.request(), HOOK_TIMEOUT);
+    }
+
+    pub(super) fn apply_setting(&mut self, m: &Magic) {
+        match m {
+            Magic::On => {
+                self.show = true;
+                self.stream("stdout", "gpumem: per-cell reports on");
+            }
+            Magic::Off => {
+                self.show = false;
+                self.stream(
+                    "stdout",
+                    "gpumem: per-cell reports off (cells are still measured; %gpumem history shows them)",
+                );
+            }
+            Magic::Budget(b) => {
+                self.history.budget = *b;
+                match b {
+                    Some(b) => self.stream("stdout", format!("gpumem: budget {} per cell peak", iec(*b))),
+                    None => self.stream("stdout", "gpumem: budget off"),
+                }
+            }
+            Magic::Reset => {
+                let n = self.history.cells.len();
+                self.history.cells.clear();
+                self.stream("stdout", format!("gpumem: forgot {n} cells of history (the allocator is untouched)"));
+            }
+            Magic::Record { on, max_entries, stacks } => {
+                self.record = RecordSetting { on: *on, max_entries: *max_entries, stacks: *stacks };
+                self.hooks.set_record_on_connect(self.record.on.then(|| self.record.request()));
+                let pid = self.child_pid();
+                self.hooks.poll(pid);
+                let what = if *on {
+                    format!(
+                        "gpumem: recording allocator history{}{}",
+                        max_entries.map_or(String::new(), |n| format!(" (last {n} events)")),
+                        if *stacks { " with stacks" } else { "" }
+                    )
+                } else {
+                    "gpumem: history recording off".to_string()
+                };
+                if self.hooks.control.connected().is_some() {
+                    match self.hooks.control.request("record", self.record.request(), HOOK_TIMEOUT) {
+                        Ok(_) => self.stream("stdout", what),
+                        Err(e) => self.magic_error(&format!("record failed: {e}")),
+                    }
+                } else {
+                    self.stream("stdout", format!("{what} (from when gpumem-nb is first used)"));
+                }
+            }
+            Magic::Help => {
+                let h = magic::help_text();
+                self.display_text_html(&h, format!("<pre style=\"font-size:12px\">{}</pre>", escape(&h)));
+            }
+            _ => {}
+        }
+    }
+
+    pub(super) fn run_output_magic(&mut self, m: &Magic, count: u64) {
+        match m {
+            Magic::History => {
+                let b = self.history.table().bundle();
+                self.display_text_html(&b.text, b.html.unwrap_or_default());
+            }
+            Magic::Plot => {
+                if self.history.cells.is_empty() {
+                    self.stream("stdout", "gpumem: no cells measured yet");
+                    return;
+                }
+                let b = self.history.plot();
+                let mut data = Map::new();
+                data.insert("text/plain".into(), Value::String(b.text));
+                if let Some(svg) = b.svg {
+                    data.insert("image/svg+xml".into(), Value::String(svg));
+                }
+                self.display(data);
+            }
+            Magic::Summary => {
+                let pid = self.child_pid();
+                self.hooks.poll(pid);
+                match self.hooks.control.request("summary", json!({}), SLOW_TIMEOUT) {
+                    Ok(reply) => {
+                        let text = reply.get("text").and_then(Value::as_str).unwrap_or("").to_string();
+                        self.display_text_html(&text, format!("<pre style=\"font-size:12px\">{}</pre>", escape(&text)));
+                    }
+                    Err(e) => self.magic_error(&format!("summary: {e}")),
+                }
+            }
+            Magic::Snapshot(dir) => self.snapshot(count, dir.as_deref()),
+            Magic::Export(path, format) => {
+                let body = match format {
+                    ExportFormat::Csv => self.history.to_csv(),
+                    ExportFormat::Json => self.history.to_json(),
+                };
+                match std::fs::write(path, body) {
+                    Ok(()) => self.stream(
+                        "stdout",
+                        format!("gpumem: wrote {} cells to {}", self.history.cells.len(), path.display()),
+                    ),
+                    Err(e) => self.magic_error(&format!("export: cannot write {}: {e}", path.display())),
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn snapshot(&mut self, count: u64, dir: Option<&Path>) {
+        let cwd = std::env::current_dir().unwrap_or_default();
+        let dir = normalize(&match dir {
+            Some(d) if d.is_absolute() => d.to_path_buf(),
+            Some(d) => cwd.join(d),
+            None => cwd.join("gpumem-snapshots").join(format!("cell-{count}")),
+        });
+        let pid = self.child_pid();
+        self.hooks.poll(pid);
+        if self.hooks.control.connected().is_none() {
+            self.magic_error("snapshot: gpumem-nb is not loaded in this notebook (nothing to snapshot)");
+            return;
+        }
+        match self.hooks.control.request("snapshot", json!({"dir": dir}), SLOW_TIMEOUT) {
+            Ok(reply) => {
+                let files = reply.get("files").cloned().unwrap_or(Value::Null);
+                let mut text = format!("gpumem: snapshot written to {}\n", dir.display());
+                let mut html = format!(
+                    "<div style=\"font-family:monospace;font-size:12px\">snapshot written to <code>{}</code><ul>",
+                    escape(&dir.display().to_string())
+                );
+                for key in ["html", "pickle", "json"] {
+                    let Some(p) = files.get(key).and_then(Value::as_str) else { continue };
+                    let size = std::fs::metadata(p).map(|m| iec(m.len())).unwrap_or_else(|_| "?".into());
+                    text.push_str(&format!("  {p} ({size})\n"));
+                    let href =
+                        Path::new(p).strip_prefix(&cwd).map(Path::to_path_buf).unwrap_or_else(|_| PathBuf::from(p));
+                    html.push_str(&format!(
+                        "<li><a href=\"{}\">{}</a> ({size})</li>",
+                        escape(&href.display().to_string()),
+                        escape(p)
+                    ));
+                }
+                text.push_str("open trace_plot.html offline, or drop snapshot.pickle on pytorch.org/memory_viz");
+                html.push_str(
+                    "</ul>open <code>trace_plot.html</code> offline, or drop <code>snapshot.pickle</code> on \
+                     pytorch.org/memory_viz</div>",
+                );
+                self.display_text_html(&text, html);
+            }
+            Err(e) => self.magic_error(&format!("snapshot to {}: {e}", dir.display())),
+        }
+    }
+}
+
+/// `a/b/../c` → `a/c`, lexically (the directory may not exist yet).
+fn normalize(p: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            std::path::Component::ParentDir => {
+                if !out.pop() {
+                    out.push("..");
+                }
+            }
+            std::path::Component::CurDir => {}
+            other => out.push(other.as_os_str()),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn normalize_is_lexical() {
+        assert_eq!(normalize(Path::new("/a/nb/../target/./x")), PathBuf::from("/a/target/x"));
+    }
+}

@@ -1,0 +1,448 @@
+//! The kernel's core, shared by the Jupyter kernel and headless `run`: an evcxr
+//! `CommandContext`, the per-cell hooks, magics and reports.
+//!
+//! The engine is blocking and lives on one thread. Its outputs go to a [`Sink`] in order: the
+//! cell's streams, then its result or error, then the memory report (its own `display_data`),
+//! then whatever the magics show.
+//!
+//! - `magics`: what the `%gpumem` / `%%gpumem` magics do to the engine.
+//! - `errors`: evcxr's errors as [`ErrorInfo`], and the code-derived fields of a record.
+//! - `pump`: the thread forwarding evcxr's stdout/stderr to the sink.
+
+mod errors;
+mod magics;
+mod pump;
+
+pub use errors::ErrorInfo;
+
+use crate::control::{CONTROL_VAR, ControlServer};
+use crate::hooks::{self, HOOK_TIMEOUT, Hooks};
+use crate::magic::{self, Magic};
+use crate::report::{CellRecord, History};
+use errors::{error_info, first_code_line, source_hash};
+use magics::RecordSetting;
+use pump::StreamPump;
+use serde_json::{Map, Value};
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Timeout of the heavier requests (snapshot, chart, summary).
+const SLOW_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// One output of a cell, in the order it is produced.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Output {
+    /// The cell's code is about to run with this execution count.
+    ExecuteInput {
+        /// The code as sent.
+        code: String,
+        /// Execution count.
+        count: u64,
+    },
+    /// Text on `stdout` or `stderr`.
+    Stream {
+        /// `stdout` or `stderr`.
+        name: &'static str,
+        /// The text (lines end with `\n`).
+        text: String,
+    },
+    /// The value of the cell's last expression, by MIME type.
+    ExecuteResult {
+        /// Execution count.
+        count: u64,
+        /// MIME type → data.
+        data: Map<String, Value>,
+    },
+    /// Something shown (reports, magics).
+    Display {
+        /// MIME type → data.
+        data: Map<String, Value>,
+    },
+    /// The cell failed.
+    Error(ErrorInfo),
+}
+
+/// Where the engine's outputs go.
+pub trait Sink: Send + Sync {
+    /// One output, in order.
+    fn emit(&self, out: Output);
+    /// Asks the user for a line (the cell called `evcxr_input`); only called when the
+    /// request allowed stdin.
+    fn input(&self, prompt: &str, password: bool) -> String;
+}
+
+/// What an execution ended with.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    /// Execution count.
+    pub count: u64,
+    /// `Some` when the reply is an error.
+    pub error: Option<ErrorInfo>,
+    /// The record of the cell, when it ran code.
+    pub record: Option<CellRecord>,
+}
+
+/// The engine.
+pub struct Engine {
+    ctx: evcxr::CommandContext,
+    child: Arc<Mutex<Child>>,
+    hooks: Hooks,
+    sink: Arc<dyn Sink>,
+    pump: StreamPump,
+    count: u64,
+    history: History,
+    show: bool,
+    record: RecordSetting,
+    interrupted: Arc<AtomicBool>,
+    /// Hook timings of the last cell (pre, post), microseconds.
+    pub last_hook_us: (u64, u64),
+}
+
+/// The active toolchain's directory holding the `libstd-*.so` that evcxr's cells link against:
+/// `$(rustc --print sysroot)/lib/rustlib/<host>/lib` (rustup's layout) or `…/lib`.
+fn toolchain_lib_dir() -> Option<std::path::PathBuf> {
+    let out = std::process::Command::new("rustc").args(["--print", "sysroot"]).output().ok()?;
+    let sysroot = std::path::PathBuf::from(String::from_utf8(out.stdout).ok()?.trim());
+    let has_std = |dir: &std::path::Path| {
+        std::fs::read_dir(dir).is_ok_and(|rd| {
+            rd.flatten().any(|e| e.file_name().to_str().is_some_and(|n| n.starts_with("libstd-") && n.ends_with(".so")))
+        })
+    };
+    let rustlib = sysroot.join("lib").join("rustlib");
+    let mut candidates: Vec<std::path::PathBuf> =
+        std::fs::read_dir(&rustlib).map(|rd| rd.flatten().map(|e| e.path().join("lib")).collect()).unwrap_or_default();
+    candidates.push(sysroot.join("lib"));
+    candidates.into_iter().find(|d| has_std(d))
+}
+
+impl Engine {
+    /// Starts evcxr (its child inherits `GPUMEM_NB_CONTROL`) and the control socket.
+    /// `interrupted` is set by whoever kills the child on an interrupt request.
+    pub fn new(sink: Arc<dyn Sink>, interrupted: Arc<AtomicBool>) -> anyhow::Result<Engine> {
+        let control = ControlServer::new()?;
+        let mut cmd = std::process::Command::new(std::env::current_exe()?);
+        // The child (and every restarted child: evcxr re-spawns this same command) gets the
+        // socket path. Set on the command rather than with `set_var`, which is `unsafe`.
+        cmd.env(CONTROL_VAR, control.socket_path());
+        // Cells are cdylibs linked against the toolchain's `libstd-*.so` (evcxr builds with
+        // `-C prefer-dynamic`): the child must find it. Cells normally carry an rpath to it, but
+        // a kernel started by Jupyter (not under cargo/rustup) has been seen building cells
+        // without one, so the child also gets the toolchain's std directory on its library path.
+        if let Some(lib) = toolchain_lib_dir() {
+            let mut paths = vec![lib];
+            if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
+                paths.extend(std::env::split_paths(&old));
+            }
+            if let Ok(joined) = std::env::join_paths(paths) {
+                cmd.env("LD_LIBRARY_PATH", joined);
+            }
+        }
+        let (eval, outputs) = evcxr::EvalContext::with_subprocess_command(cmd)
+            .map_err(|e| anyhow::anyhow!("evcxr failed to start: {e}"))?;
+        let mut ctx = evcxr::CommandContext::with_eval_context(eval);
+        let child = ctx.process_handle();
+        let pump = StreamPump::start(outputs, sink.clone());
+        if let Err(e) = ctx.execute(":load_config --quiet") {
+            eprintln!("gpumem-kernel: evcxr startup configuration not loaded: {e}");
+        }
+        Ok(Engine {
+            ctx,
+            child,
+            hooks: Hooks::new(control),
+            sink,
+            pump,
+            count: 0,
+            history: History::default(),
+            show: true,
+            record: RecordSetting::default(),
+            interrupted,
+            last_hook_us: (0, 0),
+        })
+    }
+
+    /// The process handle of the evcxr child (valid across restarts): kill it to interrupt.
+    pub fn process_handle(&self) -> Arc<Mutex<Child>> {
+        self.child.clone()
+    }
+
+    /// The current child's pid.
+    pub fn child_pid(&self) -> Option<u32> {
+        self.child.lock().ok().map(|c| c.id())
+    }
+
+    /// The control socket's path.
+    pub fn control_path(&self) -> &Path {
+        self.hooks.control.socket_path()
+    }
+
+    /// The session's records.
+    pub fn history(&self) -> &[CellRecord] {
+        &self.history.cells
+    }
+
+    fn stream(&self, name: &'static str, text: impl Into<String>) {
+        let mut text = text.into();
+        if !text.ends_with('\n') {
+            text.push('\n');
+        }
+        self.sink.emit(Output::Stream { name, text });
+    }
+
+    fn display(&self, data: Map<String, Value>) {
+        self.sink.emit(Output::Display { data });
+    }
+
+    fn display_text_html(&self, text: &str, html: String) {
+        let mut m = Map::new();
+        m.insert("text/plain".into(), Value::String(text.to_string()));
+        m.insert("text/html".into(), Value::String(html));
+        self.display(m);
+    }
+
+    fn magic_error(&self, what: &str) {
+        self.stream("stderr", format!("%gpumem: {what}\n{}", magic::usage()));
+    }
+
+    /// Runs one cell: magics, hooks, evcxr, report.
+    pub fn execute(&mut self, code: &str, allow_stdin: bool) -> Outcome {
+        self.count += 1;
+        let count = self.count;
+        self.sink.emit(Output::ExecuteInput { code: code.to_string(), count });
+        let (magics, run_code) = magic::parse(code);
+        let mut cell_magic: Option<(bool, Option<PathBuf>)> = None;
+        for m in &magics {
+            match m {
+                Magic::Bad { line, text, error } => self.magic_error(&format!("{error} (line {line}: `{text}`)")),
+                Magic::Cell { timeline, snapshot } => cell_magic = Some((*timeline, snapshot.clone())),
+                m if !m.runs_after_code() => self.apply_setting(m),
+                _ => {}
+            }
+        }
+        let mut outcome = Outcome { count, error: None, record: None };
+        if magic::has_code(&run_code) {
+            let (error, rec) = self.run_cell(count, code, &run_code, allow_stdin, cell_magic.as_ref());
+            outcome.error = error;
+            outcome.record = rec;
+        } else if let Some((timeline, snap)) = &cell_magic {
+            // A %%gpumem cell without code: nothing was recorded, but honour the requests.
+            if *timeline || snap.is_some() {
+                self.stream("stderr", "%%gpumem: the cell has no code to record");
+            }
+        }
+        for m in magics.iter().filter(|m| m.runs_after_code()) {
+            self.run_output_magic(m, count);
+        }
+        outcome
+    }
+
+    fn run_cell(
+        &mut self,
+        count: u64,
+        original: &str,
+        run_code: &str,
+        allow_stdin: bool,
+        cell_magic: Option<&(bool, Option<PathBuf>)>,
+    ) -> (Option<ErrorInfo>, Option<CellRecord>) {
+        // ---- pre hooks
+        let before = self.hooks.before(count, self.child_pid());
+        if let Some((_, snap)) = cell_magic {
+            let setting = RecordSetting { on: true, max_entries: None, stacks: snap.is_some() };
+            if self.hooks.control.connected().is_some() {
+                let _ = self.hooks.control.request("record", setting.request(), HOOK_TIMEOUT);
+            }
+        }
+
+        // ---- the cell
+        self.interrupted.store(false, Ordering::SeqCst);
+        self.pump.begin_cell();
+        let t0 = Instant::now();
+        let sink = self.sink.clone();
+        let input = move |prompt: &str, password: bool| {
+            if allow_stdin { sink.input(prompt, password) } else { String::new() }
+        };
+        // `:restart` is done here: evcxr 0.22's own `:restart` leaves the cell's copy of the
+        // variable list behind, so the next cell asks the fresh child for variables it never had
+        // and aborts it.
+        let restart_here = run_code.lines().any(|l| l.trim() == ":restart");
+        let rest: String;
+        let run_code = if restart_here {
+            self.restart_child();
+            self.stream("stdout", "Child process restarted");
+            rest = run_code
+                .split_inclusive('\n')
+                .map(|l| {
+                    if l.trim() == ":restart" { l.replacen(":restart", "// :restart (done)", 1) } else { l.to_string() }
+                })
+                .collect();
+            rest.as_str()
+        } else {
+            run_code
+        };
+        let result = if magic::has_code(run_code) {
+            self.ctx.execute_with_callbacks(
+                run_code,
+                &mut evcxr::EvalCallbacks { input_reader: &|req| input(&req.prompt, req.is_password) },
+            )
+        } else {
+            Ok(evcxr::EvalOutputs::new())
+        };
+        let wall = t0.elapsed();
+        self.pump.flush();
+
+        // ---- post hooks
+        let after = self.hooks.after(count, self.child_pid());
+        self.last_hook_us = (before.us, after.us);
+
+        // ---- outputs: result or error, then the report
+        let interrupted = self.interrupted.swap(false, Ordering::SeqCst);
+        let mut error = None;
+        let mut terminated: Option<String> = None;
+        match result {
+            Ok(out) => {
+                let data = mime_map(out.content_by_mime_type);
+                if !data.is_empty() {
+                    self.sink.emit(Output::ExecuteResult { count, data });
+                }
+            }
+            Err(e) => {
+                if let evcxr::Error::SubprocessTerminated(msg) = &e {
+                    terminated = Some(msg.lines().last().unwrap_or("").to_string());
+                }
+                let info = error_info(&e, run_code, interrupted);
+                self.sink.emit(Output::Error(info.clone()));
+                error = Some(info);
+            }
+        }
+        let mut rec = hooks::record(count, &before, &after);
+        rec.status = if error.is_some() {
+            "error".into()
+        } else if self.pump.panicked() {
+            "panicked".into()
+        } else {
+            "ok".into()
+        };
+        rec.first_line = first_code_line(run_code);
+        rec.source_hash = source_hash(run_code);
+        rec.wall_ms = wall.as_secs_f64() * 1000.0;
+        if rec.restarted {
+            rec.restart_reason = Some(if interrupted {
+                "interrupted".into()
+            } else if let Some(t) = &terminated {
+                format!("crashed: {}", t.trim())
+            } else if restart_here || run_code.lines().any(|l| l.trim() == ":clear") {
+                "restart requested".into()
+            } else {
+                "child process replaced".into()
+            });
+        }
+        self.history.warn(&mut rec);
+        if self.show {
+            self.display(rec.display());
+        }
+        self.history.cells.push(rec.clone());
+
+        // ---- %%gpumem: timeline, snapshot, then the session's own recording setting again
+        if let Some((timeline, snap)) = cell_magic {
+            let was_loaded = before.crate_readings.is_some() && before.pid == after.pid;
+            self.finish_cell_magic(count, *timeline, snap.as_deref(), was_loaded);
+        }
+        let _ = original;
+        (error, Some(rec))
+    }
+
+    /// Completions at `cursor` (a character offset, as Jupyter sends it): `%gpumem` verbs on
+    /// magic lines, evcxr (rust-analyzer) elsewhere. Returns matches and the replaced range in
+    /// characters.
+    pub fn complete(&mut self, code: &str, cursor: usize) -> (Vec<String>, usize, usize) {
+        let byte = char_to_byte(code, cursor);
+        let line_start = code[..byte].rfind('\n').map_or(0, |i| i + 1);
+        let line = &code[line_start..byte];
+        if let Some(rest) = line.trim_start().strip_prefix("%gpumem ") {
+            let word_start = byte - rest.len() + rest.rfind(' ').map_or(0, |i| i + 1);
+            let prefix = &code[word_start..byte];
+            let matches: Vec<String> = magic::COMMANDS
+                .iter()
+                .filter(|c| c.verb != "%%gpumem" && c.verb.starts_with(prefix))
+                .map(|c| c.verb.to_string())
+                .collect();
+            let start = code[..word_start].chars().count();
+            return (matches, start, cursor);
+        }
+        // Blank out magic lines (same length) so rust-analyzer sees no `%`.
+        let blanked: String = code
+            .split_inclusive('\n')
+            .map(|l| {
+                let t = l.trim_start();
+                if t.starts_with("%gpumem") || t.starts_with("%%gpumem") {
+                    l.chars().map(|c| if c == '\n' { '\n' } else { ' ' }).collect()
+                } else {
+                    l.to_string()
+                }
+            })
+            .collect();
+        match self.ctx.completions(&blanked, byte) {
+            Ok(c) => {
+                let start = blanked[..c.start_offset.min(blanked.len())].chars().count();
+                let end = blanked[..c.end_offset.min(blanked.len())].chars().count();
+                (c.completions.into_iter().map(|c| c.code).collect(), start, end)
+            }
+            Err(_) => (Vec::new(), cursor, cursor),
+        }
+    }
+
+    /// Restarts the evcxr child the way a crash does (kill it, then let evcxr notice on a trivial
+    /// evaluation and start a new one), which also drops the variables from evcxr's state.
+    fn restart_child(&mut self) {
+        self.kill_child();
+        if let Ok(mut c) = self.child.lock() {
+            let _ = c.wait();
+        }
+        // Fails with "subprocess terminated", and evcxr restarts the child.
+        let _ = self.ctx.execute("()");
+    }
+
+    /// Kills the child (for shutdown; evcxr would otherwise wait for it).
+    pub fn kill_child(&self) {
+        if let Ok(mut c) = self.child.lock() {
+            let _ = c.kill();
+        }
+    }
+}
+
+fn char_to_byte(s: &str, chars: usize) -> usize {
+    s.char_indices().nth(chars).map_or(s.len(), |(i, _)| i)
+}
+
+/// evcxr's content blocks as a Jupyter MIME bundle (JSON types parsed).
+fn mime_map(content: std::collections::HashMap<String, String>) -> Map<String, Value> {
+    let mut m = Map::new();
+    for (mime, data) in content {
+        let v = if mime.contains("json") {
+            serde_json::from_str(&data).unwrap_or(Value::String(data))
+        } else {
+            Value::String(data)
+        };
+        m.insert(mime, v);
+    }
+    m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn helpers() {
+        assert_eq!(char_to_byte("héllo", 2), 3);
+        assert_eq!(char_to_byte("hé", 5), 3);
+        let mut m = std::collections::HashMap::new();
+        m.insert("application/json".to_string(), "{\"a\":1}".to_string());
+        m.insert("text/plain".to_string(), "2".to_string());
+        let mm = mime_map(m);
+        assert_eq!(mm["application/json"]["a"], 1);
+        assert_eq!(mm["text/plain"], "2");
+    }
+}

@@ -1,0 +1,171 @@
+//! The session's history: warnings that need earlier cells, the table, the peaks chart, CSV
+//! and JSON export.
+
+use super::{CellRecord, format_ms};
+use gpumem_nb::render::chart::{Series, peak_bars};
+use gpumem_nb::render::{MimeBundle, Table};
+use gpumem_nb::units::{iec, iec_delta};
+
+/// The session: every cell's record, the settings, re-run bookkeeping.
+#[derive(Default)]
+pub struct History {
+    /// Records, in execution order.
+    pub cells: Vec<CellRecord>,
+    /// `%gpumem budget`.
+    pub budget: Option<u64>,
+}
+
+impl History {
+    /// Fills in the record's warnings (budget, headroom, re-run leak).
+    pub fn warn(&self, rec: &mut CellRecord) {
+        if let (Some(budget), Some(peak)) = (self.budget, rec.peak_total())
+            && peak > budget
+        {
+            rec.warnings.push(format!("over budget: peak {} > {}", iec(peak), iec(budget)));
+        } else if let (Some(budget), None, Some(p)) = (self.budget, rec.peak_total(), rec.nvml.process.after)
+            && p > budget
+        {
+            rec.warnings.push(format!("over budget: process {} > {}", iec(p), iec(budget)));
+        }
+        if let Some((free, total)) = rec.device_free_total()
+            && total > 0
+            && (free as f64) < 0.10 * total as f64
+        {
+            rec.warnings.push(format!(
+                "low headroom: {} free ({:.1}% of the device)",
+                iec(free),
+                100.0 * free as f64 / total as f64
+            ));
+        }
+        if !rec.restarted
+            && let Some(prev) =
+                self.cells.iter().rev().find(|c| c.source_hash == rec.source_hash && !c.source_hash.is_empty())
+        {
+            let left = rec.allocator.as_ref().and_then(|a| a.allocated.delta()).filter(|&d| d > 0).or_else(|| {
+                // Without the crate: NVML, with a tolerance for driver noise.
+                rec.nvml.process.delta().filter(|&d| d > 2 << 20)
+            });
+            if let Some(d) = left {
+                rec.warnings.push(format!(
+                    "re-run leak: same code as [{}], this run left {} more",
+                    prev.cell,
+                    iec_delta(d)
+                ));
+            }
+        }
+    }
+
+    /// The history table.
+    pub fn table(&self) -> Table {
+        let mut t = Table::new([
+            "cell",
+            "code",
+            "device",
+            "Δ allocated",
+            "peak allocated",
+            "Δ reserved",
+            "process",
+            "Δ process",
+            "wall",
+            "notes",
+        ])
+        .right_align([3, 4, 5, 6, 7, 8]);
+        for c in &self.cells {
+            let a = c.allocator.as_ref();
+            let opt = |v: Option<u64>| v.map_or("–".into(), iec);
+            let optd = |v: Option<i64>| v.map_or("–".into(), iec_delta);
+            let mut notes: Vec<String> = Vec::new();
+            if c.status != "ok" {
+                notes.push(c.status.clone());
+            }
+            if c.restarted {
+                notes.push("child restarted".into());
+            }
+            notes.extend(c.warnings.iter().cloned());
+            t.row([
+                format!("[{}]", c.cell),
+                c.first_line.clone(),
+                c.device.clone(),
+                optd(a.and_then(|a| a.allocated.delta())),
+                opt(a.map(|a| a.peak_allocated)),
+                optd(a.and_then(|a| a.reserved.delta())),
+                opt(c.nvml.process.after),
+                optd(c.nvml.process.delta()),
+                format_ms(c.wall_ms),
+                notes.join("; "),
+            ]);
+        }
+        let budget = self.budget.map_or(String::new(), |b| format!(" · budget {}", iec(b)));
+        t.caption(format!(
+            "{} cells this session · allocator: gpumem-nb (exact) · process: NVML{budget}",
+            self.cells.len()
+        ))
+    }
+
+    /// Peaks per cell, with the budget line.
+    pub fn plot(&self) -> MimeBundle {
+        let labels: Vec<String> = self.cells.iter().map(|c| format!("[{}]", c.cell)).collect();
+        let alloc: Vec<Option<u64>> =
+            self.cells.iter().map(|c| c.allocator.as_ref().map(|a| a.peak_allocated)).collect();
+        let resv: Vec<Option<u64>> = self.cells.iter().map(|c| c.allocator.as_ref().map(|a| a.peak_reserved)).collect();
+        let proc_: Vec<Option<u64>> = self.cells.iter().map(|c| c.nvml.process.after).collect();
+        let mut series = vec![Series::bars("allocated peak", alloc), Series::bars("reserved peak", resv)];
+        if proc_.iter().any(Option::is_some) {
+            series.push(Series::line("process (NVML)", proc_));
+        }
+        peak_bars(&labels, &series, self.budget).bundle()
+    }
+
+    /// CSV with bytes as integers.
+    pub fn to_csv(&self) -> String {
+        let mut out = String::from(
+            "cell,status,device,backend,allocated_before,allocated_after,peak_allocated,reserved_before,reserved_after,\
+             peak_reserved,pool_used_after,pool_reserved_high,process_before,process_after,other_processes,\
+             device_free,device_total,wall_ms,hook_us,child_pid,restarted,warnings,code\n",
+        );
+        let n = |v: Option<u64>| v.map_or(String::new(), |v| v.to_string());
+        for c in &self.cells {
+            let a = c.allocator.as_ref();
+            let p = c.pool.as_ref();
+            let (free, total) = c.device_free_total().unzip();
+            let fields = [
+                c.cell.to_string(),
+                c.status.clone(),
+                csv_quote(&c.device),
+                a.map_or(String::new(), |a| a.backend.clone()),
+                n(a.and_then(|a| a.allocated.before)),
+                n(a.and_then(|a| a.allocated.after)),
+                n(a.map(|a| a.peak_allocated)),
+                n(a.and_then(|a| a.reserved.before)),
+                n(a.and_then(|a| a.reserved.after)),
+                n(a.map(|a| a.peak_reserved)),
+                n(p.and_then(|p| p.used.after)),
+                n(p.and_then(|p| p.reserved_high)),
+                n(c.nvml.process.before),
+                n(c.nvml.process.after),
+                n(c.nvml.others_after),
+                n(free),
+                n(total),
+                format!("{:.3}", c.wall_ms),
+                c.hook_us.to_string(),
+                c.child_pid.map_or(String::new(), |p| p.to_string()),
+                c.restarted.to_string(),
+                csv_quote(&c.warnings.join("; ")),
+                csv_quote(&c.first_line),
+            ];
+            out.push_str(&fields.join(","));
+            out.push('\n');
+        }
+        out
+    }
+
+    /// JSON: the records.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(&serde_json::json!({"budget": self.budget, "cells": self.cells}))
+            .unwrap_or_default()
+    }
+}
+
+fn csv_quote(s: &str) -> String {
+    if s.contains([',', '"', '\n']) { format!("\"{}\"", s.replace('"', "\"\"")) } else { s.to_string() }
+}

@@ -1,0 +1,186 @@
+//! What a record shows: the one-line report, its details table, the `display_data` bundle.
+
+use super::{CELL_MIME, CellRecord, Span};
+use gpumem_nb::render::{Table, escape};
+use gpumem_nb::units::{iec, iec_delta};
+use serde_json::Value;
+use std::fmt::Write as _;
+
+impl CellRecord {
+    fn simulated(&self) -> bool {
+        self.allocator.as_ref().is_some_and(|a| a.backend != "cuda")
+    }
+
+    /// The compact line (text form; the HTML summary is the same words).
+    pub fn line(&self) -> String {
+        let mut parts = vec![format!("[{}] {}", self.cell, self.device)];
+        match &self.allocator {
+            Some(a) => {
+                let peak_note = if a.peak_is_cell { "" } else { " since load" };
+                parts.push(format!(
+                    "allocated {} (peak{peak_note} {})",
+                    a.allocated.delta().map_or("n/a".into(), iec_delta),
+                    iec(a.peak_allocated)
+                ));
+                parts.push(format!("reserved {}", a.reserved.delta().map_or("n/a".into(), iec_delta)));
+            }
+            None if self.restarted && self.crate_loaded.before => {
+                parts.push("allocator n/a (new child: gpumem-nb registers again on first use)".into())
+            }
+            None => parts.push("allocator n/a (gpumem-nb not loaded)".into()),
+        }
+        if let Some(p) = &self.pool
+            && (p.used.after.unwrap_or(0) > 0 || p.used_high.unwrap_or(0) > 0)
+        {
+            parts.push(format!("CUDA pool {}", p.used.delta().map_or("n/a".into(), iec_delta)));
+        }
+        parts.push(match (self.nvml.process.after, self.nvml.process.delta()) {
+            (Some(after), Some(d)) => format!("process {} ({})", iec(after), iec_delta(d)),
+            (Some(after), None) => format!("process {}", iec(after)),
+            (None, _) if self.simulated() => "process n/a (simulated device)".into(),
+            (None, _) if self.nvml.unavailable.is_some() => "process n/a (no NVML)".into(),
+            (None, _) => "process 0 B (not on a GPU)".into(),
+        });
+        if let Some((free, _)) = self.device_free_total() {
+            let sim = if self.simulated() && self.nvml.device_free.is_none() { " (simulated)" } else { "" };
+            parts.push(format!("device free {}{sim}", iec(free)));
+        }
+        parts.push(format_ms(self.wall_ms));
+        let mut line = parts.join(" · ");
+        if self.restarted {
+            let why = self.restart_reason.as_deref().unwrap_or("child process replaced");
+            let _ = write!(line, " · ⟳ child restarted ({why}; variables lost)");
+        }
+        for w in &self.warnings {
+            let _ = write!(line, " · ⚠ {w}");
+        }
+        line
+    }
+
+    /// The details table: allocator / CUDA pool / rest of this process / other processes.
+    pub fn details(&self) -> Table {
+        let mut t = Table::new(["", "before", "after", "Δ", "peak in cell", "source"]).right_align([1, 2, 3, 4]);
+        let b = |v: Option<u64>| v.map_or("–".to_string(), iec);
+        let d = |s: &Span| s.delta().map_or("–".to_string(), iec_delta);
+        if let Some(a) = &self.allocator {
+            t.row([
+                "allocator: allocated".into(),
+                b(a.allocated.before),
+                b(a.allocated.after),
+                d(&a.allocated),
+                iec(a.peak_allocated),
+                self.sources.allocator.clone(),
+            ]);
+            t.row([
+                "allocator: reserved".into(),
+                b(a.reserved.before),
+                b(a.reserved.after),
+                d(&a.reserved),
+                iec(a.peak_reserved),
+                self.sources.allocator.clone(),
+            ]);
+        } else {
+            t.row(["allocator", "–", "–", "–", "–", "gpumem-nb not loaded (:dep gpumem-nb = …)"]);
+        }
+        if let Some(p) = &self.pool {
+            t.row([
+                "CUDA pool: used".into(),
+                b(p.used.before),
+                b(p.used.after),
+                d(&p.used),
+                b(p.used_high),
+                self.sources.pool.clone(),
+            ]);
+            t.row([
+                "CUDA pool: reserved".into(),
+                b(p.reserved.before),
+                b(p.reserved.after),
+                d(&p.reserved),
+                b(p.reserved_high),
+                self.sources.pool.clone(),
+            ]);
+        }
+        t.row([
+            "this process (total)".into(),
+            b(self.nvml.process.before),
+            b(self.nvml.process.after),
+            d(&self.nvml.process),
+            "–".into(),
+            self.sources.process.clone(),
+        ]);
+        let held = |s: fn(&Span) -> Option<u64>| -> Option<u64> {
+            let proc_ = s(&self.nvml.process)?;
+            let alloc = self.allocator.as_ref().and_then(|a| s(&a.reserved)).unwrap_or(0);
+            let pool = self.pool.as_ref().and_then(|p| s(&p.reserved)).unwrap_or(0);
+            Some(proc_.saturating_sub(alloc + pool))
+        };
+        let rest = Span { before: held(|s| s.before), after: held(|s| s.after) };
+        t.row([
+            "rest of this process".into(),
+            b(rest.before),
+            b(rest.after),
+            d(&rest),
+            "–".into(),
+            "NVML total − allocator reserved − CUDA pool (context, libraries, other allocations)".into(),
+        ]);
+        t.row([
+            "other processes".into(),
+            "–".into(),
+            b(self.nvml.others_after),
+            "–".into(),
+            "–".into(),
+            "NVML, every other pid on the device".into(),
+        ]);
+        if let Some((free, total)) = self.device_free_total() {
+            t.row([
+                "device free / total".into(),
+                "–".into(),
+                format!("{} / {}", iec(free), iec(total)),
+                "–".into(),
+                "–".into(),
+                self.sources.device.clone(),
+            ]);
+        }
+        let mut cap = format!(
+            "cell {} · child pid {} · wall {} · kernel hooks {} µs",
+            self.cell,
+            self.child_pid.map_or("?".into(), |p| p.to_string()),
+            format_ms(self.wall_ms),
+            self.hook_us
+        );
+        if let Some(why) = &self.nvml.unavailable {
+            let _ = write!(cap, " · {why}");
+        }
+        t.caption(cap)
+    }
+
+    /// The display_data bundle: text/plain, text/html, and the JSON record.
+    pub fn display(&self) -> serde_json::Map<String, Value> {
+        let line = self.line();
+        let details = self.details();
+        let warn = !self.warnings.is_empty() || self.restarted;
+        let color = if warn { "#a15c00" } else { "#555" };
+        let html = format!(
+            "<div class=\"gpumem-report\" style=\"font-family:monospace;font-size:12px;color:{color}\">\
+             <details><summary style=\"cursor:pointer\">{}</summary>{}</details></div>",
+            escape(&line),
+            details.to_html()
+        );
+        let mut m = serde_json::Map::new();
+        m.insert("text/plain".into(), Value::String(line));
+        m.insert("text/html".into(), Value::String(html));
+        m.insert(CELL_MIME.into(), serde_json::to_value(self).unwrap_or(Value::Null));
+        m
+    }
+}
+
+/// `12 ms`, `1.23 s`, `2 min 5 s`.
+pub fn format_ms(ms: f64) -> String {
+    if ms < 1000.0 {
+        format!("{ms:.0} ms")
+    } else if ms < 120_000.0 {
+        format!("{:.2} s", ms / 1000.0)
+    } else {
+        format!("{} min {} s", (ms / 60_000.0) as u64, ((ms / 1000.0) as u64) % 60)
+    }
+}

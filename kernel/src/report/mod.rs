@@ -1,0 +1,171 @@
+//! Per-cell records and what is shown from them: the one-line report with its details view,
+//! the session history table, the peaks chart, CSV/JSON export.
+//!
+//! Every number says where it comes from: the gpumem-nb allocator in the child (exact, over
+//! the control channel), the CUDA stream-ordered pool that cudarc's own `CudaSlice` uses
+//! (exact, from the driver, through the crate), NVML (this process and the others on the
+//! device), or the simulated device.
+//!
+//! - `record`: the record's types ([`CellRecord`] and its parts) and [`build_record`].
+//! - `line`: the one-line report, its details table, the `display_data` bundle.
+//! - `history`: the session's [`History`].
+
+mod history;
+mod line;
+mod record;
+
+pub use history::History;
+pub use line::format_ms;
+pub use record::{
+    AllocatorPart, CELL_MIME, CellRecord, CrateReading, NvmlPart, PoolPart, Readings, Sources, Span, build_record,
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nvml::{NvmlDevice, NvmlProc, NvmlSnapshot};
+    use serde_json::Value;
+
+    fn reading(alloc: u64, resv: u64, peak: u64) -> CrateReading {
+        CrateReading {
+            device: 0,
+            backend: "simulated".into(),
+            allocated: alloc,
+            reserved: resv,
+            peak_allocated: peak,
+            peak_reserved: resv,
+            device_free: Some(80 << 30),
+            device_total: Some(80 << 30),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn simulated_cell_record_and_line() {
+        let before = [reading(0, 0, 0)];
+        let after = [reading(512 << 20, 512 << 20, 1 << 30)];
+        let none = NvmlSnapshot { devices: vec![], error: Some("NVML is unavailable (no driver)".into()) };
+        let rec = build_record(
+            3,
+            &Readings {
+                crate_before: Some(&before),
+                crate_after: Some(&after),
+                slot_opened: true,
+                nvml_before: &none,
+                nvml_after: &none,
+                pid_before: Some(10),
+                pid_after: Some(10),
+            },
+        );
+        let line = rec.line();
+        assert!(line.starts_with("[3] sim:0 (simulated)"), "{line}");
+        assert!(line.contains("allocated +512.00 MiB (peak 1.00 GiB)"), "{line}");
+        assert!(line.contains("process n/a (simulated device)"), "{line}");
+        assert!(line.contains("device free 80.00 GiB (simulated)"), "{line}");
+        assert!(!rec.restarted);
+        let d = rec.display();
+        assert!(d["text/html"].as_str().unwrap().contains("<details>"));
+        assert_eq!(d[CELL_MIME]["allocator"]["allocated"]["after"], 512 << 20);
+        assert_eq!(d[CELL_MIME]["cell"], 3);
+        let text = rec.details().to_text();
+        assert!(text.contains("allocator: allocated") && text.contains("other processes"), "{text}");
+    }
+
+    #[test]
+    fn nvml_only_cell_with_restart_and_warnings() {
+        let dev = |used: u64| NvmlDevice {
+            index: 0,
+            uuid: "GPU-1".into(),
+            name: "NVIDIA H100".into(),
+            total: 80 << 30,
+            free: 4 << 30,
+            used: 76 << 30,
+            processes: vec![NvmlProc { pid: 20, used: Some(used) }, NvmlProc { pid: 99, used: Some(70 << 30) }],
+        };
+        let b = NvmlSnapshot { devices: vec![dev(1 << 30)], error: None };
+        let a = NvmlSnapshot { devices: vec![dev(2 << 30)], error: None };
+        let mut rec = build_record(
+            4,
+            &Readings {
+                crate_before: None,
+                crate_after: None,
+                slot_opened: false,
+                nvml_before: &b,
+                nvml_after: &a,
+                pid_before: Some(19),
+                pid_after: Some(20),
+            },
+        );
+        assert!(rec.restarted);
+        assert_eq!(rec.nvml.process.after, Some(2 << 30));
+        assert_eq!(rec.nvml.process.before, None, "not comparable across a restart");
+        assert_eq!(rec.nvml.others_after, Some(70 << 30));
+        let h = History { cells: vec![], budget: Some(1 << 30) };
+        h.warn(&mut rec);
+        let line = rec.line();
+        assert!(line.contains("NVIDIA H100"), "{line}");
+        assert!(line.contains("child restarted"), "{line}");
+        assert!(line.contains("over budget: process 2.00 GiB > 1.00 GiB"), "{line}");
+        assert!(line.contains("low headroom"), "{line}");
+    }
+
+    #[test]
+    fn rerun_leak_is_flagged_and_history_renders() {
+        let none = NvmlSnapshot::default();
+        let mk = |cell, before: u64, after: u64| {
+            let b = [reading(before, before, before)];
+            let a = [reading(after, after, after)];
+            let mut r = build_record(
+                cell,
+                &Readings {
+                    crate_before: Some(&b),
+                    crate_after: Some(&a),
+                    slot_opened: true,
+                    nvml_before: &none,
+                    nvml_after: &none,
+                    pid_before: Some(1),
+                    pid_after: Some(1),
+                },
+            );
+            r.source_hash = "h".into();
+            r.first_line = "v.push(buf)".into();
+            r
+        };
+        let mut h = History::default();
+        let mut r1 = mk(1, 0, 2 << 20);
+        h.warn(&mut r1);
+        assert!(r1.warnings.is_empty());
+        h.cells.push(r1);
+        let mut r2 = mk(2, 2 << 20, 4 << 20);
+        h.warn(&mut r2);
+        assert_eq!(r2.warnings, vec!["re-run leak: same code as [1], this run left +2.00 MiB more".to_string()]);
+        h.cells.push(r2);
+        let mut r3 = mk(3, 4 << 20, 4 << 20);
+        h.warn(&mut r3);
+        assert!(r3.warnings.is_empty(), "an idempotent re-run is fine");
+        h.cells.push(r3);
+        let t = h.table().to_text();
+        assert!(t.contains("[2]") && t.contains("re-run leak") && t.contains("3 cells"), "{t}");
+        let csv = h.to_csv();
+        assert_eq!(csv.lines().count(), 4);
+        assert!(csv.lines().nth(2).unwrap().starts_with("2,ok,sim:0 (simulated),simulated,2097152,4194304,"));
+        let json: Value = serde_json::from_str(&h.to_json()).unwrap();
+        assert_eq!(json["cells"].as_array().unwrap().len(), 3);
+        let plot = h.plot();
+        assert!(plot.svg.as_deref().unwrap_or("").contains("<svg"));
+    }
+
+    #[test]
+    fn spans_serialize_as_before() {
+        let bytes: Span = Span { before: None, after: Some(5) };
+        assert_eq!(serde_json::to_string(&bytes).unwrap(), r#"{"before":null,"after":5}"#);
+        assert_eq!(bytes.delta(), None);
+        assert_eq!(Span { before: Some(7), after: Some(5) }.delta(), Some(-2));
+        let flag = Span { before: false, after: true };
+        assert_eq!(serde_json::to_string(&flag).unwrap(), r#"{"before":false,"after":true}"#);
+        let rec = CellRecord { crate_loaded: flag, ..Default::default() };
+        let v = serde_json::to_value(&rec).unwrap();
+        assert_eq!(v["crate_loaded"], serde_json::json!({"before": false, "after": true}));
+        assert_eq!(serde_json::from_value::<CellRecord>(v).unwrap(), rec);
+    }
+}

@@ -1,0 +1,339 @@
+//! The per-cell record (the `application/vnd.gpumem.cell+json` object) and its parts, and
+//! [`build_record`], which assembles one from the hooks' [`Readings`].
+
+use crate::nvml::{NvmlDevice, NvmlSnapshot};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The MIME type of the machine-readable per-cell record.
+pub const CELL_MIME: &str = "application/vnd.gpumem.cell+json";
+
+/// One device's numbers from the crate (the control channel's READING), bytes.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CrateReading {
+    /// CUDA device index (as the child numbers it).
+    pub device: i32,
+    /// `cuda` or `simulated`.
+    pub backend: String,
+    /// Bytes in live allocations.
+    pub allocated: u64,
+    /// Bytes in segments the allocator holds.
+    pub reserved: u64,
+    /// Bytes in active blocks.
+    #[serde(default)]
+    pub active: u64,
+    /// Bytes requested by callers (before rounding).
+    #[serde(default)]
+    pub requested: u64,
+    /// Peak allocated over the cell (or overall, when no cell slot was open).
+    pub peak_allocated: u64,
+    /// Peak reserved over the cell.
+    pub peak_reserved: u64,
+    /// Free device memory (cuMemGetInfo, or the simulated capacity left).
+    #[serde(default)]
+    pub device_free: Option<u64>,
+    /// Device size.
+    #[serde(default)]
+    pub device_total: Option<u64>,
+    /// CUDA pool: bytes in use.
+    #[serde(default)]
+    pub pool_used: Option<u64>,
+    /// CUDA pool: bytes reserved.
+    #[serde(default)]
+    pub pool_reserved: Option<u64>,
+    /// CUDA pool: high-water mark of use since `pre`.
+    #[serde(default)]
+    pub pool_used_high: Option<u64>,
+    /// CUDA pool: high-water mark of reservation since `pre`.
+    #[serde(default)]
+    pub pool_reserved_high: Option<u64>,
+    /// Allocation failures so far.
+    #[serde(default)]
+    pub num_ooms: u64,
+    /// The device's UUID (`GPU-…`), when the crate sends it: matches the NVML device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+}
+
+impl CrateReading {
+    /// Parses the `devices` array of a control reply.
+    pub fn list_from(reply: &Value) -> Vec<CrateReading> {
+        reply
+            .get("devices")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(|d| serde_json::from_value(d.clone()).ok()).collect())
+            .unwrap_or_default()
+    }
+
+    fn is_simulated(&self) -> bool {
+        self.backend != "cuda"
+    }
+}
+
+/// Before and after of one quantity: bytes (`Span`, i.e. `Span<Option<u64>>`, `None` where
+/// unknown) or a flag (`Span<bool>`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Span<T = Option<u64>> {
+    /// At the start of the cell.
+    pub before: T,
+    /// At the end.
+    pub after: T,
+}
+
+impl Span {
+    /// after − before, when both are known.
+    pub fn delta(&self) -> Option<i64> {
+        Some(self.after? as i64 - self.before? as i64)
+    }
+}
+
+/// The allocator's numbers for one cell on one device.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocatorPart {
+    /// CUDA index in the child.
+    pub device: i32,
+    /// `cuda` or `simulated`.
+    pub backend: String,
+    /// Allocated bytes.
+    pub allocated: Span,
+    /// Reserved bytes.
+    pub reserved: Span,
+    /// Peak allocated during the cell.
+    pub peak_allocated: u64,
+    /// Peak reserved during the cell.
+    pub peak_reserved: u64,
+    /// Whether the peaks cover exactly this cell (a slot opened by `pre`), or everything
+    /// since the crate was loaded (it was loaded during this cell).
+    pub peak_is_cell: bool,
+    /// Allocation failures during the cell.
+    pub ooms: u64,
+}
+
+/// The CUDA stream-ordered pool (cudarc's `CudaSlice` allocations).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolPart {
+    /// Bytes in use.
+    pub used: Span,
+    /// Bytes reserved.
+    pub reserved: Span,
+    /// High-water mark of use during the cell.
+    pub used_high: Option<u64>,
+    /// High-water mark of reservation during the cell.
+    pub reserved_high: Option<u64>,
+}
+
+/// NVML's view of the child process and its device.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NvmlPart {
+    /// The NVML device (`GPU-…`), if known.
+    pub uuid: Option<String>,
+    /// Its name.
+    pub name: Option<String>,
+    /// This process's memory on the device.
+    pub process: Span,
+    /// Other processes on the device, after the cell.
+    pub others_after: Option<u64>,
+    /// Device free memory after the cell.
+    pub device_free: Option<u64>,
+    /// Device size.
+    pub device_total: Option<u64>,
+    /// Why NVML said nothing, when it did not.
+    pub unavailable: Option<String>,
+}
+
+/// Everything measured about one cell: the `application/vnd.gpumem.cell+json` object.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CellRecord {
+    /// Execution count.
+    pub cell: u64,
+    /// The label the allocations of the cell carry in snapshots ("cell N").
+    pub label: String,
+    /// First code line (for the history table).
+    pub first_line: String,
+    /// `ok` or `error`.
+    pub status: String,
+    /// The device the line describes, e.g. `cuda:0 NVIDIA H100 80GB HBM3` or `sim:0 (simulated)`.
+    pub device: String,
+    /// Where each number comes from.
+    pub sources: Sources,
+    /// The allocator (device 0 or the first device the crate reported), when the crate is loaded.
+    pub allocator: Option<AllocatorPart>,
+    /// Every device the crate reported (multi-GPU), after the cell.
+    pub devices_after: Vec<CrateReading>,
+    /// The CUDA pool, when the backend is CUDA.
+    pub pool: Option<PoolPart>,
+    /// NVML.
+    pub nvml: NvmlPart,
+    /// Free/total from the crate (cuMemGetInfo or the simulated device), after the cell.
+    pub crate_device_free: Option<u64>,
+    /// Device size from the crate.
+    pub crate_device_total: Option<u64>,
+    /// Wall time of the cell (compile + run), milliseconds.
+    pub wall_ms: f64,
+    /// Time the kernel spent in its hooks (pre + post), microseconds.
+    pub hook_us: u64,
+    /// The child's pid after the cell.
+    pub child_pid: Option<u32>,
+    /// The child's pid before the cell.
+    pub child_pid_before: Option<u32>,
+    /// Whether the child was replaced during the cell (crash, interrupt, `:restart`, `:clear`).
+    pub restarted: bool,
+    /// Why, when known.
+    pub restart_reason: Option<String>,
+    /// Whether gpumem-nb was loaded (connected) before the cell, after it.
+    pub crate_loaded: Span<bool>,
+    /// Warnings shown in the line.
+    pub warnings: Vec<String>,
+    /// Hash of the cell's code (re-run detection).
+    pub source_hash: String,
+}
+
+/// Where the numbers of a record come from.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sources {
+    /// The allocator numbers.
+    pub allocator: String,
+    /// The CUDA pool numbers.
+    pub pool: String,
+    /// This process / other processes.
+    pub process: String,
+    /// Device free/total.
+    pub device: String,
+}
+
+impl CellRecord {
+    /// What the budget is compared with: the cell's peak of live memory, the allocator's
+    /// allocated peak plus the CUDA pool's used high-water mark (cached but free memory does
+    /// not count: it is reusable).
+    pub fn peak_total(&self) -> Option<u64> {
+        let a = self.allocator.as_ref()?;
+        let pool = self.pool.as_ref().and_then(|p| p.used_high.or(p.used.after)).unwrap_or(0);
+        Some(a.peak_allocated + pool)
+    }
+
+    /// Device free after the cell, and total: NVML first, else the crate.
+    pub fn device_free_total(&self) -> Option<(u64, u64)> {
+        match (self.nvml.device_free, self.nvml.device_total) {
+            (Some(f), Some(t)) => Some((f, t)),
+            _ => Some((self.crate_device_free?, self.crate_device_total?)),
+        }
+    }
+}
+
+/// Inputs to [`build_record`]: what the hooks read.
+pub struct Readings<'a> {
+    /// Crate readings before (from `pre`), if the crate was connected.
+    pub crate_before: Option<&'a [CrateReading]>,
+    /// Crate readings after (from `post`, or `read` when the crate connected during the cell).
+    pub crate_after: Option<&'a [CrateReading]>,
+    /// Whether `pre` opened a cell slot (peaks cover exactly the cell).
+    pub slot_opened: bool,
+    /// NVML before.
+    pub nvml_before: &'a NvmlSnapshot,
+    /// NVML after.
+    pub nvml_after: &'a NvmlSnapshot,
+    /// Child pids.
+    pub pid_before: Option<u32>,
+    /// Child pid after.
+    pub pid_after: Option<u32>,
+}
+
+/// Assembles a record (without warnings, which need the session).
+pub fn build_record(cell: u64, r: &Readings<'_>) -> CellRecord {
+    let mut rec = CellRecord {
+        cell,
+        label: format!("cell {cell}"),
+        status: "ok".into(),
+        child_pid: r.pid_after,
+        child_pid_before: r.pid_before,
+        restarted: r.pid_before.is_some() && r.pid_before != r.pid_after,
+        crate_loaded: Span { before: r.crate_before.is_some(), after: r.crate_after.is_some() },
+        ..Default::default()
+    };
+    let after0 = r.crate_after.and_then(|v| v.iter().find(|d| d.device == 0).or(v.first()));
+    // Readings from the old child are not comparable after a restart.
+    let before0 = if rec.restarted {
+        None
+    } else {
+        r.crate_before.and_then(|v| v.iter().find(|d| Some(d.device) == after0.map(|a| a.device)))
+    };
+    if let Some(a) = after0 {
+        // Loaded during this cell: it started from nothing.
+        let start = |f: fn(&CrateReading) -> u64| match (before0, rec.crate_loaded.before) {
+            (Some(b), _) => Some(f(b)),
+            (None, false) if !rec.restarted => Some(0),
+            _ => None,
+        };
+        rec.allocator = Some(AllocatorPart {
+            device: a.device,
+            backend: a.backend.clone(),
+            allocated: Span { before: start(|x| x.allocated), after: Some(a.allocated) },
+            reserved: Span { before: start(|x| x.reserved), after: Some(a.reserved) },
+            peak_allocated: a.peak_allocated,
+            peak_reserved: a.peak_reserved,
+            peak_is_cell: r.slot_opened && before0.is_some(),
+            ooms: a.num_ooms.saturating_sub(before0.map_or(0, |b| b.num_ooms)),
+        });
+        if !a.is_simulated() || a.pool_used.is_some() {
+            rec.pool = Some(PoolPart {
+                used: Span { before: before0.and_then(|b| b.pool_used), after: a.pool_used },
+                reserved: Span { before: before0.and_then(|b| b.pool_reserved), after: a.pool_reserved },
+                used_high: a.pool_used_high,
+                reserved_high: a.pool_reserved_high,
+            });
+        }
+        rec.crate_device_free = a.device_free;
+        rec.crate_device_total = a.device_total;
+        rec.devices_after = r.crate_after.map(<[_]>::to_vec).unwrap_or_default();
+        rec.sources.allocator = if a.is_simulated() {
+            "gpumem-nb allocator on the simulated device (exact)".into()
+        } else {
+            "gpumem-nb allocator (exact)".into()
+        };
+        rec.sources.pool = "CUDA stream-ordered pool, driver high-water marks (exact)".into();
+    } else {
+        rec.sources.allocator = "gpumem-nb not loaded".into();
+    }
+    // NVML.
+    let uuid_hint = after0.and_then(|a| a.uuid.as_deref());
+    let dev_after: Option<&NvmlDevice> = r.nvml_after.device_of(r.pid_after, uuid_hint);
+    if let Some(d) = dev_after {
+        rec.nvml.uuid = Some(d.uuid.clone());
+        rec.nvml.name = Some(d.name.clone());
+        rec.nvml.device_free = Some(d.free);
+        rec.nvml.device_total = Some(d.total);
+        rec.nvml.others_after = Some(r.pid_after.map_or(d.used, |p| d.others_used(p)));
+        let listed_after = r.pid_after.is_some_and(|p| d.lists(p));
+        rec.nvml.process.after = r.pid_after.and_then(|p| d.process_used(p)).or((!listed_after).then_some(0));
+        if !rec.restarted {
+            let before = r.nvml_before.devices.iter().find(|x| x.uuid == d.uuid);
+            rec.nvml.process.before = match (before, r.pid_before) {
+                (Some(b), Some(p)) => b.process_used(p).or((!b.lists(p)).then_some(0)),
+                _ => None,
+            };
+        }
+        rec.sources.process =
+            format!("NVML per-process (pid {}, {})", r.pid_after.map_or("?".into(), |p| p.to_string()), d.uuid);
+        rec.sources.device = format!("NVML device memory ({})", d.uuid);
+    } else {
+        rec.nvml.unavailable = Some(match &r.nvml_after.error {
+            Some(e) => e.clone(),
+            None if r.nvml_after.devices.is_empty() => "NVML lists no GPU".into(),
+            None => "the child is on no GPU NVML lists".into(),
+        });
+        rec.sources.process = rec.nvml.unavailable.clone().unwrap_or_default();
+        rec.sources.device = match after0 {
+            Some(a) if a.is_simulated() => "simulated device capacity (gpumem-nb)".into(),
+            Some(_) => "cuMemGetInfo (gpumem-nb)".into(),
+            None => "unknown".into(),
+        };
+    }
+    rec.device = match (after0, dev_after) {
+        (Some(a), Some(d)) if !a.is_simulated() => format!("cuda:{} {}", a.device, d.name),
+        (Some(a), _) if !a.is_simulated() => format!("cuda:{}", a.device),
+        (Some(a), _) => format!("sim:{} (simulated)", a.device),
+        (None, Some(d)) => format!("{} (NVML {})", d.name, d.index),
+        (None, None) => "device n/a".into(),
+    };
+    rec
+}
