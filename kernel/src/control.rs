@@ -13,15 +13,15 @@
 //!
 //! Requests and replies are single JSON lines: `{"id":n,"op":...}` → `{"id":n,"ok":...}`.
 
-use serde_json::{Value, json};
+use gpumem_nb::notebook::protocol::{self, Hello, Op, Reply, Request};
 use std::io::{BufRead, BufReader, ErrorKind, Write};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// The environment variable the crate reads (the same name as `gpumem_nb::notebook::protocol::CONTROL_VAR`).
-pub const CONTROL_VAR: &str = "GPUMEM_NB_CONTROL";
+/// The environment variable the crate reads.
+pub use gpumem_nb::notebook::protocol::CONTROL_VAR;
 
 /// How long a connecting child has to send its hello.
 const HELLO_TIMEOUT: Duration = Duration::from_millis(500);
@@ -149,15 +149,15 @@ impl ControlServer {
         let mut reader = BufReader::new(stream);
         let mut line = String::new();
         reader.read_line(&mut line).map_err(|e| format!("refused pid {peer_pid}: no hello ({e})"))?;
-        let hello: Value =
+        let hello: Hello =
             serde_json::from_str(line.trim()).map_err(|e| format!("refused pid {peer_pid}: bad hello ({e})"))?;
-        if hello.get("hello").and_then(Value::as_u64) != Some(1) {
+        if hello.hello != 1 {
             return Err(format!("refused pid {peer_pid}: not a hello: {}", line.trim()));
         }
-        if hello.get("pid").and_then(Value::as_u64) != Some(u64::from(peer_pid)) {
+        if hello.pid != peer_pid {
             return Err(format!("refused pid {peer_pid}: hello names another pid: {}", line.trim()));
         }
-        let version = hello.get("version").and_then(Value::as_str).unwrap_or("?").to_string();
+        let version = if hello.version.is_empty() { "?".to_string() } else { hello.version };
         Ok(Conn { pid: peer_pid, version, writer, reader })
     }
 
@@ -166,42 +166,41 @@ impl ControlServer {
         self.conn = None;
     }
 
-    /// Sends `{"id":n,"op":op,...fields}` and waits up to `timeout` for the reply with that id.
-    /// `Ok` holds the reply object when `"ok":true`; `Err` a one-line reason otherwise. A broken
-    /// connection is dropped.
-    pub fn request(&mut self, op: &str, fields: Value, timeout: Duration) -> Result<Value, String> {
+    /// Sends `op` and waits up to `timeout` for the reply with its id. `Ok` holds a reply with
+    /// `ok: true`; `Err` a one-line reason otherwise. A broken connection is dropped.
+    pub fn request(&mut self, op: Op, timeout: Duration) -> Result<Reply, String> {
         let Some(conn) = self.conn.as_mut() else { return Err("gpumem-nb is not loaded in the child".into()) };
         let id = self.next_id;
         self.next_id += 1;
-        let mut req = json!({"id": id, "op": op});
-        if let (Some(r), Value::Object(f)) = (req.as_object_mut(), fields) {
-            r.extend(f);
-        }
+        let name = op.name();
         let result = (|| {
             conn.reader.get_ref().set_read_timeout(Some(timeout)).map_err(|e| (true, e.to_string()))?;
             // One write (not one per token of the JSON): the child wakes up once.
-            let line = format!("{req}\n");
+            let line = format!("{}\n", protocol::to_line(&Request { id, op }));
             conn.writer.write_all(line.as_bytes()).map_err(|e| (true, e.to_string()))?;
             loop {
                 let mut line = String::new();
-                match conn.reader.read_line(&mut line) {
+                match std::io::Read::take(&mut conn.reader, protocol::MAX_LINE as u64).read_line(&mut line) {
                     Ok(0) => return Err((true, "the child closed the control channel".to_string())),
+                    Ok(_) if !line.ends_with('\n') && line.len() >= protocol::MAX_LINE => {
+                        return Err((true, format!("a reply longer than {} bytes", protocol::MAX_LINE)));
+                    }
                     Ok(_) => {}
                     Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                        return Err((false, format!("no answer to `{op}` within {} ms", timeout.as_millis())));
+                        return Err((false, format!("no answer to `{name}` within {} ms", timeout.as_millis())));
                     }
                     Err(e) => return Err((true, e.to_string())),
                 }
-                let Ok(reply) = serde_json::from_str::<Value>(line.trim()) else { continue };
-                if reply.get("id").and_then(Value::as_u64) != Some(id) {
+                let Ok(reply) = serde_json::from_str::<Reply>(line.trim()) else { continue };
+                if reply.id != Some(id) {
                     continue; // a late answer to an earlier request that timed out
                 }
                 return Ok(reply);
             }
         })();
         match result {
-            Ok(reply) if reply.get("ok") == Some(&Value::Bool(true)) => Ok(reply),
-            Ok(reply) => Err(reply.get("error").and_then(Value::as_str).unwrap_or("request failed").to_string()),
+            Ok(reply) if reply.ok => Ok(reply),
+            Ok(reply) => Err(reply.error.unwrap_or_else(|| "request failed".to_string())),
             Err((broken, why)) => {
                 if broken {
                     self.conn = None;
@@ -235,16 +234,22 @@ mod tests {
         let stream = UnixStream::connect(path).unwrap();
         std::thread::spawn(move || {
             let mut w = stream.try_clone().unwrap();
-            writeln!(w, "{}", json!({"hello": 1, "pid": pid, "version": "test"})).unwrap();
+            writeln!(w, "{}", protocol::to_line(&Hello { hello: 1, pid, version: "test".into() })).unwrap();
             for line in BufReader::new(stream).lines() {
                 let Ok(line) = line else { return };
-                let req: Value = serde_json::from_str(&line).unwrap();
-                let reply = match req["op"].as_str() {
-                    Some("read") => json!({"id": req["id"], "ok": true, "devices": [{"device": 0, "allocated": 42}]}),
-                    Some("slow") => continue,
-                    _ => json!({"id": req["id"], "ok": false, "error": "unknown op"}),
+                let req = protocol::parse_request(&line).unwrap();
+                let reply = match req.op {
+                    Op::Read => Reply {
+                        devices: Some(vec![gpumem_nb::notebook::protocol::DeviceReading {
+                            allocated: 42,
+                            ..Default::default()
+                        }]),
+                        ..Reply::ok(req.id)
+                    },
+                    Op::Summary => continue, // plays a child that never answers
+                    _ => Reply::error(Some(req.id), "unknown op"),
                 };
-                if writeln!(w, "{reply}").is_err() {
+                if writeln!(w, "{}", protocol::to_line(&reply)).is_err() {
                     return;
                 }
             }
@@ -269,16 +274,16 @@ mod tests {
         let r = s.poll(Some(me));
         assert_eq!(r.connected, Some(me), "{r:?}");
         assert_eq!(s.connected(), Some((me, "test")));
-        let reply = s.request("read", json!({}), Duration::from_secs(2)).unwrap();
-        assert_eq!(reply["devices"][0]["allocated"], 42);
-        let err = s.request("nope", json!({"x": 1}), Duration::from_secs(2)).unwrap_err();
+        let reply = s.request(Op::Read, Duration::from_secs(2)).unwrap();
+        assert_eq!(reply.devices.unwrap()[0].allocated, 42);
+        let err = s.request(Op::HistorySvg, Duration::from_secs(2)).unwrap_err();
         assert_eq!(err, "unknown op");
         // A request that gets no answer times out without dropping the connection, and the
         // next request is not confused by anything late.
-        let err = s.request("slow", json!({}), Duration::from_millis(50)).unwrap_err();
+        let err = s.request(Op::Summary, Duration::from_millis(50)).unwrap_err();
         assert!(err.contains("no answer"), "{err}");
         assert!(s.connected().is_some());
-        assert!(s.request("read", json!({}), Duration::from_secs(2)).is_ok());
+        assert!(s.request(Op::Read, Duration::from_secs(2)).is_ok());
         // The child changed (restart): the old connection is dropped.
         let r = s.poll(Some(me + 1));
         assert_eq!(r.connected, None);
@@ -305,6 +310,6 @@ mod tests {
         let _liar = fake_child(s.socket_path(), me + 1);
         let r = s.poll(Some(me));
         assert!(r.refused[0].contains("another pid"), "{r:?}");
-        assert!(s.request("read", json!({}), Duration::from_millis(10)).unwrap_err().contains("not loaded"));
+        assert!(s.request(Op::Read, Duration::from_millis(10)).unwrap_err().contains("not loaded"));
     }
 }

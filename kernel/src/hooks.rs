@@ -12,7 +12,7 @@
 use crate::control::ControlServer;
 use crate::nvml::{self, NvmlSnapshot};
 use crate::report::{CellRecord, CrateReading, Readings, build_record};
-use serde_json::{Value, json};
+use gpumem_nb::notebook::protocol::Op;
 use std::time::{Duration, Instant};
 
 /// Timeout of the per-cell control requests.
@@ -48,7 +48,7 @@ pub struct After {
 pub struct Hooks {
     /// The control channel to the crate in the child.
     pub control: ControlServer,
-    on_connect: Option<Value>,
+    on_connect: Option<Op>,
 }
 
 impl Hooks {
@@ -58,7 +58,7 @@ impl Hooks {
     }
 
     /// The `record` request sent to every child as it connects (`None`: nothing is sent).
-    pub fn set_record_on_connect(&mut self, request: Option<Value>) {
+    pub fn set_record_on_connect(&mut self, request: Option<Op>) {
         self.on_connect = request;
     }
 
@@ -72,35 +72,36 @@ impl Hooks {
         if r.connected.is_some()
             && let Some(req) = &self.on_connect
         {
-            let _ = self.control.request("record", req.clone(), HOOK_TIMEOUT);
+            let _ = self.control.request(req.clone(), HOOK_TIMEOUT);
         }
         r.connected.is_some()
     }
 
     /// Runs the pre-cell hooks for cell `cell` of child `pid`.
     pub fn before(&mut self, cell: u64, pid: Option<u32>) -> Before {
-        let (nvml, crate_readings, us) = self.read("pre", cell, pid);
+        let (nvml, crate_readings, us) = self.read(Op::Pre { cell }, pid);
         let slot_opened = crate_readings.is_some();
         Before { pid, nvml, crate_readings, slot_opened, us }
     }
 
     /// Runs the post-cell hooks for cell `cell`; `pid` is the child's pid now.
     pub fn after(&mut self, cell: u64, pid: Option<u32>) -> After {
-        let (nvml, crate_readings, us) = self.read("post", cell, pid);
+        let (nvml, crate_readings, us) = self.read(Op::Post { cell }, pid);
         After { pid, nvml, crate_readings, us }
     }
 
     /// One side of the hooks: accept a (re)connecting child, read NVML, ask the crate for `op`
     /// (`pre` or `post`); with the time it took, in microseconds.
-    fn read(&mut self, op: &str, cell: u64, pid: Option<u32>) -> (NvmlSnapshot, Option<Vec<CrateReading>>, u64) {
+    fn read(&mut self, op: Op, pid: Option<u32>) -> (NvmlSnapshot, Option<Vec<CrateReading>>, u64) {
         let t = Instant::now();
         self.poll(pid);
         let nvml = nvml::read();
         let mut crate_readings = None;
         if self.control.connected().is_some() {
-            match self.control.request(op, json!({"cell": cell}), HOOK_TIMEOUT) {
-                Ok(reply) => crate_readings = Some(CrateReading::list_from(&reply)),
-                Err(e) => eprintln!("gpumem-kernel: {op}-cell reading failed: {e}"),
+            let name = op.name();
+            match self.control.request(op, HOOK_TIMEOUT) {
+                Ok(reply) => crate_readings = Some(reply.devices.unwrap_or_default()),
+                Err(e) => eprintln!("gpumem-kernel: {name}-cell reading failed: {e}"),
             }
         }
         (nvml, crate_readings, t.elapsed().as_micros() as u64)

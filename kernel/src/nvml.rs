@@ -6,52 +6,8 @@
 //! crate (CUDA numbering) is matched to an NVML device. Without NVML (no driver) every reading
 //! is an error value and the report says so.
 
+pub use gpumem_nb::device::nvml::{NvmlDevice, NvmlProcess};
 use serde::Serialize;
-
-/// One process on a device.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct NvmlProc {
-    /// Host pid.
-    pub pid: u32,
-    /// Bytes used, when NVML can tell.
-    pub used: Option<u64>,
-}
-
-/// One NVML device.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct NvmlDevice {
-    /// NVML index (PCI order; not the CUDA index).
-    pub index: u32,
-    /// `GPU-…` / `MIG-…`.
-    pub uuid: String,
-    /// Marketing name.
-    pub name: String,
-    /// Installed memory, bytes.
-    pub total: u64,
-    /// Free memory, bytes.
-    pub free: u64,
-    /// Used by every process, bytes.
-    pub used: u64,
-    /// Processes with a context on the device.
-    pub processes: Vec<NvmlProc>,
-}
-
-impl NvmlDevice {
-    /// The memory NVML reports for `pid` here (`None`: not listed, or no number).
-    pub fn process_used(&self, pid: u32) -> Option<u64> {
-        self.processes.iter().find(|p| p.pid == pid).and_then(|p| p.used)
-    }
-
-    /// Whether `pid` has a context on the device.
-    pub fn lists(&self, pid: u32) -> bool {
-        self.processes.iter().any(|p| p.pid == pid)
-    }
-
-    /// Bytes used by the processes other than `pid` (those with a number).
-    pub fn others_used(&self, pid: u32) -> u64 {
-        self.processes.iter().filter(|p| p.pid != pid).filter_map(|p| p.used).sum()
-    }
-}
 
 /// Every NVML device, or why there are none.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -87,51 +43,12 @@ impl NvmlSnapshot {
     }
 }
 
-/// Reads every device now.
+/// Reads every device now (the library's NVML reading: one merge of the process lists).
 pub fn read() -> NvmlSnapshot {
-    let nvml = match gpumem_nb::device::nvml::nvml() {
-        Ok(n) => n,
-        Err(e) => return NvmlSnapshot { devices: Vec::new(), error: Some(e.to_string()) },
-    };
-    let count = match nvml.device_count() {
-        Ok(c) => c,
-        Err(e) => return NvmlSnapshot { devices: Vec::new(), error: Some(format!("NVML device_count failed ({e})")) },
-    };
-    let mut devices = Vec::new();
-    let mut error = None;
-    for index in 0..count {
-        let dev = match nvml.device_by_index(index) {
-            Ok(d) => d,
-            Err(e) => {
-                error = Some(format!("NVML device {index} unreadable ({e})"));
-                continue;
-            }
-        };
-        let Ok(mem) = dev.memory_info() else { continue };
-        let mut processes: Vec<NvmlProc> = Vec::new();
-        let compute = dev.running_compute_processes().unwrap_or_default();
-        let graphics = dev.running_graphics_processes().unwrap_or_default();
-        for p in compute.into_iter().chain(graphics) {
-            let used = match p.used_gpu_memory {
-                nvml_wrapper::enums::device::UsedGpuMemory::Used(b) if b != u64::MAX && b <= mem.total => Some(b),
-                _ => None,
-            };
-            match processes.iter_mut().find(|q| q.pid == p.pid) {
-                Some(q) => q.used = q.used.max(used),
-                None => processes.push(NvmlProc { pid: p.pid, used }),
-            }
-        }
-        devices.push(NvmlDevice {
-            index,
-            uuid: dev.uuid().unwrap_or_default(),
-            name: dev.name().unwrap_or_default(),
-            total: mem.total,
-            free: mem.free,
-            used: mem.used,
-            processes,
-        });
+    match gpumem_nb::device::nvml::devices() {
+        Ok((devices, error)) => NvmlSnapshot { devices, error: error.map(|e| e.to_string()) },
+        Err(e) => NvmlSnapshot { devices: Vec::new(), error: Some(e.to_string()) },
     }
-    NvmlSnapshot { devices, error }
 }
 
 #[cfg(test)]
@@ -146,7 +63,7 @@ mod tests {
             total: 100,
             free: 50,
             used: 50,
-            processes: procs.iter().map(|&(pid, used)| NvmlProc { pid, used }).collect(),
+            processes: procs.iter().map(|&(pid, used)| NvmlProcess { pid, used }).collect(),
         }
     }
 

@@ -7,6 +7,7 @@
 //! --ignored --nocapture` prints one JSON line.
 
 use gpumem_kernel::control::ControlServer;
+use gpumem_nb::notebook::protocol::Op;
 use serde_json::json;
 use std::io::{BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -45,12 +46,12 @@ fn hook_overhead() {
         let t1 = Instant::now();
         let snap = gpumem_kernel::nvml::read();
         let t2 = Instant::now();
-        server.request("pre", json!({"cell": cell}), Duration::from_secs(5)).unwrap();
+        server.request(Op::Pre { cell }, Duration::from_secs(5)).unwrap();
         let t3 = Instant::now();
         let _ = server.poll(Some(std::process::id()));
         let _ = gpumem_kernel::nvml::read();
         let t4 = Instant::now();
-        server.request("post", json!({"cell": cell}), Duration::from_secs(5)).unwrap();
+        server.request(Op::Post { cell }, Duration::from_secs(5)).unwrap();
         let t5 = Instant::now();
         nvml_us.push((t2 - t1).as_secs_f64() * 1e6);
         pre_us.push((t3 - t2).as_secs_f64() * 1e6);

@@ -86,7 +86,7 @@ pub fn device_memory(uuid: [u8; 16]) -> Result<NvmlMemory, DeviceError> {
 
 /// One process in NVML's lists; `used` is `None` when NVML cannot say (WDDM, MIG, the R570
 /// `u64::MAX` sentinel, or a value above the device's size).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct NvmlProcess {
     /// Process id (the host's PID namespace: in a container it may not be ours).
     pub pid: u32,
@@ -98,6 +98,12 @@ pub struct NvmlProcess {
 pub fn processes(uuid: [u8; 16]) -> Result<Vec<NvmlProcess>, DeviceError> {
     let dev = device(uuid)?;
     let total = dev.memory_info().map(|m| m.total).unwrap_or(u64::MAX);
+    processes_of(&dev, total)
+}
+
+/// The one merge of NVML's process lists: compute and graphics contexts by PID (the same
+/// process in both holds the same memory, not twice as much), NVML's sentinels dropped.
+fn processes_of(dev: &nvml_wrapper::Device<'_>, total: u64) -> Result<Vec<NvmlProcess>, DeviceError> {
     let mut out: Vec<NvmlProcess> = Vec::new();
     let compute = dev
         .running_compute_processes()
@@ -110,12 +116,79 @@ pub fn processes(uuid: [u8; 16]) -> Result<Vec<NvmlProcess>, DeviceError> {
             _ => None,
         };
         match out.iter_mut().find(|q| q.pid == p.pid) {
-            // The same process in both lists: the same memory, not twice as much.
             Some(q) => q.used = q.used.max(used),
             None => out.push(NvmlProcess { pid: p.pid, used }),
         }
     }
     Ok(out)
+}
+
+/// One NVML device as a whole: memory and every process on it (what a kernel reads per cell
+/// without a CUDA context of its own).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct NvmlDevice {
+    /// NVML index (PCI order; not the CUDA index).
+    pub index: u32,
+    /// `GPU-…` / `MIG-…`.
+    pub uuid: String,
+    /// Marketing name.
+    pub name: String,
+    /// Installed memory, bytes.
+    pub total: u64,
+    /// Free memory, bytes.
+    pub free: u64,
+    /// Used by every process, bytes.
+    pub used: u64,
+    /// Processes with a context on the device.
+    pub processes: Vec<NvmlProcess>,
+}
+
+impl NvmlDevice {
+    /// The memory NVML reports for `pid` here (`None`: not listed, or no number).
+    pub fn process_used(&self, pid: u32) -> Option<u64> {
+        self.processes.iter().find(|p| p.pid == pid).and_then(|p| p.used)
+    }
+
+    /// Whether `pid` has a context on the device.
+    pub fn lists(&self, pid: u32) -> bool {
+        self.processes.iter().any(|p| p.pid == pid)
+    }
+
+    /// Bytes used by the processes other than `pid` (those with a number).
+    pub fn others_used(&self, pid: u32) -> u64 {
+        self.processes.iter().filter(|p| p.pid != pid).filter_map(|p| p.used).sum()
+    }
+}
+
+/// Every NVML device now, with the first device that could not be read (if any): a partial
+/// answer is still an answer.
+pub fn devices() -> Result<(Vec<NvmlDevice>, Option<DeviceError>), DeviceError> {
+    let nvml = nvml()?;
+    let count = nvml.device_count().map_err(|e| unavailable(format!("NVML device_count failed ({e})")))?;
+    let mut out = Vec::new();
+    let mut error = None;
+    for index in 0..count {
+        let read =
+            nvml.device_by_index(index).map_err(|e| unavailable(format!("NVML device {index} unreadable ({e})")));
+        let dev = match read {
+            Ok(d) => d,
+            Err(e) => {
+                error.get_or_insert(e);
+                continue;
+            }
+        };
+        let Ok(mem) = dev.memory_info() else { continue };
+        out.push(NvmlDevice {
+            index,
+            uuid: dev.uuid().unwrap_or_default(),
+            name: dev.name().unwrap_or_default(),
+            total: mem.total,
+            free: mem.free,
+            used: mem.used,
+            processes: processes_of(&dev, mem.total).unwrap_or_default(),
+        });
+    }
+    Ok((out, error))
 }
 
 /// What NVML says about this process on one device.

@@ -88,6 +88,21 @@ pub enum Op {
     Summary,
 }
 
+impl Op {
+    /// The operation's name on the wire (`"pre"`, `"history_svg"`, …).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Pre { .. } => "pre",
+            Op::Post { .. } => "post",
+            Op::Read => "read",
+            Op::Record(_) => "record",
+            Op::Snapshot { .. } => "snapshot",
+            Op::HistorySvg => "history_svg",
+            Op::Summary => "summary",
+        }
+    }
+}
+
 /// What `record` sets.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RecordRequest {
@@ -262,6 +277,9 @@ mod tests {
         };
         assert_eq!(to_line(&r), r#"{"id":8,"op":"record","enabled":"state","max_entries":10,"stacks":true}"#);
         assert_eq!(to_line(&Request { id: 9, op: Op::HistorySvg }), r#"{"id":9,"op":"history_svg"}"#);
+        for op in [Op::Pre { cell: 1 }, Op::Post { cell: 1 }, Op::Read, Op::Summary, Op::Snapshot { dir: "d".into() }] {
+            assert!(to_line(&Request { id: 1, op: op.clone() }).contains(&format!("\"op\":\"{}\"", op.name())));
+        }
         for line in [
             r#"{"id":7,"op":"pre","cell":3}"#,
             r#"{"id":8,"op":"record","enabled":"state","max_entries":10,"stacks":true}"#,

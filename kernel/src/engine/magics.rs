@@ -4,9 +4,11 @@
 use super::{Engine, SLOW_TIMEOUT};
 use crate::hooks::HOOK_TIMEOUT;
 use crate::magic::{self, ExportFormat, Magic};
+use gpumem_nb::RecordMode;
+use gpumem_nb::notebook::protocol::{Op, RecordRequest};
 use gpumem_nb::render::escape;
 use gpumem_nb::units::iec;
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
 
 /// `%gpumem record` as the session wants it (re-sent to every new child).
@@ -18,11 +20,11 @@ pub(super) struct RecordSetting {
 }
 
 impl RecordSetting {
-    pub(super) fn request(&self) -> Value {
-        json!({
-            "enabled": if self.on { "all" } else { "off" },
-            "max_entries": self.max_entries.unwrap_or(u64::from(u32::MAX)),
-            "stacks": self.stacks,
+    pub(super) fn request(&self) -> Op {
+        Op::Record(RecordRequest {
+            enabled: if self.on { RecordMode::All } else { RecordMode::Off },
+            max_entries: Some(self.max_entries.unwrap_or(u64::from(u32::MAX))),
+            stacks: self.stacks,
         })
     }
 }
@@ -41,13 +43,13 @@ impl Engine {
             self.stream("stderr", "%%gpumem: gpumem-nb was loaded during this cell; its history starts at first use");
         }
         if timeline {
-            match self.hooks.control.request("history_svg", json!({}), SLOW_TIMEOUT) {
+            match self.hooks.control.request(Op::HistorySvg, SLOW_TIMEOUT) {
                 Ok(reply) => {
                     let mut m = Map::new();
-                    let text = reply.get("text").and_then(Value::as_str).unwrap_or("memory over time");
+                    let text = reply.text.as_deref().unwrap_or("memory over time");
                     m.insert("text/plain".into(), Value::String(format!("cell {count}: {text}")));
-                    if let Some(svg) = reply.get("svg").and_then(Value::as_str) {
-                        m.insert("image/svg+xml".into(), Value::String(svg.to_string()));
+                    if let Some(svg) = reply.svg {
+                        m.insert("image/svg+xml".into(), Value::String(svg));
                     }
                     self.display(m);
                 }
@@ -57,7 +59,7 @@ impl Engine {
         if let Some(dir) = snap {
             self.snapshot(count, Some(dir));
         }
-        let _ = self.hooks.control.request("record", self.record.request(), HOOK_TIMEOUT);
+        let _ = self.hooks.control.request(self.record.request(), HOOK_TIMEOUT);
     }
 
     pub(super) fn apply_setting(&mut self, m: &Magic) {
@@ -100,7 +102,7 @@ impl Engine {
                     "gpumem: history recording off".to_string()
                 };
                 if self.hooks.control.connected().is_some() {
-                    match self.hooks.control.request("record", self.record.request(), HOOK_TIMEOUT) {
+                    match self.hooks.control.request(self.record.request(), HOOK_TIMEOUT) {
                         Ok(_) => self.stream("stdout", what),
                         Err(e) => self.magic_error(&format!("record failed: {e}")),
                     }
@@ -138,9 +140,9 @@ impl Engine {
             Magic::Summary => {
                 let pid = self.child_pid();
                 self.hooks.poll(pid);
-                match self.hooks.control.request("summary", json!({}), SLOW_TIMEOUT) {
+                match self.hooks.control.request(Op::Summary, SLOW_TIMEOUT) {
                     Ok(reply) => {
-                        let text = reply.get("text").and_then(Value::as_str).unwrap_or("").to_string();
+                        let text = reply.text.unwrap_or_default();
                         self.display_text_html(&text, format!("<pre style=\"font-size:12px\">{}</pre>", escape(&text)));
                     }
                     Err(e) => self.magic_error(&format!("summary: {e}")),
@@ -177,16 +179,18 @@ impl Engine {
             self.magic_error("snapshot: gpumem-nb is not loaded in this notebook (nothing to snapshot)");
             return;
         }
-        match self.hooks.control.request("snapshot", json!({"dir": dir}), SLOW_TIMEOUT) {
+        match self.hooks.control.request(Op::Snapshot { dir: dir.display().to_string() }, SLOW_TIMEOUT) {
             Ok(reply) => {
-                let files = reply.get("files").cloned().unwrap_or(Value::Null);
+                let files = reply.files.unwrap_or_default();
                 let mut text = format!("gpumem: snapshot written to {}\n", dir.display());
                 let mut html = format!(
                     "<div style=\"font-family:monospace;font-size:12px\">snapshot written to <code>{}</code><ul>",
                     escape(&dir.display().to_string())
                 );
-                for key in ["html", "pickle", "json"] {
-                    let Some(p) = files.get(key).and_then(Value::as_str) else { continue };
+                for p in [&files.html, &files.pickle, &files.json] {
+                    if p.is_empty() {
+                        continue;
+                    }
                     let size = std::fs::metadata(p).map(|m| iec(m.len())).unwrap_or_else(|_| "?".into());
                     text.push_str(&format!("  {p} ({size})\n"));
                     let href =

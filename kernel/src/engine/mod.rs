@@ -251,7 +251,7 @@ impl Engine {
         if let Some((_, snap)) = cell_magic {
             let setting = RecordSetting { on: true, max_entries: None, stacks: snap.is_some() };
             if self.hooks.control.connected().is_some() {
-                let _ = self.hooks.control.request("record", setting.request(), HOOK_TIMEOUT);
+                let _ = self.hooks.control.request(setting.request(), HOOK_TIMEOUT);
             }
         }
 

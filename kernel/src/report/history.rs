@@ -132,7 +132,7 @@ impl History {
                 c.cell.to_string(),
                 c.status.clone(),
                 csv_quote(&c.device),
-                a.map_or(String::new(), |a| a.backend.clone()),
+                a.map_or(String::new(), |a| a.backend.name().to_string()),
                 n(a.and_then(|a| a.allocated.before)),
                 n(a.and_then(|a| a.allocated.after)),
                 n(a.map(|a| a.peak_allocated)),

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 
 impl CellRecord {
     fn simulated(&self) -> bool {
-        self.allocator.as_ref().is_some_and(|a| a.backend != "cuda")
+        self.allocator.as_ref().is_some_and(|a| a.backend != gpumem_nb::BackendKind::Cuda)
     }
 
     /// The compact line (text form; the HTML summary is the same words).
@@ -174,13 +174,8 @@ impl CellRecord {
     }
 }
 
-/// `12 ms`, `1.23 s`, `2 min 5 s`.
+/// Milliseconds in the crate's one duration format (`gpumem_nb::units::format_duration`):
+/// `850 µs`, `12.3 ms`, `1.23 s`, `2 min 5 s`.
 pub fn format_ms(ms: f64) -> String {
-    if ms < 1000.0 {
-        format!("{ms:.0} ms")
-    } else if ms < 120_000.0 {
-        format!("{:.2} s", ms / 1000.0)
-    } else {
-        format!("{} min {} s", (ms / 60_000.0) as u64, ((ms / 1000.0) as u64) % 60)
-    }
+    gpumem_nb::units::format_duration(std::time::Duration::from_secs_f64(ms.max(0.0) / 1e3))
 }

@@ -23,13 +23,13 @@ pub use record::{
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::nvml::{NvmlDevice, NvmlProc, NvmlSnapshot};
+    use crate::nvml::{NvmlDevice, NvmlProcess, NvmlSnapshot};
     use serde_json::Value;
 
     fn reading(alloc: u64, resv: u64, peak: u64) -> CrateReading {
         CrateReading {
             device: 0,
-            backend: "simulated".into(),
+            backend: gpumem_nb::BackendKind::Simulated,
             allocated: alloc,
             reserved: resv,
             peak_allocated: peak,
@@ -80,7 +80,7 @@ mod tests {
             total: 80 << 30,
             free: 4 << 30,
             used: 76 << 30,
-            processes: vec![NvmlProc { pid: 20, used: Some(used) }, NvmlProc { pid: 99, used: Some(70 << 30) }],
+            processes: vec![NvmlProcess { pid: 20, used: Some(used) }, NvmlProcess { pid: 99, used: Some(70 << 30) }],
         };
         let b = NvmlSnapshot { devices: vec![dev(1 << 30)], error: None };
         let a = NvmlSnapshot { devices: vec![dev(2 << 30)], error: None };

@@ -2,73 +2,15 @@
 //! [`build_record`], which assembles one from the hooks' [`Readings`].
 
 use crate::nvml::{NvmlDevice, NvmlSnapshot};
+use gpumem_nb::BackendKind;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 /// The MIME type of the machine-readable per-cell record.
 pub const CELL_MIME: &str = "application/vnd.gpumem.cell+json";
 
-/// One device's numbers from the crate (the control channel's READING), bytes.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CrateReading {
-    /// CUDA device index (as the child numbers it).
-    pub device: i32,
-    /// `cuda` or `simulated`.
-    pub backend: String,
-    /// Bytes in live allocations.
-    pub allocated: u64,
-    /// Bytes in segments the allocator holds.
-    pub reserved: u64,
-    /// Bytes in active blocks.
-    #[serde(default)]
-    pub active: u64,
-    /// Bytes requested by callers (before rounding).
-    #[serde(default)]
-    pub requested: u64,
-    /// Peak allocated over the cell (or overall, when no cell slot was open).
-    pub peak_allocated: u64,
-    /// Peak reserved over the cell.
-    pub peak_reserved: u64,
-    /// Free device memory (cuMemGetInfo, or the simulated capacity left).
-    #[serde(default)]
-    pub device_free: Option<u64>,
-    /// Device size.
-    #[serde(default)]
-    pub device_total: Option<u64>,
-    /// CUDA pool: bytes in use.
-    #[serde(default)]
-    pub pool_used: Option<u64>,
-    /// CUDA pool: bytes reserved.
-    #[serde(default)]
-    pub pool_reserved: Option<u64>,
-    /// CUDA pool: high-water mark of use since `pre`.
-    #[serde(default)]
-    pub pool_used_high: Option<u64>,
-    /// CUDA pool: high-water mark of reservation since `pre`.
-    #[serde(default)]
-    pub pool_reserved_high: Option<u64>,
-    /// Allocation failures so far.
-    #[serde(default)]
-    pub num_ooms: u64,
-    /// The device's UUID (`GPU-…`), when the crate sends it: matches the NVML device.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub uuid: Option<String>,
-}
-
-impl CrateReading {
-    /// Parses the `devices` array of a control reply.
-    pub fn list_from(reply: &Value) -> Vec<CrateReading> {
-        reply
-            .get("devices")
-            .and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(|d| serde_json::from_value(d.clone()).ok()).collect())
-            .unwrap_or_default()
-    }
-
-    fn is_simulated(&self) -> bool {
-        self.backend != "cuda"
-    }
-}
+/// One device's numbers from the crate: the control protocol's reading, shared with the
+/// library so the two ends cannot drift apart.
+pub use gpumem_nb::notebook::protocol::DeviceReading as CrateReading;
 
 /// Before and after of one quantity: bytes (`Span`, i.e. `Span<Option<u64>>`, `None` where
 /// unknown) or a flag (`Span<bool>`).
@@ -92,8 +34,8 @@ impl Span {
 pub struct AllocatorPart {
     /// CUDA index in the child.
     pub device: i32,
-    /// `cuda` or `simulated`.
-    pub backend: String,
+    /// What backs the allocator.
+    pub backend: BackendKind,
     /// Allocated bytes.
     pub allocated: Span,
     /// Reserved bytes.
@@ -266,7 +208,7 @@ pub fn build_record(cell: u64, r: &Readings<'_>) -> CellRecord {
         };
         rec.allocator = Some(AllocatorPart {
             device: a.device,
-            backend: a.backend.clone(),
+            backend: a.backend,
             allocated: Span { before: start(|x| x.allocated), after: Some(a.allocated) },
             reserved: Span { before: start(|x| x.reserved), after: Some(a.reserved) },
             peak_allocated: a.peak_allocated,
