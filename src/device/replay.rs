@@ -8,7 +8,7 @@
 #![forbid(unsafe_code)]
 
 use super::{Backend, BackendKind, DeviceError, EventId, StreamId};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 /// A device that replays a trace's segment addresses.
 #[derive(Clone, Debug)]
@@ -24,7 +24,8 @@ pub struct ReplayBackend {
     events: HashMap<u64, bool>,
     next_event: u64,
     recorded: Vec<EventId>,
-    live: HashMap<u64, u64>,
+    /// Live segments: address → size.
+    live: BTreeMap<u64, u64>,
 }
 
 impl ReplayBackend {
@@ -42,7 +43,7 @@ impl ReplayBackend {
             events: HashMap::new(),
             next_event: 1,
             recorded: Vec::new(),
-            live: HashMap::new(),
+            live: BTreeMap::new(),
         }
     }
     /// Queues the address the next segment reservation returns.
@@ -111,6 +112,16 @@ impl Backend for ReplayBackend {
     fn reserve(&mut self, size: u64, _stream: StreamId) -> Result<u64, DeviceError> {
         self.check_fail()?;
         let a = self.next_address(false, size);
+        // A garbled trace can name an address inside a live segment: refuse it rather than
+        // let two segments overlap.
+        let end = a.saturating_add(size);
+        if let Some((&b, &s)) = self.live.range(..end).next_back()
+            && b.saturating_add(s) > a
+        {
+            return Err(DeviceError::Driver(format!(
+                "replay: the trace's segment at {a:#x} ({size} bytes) overlaps the live segment at {b:#x} ({s} bytes)"
+            )));
+        }
         self.used += size;
         self.live.insert(a, size);
         Ok(a)

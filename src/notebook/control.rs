@@ -64,14 +64,17 @@ pub fn serve(mut reader: impl BufRead, mut out: impl Write) {
             }
             Ok(_) => {}
         }
-        let line = String::from_utf8_lossy(&buf);
-        let line = line.trim();
-        if line.is_empty() {
+        // JSON's own whitespace only: anything else around a request makes it malformed.
+        let json_ws = |b: &u8| matches!(b, b' ' | b'\t' | b'\r' | b'\n');
+        if buf.iter().all(json_ws) {
             continue;
         }
-        let reply = match protocol::parse_request(line) {
-            Ok(req) => session.handle(req.id, &req.op),
-            Err((id, why)) => Reply::error(id, why),
+        let reply = match std::str::from_utf8(&buf) {
+            Ok(line) => match protocol::parse_request(line.trim_matches(|c| matches!(c, ' ' | '\t' | '\r' | '\n'))) {
+                Ok(req) => session.handle(req.id, &req.op),
+                Err((id, why)) => Reply::error(id, why),
+            },
+            Err(e) => Reply::error(None, format!("malformed request: not UTF-8 ({e})")),
         };
         // One write per reply (formatting straight into the socket writes token by token).
         let mut text = protocol::to_line(&reply);
@@ -215,6 +218,34 @@ mod tests {
         assert_eq!((r[2].id, r[2].ok), (Some(8), false));
         assert_eq!((r[3].id, r[3].ok), (Some(9), true), "the channel still answers");
         assert!(r[3].devices.is_some());
+    }
+
+    /// Found by the `control` fuzz target (tests/fixtures/fuzz/control-vertical-tab.jsonl): a
+    /// request followed by vertical tabs was accepted (Unicode trimming), although it is no
+    /// JSON; now it is malformed and changes nothing.
+    #[test]
+    fn only_json_whitespace_surrounds_a_request() {
+        let fixture = include_str!("../../tests/fixtures/fuzz/control-vertical-tab.jsonl");
+        let r = run(fixture);
+        assert!(r.iter().all(|r| !r.ok), "{r:?}");
+        let r = run("{\"id\":1,\"op\":\"read\"}\u{b}\n \t{\"id\":2,\"op\":\"read\"}\r\n");
+        assert_eq!((r[0].id, r[0].ok), (None, false), "not JSON: not even its id is read");
+        assert!(r[0].error.as_deref().unwrap().starts_with("malformed request"));
+        assert_eq!((r[1].id, r[1].ok), (Some(2), true));
+    }
+
+    /// Found by the `control` fuzz target (tests/fixtures/fuzz/control-not-utf8.jsonl): a byte
+    /// that is not UTF-8 inside a field name was replaced, the field became unknown and so
+    /// ignored, and `record` ran with its defaults; now such a line is malformed.
+    #[test]
+    fn a_line_that_is_not_utf8_is_malformed() {
+        let fixture = include_bytes!("../../tests/fixtures/fuzz/control-not-utf8.jsonl");
+        let mut out = Vec::new();
+        serve(&fixture[..], &mut out);
+        let replies: Vec<Reply> =
+            String::from_utf8(out).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert!(!replies[0].ok && replies[0].error.as_deref().unwrap().contains("not UTF-8"), "{replies:?}");
+        assert!(replies.iter().all(|r| !r.ok));
     }
 
     #[test]

@@ -186,10 +186,13 @@ impl AllocatorConfig {
                 "large_segment_size_mb" => {
                     t.expect(i + 1, ":")?;
                     let v = t.size(i + 2)?;
-                    if v == 0 || v % 2 != 0 {
-                        return Err(t.err("must be a positive multiple of 2 (MiB)"));
+                    // Requests of up to 10 MiB get one segment of this size: smaller could not
+                    // hold them.
+                    let min = super::constants::MIN_LARGE_ALLOC / MB;
+                    if v < min || v % 2 != 0 {
+                        return Err(t.err(format!("must be a multiple of 2 (MiB) of at least {min}, found {v}")));
                     }
-                    cfg.large_segment_size = v * MB;
+                    cfg.large_segment_size = v.checked_mul(MB).ok_or_else(|| t.err(format!("{v} MiB is too large")))?;
                     i += 2;
                 }
                 "garbage_collection_threshold" => {
@@ -204,29 +207,12 @@ impl AllocatorConfig {
                 "roundup_power2_divisions" => {
                     i = parse_roundup(&t, i, &mut cfg.roundup_power2_divisions)?;
                 }
-                "expandable_segments" => {
+                key if cfg.flag(key).is_some() => {
                     t.expect(i + 1, ":")?;
-                    cfg.expandable_segments = t.boolean(i + 2)?;
-                    i += 2;
-                }
-                "release_lock_on_cudamalloc" => {
-                    t.expect(i + 1, ":")?;
-                    cfg.release_lock_on_cudamalloc = t.boolean(i + 2)?;
-                    i += 2;
-                }
-                "pinned_use_cuda_host_register" => {
-                    t.expect(i + 1, ":")?;
-                    cfg.pinned_use_cuda_host_register = t.boolean(i + 2)?;
-                    i += 2;
-                }
-                "pinned_use_background_threads" => {
-                    t.expect(i + 1, ":")?;
-                    cfg.pinned_use_background_threads = t.boolean(i + 2)?;
-                    i += 2;
-                }
-                "graph_capture_record_stream_reuse" => {
-                    t.expect(i + 1, ":")?;
-                    cfg.graph_capture_record_stream_reuse = t.boolean(i + 2)?;
+                    let v = t.boolean(i + 2)?;
+                    if let Some(flag) = cfg.flag(key) {
+                        *flag = v;
+                    }
                     i += 2;
                 }
                 "pinned_num_register_threads" => {
@@ -268,6 +254,18 @@ impl AllocatorConfig {
             }
         }
         Ok(cfg)
+    }
+
+    /// The `True`/`False` option called `key`, if it is one.
+    fn flag(&mut self, key: &str) -> Option<&mut bool> {
+        Some(match key {
+            "expandable_segments" => &mut self.expandable_segments,
+            "release_lock_on_cudamalloc" => &mut self.release_lock_on_cudamalloc,
+            "pinned_use_cuda_host_register" => &mut self.pinned_use_cuda_host_register,
+            "pinned_use_background_threads" => &mut self.pinned_use_background_threads,
+            "graph_capture_record_stream_reuse" => &mut self.graph_capture_record_stream_reuse,
+            _ => return None,
+        })
     }
 
     /// Reads [`ENV_VAR`]; unset or empty gives the default.
@@ -417,5 +415,20 @@ mod tests {
         assert_eq!(e.option, "max_split_size_mb");
         let e = AllocatorConfig::parse("max_split_size_mb:abc").unwrap_err();
         assert!(e.to_string().contains("'abc'"), "{e}");
+    }
+
+    /// Found by the `alloc_conf` fuzz target: a 2 MiB large segment could not hold the 3 MiB
+    /// request it was made for (an underflow in the split test); now refused when parsed. A size
+    /// whose bytes overflow is refused too.
+    #[test]
+    fn large_segment_size_must_hold_the_requests_it_serves() {
+        for bad in ["large_segment_size_mb:2,", "large_segment_size_mb:8", "large_segment_size_mb:11"] {
+            let e = AllocatorConfig::parse(bad).unwrap_err();
+            assert_eq!(e.option, "large_segment_size_mb", "{bad}");
+            assert!(e.to_string().contains("at least 10"), "{e}");
+        }
+        let e = AllocatorConfig::parse("large_segment_size_mb:18446744073709551614").unwrap_err();
+        assert!(e.to_string().contains("too large"), "{e}");
+        assert_eq!(AllocatorConfig::parse("large_segment_size_mb:10").unwrap().large_segment_size, 10 * MB);
     }
 }
