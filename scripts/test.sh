@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
 # Every check and test of the project, in the order a reviewer would run them.
 # Usage: scripts/test.sh            (from anywhere; needs only a Rust toolchain and network
-#                                    access to crates.io, and to rustup for the Miri step)
-# Build outputs go to $CARGO_TARGET_DIR (default: ~/.cache/gpumem-nb/target), outside the
-# clone, so repeated runs are incremental.
+#                                    access to crates.io and PyPI, and the nightly toolchain for
+#                                    the Miri and fuzzing steps)
+# Build outputs go to $CARGO_TARGET_DIR, by default the clone's own `target/`: the README's main
+# command builds there too, so running it first leaves this script little to compile. evcxr
+# compiles notebook cells in `$CARGO_TARGET_DIR/evcxr`, the directory the kernel binary picks
+# itself when it runs from a cargo target directory. CI (`.ci/run`) keeps the target directory
+# outside the clone so repeated runs are incremental.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/gpumem-nb/target}"
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$repo"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$repo/target}"
 export CARGO_TERM_COLOR=never
+export EVCXR_TMPDIR="$CARGO_TARGET_DIR/evcxr"
+mkdir -p "$EVCXR_TMPDIR"
 
 step() { printf '\n==> %s\n' "$*"; }
 
@@ -32,13 +39,11 @@ if [ ! -x /usr/bin/chromium ] && [ -z "${CHROMIUM:-}" ]; then
 fi
 # --- end chromium ---
 
-step "tests: the library (unit, conformance with PyTorch 2.11 goldens, trace replay, round trips)"
+step "tests: the library (unit, layers, conformance with PyTorch 2.11 goldens, trace replay, round trips)"
 cargo test -p gpumem-nb --all-features
 
 # The kernel's tests run real evcxr, which compiles notebook cells: in release, evcxr's own
-# rust-analyzer is fast enough; evcxr's build cache for the notebooks lives in the target dir.
-export EVCXR_TMPDIR="$CARGO_TARGET_DIR/evcxr-tests"
-mkdir -p "$EVCXR_TMPDIR"
+# rust-analyzer is fast enough.
 step "tests: the kernel (real evcxr, the Jupyter protocol over ZMQ, headless runs, restarts)"
 cargo test --release -p gpumem-kernel -- --test-threads=1
 
@@ -56,10 +61,36 @@ for t in tests/fixtures/traces/*.trace.tsv.gz; do
     cargo run --quiet --release --bin gpumem-replay -- "$t"
 done
 
-step "Miri: the policy, stats and simulated device under the interpreter"
+# Bounded fuzzing of every input parser (fuzz/README.md). The corpus grows in the target
+# directory between runs; the committed seeds and dictionaries start it. A crash stops the
+# script with the failing input written under fuzz/artifacts/.
+fuzz_seconds="${GPUMEM_FUZZ_SECONDS:-30}"
+step "fuzzing: allocator config, trace reader, control protocol, %gpumem magics (${fuzz_seconds} s each)"
+if cargo +nightly --version >/dev/null 2>&1; then
+    if ! cargo fuzz --version >/dev/null 2>&1; then
+        cargo install --locked cargo-fuzz --version 0.13.2
+    fi
+    for t in alloc_conf trace control magic; do
+        corpus="$CARGO_TARGET_DIR/fuzz-corpus/$t"
+        log="$CARGO_TARGET_DIR/fuzz-$t.log"
+        mkdir -p "$corpus"
+        if ! (cd fuzz && CARGO_TARGET_DIR="$CARGO_TARGET_DIR/fuzz" cargo +nightly fuzz run -O --debug-assertions \
+                "$t" "$corpus" "seeds/$t" -- -max_total_time="$fuzz_seconds" -rss_limit_mb=2048 \
+                -dict="dict/$t.dict" > "$log" 2>&1); then
+            tail -40 "$log"
+            echo "fuzz target $t failed: the input is under fuzz/artifacts/$t/ (turn it into a regression test)"
+            exit 1
+        fi
+        echo "$t: $(grep -E '^Done' "$log" | tail -1)"
+    done
+else
+    echo "SKIPPED: no nightly toolchain (cargo-fuzz needs it)"
+fi
+
+step "Miri: the policy, stats, simulated device and the process-wide anchor under the interpreter"
 if rustup component add --toolchain nightly miri rust-src >/dev/null 2>&1; then
     MIRIFLAGS="-Zmiri-disable-isolation" cargo +nightly miri test -p gpumem-nb --lib --no-default-features \
-        -- policy:: stats:: units:: config:: backend::sim
+        -- policy:: stats:: units:: device::sim notebook::anchor
 else
     echo "SKIPPED: could not install Miri for the nightly toolchain (rustup unreachable?)"
 fi

@@ -8,9 +8,11 @@
 //! - [`magic`]: the `%gpumem` / `%%gpumem` parser; [`complete`]: `is_complete`.
 //! - [`report`]: per-cell records, the report line, history, chart, export.
 //! - [`nvml`]: kernel-side NVML; [`install`]: the kernelspec; [`run`]: headless notebooks.
+//! - [`build_dir`]: where evcxr compiles the cells (kept between kernel starts).
 
 #![forbid(unsafe_code)]
 
+pub mod build_dir;
 pub mod complete;
 pub mod control;
 pub mod engine;

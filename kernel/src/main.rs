@@ -7,7 +7,7 @@
 //! gpumem-kernel run NOTEBOOK.ipynb [--output OUT.ipynb] [--html OUT.html] [--allow-errors]
 //! ```
 
-use gpumem_kernel::{install, kernel, run};
+use gpumem_kernel::{build_dir, install, kernel, run};
 use std::path::PathBuf;
 
 const HELP: &str = "\
@@ -33,6 +33,18 @@ fn main() {
     // First: the same binary is also evcxr's child process and its rustc wrapper.
     evcxr::runtime_hook();
     let args: Vec<String> = std::env::args().skip(1).collect();
+    // Where evcxr compiles cells: a directory kept between kernel starts (see `build_dir`),
+    // held for the kernel's whole life. Set before any thread exists.
+    let _build_dir = match args.first().map(String::as_str) {
+        Some("--connection-file" | "--control_file" | "-f" | "run") => build_dir::choose(),
+        _ => None,
+    };
+    if let Some(dir) = &_build_dir {
+        // SAFETY: `set_var` races with concurrent readers of the environment; this is the
+        // first thing `main` does after `runtime_hook` (which returns only in the kernel
+        // process and starts no thread), so no other thread exists yet.
+        unsafe { std::env::set_var("EVCXR_TMPDIR", &dir.path) };
+    }
     let code = match real_main(&args) {
         Ok(code) => code,
         Err(e) => {

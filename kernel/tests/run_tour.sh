@@ -13,6 +13,6 @@ if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
   "$venv/bin/pip" install --quiet jupyter_client nbclient nbformat
 fi
-export EVCXR_TMPDIR="$target/evcxr-tour"
+export EVCXR_TMPDIR="${EVCXR_TMPDIR:-$target/evcxr}"
 mkdir -p "$EVCXR_TMPDIR"
 exec "$venv/bin/python" "$repo/kernel/tests/tour_nbclient.py" "$target/$profile/gpumem-kernel" "$target/tour-out"
