@@ -1,7 +1,9 @@
 use super::*;
 use crate::device::any::AnyBackend;
 use crate::{AllocError, DeviceBuffer, Error};
-use cudarc::driver::{DeviceSlice, PushKernelArg};
+use cudarc::driver::DeviceSlice;
+#[cfg(feature = "nvrtc")]
+use cudarc::driver::PushKernelArg;
 
 /// Runs everywhere: without a driver library the probe is an error value, not a panic.
 #[test]
