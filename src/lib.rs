@@ -18,9 +18,10 @@
 //! 3. `record`, `stats` — what the policy writes as it runs: the event ring and stacks
 //!    ([`TraceEntry`], [`RecordMode`]); the 122 `memory_stats()` counters, peak slots and the
 //!    `memory_summary()` text.
-//! 4. `policy` — PyTorch's caching policy as pure code: config ([`AllocatorConfig`]),
-//!    rounding, pools, best fit, split and merge, events, release, GC, fraction, expandable
-//!    segments, out-of-memory ([`AllocError`], [`OomReport`]).
+//! 4. `policy`, `track` — PyTorch's caching policy as pure code: config
+//!    ([`AllocatorConfig`]), rounding, pools, best fit, split and merge, events, release, GC,
+//!    fraction, expandable segments, out-of-memory ([`AllocError`], [`OomReport`]); the books
+//!    of every driver allocation of the process, by source and owner.
 //! 5. [`snapshot`], `error` — PyTorch's snapshot structure read back from the policy, its
 //!    pickle and JSON writers and the memory timeline; [`Error`] gathering every failure.
 //! 6. `allocator` — [`CachingAllocator`]: the thread-safe front, `torch.cuda`'s memory API as
@@ -43,6 +44,7 @@ mod record;
 mod stats;
 
 mod policy;
+mod track;
 
 pub mod snapshot;
 
@@ -56,7 +58,7 @@ pub mod notebook;
 mod pinned;
 pub mod replay;
 
-pub use notebook::{mem, scope};
+pub use notebook::{mem, scope, tracking};
 
 // The allocator and its PyTorch-named API.
 pub use allocator::{CachingAllocator, PeakSlot};

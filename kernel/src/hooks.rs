@@ -11,7 +11,7 @@
 
 use crate::control::ControlServer;
 use crate::nvml::{self, NvmlSnapshot};
-use crate::report::{CellRecord, CrateReading, Readings, build_record};
+use crate::report::{CellRecord, CrateReading, Readings, TrackedReadings, build_record};
 use gpumem_nb::notebook::protocol::Op;
 use std::time::{Duration, Instant};
 
@@ -26,6 +26,8 @@ pub struct Before {
     pub nvml: NvmlSnapshot,
     /// The crate's readings (`pre`), when the crate was connected.
     pub crate_readings: Option<Vec<CrateReading>>,
+    /// Every allocation of the child (tracking), when the crate was connected.
+    pub tracked: Option<TrackedReadings>,
     /// Whether `pre` opened a peak slot, so that the peaks cover exactly the cell.
     pub slot_opened: bool,
     /// Time the hooks took, microseconds.
@@ -40,6 +42,8 @@ pub struct After {
     pub nvml: NvmlSnapshot,
     /// The crate's readings (`post`), when the crate is connected.
     pub crate_readings: Option<Vec<CrateReading>>,
+    /// Every allocation of the child (tracking), when the crate is connected.
+    pub tracked: Option<TrackedReadings>,
     /// Time the hooks took, microseconds.
     pub us: u64,
 }
@@ -79,32 +83,41 @@ impl Hooks {
 
     /// Runs the pre-cell hooks for cell `cell` of child `pid`.
     pub fn before(&mut self, cell: u64, pid: Option<u32>) -> Before {
-        let (nvml, crate_readings, us) = self.read(Op::Pre { cell }, pid);
+        let (nvml, crate_readings, tracked, us) = self.read(Op::Pre { cell }, pid);
         let slot_opened = crate_readings.is_some();
-        Before { pid, nvml, crate_readings, slot_opened, us }
+        Before { pid, nvml, crate_readings, tracked, slot_opened, us }
     }
 
     /// Runs the post-cell hooks for cell `cell`; `pid` is the child's pid now.
     pub fn after(&mut self, cell: u64, pid: Option<u32>) -> After {
-        let (nvml, crate_readings, us) = self.read(Op::Post { cell }, pid);
-        After { pid, nvml, crate_readings, us }
+        let (nvml, crate_readings, tracked, us) = self.read(Op::Post { cell }, pid);
+        After { pid, nvml, crate_readings, tracked, us }
     }
 
     /// One side of the hooks: accept a (re)connecting child, read NVML, ask the crate for `op`
     /// (`pre` or `post`); with the time it took, in microseconds.
-    fn read(&mut self, op: Op, pid: Option<u32>) -> (NvmlSnapshot, Option<Vec<CrateReading>>, u64) {
+    fn read(
+        &mut self,
+        op: Op,
+        pid: Option<u32>,
+    ) -> (NvmlSnapshot, Option<Vec<CrateReading>>, Option<TrackedReadings>, u64) {
         let t = Instant::now();
         self.poll(pid);
         let nvml = nvml::read();
-        let mut crate_readings = None;
+        let (mut crate_readings, mut tracked) = (None, None);
         if self.control.connected().is_some() {
             let name = op.name();
             match self.control.request(op, HOOK_TIMEOUT) {
-                Ok(reply) => crate_readings = Some(reply.devices.unwrap_or_default()),
+                Ok(reply) => {
+                    crate_readings = Some(reply.devices.unwrap_or_default());
+                    tracked = reply
+                        .tracking
+                        .map(|status| TrackedReadings { status, places: reply.tracked.unwrap_or_default() });
+                }
                 Err(e) => eprintln!("gpumem-kernel: {name}-cell reading failed: {e}"),
             }
         }
-        (nvml, crate_readings, t.elapsed().as_micros() as u64)
+        (nvml, crate_readings, tracked, t.elapsed().as_micros() as u64)
     }
 }
 
@@ -118,6 +131,8 @@ pub fn record(cell: u64, before: &Before, after: &After) -> CellRecord {
         &Readings {
             crate_before,
             crate_after: after.crate_readings.as_deref(),
+            tracked_before: if before.pid == after.pid { before.tracked.as_ref() } else { None },
+            tracked_after: after.tracked.as_ref(),
             slot_opened: before.slot_opened,
             nvml_before: &before.nvml,
             nvml_after: &after.nvml,

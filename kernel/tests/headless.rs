@@ -14,7 +14,12 @@ fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
 }
 
+/// evcxr's build directory: the one the test script gives (`EVCXR_TMPDIR`, shared by every test
+/// so the crate compiles once), else one per test.
 fn evcxr_tmpdir(name: &str) -> PathBuf {
+    if let Some(d) = std::env::var_os("EVCXR_TMPDIR") {
+        return PathBuf::from(d);
+    }
     let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
     std::fs::create_dir_all(&d).unwrap();
     d
@@ -68,6 +73,59 @@ fn result_text(nb: &Value, i: usize) -> String {
         .find(|o| o["output_type"] == "execute_result")
         .map(|o| o["data"]["text/plain"].as_str().unwrap_or("").to_string())
         .unwrap_or_default()
+}
+
+/// Every allocation of the notebook's process, whoever makes it, in each cell's record: on the
+/// simulated device a driver allocation past the caching allocator (what candle or cuBLAS do on
+/// a GPU) shows as `all_allocations` after − before, and a temporary one as the cell's peak.
+#[test]
+fn every_allocation_is_in_the_cell_record() {
+    let root = repo_root();
+    let dep = format!(":dep gpumem-nb = {{ path = {:?} }}", root.to_str().unwrap());
+    let nb = notebook(&[
+        (&dep, &[]),
+        ("let d = gpumem_nb::mem::driver_alloc_mib(100)?;", &[]),
+        ("let t = gpumem_nb::mem::driver_alloc_mib(300)?;\ndrop(t);", &[]),
+        (
+            "use gpumem_nb::{DeviceBuffer, StreamId};\nlet keep = DeviceBuffer::<u8>::zeros(&gpumem_nb::current()?, 64 << 20, StreamId::DEFAULT)?;",
+            &[],
+        ),
+        ("%gpumem export all.csv", &[]),
+    ]);
+    let (code, out, stderr) = run("all", &nb, &[]);
+    assert_eq!(code, 0, "{stderr}");
+    let mib = 1u64 << 20;
+    let all = |i: usize| records(&out, i)[0]["all_allocations"].clone();
+    let n = |v: &Value| v.as_u64().unwrap_or_else(|| panic!("not a byte count: {v}"));
+
+    let a = all(1);
+    assert_eq!(a["tracking"], "simulated", "{a}");
+    assert_eq!(n(&a["after"]) - n(&a["before"]), 100 * mib, "{a}");
+    assert!(n(&a["peak"]) >= 100 * mib);
+    let driver = a["by_source"].as_array().unwrap().iter().find(|s| s["source"] == "driver").unwrap();
+    assert_eq!(driver["delta"], 100 * mib);
+    assert!(a["top"][0]["bytes"] == 100 * mib && a["top"][0]["owner"].as_str().is_some_and(|o| !o.is_empty()), "{a}");
+
+    let b = all(2);
+    assert_eq!(n(&b["after"]), n(&b["before"]), "made and dropped: no change\n{b}");
+    assert_eq!(n(&b["peak"]) - n(&b["before"]), 300 * mib, "the peak is exactly the temporary\n{b}");
+
+    let c = all(3);
+    let r = &records(&out, 3)[0]["allocator"]["reserved"];
+    assert_eq!(n(&c["after"]) - n(&c["before"]), n(&r["after"]) - n(&r["before"]), "allocator blocks count too\n{c}");
+    // The report line leads with it.
+    let line = outputs(&out, 1)
+        .iter()
+        .find_map(|o| o["data"]["text/plain"].as_str().filter(|t| t.starts_with("[")))
+        .unwrap_or_default();
+    assert!(line.contains("all allocations +100.00 MiB"), "{line}");
+    // The export carries it.
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("nb-all");
+    let csv = std::fs::read_to_string(dir.join("all.csv")).unwrap();
+    let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+    let col = header.iter().position(|h| *h == "all_after").unwrap();
+    let row2: Vec<&str> = csv.lines().nth(2).unwrap().split(',').collect();
+    assert_eq!(row2[col].parse::<u64>().unwrap(), n(&a["after"]), "{csv}");
 }
 
 /// One allocator state across cells under real evcxr: each cell is its own shared object with

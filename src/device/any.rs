@@ -130,6 +130,9 @@ impl Backend for AnyBackend {
     fn reset_pool_high_water(&mut self) {
         dispatch!(self, b => b.reset_pool_high_water())
     }
+    fn set_driver_sink(&mut self, sink: super::DriverSink) {
+        dispatch!(self, b => b.set_driver_sink(sink))
+    }
     fn new_stream(&mut self) -> Result<StreamId, DeviceError> {
         match self {
             // The simulated device's streams are plain handles (its inherent `new_stream`).

@@ -16,6 +16,7 @@
 //! cached memory and retries), anything else is [`DeviceError::Driver`] and is passed up.
 
 pub mod any;
+pub mod driver;
 mod element;
 pub mod nvml;
 pub mod replay;
@@ -27,6 +28,7 @@ pub mod cuda;
 
 use std::fmt;
 
+pub use driver::{DriverCall, DriverEvent, DriverKind, DriverSink};
 pub use element::Element;
 
 /// A stream as the allocator sees it: the raw `CUstream` handle value (0 = the default stream).
@@ -158,6 +160,10 @@ pub trait Backend {
     }
     /// Restarts the pool's high-water marks at the current values (a cell's own peak).
     fn reset_pool_high_water(&mut self) {}
+    /// Where the backend reports its own driver allocations (the simulated device: all of
+    /// them; a GPU: which of CUPTI's events were its own, as [`DriverCall::Claim`]s). Backends
+    /// that report nothing ignore it.
+    fn set_driver_sink(&mut self, _sink: DriverSink) {}
     /// Creates a stream on the device and returns its handle (kept alive by the backend).
     /// Backends without streams answer `Err(Driver("streams not supported"))`.
     fn new_stream(&mut self) -> Result<StreamId, DeviceError> {

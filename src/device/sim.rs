@@ -6,9 +6,15 @@
 //! (expandable segments) take address space but no capacity; segments and mapped pages take
 //! capacity. Streams can be marked busy: events recorded on a busy stream stay incomplete until
 //! the stream is synchronised, which is how tests hold a cross-stream free pending.
+//!
+//! It is also a simulated driver: other code can allocate straight from it
+//! ([`SimBackend::driver_alloc`], what `cuMemAlloc` is on a GPU), taking capacity the caching
+//! allocator then does not have, and once given a sink ([`Backend::set_driver_sink`]) it reports
+//! every allocation and release to it, its own segments and pages marked as the allocator's,
+//! as CUPTI reports a GPU's.
 #![forbid(unsafe_code)]
 
-use super::{Backend, BackendKind, DeviceError, EventId, StreamId};
+use super::{Backend, BackendKind, DeviceError, DriverCall, DriverEvent, DriverKind, DriverSink, EventId, StreamId};
 use crate::units::{GIB, MIB};
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -36,6 +42,9 @@ pub struct SimBackend {
     next_event: u64,
     fail_reserves: u32,
     next_stream: u64,
+    /// Allocations made through the simulated driver: address → requested bytes.
+    driver_allocs: HashMap<u64, u64>,
+    sink: Option<DriverSink>,
 }
 
 impl SimBackend {
@@ -55,6 +64,8 @@ impl SimBackend {
             next_event: 1,
             fail_reserves: 0,
             next_stream: 0x5000,
+            driver_allocs: HashMap::new(),
+            sink: None,
         }
     }
 
@@ -94,6 +105,42 @@ impl SimBackend {
     /// Makes the next `n` segment reservations or page maps fail with out-of-memory.
     pub fn fail_next_reserves(&mut self, n: u32) {
         self.fail_reserves = n;
+    }
+
+    /// Allocates `size` bytes straight from the simulated driver (what `cuMemAlloc` is on a
+    /// GPU): capacity rounded up to the 2 MiB granularity, reported to the sink as another
+    /// library's allocation. `Err(OutOfMemory)` when the device is full.
+    pub fn driver_alloc(&mut self, size: u64) -> Result<u64, DeviceError> {
+        if size == 0 {
+            return Err(DeviceError::Driver("CUDA_ERROR_INVALID_VALUE (simulated): 0 bytes".into()));
+        }
+        let rounded = size.div_ceil(GRANULARITY) * GRANULARITY;
+        self.consume(rounded)?;
+        let addr = self.take_range(rounded).inspect_err(|_| self.used -= rounded)?;
+        self.driver_allocs.insert(addr, size);
+        let call = DriverCall::Alloc { kind: DriverKind::Alloc, addr, size, stream: 0 };
+        self.report(call, "cuMemAlloc (simulated)", false);
+        Ok(addr)
+    }
+
+    /// Frees an allocation of [`SimBackend::driver_alloc`].
+    pub fn driver_free(&mut self, addr: u64) -> Result<(), DeviceError> {
+        let Some(size) = self.driver_allocs.remove(&addr) else {
+            return Err(DeviceError::Driver(format!(
+                "CUDA_ERROR_INVALID_VALUE (simulated): {addr:#x} is not a driver allocation"
+            )));
+        };
+        let rounded = size.div_ceil(GRANULARITY) * GRANULARITY;
+        self.return_range(addr, rounded)?;
+        self.used -= rounded;
+        self.report(DriverCall::Free { addr }, "cuMemFree (simulated)", false);
+        Ok(())
+    }
+
+    fn report(&self, call: DriverCall, api: &'static str, ours: bool) {
+        if let Some(sink) = self.sink {
+            sink(&DriverEvent { call, device: Some(self.device), api, ours });
+        }
     }
 
     fn take_range(&mut self, size: u64) -> Result<u64, DeviceError> {
@@ -167,13 +214,28 @@ impl Backend for SimBackend {
     fn mem_get_info(&mut self) -> Result<(u64, u64), DeviceError> {
         Ok((self.capacity - self.used, self.capacity))
     }
+    fn set_driver_sink(&mut self, sink: DriverSink) {
+        self.sink = Some(sink);
+    }
     fn reserve(&mut self, size: u64, _stream: StreamId) -> Result<u64, DeviceError> {
         self.consume(size)?;
-        self.take_range(size).inspect_err(|_| self.used -= size)
+        let addr = self.take_range(size).inspect_err(|_| self.used -= size)?;
+        self.report(
+            DriverCall::Alloc { kind: DriverKind::Alloc, addr, size, stream: 0 },
+            "cuMemAlloc (simulated)",
+            true,
+        );
+        Ok(addr)
     }
     fn release(&mut self, addr: u64, size: u64) -> Result<(), DeviceError> {
+        if self.driver_allocs.contains_key(&addr) {
+            return Err(DeviceError::Driver(format!(
+                "CUDA_ERROR_INVALID_VALUE (simulated): {addr:#x} is a driver allocation, not a segment"
+            )));
+        }
         self.return_range(addr, size)?;
         self.used -= size;
+        self.report(DriverCall::Free { addr }, "cuMemFree (simulated)", true);
         Ok(())
     }
     fn reserve_address_range(&mut self, size: u64) -> Result<u64, DeviceError> {
@@ -198,7 +260,10 @@ impl Backend for SimBackend {
         }
         self.consume(page_size * pages)?;
         for i in 0..pages {
-            self.mapped.insert(addr + i * page_size, page_size);
+            let page = addr + i * page_size;
+            self.mapped.insert(page, page_size);
+            let call = DriverCall::Alloc { kind: DriverKind::Vmm, addr: page, size: page_size, stream: 0 };
+            self.report(call, "cuMemCreate+cuMemMap (simulated)", true);
         }
         Ok(())
     }
@@ -211,6 +276,7 @@ impl Backend for SimBackend {
                 )));
             }
             self.used -= page_size;
+            self.report(DriverCall::Free { addr: addr + i * page_size }, "cuMemUnmap+cuMemRelease (simulated)", true);
         }
         Ok(())
     }
@@ -265,6 +331,36 @@ mod tests {
         assert!(!s.query_event(e).unwrap());
         s.synchronize();
         assert!(s.query_event(e).unwrap());
+    }
+
+    #[test]
+    fn the_simulated_driver_takes_capacity_and_reports_every_call() {
+        use std::sync::Mutex;
+        static SEEN: Mutex<Vec<(DriverCall, bool)>> = Mutex::new(Vec::new());
+        fn sink(e: &DriverEvent) {
+            SEEN.lock().unwrap().push((e.call, e.ours));
+        }
+        let mut s = SimBackend::new(0, 64 * MIB);
+        s.set_driver_sink(sink);
+        let d = s.driver_alloc(3 * MIB).unwrap();
+        assert_eq!(s.mem_get_info().unwrap().0, 60 * MIB, "4 MiB of capacity: the granularity");
+        let seg = s.reserve(20 * MIB, StreamId::DEFAULT).unwrap();
+        assert!(s.release(d, 3 * MIB).is_err(), "a driver allocation is no segment");
+        assert_eq!(s.driver_alloc(100 * MIB), Err(DeviceError::OutOfMemory));
+        s.driver_free(d).unwrap();
+        assert!(s.driver_free(d).is_err(), "freed once");
+        s.release(seg, 20 * MIB).unwrap();
+        assert_eq!(s.used(), 0);
+        let seen = SEEN.lock().unwrap().clone();
+        assert_eq!(
+            seen,
+            [
+                (DriverCall::Alloc { kind: DriverKind::Alloc, addr: d, size: 3 * MIB, stream: 0 }, false),
+                (DriverCall::Alloc { kind: DriverKind::Alloc, addr: seg, size: 20 * MIB, stream: 0 }, true),
+                (DriverCall::Free { addr: d }, false),
+                (DriverCall::Free { addr: seg }, true),
+            ]
+        );
     }
 
     #[test]

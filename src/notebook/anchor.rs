@@ -28,6 +28,8 @@ pub(crate) struct Shared {
     pub(crate) registry: Mutex<Option<Registry>>,
     /// Whether the control channel to the gpumem kernel was started in this process.
     pub(crate) control_started: Mutex<bool>,
+    /// Every device allocation of the process (`notebook::tracking`).
+    pub(crate) tracking: super::tracking::Tracking,
 }
 
 /// The reference this copy of the crate uses.
@@ -83,8 +85,11 @@ pub(crate) fn shared() -> &'static Shared {
         if let Some(s) = lookup() {
             return s;
         }
-        let s: &'static Shared =
-            Box::leak(Box::new(Shared { registry: Mutex::new(None), control_started: Mutex::new(false) }));
+        let s: &'static Shared = Box::leak(Box::new(Shared {
+            registry: Mutex::new(None),
+            control_started: Mutex::new(false),
+            tracking: super::tracking::Tracking::new(),
+        }));
         publish(s);
         s
     })

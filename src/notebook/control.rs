@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 use super::protocol::{self, DeviceReading, Hello, Op, RecordRequest, Reply, SnapshotPaths};
+use super::tracking;
 use crate::Allocator;
 use crate::device::Backend;
 use crate::record::history::{HistoryOptions, StackContext};
@@ -85,10 +86,12 @@ pub fn serve(mut reader: impl BufRead, mut out: impl Write) {
     }
 }
 
-/// What the serving thread remembers between requests: the open peak slots per device.
+/// What the serving thread remembers between requests: the open peak slots per device, and
+/// the tracker's slot over every allocation.
 #[derive(Default)]
 struct Session {
     slots: HashMap<i32, SlotId>,
+    tracked: Option<crate::track::TrackSlot>,
 }
 
 /// One device's numbers now; peaks since `slot` was opened when there is one.
@@ -140,7 +143,9 @@ impl Session {
     fn readings(&self, id: u64) -> Reply {
         let devices =
             super::registry::opened().iter().map(|a| reading(a, self.slots.get(&a.device()).copied())).collect();
-        Reply { devices: Some(devices), ..Reply::ok(id) }
+        let status = tracking::status();
+        let tracked = status.is_on().then(|| tracking::readings(self.tracked));
+        Reply { devices: Some(devices), tracking: Some(status.label()), tracked, ..Reply::ok(id) }
     }
 
     fn handle(&mut self, id: u64, op: &Op) -> Reply {
@@ -160,6 +165,10 @@ impl Session {
                         a.with_state(|s, _| s.close_slot(old));
                     }
                 }
+                tracking::set_label(Some(&format!("cell {cell}")));
+                if let Some(old) = self.tracked.replace(tracking::open_slot()) {
+                    tracking::close_slot(old);
+                }
                 Ok(self.readings(id))
             }
             Op::Post { .. } => {
@@ -170,6 +179,10 @@ impl Session {
                     }
                     a.set_label(None);
                 }
+                if let Some(slot) = self.tracked.take() {
+                    tracking::close_slot(slot);
+                }
+                tracking::set_label(None);
                 Ok(r)
             }
             Op::Read => Ok(self.readings(id)),
@@ -179,17 +192,25 @@ impl Session {
                 for a in super::registry::opened() {
                     a.record_memory_history_with(HistoryOptions { enabled: *enabled, context, max_entries });
                 }
+                tracking::set_recording((*enabled != crate::RecordMode::Off).then_some(max_entries));
                 Ok(Reply::ok(id))
             }
             Op::Snapshot { dir } => {
-                let files = device0()?.snapshot().save(std::path::Path::new(dir)).map_err(|e| e.to_string())?;
+                let files =
+                    tracking::snapshot(&*device0()?).save(std::path::Path::new(dir)).map_err(|e| e.to_string())?;
                 let path = |p: std::path::PathBuf| p.display().to_string();
                 let files =
                     SnapshotPaths { pickle: path(files.pickle), json: path(files.json), html: path(files.html) };
                 Ok(Reply { files: Some(files), ..Reply::ok(id) })
             }
             Op::HistorySvg => {
-                let chart = crate::snapshot::MemoryTimeline::of(&*device0()?).chart(&Default::default());
+                let a = device0()?;
+                let timeline = if tracking::status().is_on() {
+                    crate::snapshot::MemoryTimeline::from_snapshot(&tracking::snapshot(&a))
+                } else {
+                    crate::snapshot::MemoryTimeline::of(&*a)
+                };
+                let chart = timeline.chart(&Default::default());
                 Ok(Reply { svg: Some(chart.svg), text: Some(chart.text), ..Reply::ok(id) })
             }
             Op::Summary => Ok(Reply { text: Some(device0()?.memory_summary(false)), ..Reply::ok(id) }),

@@ -426,6 +426,92 @@ pub fn allocate_mib(n: u64) -> Option<DeviceBuffer<u8>> {
     allocate_mib_on(&crate::current().ok()?, n)
 }
 
+/// Device memory straight from the driver, past the caching allocator: what a foreign library
+/// (candle, cuBLAS, libtorch) does. On a GPU it is a `cuMemAlloc`; on the simulated device, an
+/// allocation of its simulated driver, taking capacity the allocator no longer has. Tracking
+/// ([`crate::tracking`]) counts it under "driver"; the allocator's own numbers do not change.
+/// Freed on drop.
+pub struct DriverBuffer {
+    alloc: Arc<Allocator>,
+    addr: u64,
+    size: u64,
+    #[cfg(feature = "cuda")]
+    cuda: Option<crate::device::cuda::DriverAllocation>,
+}
+
+impl fmt::Debug for DriverBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DriverBuffer {{ device: {}, addr: {:#x}, size: {} }}", self.alloc.device(), self.addr, self.size)
+    }
+}
+
+impl DriverBuffer {
+    /// Device address.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// Bytes.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Device index.
+    pub fn device(&self) -> i32 {
+        self.alloc.device()
+    }
+}
+
+impl Drop for DriverBuffer {
+    fn drop(&mut self) {
+        #[cfg(feature = "cuda")]
+        if self.cuda.take().is_some() {
+            return;
+        }
+        let addr = self.addr;
+        let _ = self.alloc.with_backend(|b| b.as_sim_mut().map(|s| s.driver_free(addr)));
+    }
+}
+
+/// `n` MiB straight from `alloc`'s device driver, past the caching allocator ([`DriverBuffer`]).
+pub fn driver_alloc_mib_on(alloc: &Arc<Allocator>, n: u64) -> Result<DriverBuffer> {
+    let size = n.checked_mul(MIB).filter(|&s| s > 0).ok_or_else(|| {
+        Error::InvalidArgument(format!("driver_alloc_mib: {n} MiB is not a size that can be allocated"))
+    })?;
+    let oom = |e: crate::DeviceError| match e {
+        crate::DeviceError::OutOfMemory => Error::InvalidArgument(format!(
+            "driver_alloc_mib: device {} ({}) has no room for {n} MiB (out of memory)",
+            alloc.device(),
+            alloc.backend_kind().name()
+        )),
+        e => Error::Device(e),
+    };
+    #[cfg(feature = "cuda")]
+    if let Some(ctx) = alloc.with_backend(|b| b.as_cuda().map(|c| c.context().clone())) {
+        let cuda = crate::device::cuda::DriverAllocation::new(&ctx, size).map_err(oom)?;
+        return Ok(DriverBuffer { alloc: Arc::clone(alloc), addr: cuda.addr(), size, cuda: Some(cuda) });
+    }
+    let addr = alloc
+        .with_backend(|b| match b.as_sim_mut() {
+            Some(s) => s.driver_alloc(size),
+            None => Err(crate::DeviceError::Driver("no driver to allocate from on this backend".into())),
+        })
+        .map_err(oom)?;
+    Ok(DriverBuffer {
+        alloc: Arc::clone(alloc),
+        addr,
+        size,
+        #[cfg(feature = "cuda")]
+        cuda: None,
+    })
+}
+
+/// `n` MiB straight from the current device's driver, past the caching allocator: what a
+/// foreign library does, for demos and tests ([`DriverBuffer`], freed on drop).
+pub fn driver_alloc_mib(n: u64) -> Result<DriverBuffer> {
+    driver_alloc_mib_on(&crate::current()?, n)
+}
+
 /// Memory held so that only a chosen amount of the device stays free ([`leave_free_mib`]).
 /// Dropping it returns the memory to the allocator's cache (call `empty_cache()` to hand it back
 /// to the device).

@@ -8,6 +8,7 @@
 //! - [`control`]: the child end of that channel (serves the kernel's per-cell readings).
 //! - [`scope`]: `measure` / `save_memory_snapshot` scopes.
 //! - [`mem`]: the ipyexperiments helpers (free/used/total, allocate, leave free, preload).
+//! - [`tracking`]: every device allocation of the process (CUPTI, or the simulated driver).
 
 #[allow(unsafe_code)]
 pub(crate) mod anchor;
@@ -16,3 +17,4 @@ pub mod mem;
 pub mod protocol;
 pub mod registry;
 pub mod scope;
+pub mod tracking;

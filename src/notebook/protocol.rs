@@ -200,6 +200,41 @@ impl DeviceReading {
     }
 }
 
+/// One place's tracked bytes, as reports show them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PlaceReading {
+    /// CUDA device, or `None` for pinned host memory.
+    pub device: Option<i32>,
+    /// Bytes now, every source.
+    pub live: u64,
+    /// Highest `live` in the window (since the slot opened, or since tracking began).
+    pub peak: u64,
+    /// Per source with any bytes in the window.
+    pub by_source: Vec<SourceReading>,
+    /// Who holds the most of `live`, largest first (at most five).
+    pub top: Vec<OwnerBytes>,
+}
+
+/// One source's bytes.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SourceReading {
+    /// `allocator`, `pool`, `driver`, `vmm`, `managed`, `host_pinned`.
+    pub source: String,
+    /// Bytes now.
+    pub live: u64,
+    /// Highest in the window.
+    pub peak: u64,
+}
+
+/// Live bytes of one owner.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct OwnerBytes {
+    /// The library or code that made the allocations (`libcublasLt.so.13`, `candle_core::…`).
+    pub owner: String,
+    /// Their live bytes.
+    pub bytes: u64,
+}
+
 /// Paths of a written snapshot.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SnapshotPaths {
@@ -234,6 +269,14 @@ pub struct Reply {
     /// A text (a chart's text form, the memory summary).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub text: Option<String>,
+    /// Whether every allocation of the process is tracked: `cupti`, `simulated`,
+    /// `unavailable: <why>`, `off (…)`, `not started`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracking: Option<String>,
+    /// Every allocation of the process, per device touched (and the host's pinned memory), with
+    /// peaks since `pre` (or since tracking began): what `pre`, `post` and `read` answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracked: Option<Vec<PlaceReading>>,
 }
 
 impl Reply {

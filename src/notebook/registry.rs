@@ -201,7 +201,11 @@ pub fn device(index: usize) -> Result<Arc<Allocator>> {
     if let Some(Some(a)) = reg.devices.get(index) {
         return Ok(Arc::clone(a));
     }
-    let backend = open_backend(&reg.resolved, index)?;
+    // Every allocation of the process is tracked from the first device on: the simulated
+    // device reports through its own driver, a GPU through CUPTI (see `notebook::tracking`).
+    super::tracking::start(matches!(reg.resolved, Resolved::Simulated { .. }));
+    let mut backend = open_backend(&reg.resolved, index)?;
+    crate::Backend::set_driver_sink(&mut backend, super::tracking::sink);
     let alloc = Arc::new(CachingAllocator::new(backend, reg.config.clone()));
     reg.devices[index] = Some(Arc::clone(&alloc));
     drop(guard);

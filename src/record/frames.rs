@@ -36,7 +36,13 @@ pub(crate) fn depth() -> usize {
 /// Captures the current stack as raw instruction pointers.
 #[inline(never)]
 pub(crate) fn capture() -> Frames {
-    let limit = depth();
+    capture_depth(depth())
+}
+
+/// Captures at most `limit` frames (clamped to 1 ..= [`MAX_FRAMES`]).
+#[inline(never)]
+pub(crate) fn capture_depth(limit: usize) -> Frames {
+    let limit = limit.clamp(1, MAX_FRAMES);
     let mut ips = [0usize; MAX_FRAMES];
     let mut n = 0;
     backtrace::trace(|f| {
@@ -108,6 +114,11 @@ impl Symbolizer {
                 out.into()
             })
             .clone()
+    }
+
+    /// Every frame of a captured stack, innermost first (inlined frames expanded).
+    pub(crate) fn symbolize_all(&mut self, frames: &[usize]) -> Vec<Frame> {
+        frames.iter().flat_map(|&ip| self.resolve_ip(ip).iter().cloned().collect::<Vec<_>>()).collect()
     }
 
     /// The user's frames of a captured stack, innermost first.

@@ -61,6 +61,8 @@ impl History {
             "cell",
             "code",
             "device",
+            "Δ all",
+            "peak all",
             "Δ allocated",
             "peak allocated",
             "Δ reserved",
@@ -69,7 +71,7 @@ impl History {
             "wall",
             "notes",
         ])
-        .right_align([3, 4, 5, 6, 7, 8]);
+        .right_align([3, 4, 5, 6, 7, 8, 9, 10]);
         for c in &self.cells {
             let a = c.allocator.as_ref();
             let opt = |v: Option<u64>| v.map_or("–".into(), iec);
@@ -82,10 +84,13 @@ impl History {
                 notes.push("child restarted".into());
             }
             notes.extend(c.warnings.iter().cloned());
+            let all = c.all_allocations.as_ref();
             t.row([
                 format!("[{}]", c.cell),
                 c.first_line.clone(),
                 c.device.clone(),
+                optd(all.and_then(|x| x.delta())),
+                opt(all.and_then(|x| x.peak)),
                 optd(a.and_then(|a| a.allocated.delta())),
                 opt(a.map(|a| a.peak_allocated)),
                 optd(a.and_then(|a| a.reserved.delta())),
@@ -97,8 +102,14 @@ impl History {
         }
         let budget = self.budget.map_or(String::new(), |b| format!(" · budget {}", iec(b)));
         t.caption(format!(
-            "{} cells this session · allocator: gpumem-nb (exact) · process: NVML{budget}",
-            self.cells.len()
+            "{} cells this session · all: every allocation of the process (tracking: {}) · allocator: gpumem-nb \
+             (exact) · process: NVML{budget}",
+            self.cells.len(),
+            self.cells
+                .iter()
+                .rev()
+                .find_map(|c| c.all_allocations.as_ref().map(|a| a.tracking.clone()))
+                .unwrap_or_else(|| "–".into())
         ))
     }
 
@@ -109,7 +120,13 @@ impl History {
             self.cells.iter().map(|c| c.allocator.as_ref().map(|a| a.peak_allocated)).collect();
         let resv: Vec<Option<u64>> = self.cells.iter().map(|c| c.allocator.as_ref().map(|a| a.peak_reserved)).collect();
         let proc_: Vec<Option<u64>> = self.cells.iter().map(|c| c.nvml.process.after).collect();
-        let mut series = vec![Series::bars("allocated peak", alloc), Series::bars("reserved peak", resv)];
+        let all: Vec<Option<u64>> =
+            self.cells.iter().map(|c| c.all_allocations.as_ref().and_then(|a| a.peak)).collect();
+        let mut series = Vec::new();
+        if all.iter().any(Option::is_some) {
+            series.push(Series::bars("all allocations peak", all));
+        }
+        series.extend([Series::bars("allocated peak", alloc), Series::bars("reserved peak", resv)]);
         if proc_.iter().any(Option::is_some) {
             series.push(Series::line("process (NVML)", proc_));
         }
@@ -119,13 +136,14 @@ impl History {
     /// CSV with bytes as integers.
     pub fn to_csv(&self) -> String {
         let mut out = String::from(
-            "cell,status,device,backend,allocated_before,allocated_after,peak_allocated,reserved_before,reserved_after,\
-             peak_reserved,pool_used_after,pool_reserved_high,process_before,process_after,other_processes,\
+            "cell,status,device,backend,tracking,all_before,all_after,all_peak,allocated_before,allocated_after,\
+             peak_allocated,reserved_before,reserved_after,peak_reserved,pool_used_after,pool_reserved_high,process_before,process_after,other_processes,\
              device_free,device_total,wall_ms,hook_us,child_pid,restarted,warnings,code\n",
         );
         let n = |v: Option<u64>| v.map_or(String::new(), |v| v.to_string());
         for c in &self.cells {
             let a = c.allocator.as_ref();
+            let all = c.all_allocations.as_ref();
             let p = c.pool.as_ref();
             let (free, total) = c.device_free_total().unzip();
             let fields = [
@@ -133,6 +151,10 @@ impl History {
                 c.status.clone(),
                 csv_quote(&c.device),
                 a.map_or(String::new(), |a| a.backend.name().to_string()),
+                csv_quote(&all.map_or(String::new(), |x| x.tracking.clone())),
+                n(all.and_then(|x| x.before)),
+                n(all.and_then(|x| x.after)),
+                n(all.and_then(|x| x.peak)),
                 n(a.and_then(|a| a.allocated.before)),
                 n(a.and_then(|a| a.allocated.after)),
                 n(a.map(|a| a.peak_allocated)),

@@ -11,9 +11,18 @@ impl CellRecord {
         self.allocator.as_ref().is_some_and(|a| a.backend != gpumem_nb::BackendKind::Cuda)
     }
 
-    /// The compact line (text form; the HTML summary is the same words).
+    /// The compact line (text form; the HTML summary is the same words). With tracking on it
+    /// leads with every allocation of the process on the device, whoever made it.
     pub fn line(&self) -> String {
         let mut parts = vec![format!("[{}] {}", self.cell, self.device)];
+        let all = self.all_allocations.as_ref();
+        if let Some(all) = all.filter(|a| a.is_tracked()) {
+            parts.push(format!(
+                "all allocations {} (peak {})",
+                all.delta().map_or("n/a".into(), iec_delta),
+                all.peak.map_or("n/a".into(), iec)
+            ));
+        }
         match &self.allocator {
             Some(a) => {
                 let peak_note = if a.peak_is_cell { "" } else { " since load" };
@@ -45,7 +54,17 @@ impl CellRecord {
             let sim = if self.simulated() && self.nvml.device_free.is_none() { " (simulated)" } else { "" };
             parts.push(format!("device free {}{sim}", iec(free)));
         }
+        if let Some(all) = all.filter(|a| a.is_tracked()) {
+            for p in all.devices.iter().filter(|p| p.device != all.device && (p.after > 0 || p.peak > 0)) {
+                let delta = p.before.map_or("n/a".into(), |b| iec_delta(p.after as i64 - b as i64));
+                let place = p.device.map_or("host pinned".to_string(), |d| format!("device {d} all"));
+                parts.push(format!("{place} {delta} (peak {})", iec(p.peak)));
+            }
+        }
         parts.push(format_ms(self.wall_ms));
+        if let Some(all) = all.filter(|a| !a.is_tracked()) {
+            parts.push(format!("tracking {}", short(&all.tracking, 90)));
+        }
         let mut line = parts.join(" · ");
         if self.restarted {
             let why = self.restart_reason.as_deref().unwrap_or("child process replaced");
@@ -62,6 +81,43 @@ impl CellRecord {
         let mut t = Table::new(["", "before", "after", "Δ", "peak in cell", "source"]).right_align([1, 2, 3, 4]);
         let b = |v: Option<u64>| v.map_or("–".to_string(), iec);
         let d = |s: &Span| s.delta().map_or("–".to_string(), iec_delta);
+        if let Some(all) = &self.all_allocations {
+            let how = match all.tracking.as_str() {
+                "cupti" => "every driver allocation, CUPTI callbacks (exact)",
+                "simulated" => "every allocation, the simulated driver (exact)",
+                other => other,
+            };
+            for p in &all.devices {
+                let place =
+                    p.device.map_or("host pinned memory".to_string(), |d| format!("all allocations, device {d}"));
+                let delta = p.before.map_or("–".into(), |bf| iec_delta(p.after as i64 - bf as i64));
+                t.row([place, b(p.before), iec(p.after), delta, iec(p.peak), how.to_string()]);
+                for sd in &p.by_source {
+                    t.row([
+                        format!("  {}", sd.source),
+                        "–".into(),
+                        "–".into(),
+                        iec_delta(sd.delta),
+                        iec(sd.peak),
+                        "tracked, by who allocated it".into(),
+                    ]);
+                }
+                if !p.top.is_empty() {
+                    let top: Vec<String> = p.top.iter().map(|o| format!("{} {}", o.owner, iec(o.bytes))).collect();
+                    t.row(["  top owners".into(), "–".into(), "–".into(), "–".into(), "–".into(), top.join(", ")]);
+                }
+            }
+            if !all.is_tracked() {
+                t.row([
+                    "all allocations".into(),
+                    "–".into(),
+                    "–".into(),
+                    "–".into(),
+                    "–".into(),
+                    format!("tracking {}", all.tracking),
+                ]);
+            }
+        }
         if let Some(a) = &self.allocator {
             t.row([
                 "allocator: allocated".into(),
@@ -172,6 +228,11 @@ impl CellRecord {
         m.insert(CELL_MIME.into(), serde_json::to_value(self).unwrap_or(Value::Null));
         m
     }
+}
+
+/// At most `n` characters of `s`, with "…" when cut.
+fn short(s: &str, n: usize) -> String {
+    if s.chars().count() <= n { s.to_string() } else { format!("{}…", s.chars().take(n).collect::<String>()) }
 }
 
 /// Milliseconds in the crate's one duration format (`gpumem_nb::units::format_duration`):

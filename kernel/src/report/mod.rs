@@ -1,10 +1,11 @@
 //! Per-cell records and what is shown from them: the one-line report with its details view,
 //! the session history table, the peaks chart, CSV/JSON export.
 //!
-//! Every number says where it comes from: the gpumem-nb allocator in the child (exact, over
-//! the control channel), the CUDA stream-ordered pool that cudarc's own `CudaSlice` uses
-//! (exact, from the driver, through the crate), NVML (this process and the others on the
-//! device), or the simulated device.
+//! Every number says where it comes from: every allocation of the child (tracked: CUPTI or the
+//! simulated driver, exact), the gpumem-nb allocator in the child (exact, over the control
+//! channel), the CUDA stream-ordered pool that cudarc's own `CudaSlice` uses (exact, from the
+//! driver, through the crate), NVML (this process and the others on the device), or the
+//! simulated device.
 //!
 //! - `record`: the record's types ([`CellRecord`] and its parts) and [`build_record`].
 //! - `line`: the one-line report, its details table, the `display_data` bundle.
@@ -17,7 +18,8 @@ mod record;
 pub use history::History;
 pub use line::format_ms;
 pub use record::{
-    AllocatorPart, CELL_MIME, CellRecord, CrateReading, NvmlPart, PoolPart, Readings, Sources, Span, build_record,
+    AllAllocations, AllocatorPart, CELL_MIME, CellRecord, CrateReading, NvmlPart, PlaceAll, PoolPart, Readings,
+    SourceDelta, Sources, Span, TrackedReadings, all_allocations, build_record,
 };
 
 #[cfg(test)]
@@ -50,6 +52,8 @@ mod tests {
             &Readings {
                 crate_before: Some(&before),
                 crate_after: Some(&after),
+                tracked_before: None,
+                tracked_after: None,
                 slot_opened: true,
                 nvml_before: &none,
                 nvml_after: &none,
@@ -89,6 +93,8 @@ mod tests {
             &Readings {
                 crate_before: None,
                 crate_after: None,
+                tracked_before: None,
+                tracked_after: None,
                 slot_opened: false,
                 nvml_before: &b,
                 nvml_after: &a,
@@ -120,6 +126,8 @@ mod tests {
                 &Readings {
                     crate_before: Some(&b),
                     crate_after: Some(&a),
+                    tracked_before: None,
+                    tracked_after: None,
                     slot_opened: true,
                     nvml_before: &none,
                     nvml_after: &none,

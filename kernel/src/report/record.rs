@@ -64,6 +64,148 @@ pub struct PoolPart {
     pub reserved_high: Option<u64>,
 }
 
+/// Every device allocation of the process during the cell, whoever made it (gpumem-nb's
+/// tracking: CUPTI on a GPU, the simulated driver otherwise): the `all_allocations` object.
+/// The top-level numbers are the notebook's device (device 0, or the first one touched);
+/// `devices` has every device touched, and the host's pinned memory (`device: null`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllAllocations {
+    /// `cupti`, `simulated`, or `unavailable: <why>` (then there are no numbers).
+    pub tracking: String,
+    /// The device the top-level numbers are for.
+    pub device: Option<i32>,
+    /// Live bytes at the start of the cell, every source.
+    pub before: Option<u64>,
+    /// At the end.
+    pub after: Option<u64>,
+    /// The highest during the cell (exact: every allocation and release is seen).
+    pub peak: Option<u64>,
+    /// Per source: change over the cell and peak during it.
+    pub by_source: Vec<SourceDelta>,
+    /// Who holds the most of what is live after the cell.
+    pub top: Vec<gpumem_nb::notebook::protocol::OwnerBytes>,
+    /// Every place touched, the same numbers.
+    pub devices: Vec<PlaceAll>,
+}
+
+/// One source's change over a cell.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceDelta {
+    /// `allocator`, `pool`, `driver`, `vmm`, `managed`, `host_pinned`.
+    pub source: String,
+    /// after − before, bytes.
+    pub delta: i64,
+    /// The highest during the cell.
+    pub peak: u64,
+}
+
+/// One place's numbers (a device, or the host for pinned memory).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlaceAll {
+    /// CUDA device, `None` for the host.
+    pub device: Option<i32>,
+    /// At the start of the cell.
+    pub before: Option<u64>,
+    /// At the end.
+    pub after: u64,
+    /// The highest during the cell.
+    pub peak: u64,
+    /// Per source.
+    pub by_source: Vec<SourceDelta>,
+    /// Largest owners of what is live.
+    pub top: Vec<gpumem_nb::notebook::protocol::OwnerBytes>,
+}
+
+impl AllAllocations {
+    /// after − before of the top-level device, when both are known.
+    pub fn delta(&self) -> Option<i64> {
+        Some(self.after? as i64 - self.before? as i64)
+    }
+
+    /// Whether there are numbers (tracking is on).
+    pub fn is_tracked(&self) -> bool {
+        self.after.is_some()
+    }
+}
+
+/// What the crate said about tracking in one reply: its status and every place's reading.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TrackedReadings {
+    /// `cupti`, `simulated`, `unavailable: …`.
+    pub status: String,
+    /// Every place (empty when tracking is off).
+    pub places: Vec<gpumem_nb::notebook::protocol::PlaceReading>,
+}
+
+/// The `all_allocations` part from the tracked readings before and after a cell (`before` is
+/// `None` when the crate was not connected before it; `loaded_during` when it loaded in it).
+pub fn all_allocations(
+    before: Option<&TrackedReadings>,
+    after: &TrackedReadings,
+    loaded_during: bool,
+) -> AllAllocations {
+    use gpumem_nb::notebook::protocol::PlaceReading;
+    let mut out = AllAllocations { tracking: after.status.clone(), ..Default::default() };
+    if after.places.is_empty() && !(after.status == "cupti" || after.status == "simulated") {
+        return out;
+    }
+    let find = |r: Option<&TrackedReadings>, d: Option<i32>| -> Option<PlaceReading> {
+        r.and_then(|r| r.places.iter().find(|p| p.device == d).cloned())
+    };
+    let source_deltas = |b: Option<&PlaceReading>, a: &PlaceReading| -> Vec<SourceDelta> {
+        a.by_source
+            .iter()
+            .map(|s| {
+                let before = b.and_then(|b| b.by_source.iter().find(|x| x.source == s.source)).map_or(0, |x| x.live);
+                SourceDelta { source: s.source.clone(), delta: s.live as i64 - before as i64, peak: s.peak }
+            })
+            .collect()
+    };
+    for a in &after.places {
+        let b = find(before, a.device);
+        let start = match (&b, loaded_during) {
+            (Some(b), _) => Some(b.live),
+            // Tracking began during the cell: it started from nothing it could see.
+            (None, true) => Some(0),
+            // A place first touched during the cell held nothing before it.
+            (None, false) if before.is_some() => Some(0),
+            (None, false) => None,
+        };
+        out.devices.push(PlaceAll {
+            device: a.device,
+            before: start,
+            after: a.live,
+            peak: a.peak,
+            by_source: source_deltas(b.as_ref(), a),
+            top: a.top.clone(),
+        });
+    }
+    let main = out
+        .devices
+        .iter()
+        .find(|p| p.device == Some(0))
+        .or_else(|| out.devices.iter().find(|p| p.device.is_some()))
+        .cloned();
+    match main {
+        Some(m) => {
+            out.device = m.device;
+            out.before = m.before;
+            out.after = Some(m.after);
+            out.peak = Some(m.peak);
+            out.by_source = m.by_source;
+            out.top = m.top;
+        }
+        None => {
+            // Tracked, but no device memory anywhere: zero on device 0.
+            out.device = Some(0);
+            out.before = Some(0);
+            out.after = Some(0);
+            out.peak = Some(0);
+        }
+    }
+    out
+}
+
 /// NVML's view of the child process and its device.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NvmlPart {
@@ -100,6 +242,9 @@ pub struct CellRecord {
     pub sources: Sources,
     /// The allocator (device 0 or the first device the crate reported), when the crate is loaded.
     pub allocator: Option<AllocatorPart>,
+    /// Every device allocation of the process (tracking), when the crate is loaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub all_allocations: Option<AllAllocations>,
     /// Every device the crate reported (multi-GPU), after the cell.
     pub devices_after: Vec<CrateReading>,
     /// The CUDA pool, when the backend is CUDA.
@@ -168,6 +313,10 @@ pub struct Readings<'a> {
     pub crate_before: Option<&'a [CrateReading]>,
     /// Crate readings after (from `post`, or `read` when the crate connected during the cell).
     pub crate_after: Option<&'a [CrateReading]>,
+    /// Tracked readings before (from `pre`).
+    pub tracked_before: Option<&'a TrackedReadings>,
+    /// Tracked readings after.
+    pub tracked_after: Option<&'a TrackedReadings>,
     /// Whether `pre` opened a cell slot (peaks cover exactly the cell).
     pub slot_opened: bool,
     /// NVML before.
@@ -235,6 +384,11 @@ pub fn build_record(cell: u64, r: &Readings<'_>) -> CellRecord {
         rec.sources.pool = "CUDA stream-ordered pool, driver high-water marks (exact)".into();
     } else {
         rec.sources.allocator = "gpumem-nb not loaded".into();
+    }
+    if let Some(after) = r.tracked_after {
+        let before = if rec.restarted { None } else { r.tracked_before };
+        let loaded_during = !rec.crate_loaded.before && !rec.restarted;
+        rec.all_allocations = Some(all_allocations(before, after, loaded_during));
     }
     // NVML.
     let uuid_hint = after0.and_then(|a| a.uuid.as_deref());

@@ -83,7 +83,9 @@
 
 #[cfg(doc)]
 use crate::device::Element;
-use crate::device::{Backend, BackendKind, DeviceError, EventId, ProcessMemory, StreamId};
+use crate::device::{
+    Backend, BackendKind, DeviceError, DriverCall, DriverEvent, DriverSink, EventId, ProcessMemory, StreamId,
+};
 use cudarc::driver::sys::{self, CUdeviceptr, CUmemGenericAllocationHandle};
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream, DriverError, result};
 #[cfg(doc)]
@@ -243,6 +245,8 @@ pub struct CudaBackend {
     events: HashMap<u64, CudaEvent>,
     /// Idle events for reuse.
     event_pool: Vec<CudaEvent>,
+    /// Told which driver allocations are the allocator's own (see `device::driver`).
+    sink: Option<DriverSink>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -288,7 +292,20 @@ impl CudaBackend {
             pages: HashMap::new(),
             events: HashMap::new(),
             event_pool: Vec::new(),
+            sink: None,
         })
+    }
+
+    /// Tells the sink that the allocation at `addr` (a segment, a mapped page) is ours.
+    fn claim(&self, addr: u64) {
+        if let Some(sink) = self.sink {
+            sink(&DriverEvent {
+                call: DriverCall::Claim { addr },
+                device: Some(self.ordinal),
+                api: "gpumem-nb",
+                ours: true,
+            });
+        }
     }
 
     /// The device's (primary) context.
@@ -390,6 +407,10 @@ impl Backend for CudaBackend {
         BackendKind::Cuda
     }
 
+    fn set_driver_sink(&mut self, sink: DriverSink) {
+        self.sink = Some(sink);
+    }
+
     fn device_index(&self) -> i32 {
         self.ordinal
     }
@@ -410,6 +431,7 @@ impl Backend for CudaBackend {
         // that nothing else refers to yet (the caller owns it until `release`).
         let addr = unsafe { result::malloc_sync(bytes) }.map_err(|e| oom_or_driver("cuMemAlloc_v2", e))?;
         self.segments.insert(addr, size);
+        self.claim(addr);
         Ok(addr)
     }
 
@@ -524,6 +546,7 @@ impl Backend for CudaBackend {
         }
         for (page, handle) in done {
             self.pages.insert(page, (handle, page_size));
+            self.claim(page);
         }
         Ok(())
     }
@@ -690,10 +713,57 @@ impl Drop for CudaBackend {
     }
 }
 
+pub mod cupti;
 mod host;
 mod view;
 
 pub use host::PinnedHostMemory;
+
+/// Device memory straight from the driver (`cuMemAlloc`), past any caching allocator: what a
+/// foreign library does, for demos and tests of tracking. Freed (`cuMemFree`) on drop.
+pub struct DriverAllocation {
+    ctx: Arc<CudaContext>,
+    addr: CUdeviceptr,
+    size: u64,
+}
+
+impl std::fmt::Debug for DriverAllocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DriverAllocation {{ addr: {:#x}, size: {} }}", self.addr, self.size)
+    }
+}
+
+impl DriverAllocation {
+    /// `cuMemAlloc(size)` in `ctx`. `Err(OutOfMemory)` when the device is full.
+    pub fn new(ctx: &Arc<CudaContext>, size: u64) -> Result<Self, DeviceError> {
+        let bytes = to_usize(size)?;
+        ctx.bind_to_thread().map_err(|e| driver("cuCtxSetCurrent", e))?;
+        // SAFETY: the context is bound to this thread; the result is a fresh allocation owned by
+        // the returned value alone, freed once in `drop`.
+        let addr = unsafe { result::malloc_sync(bytes) }.map_err(|e| oom_or_driver("cuMemAlloc_v2", e))?;
+        Ok(DriverAllocation { ctx: ctx.clone(), addr, size })
+    }
+
+    /// Device address.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// Bytes.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+}
+
+impl Drop for DriverAllocation {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: `addr` came from cuMemAlloc in `new` and is freed exactly once, here;
+            // nothing else holds it (no copies are handed out).
+            self.ctx.record_err(unsafe { result::free_sync(self.addr) });
+        }
+    }
+}
 pub use view::{CudaView, CudaViewMut};
 
 #[cfg(test)]

@@ -1,0 +1,349 @@
+//! Tracking every device allocation of the process: when it starts, where the driver events go,
+//! and what reports read from it. The books themselves are [`crate::track`]'s.
+//!
+//! Tracking starts with the process's first device: on a GPU by subscribing to CUPTI's driver
+//! callbacks (`device::cuda::cupti`), on the simulated device through its simulated driver.
+//! `GPUMEM_NB_TRACK=off` leaves CUPTI free for a profiler; `GPUMEM_NB_TRACK=nostacks` tracks
+//! without taking a stack per allocation. Without a usable libcupti every report says
+//! `tracking: unavailable (<why>)` and keeps its other numbers.
+//!
+//! The state is one per process, in the process-wide anchor (every evcxr cell's copy of the
+//! crate reaches it); the sink each backend (and CUPTI) is given is a function of the copy that
+//! opened the device, which reaches the same state (Note [Sinks are data, not statics]).
+#![forbid(unsafe_code)]
+
+use super::protocol::{OwnerBytes, PlaceReading, SourceReading};
+use crate::device::DriverEvent;
+use crate::record::frames::{self, Frames, Symbolizer};
+use crate::snapshot::{BlockSnap, Segment, Snapshot, TraceSnap};
+use crate::track::owner::Owners;
+use crate::track::{Place, PlaceTotals, Source, TrackSlot, TrackedAlloc, Tracker};
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+/// The environment variable that switches tracking off (`off`) or its stacks (`nostacks`).
+pub const TRACK_VAR: &str = "GPUMEM_NB_TRACK";
+
+/// Frames taken per tracked allocation: a CUPTI callback sits under our sink, CUPTI's and the
+/// driver's frames and a wrapper or two (cudarc, the runtime) before the code that asked.
+pub const STACK_DEPTH: usize = 32;
+
+/// Whether (and how) every allocation of the process is tracked.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TrackingStatus {
+    /// No device has been opened yet.
+    NotStarted,
+    /// CUPTI's driver callbacks, from this libcupti.
+    Cupti {
+        /// The library.
+        library: String,
+        /// `cuptiGetVersion`.
+        version: u32,
+    },
+    /// The simulated device's driver.
+    Simulated,
+    /// Switched off with `GPUMEM_NB_TRACK=off`.
+    Off,
+    /// Not possible here, and why (one line).
+    Unavailable(String),
+}
+
+impl TrackingStatus {
+    /// Whether allocations are being tracked.
+    pub fn is_on(&self) -> bool {
+        matches!(self, TrackingStatus::Cupti { .. } | TrackingStatus::Simulated)
+    }
+
+    /// What reports print: `cupti`, `simulated`, `unavailable: <why>`, `off`, `not started`.
+    pub fn label(&self) -> String {
+        match self {
+            TrackingStatus::NotStarted => "not started".into(),
+            TrackingStatus::Cupti { .. } => "cupti".into(),
+            TrackingStatus::Simulated => "simulated".into(),
+            TrackingStatus::Off => format!("off ({TRACK_VAR}=off)"),
+            TrackingStatus::Unavailable(why) => format!("unavailable: {why}"),
+        }
+    }
+}
+
+impl fmt::Display for TrackingStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TrackingStatus::Cupti { library, version } => write!(f, "tracking: cupti ({library}, CUPTI {version})"),
+            other => write!(f, "tracking: {}", other.label()),
+        }
+    }
+}
+
+/// The process's tracking state (one per process, in the anchor).
+pub(crate) struct Tracking {
+    tracker: Mutex<Tracker>,
+    status: Mutex<TrackingStatus>,
+    stacks: AtomicBool,
+    owners: Mutex<Option<Owners>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Each update of the books completes before anything can panic; recover from poisoning.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Tracking {
+    pub(crate) fn new() -> Self {
+        Tracking {
+            tracker: Mutex::new(Tracker::new()),
+            status: Mutex::new(TrackingStatus::NotStarted),
+            stacks: AtomicBool::new(true),
+            owners: Mutex::new(None),
+        }
+    }
+}
+
+fn state() -> &'static Tracking {
+    &super::anchor::shared().tracking
+}
+
+/// The sink every backend and CUPTI report to: takes the stack on the allocating thread, then
+/// updates the books.
+pub(crate) fn sink(ev: &DriverEvent) {
+    let t = state();
+    let stack = !matches!(ev.call, crate::device::DriverCall::Claim { .. }) && t.stacks.load(Ordering::Relaxed);
+    let frames = stack.then(|| frames::capture_depth(STACK_DEPTH));
+    let now = crate::record::history::now_us();
+    lock(&t.tracker).record(ev, frames, now);
+}
+
+/// Starts tracking for the process, once, as the registry opens its first device
+/// (`simulated`: the simulated device reports to [`sink`] itself).
+pub(crate) fn start(simulated: bool) {
+    let t = state();
+    let mut status = lock(&t.status);
+    if *status != TrackingStatus::NotStarted {
+        return;
+    }
+    let setting = std::env::var(TRACK_VAR).unwrap_or_default().to_ascii_lowercase();
+    if setting.trim() == "nostacks" {
+        t.stacks.store(false, Ordering::Relaxed);
+    }
+    *status = if setting.trim() == "off" {
+        TrackingStatus::Off
+    } else if simulated {
+        TrackingStatus::Simulated
+    } else {
+        start_cupti()
+    };
+}
+
+#[cfg(feature = "cuda")]
+fn start_cupti() -> TrackingStatus {
+    match crate::device::cuda::cupti::start(sink) {
+        Ok(s) => TrackingStatus::Cupti { library: s.cupti_path, version: s.cupti_api_version },
+        Err(e) => TrackingStatus::Unavailable(e.to_string()),
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn start_cupti() -> TrackingStatus {
+    TrackingStatus::Unavailable("gpumem-nb was built without the `cuda` feature".into())
+}
+
+/// Whether every allocation of the process is tracked, and how.
+pub fn status() -> TrackingStatus {
+    lock(&state().status).clone()
+}
+
+/// Stops CUPTI tracking so that a profiler (Nsight, `torch.profiler`) can subscribe; the books
+/// so far are kept, and tracking does not restart by itself.
+pub fn stop() -> crate::Result<()> {
+    let t = state();
+    let mut status = lock(&t.status);
+    if let TrackingStatus::Cupti { .. } = *status {
+        #[cfg(feature = "cuda")]
+        crate::device::cuda::cupti::stop()?;
+        *status = TrackingStatus::Unavailable("stopped (gpumem_nb::track::stop)".into());
+    }
+    Ok(())
+}
+
+/// Whether a stack is taken for each tracked allocation (for owners and snapshots).
+pub fn set_stacks(on: bool) {
+    state().stacks.store(on, Ordering::Relaxed);
+}
+
+/// Labels tracked allocations from now on ("cell 3"); `None` clears it.
+pub(crate) fn set_label(label: Option<&str>) {
+    lock(&state().tracker).set_label(label);
+}
+
+/// Keeps tracked events for snapshots (`None`: stop).
+pub(crate) fn set_recording(max_entries: Option<usize>) {
+    lock(&state().tracker).set_recording(max_entries);
+}
+
+/// Opens a peak slot over every device and source.
+pub(crate) fn open_slot() -> TrackSlot {
+    lock(&state().tracker).open_slot()
+}
+
+/// Closes a peak slot.
+pub(crate) fn close_slot(slot: TrackSlot) {
+    lock(&state().tracker).close_slot(slot);
+}
+
+fn place_reading(place: Place, t: &PlaceTotals, top: Vec<OwnerBytes>) -> PlaceReading {
+    PlaceReading {
+        device: place,
+        live: t.total.live,
+        peak: t.total.peak,
+        by_source: Source::ALL
+            .iter()
+            .filter(|s| t.source(**s).peak > 0)
+            .map(|s| SourceReading { source: s.key().to_string(), live: t.source(*s).live, peak: t.source(*s).peak })
+            .collect(),
+        top,
+    }
+}
+
+/// Every place's tracked bytes: peaks since `slot` opened (or since tracking began), with the
+/// top owners of what is live.
+pub(crate) fn readings(slot: Option<TrackSlot>) -> Vec<PlaceReading> {
+    let t = state();
+    let (totals, live) = {
+        let tr = lock(&t.tracker);
+        let totals = match slot.and_then(|s| tr.slot(s)) {
+            Some(s) => s,
+            None => tr.totals().clone(),
+        };
+        let live: Vec<(Place, u64, Option<Frames>)> = tr.live().map(|a| (a.device, a.size, a.frames.clone())).collect();
+        (totals, live)
+    };
+    let tops = top_owners(&live);
+    totals
+        .iter()
+        .filter(|(_, t)| t.total.peak > 0 || t.total.live > 0)
+        .map(|(place, tot)| place_reading(*place, tot, tops.get(place).cloned().unwrap_or_default()))
+        .collect()
+}
+
+/// The largest owners of live bytes per place (symbolising outside the tracker's lock).
+fn top_owners(live: &[(Place, u64, Option<Frames>)]) -> HashMap<Place, Vec<OwnerBytes>> {
+    let mut owners = lock(&state().owners);
+    let owners = owners.get_or_insert_with(Owners::new);
+    let mut sums: HashMap<Place, HashMap<String, u64>> = HashMap::new();
+    for (place, size, frames) in live {
+        let name = match frames {
+            Some(f) => owners.owner(f).unwrap_or_else(|| "unknown (stack too short)".into()),
+            None => "unknown (no stack)".into(),
+        };
+        *sums.entry(*place).or_default().entry(name).or_default() += size;
+    }
+    sums.into_iter()
+        .map(|(place, m)| {
+            let mut v: Vec<OwnerBytes> = m.into_iter().map(|(owner, bytes)| OwnerBytes { owner, bytes }).collect();
+            v.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.owner.cmp(&b.owner)));
+            v.truncate(5);
+            (place, v)
+        })
+        .collect()
+}
+
+/// The allocator's snapshot of `device` with every other live allocation on it added as a
+/// segment of one block (its stack and label kept), and, while recording, their events in the
+/// device's trace: what PyTorch's viewer and the offline page then show side by side.
+pub fn snapshot(alloc: &crate::Allocator) -> Snapshot {
+    let mut snap = alloc.snapshot();
+    let device = alloc.device();
+    let t = state();
+    let (foreign, events, labels) = {
+        let tr = lock(&t.tracker);
+        let foreign: Vec<TrackedAlloc> =
+            tr.live().filter(|a| a.device == Some(device) && a.source != Source::Allocator).cloned().collect();
+        let events: Vec<crate::track::TrackEvent> =
+            tr.events().filter(|e| e.device == Some(device) && e.source != Source::Allocator).cloned().collect();
+        let labels: BTreeMap<u32, String> = foreign
+            .iter()
+            .map(|a| a.label)
+            .chain(events.iter().map(|e| e.label))
+            .map(|l| (l, tr.label_name(l).to_string()))
+            .collect();
+        (foreign, events, labels)
+    };
+    let mut sym = Symbolizer::new();
+    let mut owners = lock(&t.owners);
+    let owners = owners.get_or_insert_with(Owners::new);
+    let mut frames_of = |f: &Option<Frames>| match f {
+        Some(f) => sym.symbolize(&f[owners.caller_index(f)..]),
+        None => Vec::new(),
+    };
+    let round = |n: u64| n.div_ceil(512) * 512;
+    let meta = |label: u32, source: Source| {
+        let l = labels.get(&label).map(String::as_str).unwrap_or("");
+        if l.is_empty() { source.name().to_string() } else { format!("{l} · {}", source.name()) }
+    };
+    for a in &foreign {
+        let frames = frames_of(&a.frames);
+        snap.segments.push(Segment {
+            device,
+            address: a.addr,
+            total_size: round(a.size),
+            allocated_size: round(a.size),
+            active_size: round(a.size),
+            requested_size: a.size,
+            stream: a.stream,
+            segment_type: "large",
+            segment_pool_id: (0, 0),
+            is_expandable: false,
+            frames: frames.clone(),
+            blocks: vec![BlockSnap {
+                address: a.addr,
+                size: round(a.size),
+                requested_size: a.size,
+                state: "active_allocated",
+                frames,
+            }],
+        });
+    }
+    snap.segments.sort_by_key(|s| (s.device, s.address));
+    if !events.is_empty() {
+        let d = device.max(0) as usize;
+        while snap.device_traces.len() <= d {
+            snap.device_traces.push(Vec::new());
+        }
+        let entry =
+            |action: &'static str, e: &crate::track::TrackEvent, size: u64, frames: &[crate::record::frames::Frame]| {
+                TraceSnap {
+                    action,
+                    addr: Some(e.addr),
+                    device_free: None,
+                    size,
+                    stream: e.stream,
+                    time_us: e.time_us,
+                    compile_context: "N/A",
+                    user_metadata: meta(e.label, e.source),
+                    frames: (!frames.is_empty()).then(|| frames.to_vec()),
+                }
+            };
+        let trace = &mut snap.device_traces[d];
+        for e in &events {
+            let frames = frames_of(&e.frames);
+            if e.alloc {
+                trace.push(entry("segment_alloc", e, round(e.size), &frames));
+                trace.push(entry("alloc", e, e.size, &frames));
+            } else {
+                trace.push(entry("free_requested", e, e.size, &frames));
+                trace.push(entry("free_completed", e, e.size, &frames));
+                trace.push(entry("segment_free", e, round(e.size), &frames));
+            }
+        }
+        trace.sort_by_key(|t| t.time_us);
+    }
+    snap
+}
+
+/// Recounts the books (tests).
+pub fn check() -> Result<(), String> {
+    lock(&state().tracker).check()
+}

@@ -1,0 +1,133 @@
+//! Every allocation of the process on the simulated device, through the control channel as the
+//! kernel reads it around cells: driver allocations past the caching allocator (what candle or
+//! cuBLAS do on a GPU) and the allocator's own segments, with exact per-cell deltas and peaks,
+//! owners, and snapshots that show them.
+
+use gpumem_nb::notebook::control::serve;
+use gpumem_nb::notebook::protocol::{Op, PlaceReading, Reply, Request, to_line};
+use gpumem_nb::tracking::{self, TrackingStatus};
+use gpumem_nb::units::MIB;
+use gpumem_nb::{DeviceBuffer, StreamId};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+
+struct Channel {
+    out: UnixStream,
+    replies: BufReader<UnixStream>,
+    next: u64,
+}
+
+impl Channel {
+    fn new() -> Channel {
+        let (kernel, child) = UnixStream::pair().unwrap();
+        let w = child.try_clone().unwrap();
+        std::thread::spawn(move || serve(BufReader::new(child), w));
+        Channel { out: kernel.try_clone().unwrap(), replies: BufReader::new(kernel), next: 1 }
+    }
+
+    fn ask(&mut self, op: Op) -> Reply {
+        let id = self.next;
+        self.next += 1;
+        writeln!(self.out, "{}", to_line(&Request { id, op })).unwrap();
+        let mut line = String::new();
+        self.replies.read_line(&mut line).unwrap();
+        let reply: Reply = serde_json::from_str(&line).unwrap();
+        assert!(reply.ok, "{reply:?}");
+        reply
+    }
+
+    /// Device 0's tracked reading in a reply.
+    fn dev0(reply: &Reply) -> PlaceReading {
+        reply.tracked.as_ref().unwrap().iter().find(|p| p.device == Some(0)).cloned().unwrap_or_default()
+    }
+
+    /// Runs `cell` between `pre` and `post`; the two readings of device 0.
+    fn cell(&mut self, n: u64, cell: impl FnOnce()) -> (PlaceReading, PlaceReading) {
+        let before = Self::dev0(&self.ask(Op::Pre { cell: n }));
+        cell();
+        let after = self.ask(Op::Post { cell: n });
+        assert_eq!(after.tracking.as_deref(), Some("simulated"));
+        tracking::check().unwrap();
+        (before, Self::dev0(&after))
+    }
+}
+
+fn source(p: &PlaceReading, key: &str) -> (u64, u64) {
+    p.by_source.iter().find(|s| s.source == key).map_or((0, 0), |s| (s.live, s.peak))
+}
+
+#[inline(never)]
+fn a_foreign_library_allocates(mib: u64) -> gpumem_nb::mem::DriverBuffer {
+    gpumem_nb::mem::driver_alloc_mib(mib).unwrap()
+}
+
+#[test]
+fn every_allocation_of_the_process_is_counted_per_cell() {
+    // SAFETY: this test binary has a single test, and nothing reads the environment before
+    // this line on another thread.
+    unsafe { std::env::set_var("GPUMEM_NB_DEVICE", "sim:8GiB") };
+    let alloc = gpumem_nb::current().unwrap();
+    assert_eq!(tracking::status(), TrackingStatus::Simulated);
+    let mut ch = Channel::new();
+
+    // A cell keeps 100 MiB from the driver: +100 MiB, peak at least that.
+    let mut keep = None;
+    let (b, a) = ch.cell(1, || keep = Some(a_foreign_library_allocates(100)));
+    assert_eq!(a.live - b.live, 100 * MIB);
+    assert!(a.peak >= a.live);
+    assert_eq!(source(&a, "driver").0 - source(&b, "driver").0, 100 * MIB);
+    assert_eq!(alloc.memory_reserved(), 0, "the allocator itself holds nothing");
+    let d = keep.as_ref().unwrap();
+    // Who made it: this test's function, named by its crate.
+    let top = &a.top[0];
+    assert_eq!(top.bytes, 100 * MIB);
+    assert!(top.owner.starts_with("tracking::"), "{top:?}");
+
+    // A cell makes and drops 300 MiB: no change, and a peak exactly 300 MiB above its start.
+    let (b, a) = ch.cell(2, || drop(a_foreign_library_allocates(300)));
+    assert_eq!(a.live, b.live);
+    assert_eq!(a.peak - b.live, 300 * MIB);
+    assert_eq!(source(&a, "driver").1 - source(&b, "driver").0, 300 * MIB);
+
+    // The allocator's own blocks count too: a 64 MiB buffer is a 64 MiB segment.
+    let mut buf = None;
+    let (b, a) = ch.cell(3, || buf = Some(DeviceBuffer::<u8>::zeros(&alloc, 64 << 20, StreamId::DEFAULT).unwrap()));
+    assert_eq!(a.live - b.live, alloc.memory_reserved());
+    assert_eq!(source(&a, "allocator").0, 64 * MIB);
+    assert_eq!(source(&a, "driver").0, 100 * MIB, "the earlier driver buffer is still there");
+
+    // The whole device is one number: tracked bytes = driver + allocator = what the simulated
+    // device has given out.
+    let (free, total) = alloc.mem_get_info().unwrap();
+    assert_eq!(a.live, total - free);
+
+    // A snapshot shows the driver allocation beside the allocator's segment, labelled.
+    ch.ask(Op::Record(gpumem_nb::notebook::protocol::RecordRequest {
+        enabled: gpumem_nb::RecordMode::All,
+        max_entries: Some(1000),
+        stacks: false,
+    }));
+    let (_, _) = ch.cell(4, || drop(a_foreign_library_allocates(10)));
+    let snap = tracking::snapshot(&alloc);
+    let seg = snap.segments.iter().find(|s| s.address == d.addr()).expect("the driver allocation as a segment");
+    assert_eq!((seg.total_size, seg.blocks.len(), seg.blocks[0].state), (100 * MIB, 1, "active_allocated"));
+    assert!(snap.segments.iter().any(|s| s.total_size == 64 * MIB), "the allocator's segment");
+    let trace = &snap.device_traces[0];
+    let tracked: Vec<&str> =
+        trace.iter().filter(|t| t.user_metadata.contains("driver (cuMemAlloc)")).map(|t| t.action).collect();
+    assert_eq!(
+        tracked,
+        ["segment_alloc", "alloc", "free_requested", "free_completed", "segment_free"],
+        "cell 4's 10 MiB driver allocation and its release in the trace"
+    );
+    assert!(trace.iter().any(|t| t.user_metadata == "cell 4 · driver (cuMemAlloc)"));
+    // PyTorch's pickle still writes, with the extra segments.
+    assert!(!gpumem_nb::snapshot::pickle::to_bytes(&snap).is_empty());
+
+    drop(buf);
+    drop(keep);
+    alloc.empty_cache().unwrap();
+    let r = ch.ask(Op::Read);
+    assert_eq!(Channel::dev0(&r).live, 0, "everything returned");
+    tracking::check().unwrap();
+}
