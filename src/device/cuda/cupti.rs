@@ -767,10 +767,18 @@ mod tests {
 
     #[test]
     fn loading_fails_cleanly_without_cupti() {
-        // On a machine without libcupti this is an Err naming every candidate; with one, Ok.
+        // Without a driver, or without libcupti, an Err in one line naming why (every candidate
+        // tried); with both, Ok. Starting is then the same error, never a panic.
         match get() {
             Ok(c) => assert!(c.api_version > 0),
-            Err(e) => assert!(e.starts_with("no usable libcupti")),
+            Err(e) => {
+                assert!(e.starts_with("no usable libcupti") || e.starts_with("no CUDA driver"), "{e}");
+                assert!(!e.contains('\n'));
+                fn sink(_: &DriverEvent) {}
+                let err = start(sink).unwrap_err();
+                assert_eq!(err, DeviceError::Unavailable(e.to_string()));
+                assert!(!is_started());
+            }
         }
     }
 }

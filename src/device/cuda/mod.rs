@@ -1,15 +1,21 @@
 //! The CUDA backend: cudarc's driver API on a real GPU (feature `cuda`).
 //!
-//! This file is the only place in the crate with `unsafe` code. Every block names the invariant
-//! it relies on in a `// SAFETY:` comment.
+//! This folder and `notebook::anchor` are the only places in the crate with `unsafe` code.
+//! Every block names the invariant it relies on in a `// SAFETY:` comment.
 //!
 //! # Probing, never panicking
-//! cudarc loads `libcuda` lazily and *panics* when it is absent, on the first call into the
-//! driver. So [`probe`] asks [`cudarc::driver::sys::is_culib_present`] first (cached in a
-//! `OnceLock`), and only then calls `cuInit` and `cuDeviceGetCount`. Every failure is a value:
-//! `Err(String)` from [`probe`], [`crate::Error::NoCuda`] from [`CudaBackend::new`]. Driver
-//! errors are named from their `CUresult` variant (`CUDA_ERROR_NO_DEVICE`), never through
-//! `DriverError`'s `Debug`/`Display`, which call back into the driver library.
+//! cudarc (feature `fallback-dynamic-loading`) loads `libcuda` lazily and *panics* when it is
+//! absent, on the first call into the driver. So [`probe`] first checks that the driver library
+//! loads at all ([`library_present`], cached), and only then calls `cuInit` and
+//! `cuDeviceGetCount`. Every failure is a value: `DeviceError::Unavailable` from [`probe`] and
+//! [`CudaBackend::new`]. Driver errors are named from their `CUresult` variant
+//! (`CUDA_ERROR_NO_DEVICE`), never through `DriverError`'s `Debug`/`Display`, which call back
+//! into the driver library.
+//!
+//! Why `fallback-dynamic-loading` and not `dynamic-loading`: a notebook that also loads candle
+//! (whose cudarc is `dynamic-linking`) gets one cudarc with both features, and cudarc refuses
+//! `dynamic-loading` together with `dynamic-linking`; the fallback steps aside instead, and the
+//! probe below works either way.
 //!
 //! # Streams and events
 //! A [`StreamId`] is the raw `CUstream` handle value: 0 is the legacy default stream, 2 the
@@ -23,7 +29,7 @@
 //!
 //! | entry point | reached through | used by |
 //! | --- | --- | --- |
-//! | `dlopen("libcuda.so…")` | `sys::is_culib_present` | [`probe`] (cached) |
+//! | `dlopen("libcuda.so.1")` | `libloading` | [`library_present`] (cached) |
 //! | `cuInit` | `result::init` | [`probe`] |
 //! | `cuDeviceGetCount` | `result::device::get_count` | [`probe`] |
 //! | `cuDeviceGet`, `cuDevicePrimaryCtxRetain`, `cuCtxSetCurrent` | `CudaContext::new` | [`CudaBackend::new`] |
@@ -100,14 +106,17 @@ const PER_THREAD_STREAM: StreamId = StreamId(2);
 /// At most this many idle events are kept for reuse; more are destroyed.
 const EVENT_POOL_LIMIT: usize = 64;
 
-/// Whether the CUDA driver library can be loaded (cached: cudarc's check dlopens every time).
+/// Whether the CUDA driver library can be loaded (cached).
 pub fn library_present() -> bool {
     static PRESENT: OnceLock<bool> = OnceLock::new();
-    // SAFETY: `is_culib_present` only tries `libloading::Library::new` on the driver library's
-    // names and closes it again; loading libcuda runs its initialisers, which the NVIDIA driver
-    // library supports (cudarc itself loads it the same way on first use). No cudarc symbol is
-    // resolved, so nothing can panic.
-    *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
+    *PRESENT.get_or_init(|| {
+        ["libcuda.so.1", "libcuda.so"].iter().any(|name| {
+            // SAFETY: loading the NVIDIA driver library runs its initialisers, which it supports
+            // (cudarc loads it the same way on its first call); the handle is closed again at
+            // once and no symbol is resolved, so nothing of it is used after.
+            unsafe { libloading::Library::new(*name) }.is_ok()
+        })
+    })
 }
 
 /// Probes the CUDA driver: `Ok(number of devices)` (at least 1), or why there is no usable GPU.
