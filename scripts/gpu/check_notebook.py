@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""Checks an executed notebook's per-cell reports against the crate's own numbers and NVML.
+
+    check_notebook.py EXECUTED.ipynb [--require-tracking cupti] [--json OUT.json]
+
+For every code cell it prints the report line and, where the record has them, the allocator's
+reserved delta, the CUDA pool's reserved delta, the tracked ("all allocations") delta, NVML's
+per-process delta, and what of NVML's delta the tracked allocations do not explain.
+
+Assertions (exit 1 when one fails):
+- every code cell that ran code has exactly one report, and no cell errored (unless tagged
+  `raises-exception`);
+- with --require-tracking, every report after the crate loaded says that tracking mode;
+- cells tagged `returns-allocated` / `returns-reserved` / `returns-pool-used` / `returns-ooms`:
+  the value the cell returned (the crate asked directly) equals the report's number;
+- cells tagged `nvml-matches`: NVML's per-process delta equals what the process reserved
+  according to the crate (allocator reserved delta + CUDA pool reserved delta + tracked driver,
+  VMM and managed allocations) within the driver's 2 MiB granularity.
+"""
+import json
+import sys
+
+MIB = 1 << 20
+CELL_MIME = "application/vnd.gpumem.cell+json"
+
+
+def delta(span):
+    if not span or span.get("before") is None or span.get("after") is None:
+        return None
+    return span["after"] - span["before"]
+
+
+def source_delta(all_allocs, key):
+    for s in (all_allocs or {}).get("by_source", []):
+        if s["source"] == key:
+            return s["delta"]
+    return 0
+
+
+def main():
+    args = sys.argv[1:]
+    path = args[0]
+    require = args[args.index("--require-tracking") + 1] if "--require-tracking" in args else None
+    out_json = args[args.index("--json") + 1] if "--json" in args else None
+    nb = json.load(open(path))
+    failures, rows = [], []
+    for i, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] != "code":
+            continue
+        src = "".join(cell["source"])
+        tags = cell.get("metadata", {}).get("tags", [])
+        outs = cell.get("outputs", [])
+        recs = [o["data"][CELL_MIME] for o in outs if CELL_MIME in o.get("data", {})]
+        errors = [o for o in outs if o.get("output_type") == "error"]
+        result = next((o["data"].get("text/plain") for o in outs if o.get("output_type") == "execute_result"), None)
+        first = src.splitlines()[0] if src else ""
+        magic_only = all(l.strip().startswith("%gpumem") or not l.strip() for l in src.splitlines())
+        if errors and "raises-exception" not in tags:
+            failures.append(f"cell {i} ({first}): error {errors[0].get('ename')}: {errors[0].get('evalue', '')[:200]}")
+        if magic_only:
+            continue
+        if len(recs) != 1:
+            failures.append(f"cell {i} ({first}): {len(recs)} reports")
+            continue
+        r = recs[0]
+        a = r.get("allocator") or {}
+        pool = r.get("pool") or {}
+        alla = r.get("all_allocations") or {}
+        nv = delta((r.get("nvml") or {}).get("process"))
+        row = {
+            "cell": r["cell"],
+            "code": first[:60],
+            "line": next((o["data"]["text/plain"] for o in outs if CELL_MIME in o.get("data", {})), ""),
+            "tracking": alla.get("tracking"),
+            "allocator_reserved_delta": delta(a.get("reserved")),
+            "pool_reserved_delta": delta(pool.get("reserved")),
+            "all_delta": None if alla.get("after") is None or alla.get("before") is None else alla["after"] - alla["before"],
+            "all_peak": alla.get("peak"),
+            "nvml_delta": nv,
+            "top": alla.get("top"),
+        }
+        # What the process reserved, by the crate's accounts.
+        parts = [row["allocator_reserved_delta"], row["pool_reserved_delta"]]
+        reserved = None if any(p is None for p in parts) else sum(parts)
+        if reserved is not None and alla:
+            reserved += sum(source_delta(alla, k) for k in ("driver", "vmm", "managed"))
+        row["crate_reserved_delta"] = reserved
+        row["unexplained_by_tracking"] = None if nv is None or reserved is None else nv - reserved
+        rows.append(row)
+        if require and r.get("crate_loaded", {}).get("after") and alla.get("tracking") != require:
+            failures.append(f"cell {i} ({first}): tracking {alla.get('tracking')!r}, expected {require!r}")
+        checks = {
+            "returns-allocated": (a.get("allocated") or {}).get("after"),
+            "returns-reserved": (a.get("reserved") or {}).get("after"),
+            "returns-pool-used": (pool.get("used") or {}).get("after"),
+            "returns-ooms": None,
+        }
+        for tag, value in checks.items():
+            if tag not in tags:
+                continue
+            if tag == "returns-ooms":
+                # The cell returns the total; the report counts this cell's.
+                if a.get("ooms", 0) < 1:
+                    failures.append(f"cell {i}: the report counts no OOM")
+                continue
+            got = (result or "").strip().removeprefix("Some(").removesuffix(")")
+            if str(value) != got:
+                failures.append(f"cell {i} ({first}): the cell returned {got}, the report says {value}")
+        if "nvml-matches" in tags and row["unexplained_by_tracking"] is not None:
+            if abs(row["unexplained_by_tracking"]) > 2 * MIB:
+                failures.append(
+                    f"cell {i} ({first}): NVML Δ {nv} vs the crate's reserved Δ {reserved} "
+                    f"({row['unexplained_by_tracking'] / MIB:+.2f} MiB unexplained)"
+                )
+    for row in rows:
+        print(json.dumps(row))
+    if out_json:
+        json.dump({"cells": rows, "failures": failures}, open(out_json, "w"), indent=1)
+    for f in failures:
+        print("FAIL:", f)
+    print(f"{path}: {len(rows)} reports, {len(failures)} failures")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

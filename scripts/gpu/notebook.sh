@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# Runs notebooks through gpumem-kernel on a GPU machine that has no Rust toolchain and no
+# network (GPU_VALIDATION.md, "Notebooks on a GPU").
+#
+# Here (a machine with Rust and crates.io), from the repo root:
+#     scripts/gpu/notebook.sh pack
+# builds the kernel, vendors every crate the notebooks load, downloads the Jupyter client's
+# wheels, packs them with a minimal Rust toolchain (rustc, cargo, std, rust-lld) into one
+# xz stream and splits it into .gpu-nb1/ .gpu-nb2/ .gpu-nb3/ (ignored by git; each fits the
+# device tool's 64 MiB per call).
+#
+# There, three calls back to back while the machine stays warm (it keeps /opt between calls):
+#     carry .gpu-nb1:  bash scripts/gpu/notebook.sh stash 1
+#     carry .gpu-nb2:  bash scripts/gpu/notebook.sh stash 2
+#     carry .gpu-nb3:  bash scripts/gpu/notebook.sh stash 3 && bash scripts/gpu/notebook.sh setup \
+#                      && bash scripts/gpu/notebook.sh run notebooks/tour.ipynb notebooks/gpu_cublas.ipynb
+# then, still warm:   bash scripts/gpu/notebook.sh run notebooks/gpu_candle.ipynb
+#                     bash scripts/gpu/notebook.sh jupyter notebooks/gpu_cublas.ipynb
+# Results (executed notebooks, HTML pages, check reports, timings) go to $OUT.
+set -euo pipefail
+repo="$(cd "$(dirname "$0")/../.." && pwd)"
+cd "$repo"
+stage=/opt/gpumem-stage
+root=/opt/gpumem
+out="${OUT:-$repo/target/gpu-nb-out}"
+
+step() { printf '\n== %s\n' "$*"; }
+
+pack() {
+    export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$repo/target}"
+    local work="$CARGO_TARGET_DIR/gpu-nb-pack"
+    rm -rf "$work" && mkdir -p "$work/payload/bin" "$work/payload/wheels"
+    step "the kernel (release)"
+    cargo build --release -p gpumem-kernel
+    cp "$CARGO_TARGET_DIR/release/gpumem-kernel" "$work/payload/bin/"
+    strip "$work/payload/bin/gpumem-kernel"
+    step "vendored crates for the notebooks' :dep lines"
+    local deps="$work/nbdeps"
+    mkdir -p "$deps/src" && echo 'fn main() {}' > "$deps/src/main.rs"
+    cat > "$deps/Cargo.toml" <<EOF
+[package]
+name = "nbdeps"
+version = "0.0.0"
+edition = "2024"
+publish = false
+[dependencies]
+gpumem-nb = { path = "$repo", features = ["cublas", "nvrtc"] }
+cudarc = { version = "0.19", default-features = false, features = ["std", "driver", "cublas", "nvrtc", "fallback-dynamic-loading", "cuda-13000"] }
+candle-core = { version = "0.11", features = ["cuda"] }
+[workspace]
+EOF
+    (cd "$deps" && cargo vendor --versioned-dirs "$work/payload/vendor" >/dev/null)
+    # Windows-only crates are needed by the resolver, never compiled here: keep their manifests.
+    python3 - "$work/payload/vendor" <<'PY'
+import json, os, shutil, sys
+v = sys.argv[1]
+for d in os.listdir(v):
+    if not d.startswith(("winapi", "windows", "web-sys", "winsafe", "js-sys", "wasm-bindgen")):
+        continue
+    for n in os.listdir(os.path.join(v, d)):
+        if n not in ("Cargo.toml", ".cargo-checksum.json"):
+            p = os.path.join(v, d, n)
+            shutil.rmtree(p) if os.path.isdir(p) else os.remove(p)
+    os.makedirs(os.path.join(v, d, "src"), exist_ok=True)
+    open(os.path.join(v, d, "src", "lib.rs"), "w").close()
+    ck = os.path.join(v, d, ".cargo-checksum.json")
+    c = json.load(open(ck)); c["files"] = {}; json.dump(c, open(ck, "w"))
+PY
+    step "wheels for the Jupyter path (jupyter_client, nbclient, nbformat and their needs)"
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+        -d "$work/payload/wheels" jupyter_client==8.6.3 jupyter_core==5.8.1 nbclient==0.10.2 nbformat==5.10.4 \
+        traitlets==5.14.3 pyzmq==27.0.0 tornado==6.5.1 platformdirs==4.3.8 fastjsonschema==2.21.1 \
+        jsonschema==4.24.0 jsonschema-specifications==2025.4.1 referencing==0.36.2 rpds-py==0.25.1
+    step "a minimal Rust toolchain"
+    local sysroot
+    sysroot="$(rustc --print sysroot)"
+    mkdir -p "$work/payload/rust"
+    (cd "$sysroot" && tar cf - bin/rustc bin/cargo lib/librustc_driver-*.so lib/libLLVM* \
+        --exclude='*san.a' --exclude='*profiler*' lib/rustlib/x86_64-unknown-linux-gnu/lib \
+        lib/rustlib/x86_64-unknown-linux-gnu/bin) | (cd "$work/payload/rust" && tar xf -)
+    step "one xz stream, split in three"
+    (cd "$work/payload" && tar cf - .) | xz -T0 -6 > "$work/payload.tar.xz"
+    local size
+    size=$(stat -c %s "$work/payload.tar.xz")
+    for i in 1 2 3; do
+        rm -rf ".gpu-nb$i" && mkdir -p ".gpu-nb$i"
+        grep -qx "/.gpu-nb$i/" .git/info/exclude 2>/dev/null || echo "/.gpu-nb$i/" >> .git/info/exclude
+    done
+    split -n 3 -d -a 1 "$work/payload.tar.xz" "$work/part"
+    for i in 1 2 3; do mv "$work/part$((i - 1))" ".gpu-nb$i/part"; done
+    du -sh .gpu-nb1 .gpu-nb2 .gpu-nb3 "$work/payload.tar.xz"
+}
+
+stash() {
+    mkdir -p "$stage"
+    cp ".gpu-nb$1/part" "$stage/part$1"
+    ls -la "$stage"
+}
+
+setup() {
+    local t0=$SECONDS
+    rm -rf "$root" && mkdir -p "$root"
+    cat "$stage/part1" "$stage/part2" "$stage/part3" | xz -d -T0 | tar xf - -C "$root"
+    mkdir -p "$root/cargo-home"
+    cat > "$root/cargo-home/config.toml" <<EOF
+[source.crates-io]
+replace-with = "vendored"
+[source.vendored]
+directory = "$root/vendor"
+[net]
+offline = true
+EOF
+    env_file
+    # shellcheck disable=SC1091
+    . "$root/env.sh"
+    rustc --version && cargo --version && nvcc --version | tail -1
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$root/site" "$root"/wheels/*.whl
+    echo "setup took $((SECONDS - t0)) s"
+}
+
+env_file() {
+    local cuda
+    cuda="$(ls -d /usr/local/cuda-* 2>/dev/null | sort -V | tail -1)"
+    cat > "$root/env.sh" <<EOF
+export PATH="$root/rust/bin:$root/bin:$cuda/bin:\$PATH"
+export CARGO_HOME="$root/cargo-home"
+export CUDA_HOME="$cuda" CUDA_ROOT="$cuda" CUDA_PATH="$cuda"
+export EVCXR_TMPDIR="$root/evcxr"
+export PYTHONPATH="$root/site\${PYTHONPATH:+:\$PYTHONPATH}"
+export GPUMEM_NB_DEVICE=cuda
+EOF
+    mkdir -p "$root/evcxr"
+}
+
+run_nb() {
+    # shellcheck disable=SC1091
+    . "$root/env.sh"
+    mkdir -p "$out"
+    for nb in "$@"; do
+        local name t0=$SECONDS
+        name="$(basename "$nb" .ipynb)"
+        step "gpumem-kernel run $nb"
+        set +e
+        gpumem-kernel run "$nb" --output "$out/$name.ipynb" --html "$out/$name.html" 2>&1 | tee "$out/$name.log" | tail -40
+        local code=${PIPESTATUS[0]}
+        set -e
+        echo "$name: exit $code, $((SECONDS - t0)) s" | tee -a "$out/timings.txt"
+        python3 scripts/gpu/check_notebook.py "$out/$name.ipynb" --require-tracking cupti --json "$out/$name.check.json" \
+            | tee "$out/$name.check.txt" | tail -25 || true
+    done
+}
+
+jupyter_nb() {
+    # shellcheck disable=SC1091
+    . "$root/env.sh"
+    mkdir -p "$out"
+    export JUPYTER_PATH="$root/jupyter/share/jupyter" JUPYTER_DATA_DIR="$root/jupyter/data"
+    gpumem-kernel install --prefix "$root/jupyter"
+    for nb in "$@"; do
+        local name t0=$SECONDS
+        name="$(basename "$nb" .ipynb)-jupyter"
+        step "jupyter_client/nbclient, kernel gpumem: $nb"
+        python3 - "$nb" "$out/$name.ipynb" <<'PY'
+import sys, nbformat
+from nbclient import NotebookClient
+nb = nbformat.read(sys.argv[1], as_version=4)
+NotebookClient(nb, kernel_name="gpumem", timeout=900, resources={"metadata": {"path": "notebooks"}}).execute()
+nbformat.write(nb, sys.argv[2])
+print("executed", sys.argv[1])
+PY
+        echo "$name: $((SECONDS - t0)) s" | tee -a "$out/timings.txt"
+        python3 scripts/gpu/check_notebook.py "$out/$name.ipynb" --require-tracking cupti --json "$out/$name.check.json" \
+            | tee "$out/$name.check.txt" | tail -25 || true
+    done
+}
+
+case "${1:-}" in
+    pack) pack ;;
+    stash) stash "$2" ;;
+    setup) setup ;;
+    run) shift; run_nb "$@" ;;
+    jupyter) shift; jupyter_nb "$@" ;;
+    *) echo "usage: $0 pack | stash N | setup | run NB... | jupyter NB..." >&2; exit 2 ;;
+esac
