@@ -287,9 +287,8 @@ fn main() {
     // 7. gpumem-nb's own blocks: a 64 MiB buffer is a 64 MiB segment, counted as the allocator's.
     let mut buf = None;
     let x = cell(&mut ch, 8, uuid, || {
-        buf = Some(
-            gpumem_nb::DeviceBuffer::<u8>::zeros(&alloc, 64 << 20, gpumem_nb::StreamId::DEFAULT).expect("buffer"),
-        )
+        buf =
+            Some(gpumem_nb::DeviceBuffer::<u8>::zeros(&alloc, 64 << 20, gpumem_nb::StreamId::DEFAULT).expect("buffer"))
     });
     let a_d = source_live(&x.after, "allocator") - source_live(&x.before, "allocator");
     c.check(

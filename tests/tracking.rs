@@ -124,6 +124,25 @@ fn every_allocation_of_the_process_is_counted_per_cell() {
     // PyTorch's pickle still writes, with the extra segments.
     assert!(!gpumem_nb::snapshot::pickle::to_bytes(&snap).is_empty());
 
+    // A snapshot scope records the other allocations of its time too.
+    let dir = std::env::temp_dir().join(format!("gpumem-tracking-scope-{}", std::process::id()));
+    let (_, files) = gpumem_nb::save_memory_snapshot(&dir, || drop(a_foreign_library_allocates(7)));
+    let json = std::fs::read_to_string(files.unwrap().json).unwrap();
+    let snap: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let scoped: Vec<&str> = snap["device_traces"][0]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["size"] == 7 * MIB && e["user_metadata"].as_str().unwrap_or("").contains("driver (cuMemAlloc)"))
+        .map(|e| e["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(scoped, ["segment_alloc", "alloc", "free_requested", "free_completed", "segment_free"]);
+    // Stacks start at the caller and end above the thread's start.
+    let frames = snap["device_traces"][0][0]["frames"].as_array().unwrap();
+    assert!(frames[0]["name"].as_str().unwrap().contains("a_foreign_library_allocates"), "{frames:?}");
+    assert!(!frames.iter().any(|f| f["name"].as_str().unwrap().contains("start_thread")), "{frames:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+
     drop(buf);
     drop(keep);
     alloc.empty_cache().unwrap();

@@ -126,6 +126,7 @@ env_file() {
 export PATH="$root/rust/bin:$root/bin:$cuda/bin:\$PATH"
 export CARGO_HOME="$root/cargo-home"
 export CUDA_HOME="$cuda" CUDA_ROOT="$cuda" CUDA_PATH="$cuda"
+export LD_LIBRARY_PATH="$cuda/lib64:$cuda/targets/x86_64-linux/lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
 export EVCXR_TMPDIR="$root/evcxr"
 export PYTHONPATH="$root/site\${PYTHONPATH:+:\$PYTHONPATH}"
 export GPUMEM_NB_DEVICE=cuda

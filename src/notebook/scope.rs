@@ -332,6 +332,8 @@ pub struct SnapshotScope {
     alloc: Arc<Allocator>,
     dir: PathBuf,
     previous: HistoryOptions,
+    /// The tracker's recording before, when the scope switched it on (the process's device).
+    tracked_previous: Option<Option<usize>>,
     sink: Option<Sink>,
     closed: bool,
 }
@@ -351,11 +353,19 @@ impl SnapshotScope {
         // error comes back from `finish` (`Snapshot::save` tries again and names the path).
         let _ = std::fs::create_dir_all(&dir);
         let previous = alloc.history_options();
-        alloc.record_memory_history_with(HistoryOptions::default());
+        let options = HistoryOptions::default();
+        alloc.record_memory_history_with(options);
+        // Every other allocation of the process on this device goes into the snapshot too.
+        let tracked_previous = super::tracking::covers(alloc).then(|| {
+            let prev = super::tracking::recording();
+            super::tracking::set_recording(Some(options.max_entries));
+            prev
+        });
         SnapshotScope {
             alloc: Arc::clone(alloc),
             dir,
             previous,
+            tracked_previous,
             sink: Some(Box::new(std::io::stdout())),
             closed: false,
         }
@@ -380,8 +390,14 @@ impl SnapshotScope {
     fn close(&mut self) -> Result<SnapshotFiles, SnapshotError> {
         self.closed = true;
         // The snapshot first: restoring "off" would clear the recorded events.
-        let snap = self.alloc.snapshot();
+        let snap = match self.tracked_previous {
+            Some(_) => super::tracking::snapshot(&self.alloc),
+            None => self.alloc.snapshot(),
+        };
         self.alloc.record_memory_history_with(self.previous);
+        if let Some(prev) = self.tracked_previous {
+            super::tracking::set_recording(prev);
+        }
         Ok(snap.save(&self.dir)?)
     }
 

@@ -183,6 +183,17 @@ pub(crate) fn set_recording(max_entries: Option<usize>) {
     lock(&state().tracker).set_recording(max_entries);
 }
 
+/// How many tracked events are kept for snapshots (`None`: not recording).
+pub(crate) fn recording() -> Option<usize> {
+    lock(&state().tracker).recording()
+}
+
+/// Whether `alloc` is the process's allocator of its device (the one tracking's books cover),
+/// not a private one (tests, replays).
+pub(crate) fn covers(alloc: &crate::Allocator) -> bool {
+    status().is_on() && super::registry::opened().iter().any(|a| std::ptr::eq(&**a, alloc))
+}
+
 /// Opens a peak slot over every device and source.
 pub(crate) fn open_slot() -> TrackSlot {
     lock(&state().tracker).open_slot()

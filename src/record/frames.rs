@@ -76,19 +76,26 @@ fn is_internal(name: &str) -> bool {
     PREFIXES.iter().any(|p| name.starts_with(p))
 }
 
-/// Runtime frames below `main` (or below a test harness) that say nothing about the user's code.
+/// Runtime frames below `main` (or below a test harness or a thread's start) that say nothing
+/// about the user's code.
 fn is_runtime(name: &str) -> bool {
-    const PREFIXES: [&str; 8] = [
+    const PREFIXES: [&str; 13] = [
         "std::rt::",
         "std::sys::",
+        "std::thread::",
         "std::panicking::",
         "std::panic::",
         "core::ops::function::",
+        "core::panic::",
+        "alloc::boxed::",
         "__libc_start",
         "_start",
+        "start_thread",
+        "clone",
         "test::",
     ];
-    PREFIXES.iter().any(|p| name.starts_with(p)) || name == "main"
+    let n = name.trim_start_matches('<');
+    PREFIXES.iter().any(|p| n.starts_with(p)) || name == "main" || name.starts_with("0x")
 }
 
 impl Symbolizer {

@@ -248,6 +248,11 @@ impl Tracker {
         }
     }
 
+    /// The ring size while recording.
+    pub(crate) fn recording(&self) -> Option<usize> {
+        self.recording
+    }
+
     /// The recorded events, oldest first.
     pub(crate) fn events(&self) -> impl Iterator<Item = &TrackEvent> {
         self.events.iter()
