@@ -83,9 +83,12 @@ PY
     (cd "$work/payload" && tar cf - .) | xz -T0 -6 > "$work/payload.tar.xz"
     local size
     size=$(stat -c %s "$work/payload.tar.xz")
+    local exclude
+    exclude="$(git rev-parse --git-path info/exclude)"
+    mkdir -p "$(dirname "$exclude")"
     for i in 1 2 3; do
         rm -rf ".gpu-nb$i" && mkdir -p ".gpu-nb$i"
-        grep -qx "/.gpu-nb$i/" .git/info/exclude 2>/dev/null || echo "/.gpu-nb$i/" >> .git/info/exclude
+        grep -qx "/.gpu-nb$i/" "$exclude" 2>/dev/null || echo "/.gpu-nb$i/" >> "$exclude"
     done
     split -n 3 -d -a 1 "$work/payload.tar.xz" "$work/part"
     for i in 1 2 3; do mv "$work/part$((i - 1))" ".gpu-nb$i/part"; done
