@@ -8,7 +8,8 @@
 //! - [`magic`]: the `%gpumem` / `%%gpumem` parser; [`complete`]: `is_complete`.
 //! - [`report`]: per-cell records, the report line, history, chart, export.
 //! - [`nvml`]: kernel-side NVML; [`install`]: the kernelspec; [`run`]: headless notebooks.
-//! - [`build_dir`]: where evcxr compiles the cells (kept between kernel starts).
+//! - [`build_dir`]: where evcxr compiles the cells (kept between kernel starts);
+//!   [`toolchain`]: what the kernel needs from the Rust toolchain (std, `rust-src`).
 
 #![forbid(unsafe_code)]
 
@@ -23,3 +24,4 @@ pub mod magic;
 pub mod nvml;
 pub mod report;
 pub mod run;
+pub mod toolchain;

@@ -5,7 +5,8 @@
 # Here (a machine with Rust and crates.io), from the repo root:
 #     scripts/gpu/notebook.sh pack
 # builds the kernel, vendors every crate the notebooks load, downloads the Jupyter client's
-# wheels, packs them with a minimal Rust toolchain (rustc, cargo, std, rust-lld) into one
+# wheels, packs them with a minimal Rust toolchain (rustc, cargo, std, rust-lld, rust-src and
+# the standard library's own crates, which evcxr's type inference reads) into one
 # xz stream and splits it into .gpu-nb1/ .gpu-nb2/ .gpu-nb3/ (ignored by git; each fits the
 # device tool's 64 MiB per call).
 #
@@ -50,6 +51,20 @@ candle-core = { version = "0.11", features = ["cuda"] }
 [workspace]
 EOF
     (cd "$deps" && cargo vendor --versioned-dirs "$work/payload/vendor" >/dev/null)
+    # evcxr infers a `let`'s type with rust-analyzer, which reads the standard library's
+    # sources through `cargo metadata --locked --offline` on the library's own workspace:
+    # without its crates vendored too, that call fails, the library loads without its
+    # dependency edges and `let v = vec![1u8];` fails with "Couldn't automatically
+    # determine type of variable".
+    local sysroot
+    sysroot="$(rustc --print sysroot)"
+    local library="$sysroot/lib/rustlib/src/rust/library"
+    [ -f "$library/Cargo.toml" ] || { echo "rust-src is missing: rustup component add rust-src" >&2; exit 1; }
+    __CARGO_TEST_CHANNEL_OVERRIDE_DO_NOT_USE_THIS=nightly cargo vendor --versioned-dirs --locked \
+        --manifest-path "$library/Cargo.toml" "$work/stdvendor" >/dev/null
+    for d in "$work/stdvendor"/*; do
+        [ -e "$work/payload/vendor/$(basename "$d")" ] || mv "$d" "$work/payload/vendor/"
+    done
     # Windows-only crates are needed by the resolver, never compiled here: keep their manifests.
     python3 - "$work/payload/vendor" <<'PY'
 import json, os, shutil, sys
@@ -72,13 +87,11 @@ PY
         -d "$work/payload/wheels" jupyter_client==8.6.3 jupyter_core==5.8.1 nbclient==0.10.2 nbformat==5.10.4 \
         traitlets==5.14.3 pyzmq==27.0.0 tornado==6.5.1 platformdirs==4.3.8 fastjsonschema==2.21.1 \
         jsonschema==4.24.0 jsonschema-specifications==2025.4.1 referencing==0.36.2 rpds-py==0.25.1
-    step "a minimal Rust toolchain"
-    local sysroot
-    sysroot="$(rustc --print sysroot)"
+    step "a minimal Rust toolchain (rustc, cargo, std, rust-lld, rust-src)"
     mkdir -p "$work/payload/rust"
     (cd "$sysroot" && tar cf - bin/rustc bin/cargo lib/librustc_driver-*.so lib/libLLVM* \
         --exclude='*san.a' --exclude='*profiler*' lib/rustlib/x86_64-unknown-linux-gnu/lib \
-        lib/rustlib/x86_64-unknown-linux-gnu/bin) | (cd "$work/payload/rust" && tar xf -)
+        lib/rustlib/x86_64-unknown-linux-gnu/bin lib/rustlib/src) | (cd "$work/payload/rust" && tar xf -)
     step "one xz stream, split in three"
     (cd "$work/payload" && tar cf - .) | xz -T0 -6 > "$work/payload.tar.xz"
     local size

@@ -19,6 +19,7 @@ use crate::control::{CONTROL_VAR, ControlServer};
 use crate::hooks::{self, HOOK_TIMEOUT, Hooks};
 use crate::magic::{self, Magic};
 use crate::report::{CellRecord, History};
+use crate::toolchain;
 use errors::{error_info, first_code_line, source_hash};
 use magics::RecordSetting;
 use pump::StreamPump;
@@ -99,23 +100,8 @@ pub struct Engine {
     interrupted: Arc<AtomicBool>,
     /// Hook timings of the last cell (pre, post), microseconds.
     pub last_hook_us: (u64, u64),
-}
-
-/// The active toolchain's directory holding the `libstd-*.so` that evcxr's cells link against:
-/// `$(rustc --print sysroot)/lib/rustlib/<host>/lib` (rustup's layout) or `…/lib`.
-fn toolchain_lib_dir() -> Option<std::path::PathBuf> {
-    let out = std::process::Command::new("rustc").args(["--print", "sysroot"]).output().ok()?;
-    let sysroot = std::path::PathBuf::from(String::from_utf8(out.stdout).ok()?.trim());
-    let has_std = |dir: &std::path::Path| {
-        std::fs::read_dir(dir).is_ok_and(|rd| {
-            rd.flatten().any(|e| e.file_name().to_str().is_some_and(|n| n.starts_with("libstd-") && n.ends_with(".so")))
-        })
-    };
-    let rustlib = sysroot.join("lib").join("rustlib");
-    let mut candidates: Vec<std::path::PathBuf> =
-        std::fs::read_dir(&rustlib).map(|rd| rd.flatten().map(|e| e.path().join("lib")).collect()).unwrap_or_default();
-    candidates.push(sysroot.join("lib"));
-    candidates.into_iter().find(|d| has_std(d))
+    /// Said once, on `stderr` of the first cell (a toolchain without `rust-src`).
+    notice: Option<String>,
 }
 
 impl Engine {
@@ -131,7 +117,8 @@ impl Engine {
         // `-C prefer-dynamic`): the child must find it. Cells normally carry an rpath to it, but
         // a kernel started by Jupyter (not under cargo/rustup) has been seen building cells
         // without one, so the child also gets the toolchain's std directory on its library path.
-        if let Some(lib) = toolchain_lib_dir() {
+        let sysroot = toolchain::sysroot();
+        if let Some(lib) = sysroot.as_deref().and_then(toolchain::std_lib_dir) {
             let mut paths = vec![lib];
             if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
                 paths.extend(std::env::split_paths(&old));
@@ -160,6 +147,7 @@ impl Engine {
             record: RecordSetting::default(),
             interrupted,
             last_hook_us: (0, 0),
+            notice: sysroot.as_deref().and_then(toolchain::rust_src_notice),
         })
     }
 
@@ -211,6 +199,9 @@ impl Engine {
         self.count += 1;
         let count = self.count;
         self.sink.emit(Output::ExecuteInput { code: code.to_string(), count });
+        if let Some(notice) = self.notice.take() {
+            self.stream("stderr", notice);
+        }
         let (magics, run_code) = magic::parse(code);
         let mut cell_magic: Option<(bool, Option<PathBuf>)> = None;
         for m in &magics {
