@@ -40,7 +40,7 @@ impl DeviceState {
 fn check(state: &DeviceState) -> Result<(), String> {
     let (arena, small, large, expandable, stats, total_reserved) = state.parts();
     let max_split = state.config().max_split_size;
-    let mergeable = |b: &Block| !b.allocated && b.event_count == 0 && b.stream_uses.is_empty();
+    let mergeable = |b: &Block| !b.allocated && b.event_count == 0 && !b.has_uses;
 
     // [all, small, large] recounts
     let mut allocation = [0i64; 3];

@@ -39,7 +39,7 @@ impl DeviceState {
             return false;
         }
         let b = self.arena.get(i);
-        !b.allocated && b.event_count == 0 && b.stream_uses.is_empty()
+        !b.allocated && b.event_count == 0 && !b.has_uses
     }
 
     pub(super) fn find_expandable_block<B: Backend>(

@@ -20,7 +20,7 @@ impl DeviceState {
         let b = self.arena.get_mut(id);
         b.allocated = false;
         let (addr, size, req, stream, pool) = (b.addr, b.size, b.requested_size, b.stream, b.pool);
-        let has_uses = !b.stream_uses.is_empty();
+        let has_uses = b.has_uses;
         dec(&mut self.stats.allocation, pool, 1);
         dec(&mut self.stats.allocated_bytes, pool, size);
         let frames = if self.block_ctx.is_empty() && self.op_ctx.is_none() {
@@ -44,14 +44,19 @@ impl DeviceState {
     pub fn record_stream(&mut self, block: BlockId, stream: StreamId) -> Result<(), DeviceError> {
         let id = self.check_allocated(block)?;
         let b = self.arena.get_mut(id);
-        if stream != b.stream && !b.stream_uses.contains(&stream) {
-            b.stream_uses.push(stream);
+        if stream != b.stream {
+            let uses = self.stream_uses.entry(id).or_default();
+            if !uses.contains(&stream) {
+                uses.push(stream);
+                b.has_uses = true;
+            }
         }
         Ok(())
     }
 
     pub(super) fn insert_events<B: Backend>(&mut self, dev: &mut B, id: u32) -> Result<(), DeviceError> {
-        let streams = std::mem::take(&mut self.arena.get_mut(id).stream_uses);
+        self.arena.get_mut(id).has_uses = false;
+        let streams = self.stream_uses.remove(&id).unwrap_or_default();
         for s in streams {
             let ev = dev.record_event(s)?;
             self.arena.get_mut(id).event_count += 1;
@@ -115,7 +120,7 @@ impl DeviceState {
     /// A block that is no longer in use returns to its pool, merged with free neighbours.
     pub(super) fn free_block(&mut self, id: u32) {
         let b = self.arena.get(id);
-        debug_assert!(!b.allocated && b.event_count == 0 && b.stream_uses.is_empty());
+        debug_assert!(!b.allocated && b.event_count == 0 && !b.has_uses);
         let (addr, req, stream, pool, orig_size, expandable) =
             (b.addr, b.requested_size, b.stream, b.pool, b.size, b.is_expandable());
         // Stacks are kept only while recording with stacks: skip the lookups otherwise.
@@ -201,7 +206,7 @@ impl DeviceState {
             return false;
         }
         let s = self.arena.get(src);
-        !(s.allocated || s.event_count > 0 || !s.stream_uses.is_empty() || s.mapped != self.arena.get(dst).mapped)
+        !(s.allocated || s.event_count > 0 || s.has_uses || s.mapped != self.arena.get(dst).mapped)
     }
 
     /// As [`Self::try_merge_blocks`] for a block being freed (mapped, so only mapped neighbours
@@ -223,7 +228,7 @@ impl DeviceState {
         let ssize = self.arena.get(src).size;
         if self.arena.get(dst).prev == src {
             // [src dst]: keep src's slot (the lower address), give it dst's identity.
-            let d = self.arena.get(dst).clone();
+            let d = *self.arena.get(dst);
             let sb = self.arena.get_mut(src);
             sb.size += d.size;
             sb.next = d.next;

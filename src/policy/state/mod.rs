@@ -125,6 +125,9 @@ pub struct DeviceState {
     allowed: Option<u64>,
     /// Pending stream events per stream, FIFO, in first-use order of the streams.
     pending: Vec<(StreamId, VecDeque<(EventId, u32)>)>,
+    /// Streams other than its own that used an allocated block (`record_stream`), by slot;
+    /// taken when the block is freed.
+    stream_uses: HashMap<u32, Vec<StreamId>>,
     /// Recorded events.
     pub history: History,
     slots: PeakSlots,
@@ -175,6 +178,7 @@ impl DeviceState {
             total_reserved: 0,
             allowed: None,
             pending: Vec::new(),
+            stream_uses: HashMap::new(),
             history: History::default(),
             slots: PeakSlots::default(),
             current_tag: 0,
