@@ -149,12 +149,24 @@ pub(crate) struct BlockPool {
     pub(crate) get_free_blocks_call_count: u64,
 }
 
-/// An expandable segment: one reserved address range that grows by mapping pages.
+/// An expandable segment (or a `compact` arena): one reserved address range that grows by
+/// mapping pages.
 #[derive(Clone, Debug)]
 pub(crate) struct ExpandableSegment {
     pub(crate) base: u64,
     pub(crate) size: u64,
     pub(crate) page: u64,
-    pub(crate) mapped: Vec<bool>,
+    /// Per page: the pool whose reserved bytes count it, `None` while unmapped (an expandable
+    /// segment's pages all count for its pool; a compact arena's for the request that mapped
+    /// them).
+    pub(crate) pages: Vec<Option<PoolKind>>,
     pub(crate) live: bool,
+}
+
+impl ExpandableSegment {
+    /// Index of the page holding `addr`.
+    #[inline]
+    pub(crate) fn page_of(&self, addr: u64) -> usize {
+        ((addr - self.base) / self.page) as usize
+    }
 }

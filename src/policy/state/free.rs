@@ -131,7 +131,11 @@ impl DeviceState {
             self.ctx_for_free_event(saved.as_ref())
         };
         self.trace(TraceAction::FreeCompleted, addr, req, stream, frames);
-        self.arena.get_mut(id).tag = 0;
+        let b = self.arena.get_mut(id);
+        b.tag = 0;
+        // Under compact every free block is in the large pool's set; the stats keep `pool`.
+        let set_pool = if self.config.compact { PoolKind::Large } else { pool };
+        b.pool = set_pool;
         let mut net_blocks: i64 = 0;
         let mut net_bytes: i64 = 0;
         let mut cur = id;
@@ -142,7 +146,7 @@ impl DeviceState {
             let cand = if prev { self.arena.get(cur).prev } else { self.arena.get(cur).next };
             if let Some((survivor, sub, key)) = self.merge_free_neighbour(cur, cand) {
                 if let Some(k) = vacated.replace(key) {
-                    self.pool(pool).blocks.remove(&k);
+                    self.pool(set_pool).blocks.remove(&k);
                 }
                 cur = survivor;
                 net_blocks -= 1;
@@ -151,8 +155,8 @@ impl DeviceState {
         }
         match vacated {
             Some(k) => {
-                let (key, count) = (self.arena.get(cur).free_key(), self.pool(pool).get_free_blocks_call_count);
-                self.pool(pool).blocks.replace(&k, key, cur);
+                let (key, count) = (self.arena.get(cur).free_key(), self.pool(set_pool).get_free_blocks_call_count);
+                self.pool(set_pool).blocks.replace(&k, key, cur);
                 self.arena.get_mut(cur).gc_count_base = count;
             }
             None => self.insert_into_pool(cur),

@@ -1,6 +1,7 @@
 //! One device's caching state and every transition of PyTorch's policy: `malloc` with its
 //! fallback chain, `free`, `record_stream`, event processing, `empty_cache`, garbage
-//! collection, the memory fraction, and expandable segments.
+//! collection, the memory fraction, and expandable segments; and our own `compact` policy
+//! (`compact.rs`), which shares all but the slow path of `malloc`.
 //!
 //! The state holds no backend: every operation that needs the device takes `&mut impl Backend`.
 //! Stats and trace entries are updated in the same few transition functions
@@ -121,6 +122,9 @@ pub struct DeviceState {
     stats: DeviceStats,
     /// Bytes obtained from the device (PyTorch's `total_allocated_memory`).
     total_reserved: u64,
+    /// Under `compact`: the highest active bytes seen (not reset with the peak statistics:
+    /// the growth budget follows the workload, not the caller's measurements).
+    compact_high: u64,
     /// Per-process limit in bytes, when a memory fraction is set.
     allowed: Option<u64>,
     /// Pending stream events per stream, FIFO, in first-use order of the streams.
@@ -176,6 +180,7 @@ impl DeviceState {
             expandable: Vec::new(),
             stats,
             total_reserved: 0,
+            compact_high: 0,
             allowed: None,
             pending: Vec::new(),
             stream_uses: HashMap::new(),
@@ -342,7 +347,9 @@ impl DeviceState {
     }
 }
 
+mod compact;
 mod expandable;
+pub(crate) use compact::PAGE;
 mod free;
 mod malloc;
 mod release;
