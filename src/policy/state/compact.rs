@@ -93,6 +93,9 @@ impl DeviceState {
         stream: StreamId,
         size: u64,
     ) -> Result<Option<u32>, DeviceError> {
+        if size > dev.total_memory() {
+            return Ok(None); // No device of this size could map it: fail without trying.
+        }
         let active = self.stats.active_bytes[0].current as u64 + size;
         let high = self.compact_high.max(self.stats.active_bytes[0].peak as u64);
         let new_peak = active > high;
