@@ -180,7 +180,12 @@ impl SizeAddrSet {
 
     #[inline]
     fn insert(&mut self, key: u128, id: u32) {
-        let c = Self::size_class(key);
+        self.insert_in(Self::size_class(key), key, id);
+    }
+
+    /// Inserts `key` of class `c`.
+    #[inline]
+    fn insert_in(&mut self, c: usize, key: u128, id: u32) {
         if c >= self.classes.len() {
             self.classes.resize_with(c + 1, Chunks::default);
         }
@@ -191,7 +196,12 @@ impl SizeAddrSet {
 
     #[inline]
     fn remove(&mut self, key: u128) -> Option<u32> {
-        let c = Self::size_class(key);
+        self.remove_in(Self::size_class(key), key)
+    }
+
+    /// Removes `key` of class `c`.
+    #[inline]
+    fn remove_in(&mut self, c: usize, key: u128) -> Option<u32> {
         let chunks = self.classes.get_mut(c)?;
         let id = chunks.remove(key)?;
         if chunks.len == 0 {
@@ -209,16 +219,16 @@ impl SizeAddrSet {
     /// when the order allows), else a removal and an insertion.
     #[inline]
     fn replace(&mut self, old: u128, new: u128, id: u32) {
-        let c = Self::size_class(old);
-        if c == Self::size_class(new) && c < self.classes.len() {
+        let (c, to) = (Self::size_class(old), Self::size_class(new));
+        if c == to && c < self.classes.len() {
             if !self.classes[c].replace(old, new, id) {
                 self.mark(c, true);
                 self.len += 1;
             }
             return;
         }
-        self.remove(old);
-        self.insert(new, id);
+        self.remove_in(c, old);
+        self.insert_in(to, new, id);
     }
 
     #[inline]
