@@ -547,7 +547,7 @@ mod tests {
                 set.check().unwrap();
                 assert_eq!(set.len(), model.len());
                 let s = probe.0;
-                let all: Vec<u32> = model.iter().map(|(_, v)| *v).collect();
+                let all: Vec<u32> = model.values().copied().collect();
                 assert_eq!(set.values(), all);
                 let from: Vec<_> = set.range_from(probe).collect();
                 let want: Vec<_> = model.range(probe..).filter(|(k, _)| k.0 == s).map(|(k, v)| (*k, *v)).collect();

@@ -222,7 +222,7 @@ fn check_pages(es: &ExpandableSegment, b: &Block) -> Result<(), String> {
         if pages.iter().any(Option::is_none) {
             return Err(format!("mapped block at {:#x} lies on an unmapped page", b.addr));
         }
-    } else if (b.addr - es.base) % es.page != 0 || b.size % es.page != 0 {
+    } else if !(b.addr - es.base).is_multiple_of(es.page) || !b.size.is_multiple_of(es.page) {
         return Err(format!("unmapped block at {:#x} (+{}) is not whole pages", b.addr, b.size));
     } else if pages.iter().any(Option::is_some) {
         return Err(format!("unmapped block at {:#x} holds a mapped page", b.addr));
