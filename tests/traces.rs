@@ -40,6 +40,7 @@ fn recorded_traces() -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = std::fs::read_dir(root)
         .unwrap()
         .flatten()
+        .filter(|d| d.path().is_dir())
         .flat_map(|d| std::fs::read_dir(d.path()).unwrap().flatten().map(|e| e.path()))
         .filter(|p| p.to_string_lossy().ends_with(".trace.tsv.gz"))
         .collect();
