@@ -767,10 +767,11 @@ mod tests {
 
     #[test]
     fn loading_fails_cleanly_without_cupti() {
-        // On a machine without libcupti this is an Err naming every candidate; with one, Ok.
+        // On a machine without libcupti this is an Err naming every candidate (without a
+        // driver, one saying so); with one, Ok.
         match get() {
             Ok(c) => assert!(c.api_version > 0),
-            Err(e) => assert!(e.starts_with("no usable libcupti")),
+            Err(e) => assert!(e.starts_with("no usable libcupti") || e.starts_with("no CUDA driver here"), "{e}"),
         }
     }
 }
