@@ -100,16 +100,11 @@ fn run(args: Args) -> Result<(), String> {
         return run_sequence(&args, &events, &opts, &path, &conf, source);
     }
     let r = replay(&events, &opts, &path).map_err(|e| e.to_string())?;
-    let files = match &args.snapshot {
-        Some(dir) => Some(r.snapshot().save(dir).map_err(|e| e.to_string())?),
-        None => None,
-    };
+    let files = write_snapshot(&args, || r.snapshot())?;
     let pytorch_peak = trace_reserved_peak(&events);
     if args.json {
         let out = serde_json::json!({
-            "trace": path,
-            "alloc_conf": conf,
-            "alloc_conf_source": source,
+            "trace": path, "alloc_conf": conf, "alloc_conf_source": source,
             "device": "replay",
             "events": r.events,
             "allocated_peak": r.allocated_peak,
@@ -153,6 +148,14 @@ fn run(args: Args) -> Result<(), String> {
     Ok(())
 }
 
+/// Writes `--snapshot DIR`'s files, when asked for.
+fn write_snapshot(
+    args: &Args,
+    snapshot: impl FnOnce() -> gpumem_nb::Snapshot,
+) -> Result<Option<gpumem_nb::SnapshotFiles>, String> {
+    args.snapshot.as_ref().map(|dir| snapshot().save(dir).map_err(|e| e.to_string())).transpose()
+}
+
 /// The snapshot's files as JSON, if one was written.
 fn files_json(files: Option<&gpumem_nb::SnapshotFiles>) -> serde_json::Value {
     files.map_or(serde_json::Value::Null, |f| serde_json::json!({"pickle": f.pickle, "json": f.json, "html": f.html}))
@@ -169,15 +172,10 @@ fn run_sequence(
     source: &str,
 ) -> Result<(), String> {
     let r = replay_sequence(events, opts, path).map_err(|e| e.to_string())?;
-    let files = match &args.snapshot {
-        Some(dir) => Some(r.snapshot().save(dir).map_err(|e| e.to_string())?),
-        None => None,
-    };
+    let files = write_snapshot(args, || r.snapshot())?;
     if args.json {
         let out = serde_json::json!({
-            "trace": path,
-            "alloc_conf": conf,
-            "alloc_conf_source": source,
+            "trace": path, "alloc_conf": conf, "alloc_conf_source": source,
             "device": "simulated",
             "device_total": opts.device_total,
             "replay": "sequence",
