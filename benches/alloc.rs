@@ -6,6 +6,9 @@
 //! - `mixed_1000_live`: 1000 live blocks of log-uniform sizes 512 B – 8 MiB; each iteration
 //!   frees a random live block and allocates a new random size (one pair).
 //!
+//! Each runs under PyTorch's default policy (`allocator`) and under our `compact:True`
+//! (`compact`), whose per-pair cost must stay within 1.5× of the default's.
+//!
 //! The same workloads run against PyTorch's C++ allocator and the CUDA driver on the GPU
 //! machine (scripts/gpu-check.sh); BENCHMARKS.md has the figures.
 
@@ -31,17 +34,26 @@ impl Rng {
     }
 }
 
+/// The two policies benchmarked: (name, `GPUMEM_NB_ALLOC_CONF`).
+const POLICIES: [(&str, &str); 2] = [("allocator", ""), ("compact", "compact:True")];
+
+fn allocator(conf: &str) -> CachingAllocator<SimBackend> {
+    CachingAllocator::new(SimBackend::new(0, 80 << 30), AllocatorConfig::parse(conf).unwrap())
+}
+
 fn hot(c: &mut Criterion) {
     let mut g = c.benchmark_group("hot");
     g.throughput(Throughput::Elements(1));
-    for size in [512u64, 1 << 20, 64 << 20] {
-        let alloc = CachingAllocator::new(SimBackend::new(0, 80 << 30), AllocatorConfig::default());
-        g.bench_with_input(BenchmarkId::new("allocator", size), &size, |b, &size| {
-            b.iter(|| {
-                let a = alloc.malloc(black_box(size), StreamId::DEFAULT).unwrap();
-                alloc.free(a.block.unwrap()).unwrap();
-            })
-        });
+    for (name, conf) in POLICIES {
+        for size in [512u64, 1 << 20, 64 << 20] {
+            let alloc = allocator(conf);
+            g.bench_with_input(BenchmarkId::new(name, size), &size, |b, &size| {
+                b.iter(|| {
+                    let a = alloc.malloc(black_box(size), StreamId::DEFAULT).unwrap();
+                    alloc.free(a.block.unwrap()).unwrap();
+                })
+            });
+        }
     }
     g.finish();
 }
@@ -49,17 +61,19 @@ fn hot(c: &mut Criterion) {
 fn mixed(c: &mut Criterion) {
     let mut g = c.benchmark_group("mixed_1000_live");
     g.throughput(Throughput::Elements(1));
-    let alloc = CachingAllocator::new(SimBackend::new(0, 80 << 30), AllocatorConfig::default());
-    let mut rng = Rng(0x2545_F491_4F6C_DD1D);
-    let mut live: Vec<_> =
-        (0..1000).map(|_| alloc.malloc(rng.size(), StreamId::DEFAULT).unwrap().block.unwrap()).collect();
-    g.bench_function("allocator", |b| {
-        b.iter(|| {
-            let i = (rng.next() % live.len() as u64) as usize;
-            alloc.free(live[i]).unwrap();
-            live[i] = alloc.malloc(rng.size(), StreamId::DEFAULT).unwrap().block.unwrap();
-        })
-    });
+    for (name, conf) in POLICIES {
+        let alloc = allocator(conf);
+        let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+        let mut live: Vec<_> =
+            (0..1000).map(|_| alloc.malloc(rng.size(), StreamId::DEFAULT).unwrap().block.unwrap()).collect();
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                let i = (rng.next() % live.len() as u64) as usize;
+                alloc.free(live[i]).unwrap();
+                live[i] = alloc.malloc(rng.size(), StreamId::DEFAULT).unwrap().block.unwrap();
+            })
+        });
+    }
     g.finish();
 }
 
@@ -68,7 +82,7 @@ fn mixed(c: &mut Criterion) {
 fn threads8(c: &mut Criterion) {
     let mut g = c.benchmark_group("threads8");
     g.throughput(Throughput::Elements(1));
-    let alloc = std::sync::Arc::new(CachingAllocator::new(SimBackend::new(0, 80 << 30), AllocatorConfig::default()));
+    let alloc = std::sync::Arc::new(allocator(""));
     let streams: Vec<StreamId> = (0..8).map(|_| alloc.new_stream().unwrap()).collect();
     g.bench_function("hot_512_per_stream", |b| {
         b.iter_custom(|iters| {

@@ -2,13 +2,15 @@
 //! caller pays: the policy under its mutex), for profilers (callgrind, perf):
 //! `hotloop hot SIZE N` (one malloc/free pair of SIZE, N times) or
 //! `hotloop mixed N` (1000 live log-uniform blocks of 512 B–8 MiB, N random free+malloc pairs).
+//! The policy is `GPUMEM_NB_ALLOC_CONF`'s (e.g. `compact:True`), PyTorch's default if unset.
 use gpumem_nb::device::sim::SimBackend;
 use gpumem_nb::{AllocatorConfig, CachingAllocator, StreamId};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let arg = |i: usize, d: u64| args.get(i).and_then(|s| s.parse().ok()).unwrap_or(d);
-    let alloc = CachingAllocator::new(SimBackend::new(0, 80 << 30), AllocatorConfig::default());
+    let config = AllocatorConfig::from_env().expect("GPUMEM_NB_ALLOC_CONF");
+    let alloc = CachingAllocator::new(SimBackend::new(0, 80 << 30), config);
     if args.get(1).map(String::as_str) == Some("mixed") {
         let mut x: u64 = 0x2545_F491_4F6C_DD1D;
         let mut size = || {
@@ -34,7 +36,12 @@ fn main() {
     }
     let s = alloc.stats();
     println!(
-        "allocations {} segments {} free blocks cached {}",
-        s.allocation[0].allocated, s.segment[0].current, s.inactive_split[0].current
+        "allocations {} segments {} free blocks cached {} reserved {} maps {} unmaps {}",
+        s.allocation[0].allocated,
+        s.segment[0].current,
+        s.inactive_split[0].current,
+        s.reserved_bytes[0].current,
+        s.num_device_alloc,
+        s.num_device_free
     );
 }

@@ -20,14 +20,16 @@
 //!    `memory_summary()` text.
 //! 4. `policy`, `track` — PyTorch's caching policy as pure code: config
 //!    ([`AllocatorConfig`]), rounding, pools, best fit, split and merge, events, release, GC,
-//!    fraction, expandable segments, out-of-memory ([`AllocError`], [`OomReport`]); the books
+//!    fraction, expandable segments, out-of-memory ([`AllocError`], [`OomReport`]), and our
+//!    own compact policy (PyTorch's API and statistics, less reserved memory); the books
 //!    of every driver allocation of the process, by source and owner.
 //! 5. [`snapshot`], `error` — PyTorch's snapshot structure read back from the policy, its
 //!    pickle and JSON writers and the memory timeline; [`Error`] gathering every failure.
 //! 6. `allocator` — [`CachingAllocator`]: the thread-safe front, `torch.cuda`'s memory API as
 //!    methods.
 //! 7. [`render`], `buffer`, [`replay`] — tables, charts and the offline snapshot page (plain
-//!    data in, text/HTML/SVG out); [`DeviceBuffer`]; PyTorch traces replayed through the policy.
+//!    data in, text/HTML/SVG out); [`DeviceBuffer`]; PyTorch traces replayed through the policy
+//!    (exactly, or only their allocations and frees under any policy).
 //! 8. `pinned` — [`PinnedBuffer`] and the caching [`HostAllocator`].
 //! 9. [`notebook`] — the per-process anchor (with `device::cuda`, the only `unsafe` code), the
 //!    device registry ([`current`], [`device()`]), the kernel's control channel and its

@@ -1,7 +1,8 @@
 //! Property tests: random sequences of every allocator operation on the simulated device, with
 //! `check_invariants()` after every step — blocks tile each segment exactly and in order, free
 //! blocks are exactly the pool entries, no two mergeable neighbours are left apart, segments
-//! never overlap, and every current statistic equals a recount from the blocks.
+//! never overlap, and every current statistic equals a recount from the blocks. The same
+//! sequences run under PyTorch's policies and under our `compact` one.
 
 use gpumem_nb::device::sim::SimBackend;
 use gpumem_nb::{AllocError, AllocatorConfig, BlockId, CachingAllocator, StreamId};
@@ -109,5 +110,22 @@ proptest! {
     #[test]
     fn expandable_segments(ops in prop::collection::vec(op(), 1..200)) {
         run("expandable_segments:True", &ops)?;
+    }
+
+    #[test]
+    fn compact(ops in prop::collection::vec(op(), 1..200)) {
+        run("compact:True", &ops)?;
+    }
+
+    /// No slack: every page needed beyond the active peak is taken from elsewhere.
+    #[test]
+    fn compact_without_slack(ops in prop::collection::vec(op(), 1..200)) {
+        run("compact:True,compact_slack_bp:0,roundup_power2_divisions:[1:4,64:2,>:1]", &ops)?;
+    }
+
+    /// A generous slack: pages mostly created, rarely moved.
+    #[test]
+    fn compact_with_slack(ops in prop::collection::vec(op(), 1..200)) {
+        run("compact:True,compact_slack_bp:5000", &ops)?;
     }
 }

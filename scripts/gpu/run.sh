@@ -69,6 +69,9 @@ fi
 if want tests && [ -x "$B/gpumem-nb-lib-tests" ]; then
   echo "== gpumem-nb library tests on the GPU (CUDA backend, buffers, cudarc interop)"
   GPUMEM_NB_EXPECT_GPU=1 LD_LIBRARY_PATH="$CUDA_HOME/lib64:${LD_LIBRARY_PATH:-}" "$B/gpumem-nb-lib-tests" --test-threads 1 2>&1 | tail -15
+  echo "== compact:True on the CUDA backend (pages moved with data intact, fraction, OOM, empty_cache)"
+  GPUMEM_NB_EXPECT_GPU=1 LD_LIBRARY_PATH="$CUDA_HOME/lib64:${LD_LIBRARY_PATH:-}" "$B/gpumem-nb-lib-tests" --test-threads 1 \
+    --exact device::cuda::tests::gpu_compact_policy device::cuda::tests::probe_without_driver_is_an_error_value 2>&1 | tail -4
 fi
 
 if want hooks && [ -x "$B/hook_path" ]; then

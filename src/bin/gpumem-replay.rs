@@ -1,8 +1,15 @@
-//! `gpumem-replay TRACE [--alloc-conf STR] [--device-total BYTES] [--json] [--snapshot DIR]`
+//! `gpumem-replay TRACE [--alloc-conf STR] [--device-total BYTES] [--sequence] [--json] [--snapshot DIR]`
 //!
 //! Replays a recorded PyTorch allocator trace (`.tsv` / `.tsv.gz`, see `shared/traces`)
 //! through gpumem-nb's caching policy on the replay device, and prints the peaks, device
 //! counters, the sizes of every new segment in order, and the full `memory_stats()`.
+//!
+//! Under `compact:True` (our policy) only the trace's allocations and frees are replayed, on a
+//! simulated device of the trace's memory (`total_memory` in the sidecar, else
+//! `--device-total`, else 80 GiB): PyTorch's segment events do not apply. The output adds the
+//! requested peak, PyTorch's reserved peak in the trace and the ratio of ours to it.
+//! `--sequence` replays that way under any policy (e.g. PyTorch's expandable segments for a
+//! trace recorded without them).
 //!
 //! The allocator configuration is, in order: `--alloc-conf`, the trace's sidecar
 //! `<name>.json` (`alloc_conf`), `GPUMEM_NB_ALLOC_CONF`, the default.
@@ -13,18 +20,20 @@
 //! Bad input is one line on stderr naming the file and line, and exit status 2.
 
 use gpumem_nb::AllocatorConfig;
-use gpumem_nb::replay::{ReplayOptions, read_trace, replay};
+use gpumem_nb::replay::{ReplayOptions, read_trace, replay, replay_sequence, trace_reserved_peak};
 use gpumem_nb::units::iec;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: gpumem-replay TRACE [--alloc-conf STR] [--device-total BYTES] [--json] [--snapshot DIR]";
+const USAGE: &str =
+    "usage: gpumem-replay TRACE [--alloc-conf STR] [--device-total BYTES] [--sequence] [--json] [--snapshot DIR]";
 
 struct Args {
     trace: PathBuf,
     alloc_conf: Option<String>,
     device_total: Option<u64>,
     json: bool,
+    sequence: bool,
     snapshot: Option<PathBuf>,
 }
 
@@ -33,11 +42,13 @@ fn parse_args() -> Result<Args, String> {
     let mut alloc_conf = None;
     let mut device_total = None;
     let mut json = false;
+    let mut sequence = false;
     let mut snapshot = None;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
             "--json" => json = true,
+            "--sequence" => sequence = true,
             "--snapshot" => snapshot = Some(PathBuf::from(it.next().ok_or("--snapshot needs a directory")?)),
             "--alloc-conf" => alloc_conf = Some(it.next().ok_or("--alloc-conf needs a value")?),
             "--device-total" => {
@@ -54,7 +65,7 @@ fn parse_args() -> Result<Args, String> {
         }
     }
     let trace = trace.ok_or("missing TRACE")?;
-    Ok(Args { trace, alloc_conf, device_total, json, snapshot })
+    Ok(Args { trace, alloc_conf, device_total, json, sequence, snapshot })
 }
 
 /// The `<name>.json` beside `<name>.trace.tsv[.gz]`, if any.
@@ -84,20 +95,23 @@ fn run(args: Args) -> Result<(), String> {
     let events = read_trace(&args.trace).map_err(|e| e.to_string())?;
     let path = args.trace.display().to_string();
     let keep_history = args.snapshot.is_some();
-    let r = replay(&events, &ReplayOptions { config, device_total, keep_history }, &path).map_err(|e| e.to_string())?;
-    let files = match &args.snapshot {
-        Some(dir) => Some(r.snapshot().save(dir).map_err(|e| e.to_string())?),
-        None => None,
-    };
+    let opts = ReplayOptions { config, device_total, keep_history };
+    if opts.config.compact || args.sequence {
+        return run_sequence(&args, &events, &opts, &path, &conf, source);
+    }
+    let r = replay(&events, &opts, &path).map_err(|e| e.to_string())?;
+    let files = write_snapshot(&args, || r.snapshot())?;
+    let pytorch_peak = trace_reserved_peak(&events);
     if args.json {
         let out = serde_json::json!({
-            "trace": path,
-            "alloc_conf": conf,
-            "alloc_conf_source": source,
+            "trace": path, "alloc_conf": conf, "alloc_conf_source": source,
             "device": "replay",
             "events": r.events,
             "allocated_peak": r.allocated_peak,
             "reserved_peak": r.reserved_peak,
+            "requested_peak": r.stats["requested_bytes.all.peak"],
+            "pytorch_reserved_peak": pytorch_peak,
+            "reserved_ratio": r.reserved_peak as f64 / pytorch_peak.max(1) as f64,
             "num_device_alloc": r.num_device_alloc,
             "num_device_free": r.num_device_free,
             "segment_sizes": r.segment_sizes,
@@ -107,9 +121,7 @@ fn run(args: Args) -> Result<(), String> {
             "address_mismatches": r.address_mismatches,
             "releases_explained_by": {"malloc": r.strategies[0], "oom_path": r.strategies[1], "empty_cache": r.strategies[2]},
             "stats": r.stats,
-            "snapshot": files.as_ref().map(|f| serde_json::json!({
-                "pickle": f.pickle, "json": f.json, "html": f.html,
-            })),
+            "snapshot": files_json(files.as_ref()),
         });
         println!("{out}");
     } else {
@@ -131,6 +143,80 @@ fn run(args: Args) -> Result<(), String> {
             println!("snapshot        {}", f.pickle.display());
             println!("                {}", f.json.display());
             println!("                {}", f.html.display());
+        }
+    }
+    Ok(())
+}
+
+/// Writes `--snapshot DIR`'s files, when asked for.
+fn write_snapshot(
+    args: &Args,
+    snapshot: impl FnOnce() -> gpumem_nb::Snapshot,
+) -> Result<Option<gpumem_nb::SnapshotFiles>, String> {
+    args.snapshot.as_ref().map(|dir| snapshot().save(dir).map_err(|e| e.to_string())).transpose()
+}
+
+/// The snapshot's files as JSON, if one was written.
+fn files_json(files: Option<&gpumem_nb::SnapshotFiles>) -> serde_json::Value {
+    files.map_or(serde_json::Value::Null, |f| serde_json::json!({"pickle": f.pickle, "json": f.json, "html": f.html}))
+}
+
+/// Under `compact:True` or with `--sequence`: the trace's allocations and frees on a simulated
+/// device.
+fn run_sequence(
+    args: &Args,
+    events: &[gpumem_nb::replay::TraceLine],
+    opts: &ReplayOptions,
+    path: &str,
+    conf: &str,
+    source: &str,
+) -> Result<(), String> {
+    let r = replay_sequence(events, opts, path).map_err(|e| e.to_string())?;
+    let files = write_snapshot(args, || r.snapshot())?;
+    if args.json {
+        let out = serde_json::json!({
+            "trace": path, "alloc_conf": conf, "alloc_conf_source": source,
+            "device": "simulated",
+            "device_total": opts.device_total,
+            "replay": "sequence",
+            "events": r.events,
+            "allocated_peak": r.allocated_peak,
+            "reserved_peak": r.reserved_peak,
+            "requested_peak": r.requested_peak,
+            "pytorch_reserved_peak": r.pytorch_reserved_peak,
+            "reserved_ratio": r.reserved_ratio(),
+            "num_device_alloc": r.num_device_alloc,
+            "num_device_free": r.num_device_free,
+            "segment_sizes": r.segment_sizes,
+            "failed_allocs": r.failed_allocs,
+            "skipped_ooms": r.skipped_ooms,
+            "stats": r.stats,
+            "snapshot": files_json(files.as_ref()),
+        });
+        println!("{out}");
+    } else {
+        let pct = |x: i64, of: u64| 100.0 * (x as f64 / of.max(1) as f64 - 1.0);
+        println!("trace           {path} ({} events, allocations and frees only)", r.events);
+        println!("alloc conf      {conf:?} ({source}), simulated device of {}", iec(opts.device_total));
+        println!("requested peak  {} ({} bytes)", iec(r.requested_peak as u64), r.requested_peak);
+        println!("allocated peak  {} ({} bytes)", iec(r.allocated_peak as u64), r.allocated_peak);
+        println!(
+            "reserved peak   {} ({} bytes, {:+.2} % over requested)",
+            iec(r.reserved_peak as u64),
+            r.reserved_peak,
+            pct(r.reserved_peak, r.requested_peak as u64)
+        );
+        println!(
+            "PyTorch         {} reserved in the trace; ours is {:.4} of it",
+            iec(r.pytorch_reserved_peak),
+            r.reserved_ratio()
+        );
+        println!("device maps     {}   unmaps {}", r.num_device_alloc, r.num_device_free);
+        if r.failed_allocs + r.skipped_ooms > 0 {
+            println!("not placed      {} (and {} oom lines skipped)", r.failed_allocs, r.skipped_ooms);
+        }
+        if let Some(f) = &files {
+            println!("snapshot        {}", f.pickle.display());
         }
     }
     Ok(())

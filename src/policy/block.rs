@@ -21,7 +21,9 @@ pub(crate) const NIL: u32 = u32::MAX;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BlockId(pub(crate) u32);
 
-#[derive(Clone, Debug)]
+/// A block: 72 bytes, plain data (streams named by `record_stream` live beside the arena, in
+/// `DeviceState::stream_uses`, so the hot path copies no vector).
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct Block {
     pub(crate) addr: u64,
     pub(crate) size: u64,
@@ -39,8 +41,9 @@ pub(crate) struct Block {
     pub(crate) expandable: u32,
     /// The pool's free-search counter when the block was last inserted (GC age).
     pub(crate) gc_count_base: u64,
-    /// Streams other than `stream` that used the block (`record_stream`).
-    pub(crate) stream_uses: Vec<StreamId>,
+    /// Other streams used the block (`record_stream`; they are in `DeviceState::stream_uses`
+    /// until the block is freed).
+    pub(crate) has_uses: bool,
     /// Caller-chosen tag carried by the block while allocated (e.g. the notebook cell).
     pub(crate) tag: u32,
     pub(crate) live: bool,
@@ -61,7 +64,7 @@ impl Block {
             mapped: true,
             expandable: NIL,
             gc_count_base: 0,
-            stream_uses: Vec::new(),
+            has_uses: false,
             tag: 0,
             live: true,
         }
@@ -77,7 +80,7 @@ impl Block {
     /// Active: allocated, or freed but still waiting for stream events.
     #[inline]
     pub(crate) fn is_active(&self) -> bool {
-        self.allocated || self.event_count > 0 || !self.stream_uses.is_empty()
+        self.allocated || self.event_count > 0 || self.has_uses
     }
     #[inline]
     pub(crate) fn free_key(&self) -> (u64, u64, u64) {
@@ -118,9 +121,8 @@ impl Arena {
     }
     pub(crate) fn remove(&mut self, i: u32) {
         let b = &mut self.slots[i as usize];
-        debug_assert!(b.live);
+        debug_assert!(b.live && !b.has_uses);
         b.live = false;
-        b.stream_uses = Vec::new();
         self.free.push(i);
     }
     #[inline]
@@ -147,12 +149,24 @@ pub(crate) struct BlockPool {
     pub(crate) get_free_blocks_call_count: u64,
 }
 
-/// An expandable segment: one reserved address range that grows by mapping pages.
+/// An expandable segment (or a `compact` arena): one reserved address range that grows by
+/// mapping pages.
 #[derive(Clone, Debug)]
 pub(crate) struct ExpandableSegment {
     pub(crate) base: u64,
     pub(crate) size: u64,
     pub(crate) page: u64,
-    pub(crate) mapped: Vec<bool>,
+    /// Per page: the pool whose reserved bytes count it, `None` while unmapped (an expandable
+    /// segment's pages all count for its pool; a compact arena's for the request that mapped
+    /// them).
+    pub(crate) pages: Vec<Option<PoolKind>>,
     pub(crate) live: bool,
+}
+
+impl ExpandableSegment {
+    /// Index of the page holding `addr`.
+    #[inline]
+    pub(crate) fn page_of(&self, addr: u64) -> usize {
+        ((addr - self.base) / self.page) as usize
+    }
 }

@@ -4,7 +4,9 @@
 //! Tokens are separated by `,` `:` `[` `]`; whitespace is ignored; booleans are exactly `True`
 //! or `False`. Every key PyTorch 2.11 accepts is accepted; the ones that change the caching
 //! policy are applied, the pinned-memory and locking keys are kept and reported in snapshots'
-//! `allocator_settings`. A malformed string is an [`ConfigError`] naming the bad option.
+//! `allocator_settings`. Two keys are our own: `compact` (the page-mapped policy that reserves
+//! less than PyTorch, see `policy::state::compact`) and `compact_slack_bp`. A malformed string
+//! is an [`ConfigError`] naming the bad option.
 
 use super::constants::{LARGE_BUFFER, ROUNDUP_POWER2_INTERVALS};
 use std::fmt;
@@ -13,6 +15,12 @@ use std::fmt;
 pub(crate) const ENV_VAR: &str = "GPUMEM_NB_ALLOC_CONF";
 
 const MB: u64 = 1 << 20;
+
+/// `compact_slack_bp` unless set: 1.25 %, the smallest slack with no page moves per iteration
+/// in steady state on every recorded training loop (DESIGN of issue 13, BENCHMARKS.md).
+const DEFAULT_COMPACT_SLACK_BP: u64 = 125;
+/// The largest `compact_slack_bp`: reserved may reach twice the active peak.
+const MAX_COMPACT_SLACK_BP: u64 = 10_000;
 
 /// Settings of the caching policy. `Default` is PyTorch's default behaviour.
 #[derive(Clone, Debug, PartialEq)]
@@ -29,6 +37,14 @@ pub struct AllocatorConfig {
     pub roundup_power2_divisions: [u64; ROUNDUP_POWER2_INTERVALS],
     /// Grow segments by mapping pages into one reserved address range per (stream, pool).
     pub expandable_segments: bool,
+    /// Our `compact` policy (not PyTorch's): 2 MiB pages mapped into one address range per
+    /// stream, whole free pages moved to where they are needed. Same API and statistics,
+    /// less reserved memory. `max_split_size_mb` and `max_non_split_rounding_mb` do not apply
+    /// (there are no oversize blocks), nor does `garbage_collection_threshold`.
+    pub compact: bool,
+    /// Under `compact`: how far reserved memory may grow above the peak of active bytes, in
+    /// basis points (125 = 1.25 %), before pages are taken from elsewhere instead of created.
+    pub compact_slack_bp: u64,
     /// Segment size for 1–10 MiB requests and the large-pool page of expandable segments.
     pub large_segment_size: u64,
     /// `backend`: `native` or `cudaMallocAsync` (only `native` is implemented; kept for reports).
@@ -55,6 +71,8 @@ impl Default for AllocatorConfig {
             garbage_collection_threshold: 0.0,
             roundup_power2_divisions: [0; ROUNDUP_POWER2_INTERVALS],
             expandable_segments: false,
+            compact: false,
+            compact_slack_bp: DEFAULT_COMPACT_SLACK_BP,
             large_segment_size: LARGE_BUFFER,
             backend: "native".to_string(),
             release_lock_on_cudamalloc: false,
@@ -215,6 +233,15 @@ impl AllocatorConfig {
                     }
                     i += 2;
                 }
+                "compact_slack_bp" => {
+                    t.expect(i + 1, ":")?;
+                    let v = t.size(i + 2)?;
+                    if v > MAX_COMPACT_SLACK_BP {
+                        return Err(t.err(format!("must be at most {MAX_COMPACT_SLACK_BP} (100 %), found {v}")));
+                    }
+                    cfg.compact_slack_bp = v;
+                    i += 2;
+                }
                 "pinned_num_register_threads" => {
                     t.expect(i + 1, ":")?;
                     let v = t.size(i + 2)?;
@@ -253,6 +280,16 @@ impl AllocatorConfig {
                 i += 1;
             }
         }
+        if cfg.compact {
+            if cfg.expandable_segments {
+                return Err(ConfigError {
+                    option: "compact".into(),
+                    message: "compact and expandable_segments are two policies; choose one".into(),
+                });
+            }
+            // No oversize blocks under compact: reported as unlimited, as PyTorch's default.
+            cfg.max_split_size = u64::MAX;
+        }
         Ok(cfg)
     }
 
@@ -260,6 +297,7 @@ impl AllocatorConfig {
     fn flag(&mut self, key: &str) -> Option<&mut bool> {
         Some(match key {
             "expandable_segments" => &mut self.expandable_segments,
+            "compact" => &mut self.compact,
             "release_lock_on_cudamalloc" => &mut self.release_lock_on_cudamalloc,
             "pinned_use_cuda_host_register" => &mut self.pinned_use_cuda_host_register,
             "pinned_use_background_threads" => &mut self.pinned_use_background_threads,
@@ -415,6 +453,29 @@ mod tests {
         assert_eq!(e.option, "max_split_size_mb");
         let e = AllocatorConfig::parse("max_split_size_mb:abc").unwrap_err();
         assert!(e.to_string().contains("'abc'"), "{e}");
+    }
+
+    #[test]
+    fn compact_and_its_slack() {
+        let c = AllocatorConfig::parse("compact:True").unwrap();
+        assert!(c.compact && !c.expandable_segments);
+        assert_eq!(c.compact_slack_bp, 125);
+        let c = AllocatorConfig::parse("compact:True,compact_slack_bp:0,max_split_size_mb:64").unwrap();
+        assert_eq!((c.compact_slack_bp, c.max_split_size_reported()), (0, -1), "no oversize blocks");
+        assert!(!AllocatorConfig::parse("compact:False").unwrap().compact);
+        let e = AllocatorConfig::parse("compact:True,expandable_segments:True").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "invalid allocator config option 'compact': compact and expandable_segments are two policies; choose one"
+        );
+        let e = AllocatorConfig::parse("compact_slack_bp:10001").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "invalid allocator config option 'compact_slack_bp': must be at most 10000 (100 %), found 10001"
+        );
+        let e = AllocatorConfig::parse("compact_slack_bp:-1").unwrap_err();
+        assert_eq!(e.option, "compact_slack_bp");
+        assert_eq!(AllocatorConfig::parse("compact:yes").unwrap_err().option, "compact");
     }
 
     /// Found by the `alloc_conf` fuzz target: a 2 MiB large segment could not hold the 3 MiB

@@ -2,14 +2,14 @@
 //!
 //! Checked: blocks of a segment are linked both ways, contiguous and on one stream; free
 //! mapped blocks are exactly the pool entries, under their (stream, size, address) key; no two
-//! mergeable free neighbours are left unmerged; segments never overlap; and every current
-//! statistic (allocation, allocated/active/requested/reserved bytes, segments, inactive
+//! mergeable free neighbours are left unmerged; segments never overlap; pages of expandable
+//! segments and compact arenas agree with the blocks on them; and every current statistic (allocation, allocated/active/requested/reserved bytes, segments, inactive
 //! split blocks and bytes, oversize counters) equals a recount from the graph.
 #![forbid(unsafe_code)]
 
-use super::block::{Block, NIL};
+use super::block::{Block, ExpandableSegment, NIL};
 use super::rounding::PoolKind;
-use super::state::DeviceState;
+use super::state::{DeviceState, PAGE};
 
 fn idx(p: PoolKind) -> usize {
     match p {
@@ -40,7 +40,10 @@ impl DeviceState {
 fn check(state: &DeviceState) -> Result<(), String> {
     let (arena, small, large, expandable, stats, total_reserved) = state.parts();
     let max_split = state.config().max_split_size;
-    let mergeable = |b: &Block| !b.allocated && b.event_count == 0 && b.stream_uses.is_empty();
+    let compact = state.config().compact;
+    // Under compact: active bytes per stream (for the granule's lower bound on reserved).
+    let mut live_by_stream: std::collections::BTreeMap<u64, u64> = Default::default();
+    let mergeable = |b: &Block| !b.allocated && b.event_count == 0 && !b.has_uses;
 
     // [all, small, large] recounts
     let mut allocation = [0i64; 3];
@@ -69,7 +72,9 @@ fn check(state: &DeviceState) -> Result<(), String> {
         }
         if b.next != NIL {
             let n = arena.get(b.next);
-            if !n.live || n.prev != i || n.addr != b.addr + b.size || n.stream != b.stream || n.pool != b.pool {
+            // Blocks of one compact arena count for different pools.
+            let same_pool = n.pool == b.pool || compact;
+            if !n.live || n.prev != i || n.addr != b.addr + b.size || n.stream != b.stream || !same_pool {
                 return Err(format!("block {i} at {:#x}: broken link to next block {}", b.addr, b.next));
             }
             if b.mapped == n.mapped && mergeable(b) && mergeable(n) {
@@ -93,6 +98,12 @@ fn check(state: &DeviceState) -> Result<(), String> {
             add(&mut active, 1);
             add(&mut active_bytes, b.size as i64);
             add(&mut requested, b.requested_size as i64);
+            *live_by_stream.entry(b.stream.0).or_default() += b.size;
+        } else if compact && b.pool != PoolKind::Large {
+            return Err(format!("free block at {:#x} of a compact arena is not in the large pool", b.addr));
+        }
+        if b.is_expandable() {
+            check_pages(&expandable[b.expandable as usize], b)?;
         }
         let pool = if b.pool == PoolKind::Small { small } else { large };
         if b.mapped {
@@ -106,7 +117,10 @@ fn check(state: &DeviceState) -> Result<(), String> {
             if in_pool {
                 free_mapped += 1;
             }
-            if b.is_expandable() {
+            if b.is_expandable() && compact {
+                // Per pool from the pages' owners, below.
+                reserved[0] += b.size as i64;
+            } else if b.is_expandable() {
                 add(&mut reserved, b.size as i64);
             } else if mergeable(b) && b.is_split() {
                 add(&mut inactive_split, 1);
@@ -135,6 +149,18 @@ fn check(state: &DeviceState) -> Result<(), String> {
     }
     for es in expandable.iter().filter(|e| e.live) {
         spans.push((es.base, es.size));
+        if compact {
+            for owner in es.pages.iter().flatten() {
+                reserved[idx(*owner)] += es.page as i64;
+            }
+        }
+    }
+    if compact {
+        // The 2 MiB granule: a stream's live bytes need at least that many whole pages.
+        let floor: u64 = live_by_stream.values().map(|v| v.div_ceil(PAGE) * PAGE).sum();
+        if total_reserved < floor {
+            return Err(format!("reserved {total_reserved} is below the granule's floor {floor}"));
+        }
     }
     small.blocks.check()?;
     large.blocks.check()?;
@@ -183,6 +209,23 @@ fn check(state: &DeviceState) -> Result<(), String> {
             "total reserved {total_reserved} != reserved_bytes.all.current {}",
             stats.reserved_bytes[0].current
         ));
+    }
+    Ok(())
+}
+
+/// A block of an expandable segment or compact arena agrees with the pages under it: an
+/// unmapped block is whole pages, all unmapped; every page a mapped block touches is mapped.
+fn check_pages(es: &ExpandableSegment, b: &Block) -> Result<(), String> {
+    let (first, last) = (es.page_of(b.addr), es.page_of(b.addr + b.size - 1));
+    let pages = &es.pages[first..=last];
+    if b.mapped {
+        if pages.iter().any(Option::is_none) {
+            return Err(format!("mapped block at {:#x} lies on an unmapped page", b.addr));
+        }
+    } else if !(b.addr - es.base).is_multiple_of(es.page) || !b.size.is_multiple_of(es.page) {
+        return Err(format!("unmapped block at {:#x} (+{}) is not whole pages", b.addr, b.size));
+    } else if pages.iter().any(Option::is_some) {
+        return Err(format!("unmapped block at {:#x} holds a mapped page", b.addr));
     }
     Ok(())
 }

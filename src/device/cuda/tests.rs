@@ -197,6 +197,95 @@ fn gpu_expandable_segments() {
     assert_eq!(a.memory_reserved(), 0);
 }
 
+/// `compact:True` on a real device: pages mapped per 2 MiB, whole free pages unmapped and
+/// mapped again where a request needs them (across streams too), data intact through every
+/// move, a block pending on a busy stream left alone, the memory fraction and out-of-memory
+/// as values, `empty_cache` back to zero.
+#[test]
+fn gpu_compact_policy() {
+    let Some((_gpu, a)) = gpu_allocator("compact:True") else {
+        return;
+    };
+    let sleep =
+        |s| a.with_state(|_, b| b.as_cuda_mut().unwrap().sleep_on_stream(s, std::time::Duration::from_millis(300)));
+    let sync = |s| a.with_state(|_, b| b.as_cuda().unwrap().stream(s).unwrap().synchronize());
+    compact_scenario(&a, &|s| sleep(s).unwrap(), &|s| sync(s).unwrap());
+}
+
+/// The same scenario on the simulated device (so it is checked on every machine).
+#[test]
+fn compact_scenario_on_the_simulated_device() {
+    let sim = AnyBackend::Sim(crate::device::sim::SimBackend::new(0, 80 << 30));
+    let a = Arc::new(crate::CachingAllocator::new(sim, crate::AllocatorConfig::parse("compact:True").unwrap()));
+    let busy = |s, on| a.with_backend(|b| b.as_sim_mut().unwrap().set_stream_busy(s, on));
+    compact_scenario(&a, &|s| busy(s, true), &|s| busy(s, false));
+}
+
+/// `hold(s)` keeps work pending on stream `s` for a while, `settle(s)` waits for it.
+fn compact_scenario(a: &Arc<crate::Allocator>, hold: &dyn Fn(StreamId), settle: &dyn Fn(StreamId)) {
+    const MIB: usize = 1 << 20;
+    let words = |n: usize, seed: u32| -> Vec<u32> {
+        (0..(n / 4) as u32).map(|x| x.wrapping_mul(2_654_435_761) ^ seed).collect()
+    };
+    // Small and large requests share pages.
+    let small = DeviceBuffer::from_host(a, &words(512, 1), StreamId::DEFAULT).unwrap();
+    let large = DeviceBuffer::from_host(a, &words(3 * MIB, 2), StreamId::DEFAULT).unwrap();
+    assert_eq!(large.addr(), small.addr() + 512);
+    assert_eq!(a.memory_reserved(), 4 << 20);
+    // A new active peak takes x's free pages: unmapped there, mapped for z.
+    let x = DeviceBuffer::from_host(a, &words(6 * MIB, 3), StreamId::DEFAULT).unwrap();
+    let y = DeviceBuffer::from_host(a, &words(6 * MIB, 4), StreamId::DEFAULT).unwrap();
+    drop(x);
+    let z = DeviceBuffer::from_host(a, &words(10 * MIB, 5), StreamId::DEFAULT).unwrap();
+    assert_eq!(a.stats().num_device_free, 1, "x's two whole pages were moved");
+    assert_eq!(a.memory_reserved(), 22 << 20);
+    assert_eq!(a.max_memory_reserved(), 22 << 20, "never more than now");
+    assert_eq!(z.to_host().unwrap(), words(10 * MIB, 5));
+    assert_eq!(y.to_host().unwrap(), words(6 * MIB, 4));
+    assert_eq!(large.to_host().unwrap(), words(3 * MIB, 2));
+    // Free pages of the default stream back a side stream's buffer.
+    let side = a.new_stream().unwrap();
+    drop(z);
+    let w = DeviceBuffer::from_host(a, &words(8 * MIB, 6), side).unwrap();
+    assert_eq!(a.memory_reserved(), 22 << 20, "moved, not created");
+    assert_eq!(w.to_host().unwrap(), words(8 * MIB, 6));
+    a.check_invariants().unwrap();
+    // A block freed while a busy stream still uses it is neither reused nor unmapped.
+    let p = DeviceBuffer::from_host(a, &words(8 * MIB, 7), StreamId::DEFAULT).unwrap();
+    let busy = a.new_stream().unwrap();
+    hold(busy);
+    p.record_stream(busy).unwrap();
+    let p_addr = p.addr();
+    drop(p);
+    let q = DeviceBuffer::from_host(a, &words(8 * MIB, 8), StreamId::DEFAULT).unwrap();
+    assert_ne!(q.addr(), p_addr);
+    assert_eq!(q.to_host().unwrap(), words(8 * MIB, 8));
+    settle(busy);
+    a.check_invariants().unwrap();
+    drop((small, large, y, w, q));
+    a.empty_cache().unwrap();
+    assert_eq!(a.memory_reserved(), 0);
+    // Out of memory is a value, with PyTorch's message; the device works afterwards.
+    let total = a.with_state(|_, b| b.total_memory()) as usize;
+    let err = DeviceBuffer::<u8>::alloc(a, total * 2, StreamId::DEFAULT).unwrap_err();
+    assert!(matches!(err, Error::Alloc(AllocError::OutOfMemory(_))), "{err}");
+    assert!(err.to_string().starts_with("CUDA out of memory. Tried to allocate"), "{err}");
+    // Under a memory fraction of 64 MiB: pages move to stay under it, then out of memory.
+    a.set_per_process_memory_fraction((64 * MIB) as f64 / total as f64).unwrap();
+    let f1 = DeviceBuffer::from_host(a, &words(40 * MIB, 9), StreamId::DEFAULT).unwrap();
+    drop(f1);
+    let f2 = DeviceBuffer::from_host(a, &words(60 * MIB, 10), StreamId::DEFAULT).unwrap();
+    assert!(a.memory_reserved() <= (64 * MIB) as u64);
+    let err = DeviceBuffer::<u8>::alloc(a, 8 * MIB, StreamId::DEFAULT).unwrap_err();
+    assert!(matches!(err, Error::Alloc(AllocError::OutOfMemory(_))), "{err}");
+    assert_eq!(f2.to_host().unwrap(), words(60 * MIB, 10));
+    drop(f2);
+    a.set_per_process_memory_fraction(1.0).unwrap();
+    a.check_invariants().unwrap();
+    a.empty_cache().unwrap();
+    assert_eq!((a.memory_reserved(), a.memory_allocated()), (0, 0));
+}
+
 #[test]
 fn gpu_record_stream_defers_reuse() {
     let Some((_gpu, a)) = gpu_allocator("") else {

@@ -20,7 +20,7 @@ impl DeviceState {
         let b = self.arena.get_mut(id);
         b.allocated = false;
         let (addr, size, req, stream, pool) = (b.addr, b.size, b.requested_size, b.stream, b.pool);
-        let has_uses = !b.stream_uses.is_empty();
+        let has_uses = b.has_uses;
         dec(&mut self.stats.allocation, pool, 1);
         dec(&mut self.stats.allocated_bytes, pool, size);
         let frames = if self.block_ctx.is_empty() && self.op_ctx.is_none() {
@@ -44,14 +44,19 @@ impl DeviceState {
     pub fn record_stream(&mut self, block: BlockId, stream: StreamId) -> Result<(), DeviceError> {
         let id = self.check_allocated(block)?;
         let b = self.arena.get_mut(id);
-        if stream != b.stream && !b.stream_uses.contains(&stream) {
-            b.stream_uses.push(stream);
+        if stream != b.stream {
+            let uses = self.stream_uses.entry(id).or_default();
+            if !uses.contains(&stream) {
+                uses.push(stream);
+                b.has_uses = true;
+            }
         }
         Ok(())
     }
 
     pub(super) fn insert_events<B: Backend>(&mut self, dev: &mut B, id: u32) -> Result<(), DeviceError> {
-        let streams = std::mem::take(&mut self.arena.get_mut(id).stream_uses);
+        self.arena.get_mut(id).has_uses = false;
+        let streams = self.stream_uses.remove(&id).unwrap_or_default();
         for s in streams {
             let ev = dev.record_event(s)?;
             self.arena.get_mut(id).event_count += 1;
@@ -115,7 +120,7 @@ impl DeviceState {
     /// A block that is no longer in use returns to its pool, merged with free neighbours.
     pub(super) fn free_block(&mut self, id: u32) {
         let b = self.arena.get(id);
-        debug_assert!(!b.allocated && b.event_count == 0 && b.stream_uses.is_empty());
+        debug_assert!(!b.allocated && b.event_count == 0 && !b.has_uses);
         let (addr, req, stream, pool, orig_size, expandable) =
             (b.addr, b.requested_size, b.stream, b.pool, b.size, b.is_expandable());
         // Stacks are kept only while recording with stacks: skip the lookups otherwise.
@@ -126,7 +131,11 @@ impl DeviceState {
             self.ctx_for_free_event(saved.as_ref())
         };
         self.trace(TraceAction::FreeCompleted, addr, req, stream, frames);
-        self.arena.get_mut(id).tag = 0;
+        let b = self.arena.get_mut(id);
+        b.tag = 0;
+        // Under compact every free block is in the large pool's set; the stats keep `pool`.
+        let set_pool = if self.config.compact { PoolKind::Large } else { pool };
+        b.pool = set_pool;
         let mut net_blocks: i64 = 0;
         let mut net_bytes: i64 = 0;
         let mut cur = id;
@@ -137,7 +146,7 @@ impl DeviceState {
             let cand = if prev { self.arena.get(cur).prev } else { self.arena.get(cur).next };
             if let Some((survivor, sub, key)) = self.merge_free_neighbour(cur, cand) {
                 if let Some(k) = vacated.replace(key) {
-                    self.pool(pool).blocks.remove(&k);
+                    self.pool(set_pool).blocks.remove(&k);
                 }
                 cur = survivor;
                 net_blocks -= 1;
@@ -146,8 +155,8 @@ impl DeviceState {
         }
         match vacated {
             Some(k) => {
-                let (key, count) = (self.arena.get(cur).free_key(), self.pool(pool).get_free_blocks_call_count);
-                self.pool(pool).blocks.replace(&k, key, cur);
+                let (key, count) = (self.arena.get(cur).free_key(), self.pool(set_pool).get_free_blocks_call_count);
+                self.pool(set_pool).blocks.replace(&k, key, cur);
                 self.arena.get_mut(cur).gc_count_base = count;
             }
             None => self.insert_into_pool(cur),
@@ -201,7 +210,7 @@ impl DeviceState {
             return false;
         }
         let s = self.arena.get(src);
-        !(s.allocated || s.event_count > 0 || !s.stream_uses.is_empty() || s.mapped != self.arena.get(dst).mapped)
+        !(s.allocated || s.event_count > 0 || s.has_uses || s.mapped != self.arena.get(dst).mapped)
     }
 
     /// As [`Self::try_merge_blocks`] for a block being freed (mapped, so only mapped neighbours
@@ -223,7 +232,7 @@ impl DeviceState {
         let ssize = self.arena.get(src).size;
         if self.arena.get(dst).prev == src {
             // [src dst]: keep src's slot (the lower address), give it dst's identity.
-            let d = self.arena.get(dst).clone();
+            let d = *self.arena.get(dst);
             let sb = self.arena.get_mut(src);
             sb.size += d.size;
             sb.next = d.next;

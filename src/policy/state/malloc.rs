@@ -25,6 +25,9 @@ impl DeviceState {
         }
         self.process_events(dev)?;
         let size = round_size(orig_size, &self.config);
+        if self.config.compact {
+            return self.compact_malloc(dev, orig_size, size, stream);
+        }
         let pool = PoolKind::for_size(size);
         let alloc_size = allocation_size(size, &self.config);
 
@@ -251,6 +254,9 @@ impl DeviceState {
         }
         let tag = self.current_tag;
         let b = self.arena.get_mut(id);
+        // Under compact, free blocks sit in one pool; an allocated one counts for its request's.
+        let pool = if self.config.compact { PoolKind::for_size(size) } else { pool };
+        b.pool = pool;
         b.allocated = true;
         b.requested_size = orig_size;
         b.tag = tag;

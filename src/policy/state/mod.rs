@@ -1,6 +1,7 @@
 //! One device's caching state and every transition of PyTorch's policy: `malloc` with its
 //! fallback chain, `free`, `record_stream`, event processing, `empty_cache`, garbage
-//! collection, the memory fraction, and expandable segments.
+//! collection, the memory fraction, and expandable segments; and our own `compact` policy
+//! (`compact.rs`), which shares all but the slow path of `malloc`.
 //!
 //! The state holds no backend: every operation that needs the device takes `&mut impl Backend`.
 //! Stats and trace entries are updated in the same few transition functions
@@ -121,10 +122,16 @@ pub struct DeviceState {
     stats: DeviceStats,
     /// Bytes obtained from the device (PyTorch's `total_allocated_memory`).
     total_reserved: u64,
+    /// Under `compact`: the highest active bytes seen (not reset with the peak statistics:
+    /// the growth budget follows the workload, not the caller's measurements).
+    compact_high: u64,
     /// Per-process limit in bytes, when a memory fraction is set.
     allowed: Option<u64>,
     /// Pending stream events per stream, FIFO, in first-use order of the streams.
     pending: Vec<(StreamId, VecDeque<(EventId, u32)>)>,
+    /// Streams other than its own that used an allocated block (`record_stream`), by slot;
+    /// taken when the block is freed.
+    stream_uses: HashMap<u32, Vec<StreamId>>,
     /// Recorded events.
     pub history: History,
     slots: PeakSlots,
@@ -173,8 +180,10 @@ impl DeviceState {
             expandable: Vec::new(),
             stats,
             total_reserved: 0,
+            compact_high: 0,
             allowed: None,
             pending: Vec::new(),
+            stream_uses: HashMap::new(),
             history: History::default(),
             slots: PeakSlots::default(),
             current_tag: 0,
@@ -338,7 +347,9 @@ impl DeviceState {
     }
 }
 
+mod compact;
 mod expandable;
+pub(crate) use compact::PAGE;
 mod free;
 mod malloc;
 mod release;

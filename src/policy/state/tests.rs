@@ -2,6 +2,7 @@
 //! after every step. These also run under Miri (see README, "Testing").
 use super::*;
 use crate::device::sim::SimBackend;
+use crate::policy::oom::AllocError;
 use crate::units::{GIB, MIB};
 
 fn setup(conf: &str) -> (DeviceState, SimBackend) {
@@ -125,7 +126,9 @@ fn slots_see_peaks_inside_their_own_window() {
 /// A deterministic pseudo-random walk (small enough for Miri) over every operation.
 #[test]
 fn random_walk_keeps_invariants() {
-    for conf in ["", "max_split_size_mb:20", "expandable_segments:True"] {
+    for conf in
+        ["", "max_split_size_mb:20", "expandable_segments:True", "compact:True", "compact:True,compact_slack_bp:0"]
+    {
         let mut s = DeviceState::new(0, AllocatorConfig::parse(conf).unwrap());
         let mut d = SimBackend::new(0, 256 * MIB);
         let side = d.new_stream();
@@ -167,4 +170,180 @@ fn random_walk_keeps_invariants() {
         assert_eq!(s.stats().reserved_bytes[0].current, 0, "{conf}");
         assert_eq!(d.used(), 0, "{conf}: every byte returned to the device");
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// compact:True (our policy, `compact.rs`)
+
+fn reserved(s: &DeviceState) -> u64 {
+    s.stats().reserved_bytes[0].current as u64
+}
+
+#[test]
+fn compact_packs_small_and_large_requests_into_shared_pages() {
+    let (mut s, mut d) = setup("compact:True");
+    let a = alloc(&mut s, &mut d, 500);
+    let b = alloc(&mut s, &mut d, 3 * MIB);
+    let (va, vb) = (s.block(a).unwrap(), s.block(b).unwrap());
+    assert_eq!(vb.addr, va.addr + 512, "the large block starts right after the small one");
+    assert_eq!(reserved(&s), 4 * MIB, "two pages hold 3 MiB + 512 B");
+    let st = s.stats();
+    assert_eq!(st.segment[0].current, 0, "no segments, as with expandable segments");
+    assert_eq!((st.allocated_bytes[1].current, st.allocated_bytes[2].current), (512, 3 << 20));
+    assert_eq!((st.reserved_bytes[1].current, st.reserved_bytes[2].current), (2 << 20, 2 << 20));
+    assert_eq!(st.num_device_alloc, 2);
+    let segs = s.segments();
+    assert_eq!(segs.len(), 1);
+    assert!(segs[0].is_expandable);
+    assert_eq!(segs[0].total_size, 4 * MIB);
+    assert_eq!(
+        segs[0].blocks.iter().map(|b| b.state()).collect::<Vec<_>>(),
+        ["active_allocated", "active_allocated", "inactive"]
+    );
+    free(&mut s, &mut d, a);
+    free(&mut s, &mut d, b);
+    assert_eq!(s.segments()[0].blocks.len(), 1, "merged back into one free block");
+    assert_eq!(reserved(&s), 4 * MIB, "free never unmaps");
+    s.empty_cache(&mut d).unwrap();
+    s.check_invariants().unwrap();
+    assert_eq!((reserved(&s), d.used()), (0, 0));
+}
+
+#[test]
+fn compact_new_peak_takes_free_pages_instead_of_growing() {
+    let (mut s, mut d) = setup("compact:True");
+    let x = alloc(&mut s, &mut d, 6 * MIB);
+    let _y = alloc(&mut s, &mut d, 6 * MIB);
+    free(&mut s, &mut d, x);
+    // 8 MiB fits no free block; it sets a new active peak, so x's three pages move.
+    let z = alloc(&mut s, &mut d, 8 * MIB);
+    assert_eq!(reserved(&s), 14 * MIB);
+    assert_eq!(s.stats().reserved_bytes[0].peak as u64, 14 * MIB, "never more than the live bytes");
+    assert_eq!(s.stats().num_device_free, 1, "one unmapped range");
+    assert_eq!(s.block(z).unwrap().size, 8 * MIB);
+    assert_eq!(d.used(), 14 * MIB);
+}
+
+/// Below its active peak, a request grows within the slack (pages created), or with no slack
+/// takes free pages from elsewhere: reserved stays at the peak.
+#[test]
+fn compact_grows_within_the_slack_else_moves_pages() {
+    for (conf, want_reserved, want_unmaps) in
+        [("compact:True,compact_slack_bp:10000", 12 * MIB, 0), ("compact:True,compact_slack_bp:0", 10 * MIB, 1)]
+    {
+        let (mut s, mut d) = setup(conf);
+        let x = alloc(&mut s, &mut d, 4 * MIB);
+        let _y = alloc(&mut s, &mut d, 2 * MIB);
+        let w = alloc(&mut s, &mut d, 4 * MIB);
+        free(&mut s, &mut d, x);
+        free(&mut s, &mut d, w);
+        // Two 4 MiB holes; 6 MiB goes after y, over w's free pages, and needs one page more.
+        let z = alloc(&mut s, &mut d, 6 * MIB);
+        assert_eq!(reserved(&s), want_reserved, "{conf}");
+        assert_eq!(s.stats().num_device_free, want_unmaps, "{conf}");
+        assert_eq!(s.block(z).unwrap().addr, s.segments()[0].address + 6 * MIB, "{conf}");
+    }
+}
+
+#[test]
+fn compact_free_pages_move_between_streams() {
+    let (mut s, mut d) = setup("compact:True");
+    let x = alloc(&mut s, &mut d, 6 * MIB);
+    free(&mut s, &mut d, x);
+    let side = d.new_stream();
+    let y = s.malloc(&mut d, 6 * MIB, side).unwrap();
+    s.check_invariants().unwrap();
+    assert_eq!(reserved(&s), 6 * MIB, "the default stream's free pages now back the side stream's block");
+    let segs = s.segments();
+    assert_eq!((segs.len(), segs[0].stream, segs[0].address), (1, side, y.addr));
+}
+
+#[test]
+fn compact_pending_block_is_neither_reused_nor_moved_until_its_event() {
+    let (mut s, mut d) = setup("compact:True");
+    let side = d.new_stream();
+    d.set_stream_busy(side, true);
+    let x = alloc(&mut s, &mut d, 6 * MIB);
+    let xa = s.block(x).unwrap().addr;
+    s.record_stream(x, side).unwrap();
+    free(&mut s, &mut d, x);
+    let y = alloc(&mut s, &mut d, 6 * MIB);
+    assert_ne!(s.block(y).unwrap().addr, xa);
+    assert_eq!((reserved(&s), s.stats().num_device_free), (12 * MIB, 0));
+    d.synchronize();
+    s.process_events(&mut d).unwrap();
+    s.check_invariants().unwrap();
+    assert_eq!(s.pending_frees(), 0);
+    let z = alloc(&mut s, &mut d, 6 * MIB);
+    assert_eq!(s.block(z).unwrap().addr, xa, "reused once the event completed");
+}
+
+#[test]
+fn compact_failed_growth_falls_back_to_moving_pages() {
+    let (mut s, mut d) = setup("compact:True,compact_slack_bp:10000");
+    let x = alloc(&mut s, &mut d, 4 * MIB);
+    let _y = alloc(&mut s, &mut d, 2 * MIB);
+    let w = alloc(&mut s, &mut d, 4 * MIB);
+    free(&mut s, &mut d, x);
+    free(&mut s, &mut d, w);
+    d.fail_next_reserves(1);
+    alloc(&mut s, &mut d, 6 * MIB);
+    assert_eq!(reserved(&s), 10 * MIB);
+    assert_eq!((s.stats().num_device_free, s.stats().num_alloc_retries), (1, 0));
+}
+
+#[test]
+fn compact_out_of_memory_waits_for_events_then_reports() {
+    let mut s = DeviceState::new(0, AllocatorConfig::parse("compact:True").unwrap());
+    let mut d = SimBackend::new(0, 16 * MIB);
+    let side = d.new_stream();
+    d.set_stream_busy(side, true);
+    let a = alloc(&mut s, &mut d, 12 * MIB);
+    s.record_stream(a, side).unwrap();
+    free(&mut s, &mut d, a);
+    // The pending block holds the device: the retry after waiting for events reuses it.
+    let b = alloc(&mut s, &mut d, 8 * MIB);
+    assert_eq!((s.stats().num_alloc_retries, s.stats().num_sync_all_streams), (1, 1));
+    assert_eq!(s.stats().num_ooms, 0);
+    match s.malloc(&mut d, 10 * MIB, StreamId::DEFAULT) {
+        Err(AllocError::OutOfMemory(r)) => {
+            assert_eq!((r.alloc_size, r.reserved), (10 * MIB, 12 * MIB));
+        }
+        other => panic!("expected out of memory, got {other:?}"),
+    }
+    s.check_invariants().unwrap();
+    assert_eq!((s.stats().num_ooms, s.stats().num_alloc_retries), (1, 2));
+    free(&mut s, &mut d, b);
+    alloc(&mut s, &mut d, 10 * MIB);
+}
+
+#[test]
+fn compact_memory_fraction_caps_mapped_pages() {
+    let (mut s, mut d) = setup("compact:True");
+    s.set_memory_fraction((10 * MIB) as f64 / (8 * GIB) as f64, 8 * GIB).unwrap();
+    let x = alloc(&mut s, &mut d, 8 * MIB);
+    free(&mut s, &mut d, x);
+    let _y = alloc(&mut s, &mut d, 10 * MIB);
+    assert_eq!(reserved(&s), 10 * MIB, "x's pages moved, one created: at the limit");
+    match s.malloc(&mut d, 1, StreamId::DEFAULT) {
+        Err(AllocError::OutOfMemory(r)) => assert_eq!(r.allowed, Some(10 * MIB)),
+        other => panic!("expected out of memory, got {other:?}"),
+    }
+    s.check_invariants().unwrap();
+}
+
+#[test]
+fn compact_empty_cache_unmaps_whole_free_pages_only() {
+    let (mut s, mut d) = setup("compact:True");
+    let a = alloc(&mut s, &mut d, 1000);
+    let b = alloc(&mut s, &mut d, 3 * MIB);
+    free(&mut s, &mut d, b);
+    s.empty_cache(&mut d).unwrap();
+    s.check_invariants().unwrap();
+    assert_eq!(reserved(&s), 2 * MIB, "the page holding the small block stays");
+    free(&mut s, &mut d, a);
+    s.empty_cache(&mut d).unwrap();
+    s.check_invariants().unwrap();
+    assert_eq!((reserved(&s), d.used()), (0, 0));
+    assert!(s.segments().is_empty());
 }

@@ -19,6 +19,9 @@
 //! - **`oom`**: the malloc is replayed with every device allocation failing.
 //!
 //! Everything the policy does that the trace did not record is counted as a divergence.
+//!
+//! [`replay_sequence`] instead replays only the allocations and frees, under any policy, on a
+//! simulated device (`sequence.rs`): what `compact:True` would have reserved for the program.
 
 use crate::device::StreamId;
 use crate::device::replay::ReplayBackend;
@@ -30,6 +33,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
+
+mod sequence;
+pub use sequence::{SequenceReport, replay_sequence, trace_reserved_peak};
 
 /// One line of a trace.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -178,16 +184,25 @@ impl ReplayReport {
 
     /// A snapshot of the replay's end state with the whole replayed history.
     pub fn snapshot(&self) -> crate::snapshot::Snapshot {
-        let raw = crate::snapshot::RawSnapshot {
-            device: 0,
-            segments: self.state.segments(),
-            trace: self.history.clone(),
-            labels: self.state.labels(),
-            config: self.state.config().clone(),
-            backend: Some(crate::device::BackendKind::Replay),
-        };
-        crate::snapshot::Snapshot::from_raw(&raw)
+        snapshot_of(&self.state, &self.history, crate::device::BackendKind::Replay)
     }
+}
+
+/// A snapshot of a replayed state with its history.
+fn snapshot_of(
+    state: &DeviceState,
+    history: &[TraceEntry],
+    backend: crate::device::BackendKind,
+) -> crate::snapshot::Snapshot {
+    let raw = crate::snapshot::RawSnapshot {
+        device: 0,
+        segments: state.segments(),
+        trace: history.to_vec(),
+        labels: state.labels(),
+        config: state.config().clone(),
+        backend: Some(backend),
+    };
+    crate::snapshot::Snapshot::from_raw(&raw)
 }
 
 /// Options of a replay.
