@@ -75,6 +75,10 @@ pub enum Op {
     },
     /// The readings now.
     Read,
+    /// The readings now with the peaks since `pre`, leaving the cell's slots open, and without
+    /// the top owners (no stack is symbolised): what gpumem-kernel's live line asks a few
+    /// times a second while a cell runs.
+    Live,
     /// Sets history recording on every open device.
     Record(RecordRequest),
     /// Writes snapshot.pickle/.json/trace_plot.html of device 0 into `dir`.
@@ -95,6 +99,7 @@ impl Op {
             Op::Pre { .. } => "pre",
             Op::Post { .. } => "post",
             Op::Read => "read",
+            Op::Live => "live",
             Op::Record(_) => "record",
             Op::Snapshot { .. } => "snapshot",
             Op::HistorySvg => "history_svg",
@@ -246,7 +251,7 @@ pub struct SnapshotPaths {
     pub html: String,
 }
 
-/// A reply. Which fields are set depends on the request: `devices` for `pre`/`post`/`read`,
+/// A reply. Which fields are set depends on the request: `devices` for `pre`/`post`/`read`/`live`,
 /// `files` for `snapshot`, `svg` and `text` for `history_svg`, `text` for `summary`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Reply {
@@ -320,7 +325,9 @@ mod tests {
         };
         assert_eq!(to_line(&r), r#"{"id":8,"op":"record","enabled":"state","max_entries":10,"stacks":true}"#);
         assert_eq!(to_line(&Request { id: 9, op: Op::HistorySvg }), r#"{"id":9,"op":"history_svg"}"#);
-        for op in [Op::Pre { cell: 1 }, Op::Post { cell: 1 }, Op::Read, Op::Summary, Op::Snapshot { dir: "d".into() }] {
+        for op in
+            [Op::Pre { cell: 1 }, Op::Post { cell: 1 }, Op::Read, Op::Live, Op::Summary, Op::Snapshot { dir: "d".into() }]
+        {
             assert!(to_line(&Request { id: 1, op: op.clone() }).contains(&format!("\"op\":\"{}\"", op.name())));
         }
         for line in [
