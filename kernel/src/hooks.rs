@@ -13,6 +13,7 @@ use crate::control::ControlServer;
 use crate::nvml::{self, NvmlSnapshot};
 use crate::report::{CellRecord, CrateReading, Readings, TrackedReadings, build_record};
 use gpumem_nb::notebook::protocol::Op;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Timeout of the per-cell control requests.
@@ -48,17 +49,38 @@ pub struct After {
     pub us: u64,
 }
 
+/// The control channel, shared: the engine's thread uses it around cells and for magics, the
+/// live line's sampler while a cell runs, the Jupyter control task for `usage_request`. Each
+/// request holds the lock for its round trip, so requests never interleave on the socket.
+pub type SharedControl = Arc<Mutex<ControlServer>>;
+
+/// Locks the control channel (a panic while it was held leaves nothing half-written that the
+/// next request trips over: a stale reply is skipped by its id).
+pub fn lock(control: &SharedControl) -> MutexGuard<'_, ControlServer> {
+    control.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The kernel's end of the hooks: the control channel and what a connecting child is told.
 pub struct Hooks {
-    /// The control channel to the crate in the child.
-    pub control: ControlServer,
+    control: SharedControl,
     on_connect: Option<Op>,
 }
 
 impl Hooks {
     /// Hooks over `control`.
     pub fn new(control: ControlServer) -> Hooks {
-        Hooks { control, on_connect: None }
+        Hooks { control: Arc::new(Mutex::new(control)), on_connect: None }
+    }
+
+    /// The control channel to the crate in the child, locked. Keep the guard for one request:
+    /// bind a reply before acting on it, so that nothing locks the channel again meanwhile.
+    pub fn control(&self) -> MutexGuard<'_, ControlServer> {
+        lock(&self.control)
+    }
+
+    /// The control channel, for another thread.
+    pub fn shared_control(&self) -> SharedControl {
+        self.control.clone()
     }
 
     /// The `record` request sent to every child as it connects (`None`: nothing is sent).
@@ -69,14 +91,15 @@ impl Hooks {
     /// Accepts a (re)connecting child `pid` and sends it the recording setting. True when one
     /// connected now.
     pub fn poll(&mut self, pid: Option<u32>) -> bool {
-        let r = self.control.poll(pid);
+        let mut control = self.control();
+        let r = control.poll(pid);
         for why in &r.refused {
             eprintln!("gpumem-kernel: control channel: {why}");
         }
         if r.connected.is_some()
             && let Some(req) = &self.on_connect
         {
-            let _ = self.control.request(req.clone(), HOOK_TIMEOUT);
+            let _ = control.request(req.clone(), HOOK_TIMEOUT);
         }
         r.connected.is_some()
     }
@@ -105,9 +128,10 @@ impl Hooks {
         self.poll(pid);
         let nvml = nvml::read();
         let (mut crate_readings, mut tracked) = (None, None);
-        if self.control.connected().is_some() {
+        let mut control = self.control();
+        if control.connected().is_some() {
             let name = op.name();
-            match self.control.request(op, HOOK_TIMEOUT) {
+            match control.request(op, HOOK_TIMEOUT) {
                 Ok(reply) => {
                     crate_readings = Some(reply.devices.unwrap_or_default());
                     tracked = reply

@@ -31,7 +31,7 @@ impl RecordSetting {
 
 impl Engine {
     pub(super) fn finish_cell_magic(&mut self, count: u64, timeline: bool, snap: Option<&Path>, was_loaded: bool) {
-        if self.hooks.control.connected().is_none() {
+        if self.hooks.control().connected().is_none() {
             self.stream(
                 "stderr",
                 "%%gpumem: gpumem-nb is not loaded in this notebook, so there is no allocator history \
@@ -43,7 +43,8 @@ impl Engine {
             self.stream("stderr", "%%gpumem: gpumem-nb was loaded during this cell; its history starts at first use");
         }
         if timeline {
-            match self.hooks.control.request(Op::HistorySvg, SLOW_TIMEOUT) {
+            let reply = self.hooks.control().request(Op::HistorySvg, SLOW_TIMEOUT);
+            match reply {
                 Ok(reply) => {
                     let mut m = Map::new();
                     let text = reply.text.as_deref().unwrap_or("memory over time");
@@ -59,7 +60,7 @@ impl Engine {
         if let Some(dir) = snap {
             self.snapshot(count, Some(dir));
         }
-        let _ = self.hooks.control.request(self.record.request(), HOOK_TIMEOUT);
+        let _ = self.hooks.control().request(self.record.request(), HOOK_TIMEOUT);
     }
 
     pub(super) fn apply_setting(&mut self, m: &Magic) {
@@ -101,8 +102,9 @@ impl Engine {
                 } else {
                     "gpumem: history recording off".to_string()
                 };
-                if self.hooks.control.connected().is_some() {
-                    match self.hooks.control.request(self.record.request(), HOOK_TIMEOUT) {
+                if self.hooks.control().connected().is_some() {
+                    let reply = self.hooks.control().request(self.record.request(), HOOK_TIMEOUT);
+                    match reply {
                         Ok(_) => self.stream("stdout", what),
                         Err(e) => self.magic_error(&format!("record failed: {e}")),
                     }
@@ -140,7 +142,8 @@ impl Engine {
             Magic::Summary => {
                 let pid = self.child_pid();
                 self.hooks.poll(pid);
-                match self.hooks.control.request(Op::Summary, SLOW_TIMEOUT) {
+                let reply = self.hooks.control().request(Op::Summary, SLOW_TIMEOUT);
+                match reply {
                     Ok(reply) => {
                         let text = reply.text.unwrap_or_default();
                         self.display_text_html(&text, format!("<pre style=\"font-size:12px\">{}</pre>", escape(&text)));
@@ -175,11 +178,12 @@ impl Engine {
         });
         let pid = self.child_pid();
         self.hooks.poll(pid);
-        if self.hooks.control.connected().is_none() {
+        if self.hooks.control().connected().is_none() {
             self.magic_error("snapshot: gpumem-nb is not loaded in this notebook (nothing to snapshot)");
             return;
         }
-        match self.hooks.control.request(Op::Snapshot { dir: dir.display().to_string() }, SLOW_TIMEOUT) {
+        let reply = self.hooks.control().request(Op::Snapshot { dir: dir.display().to_string() }, SLOW_TIMEOUT);
+        match reply {
             Ok(reply) => {
                 let files = reply.files.unwrap_or_default();
                 let mut text = format!("gpumem: snapshot written to {}\n", dir.display());

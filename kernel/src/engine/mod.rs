@@ -23,7 +23,7 @@ use errors::{error_info, first_code_line, source_hash};
 use magics::RecordSetting;
 use pump::StreamPump;
 use serde_json::{Map, Value};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Child;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -174,8 +174,8 @@ impl Engine {
     }
 
     /// The control socket's path.
-    pub fn control_path(&self) -> &Path {
-        self.hooks.control.socket_path()
+    pub fn control_path(&self) -> PathBuf {
+        self.hooks.control().socket_path().to_path_buf()
     }
 
     /// The session's records.
@@ -250,8 +250,8 @@ impl Engine {
         let before = self.hooks.before(count, self.child_pid());
         if let Some((_, snap)) = cell_magic {
             let setting = RecordSetting { on: true, max_entries: None, stacks: snap.is_some() };
-            if self.hooks.control.connected().is_some() {
-                let _ = self.hooks.control.request(setting.request(), HOOK_TIMEOUT);
+            if self.hooks.control().connected().is_some() {
+                let _ = self.hooks.control().request(setting.request(), HOOK_TIMEOUT);
             }
         }
 
