@@ -325,9 +325,14 @@ mod tests {
         };
         assert_eq!(to_line(&r), r#"{"id":8,"op":"record","enabled":"state","max_entries":10,"stacks":true}"#);
         assert_eq!(to_line(&Request { id: 9, op: Op::HistorySvg }), r#"{"id":9,"op":"history_svg"}"#);
-        for op in
-            [Op::Pre { cell: 1 }, Op::Post { cell: 1 }, Op::Read, Op::Live, Op::Summary, Op::Snapshot { dir: "d".into() }]
-        {
+        for op in [
+            Op::Pre { cell: 1 },
+            Op::Post { cell: 1 },
+            Op::Read,
+            Op::Live,
+            Op::Summary,
+            Op::Snapshot { dir: "d".into() },
+        ] {
             assert!(to_line(&Request { id: 1, op: op.clone() }).contains(&format!("\"op\":\"{}\"", op.name())));
         }
         for line in [

@@ -17,6 +17,7 @@ pub use errors::ErrorInfo;
 
 use crate::control::{CONTROL_VAR, ControlServer};
 use crate::hooks::{self, HOOK_TIMEOUT, Hooks};
+use crate::live;
 use crate::magic::{self, Magic};
 use crate::report::{CellRecord, History};
 use errors::{error_info, first_code_line, source_hash};
@@ -61,6 +62,22 @@ pub enum Output {
         /// MIME type → data.
         data: Map<String, Value>,
     },
+    /// Something shown that a later [`Output::Update`] replaces in place (Jupyter's
+    /// `display_data` with a `display_id`): the live line.
+    Updatable {
+        /// The display id.
+        id: String,
+        /// MIME type → data.
+        data: Map<String, Value>,
+    },
+    /// Replaces what was shown under `id` (`update_display_data`): the live line's updates, and
+    /// the final report that takes its place.
+    Update {
+        /// The display id.
+        id: String,
+        /// MIME type → data.
+        data: Map<String, Value>,
+    },
     /// The cell failed.
     Error(ErrorInfo),
 }
@@ -72,6 +89,11 @@ pub trait Sink: Send + Sync {
     /// Asks the user for a line (the cell called `evcxr_input`); only called when the
     /// request allowed stdin.
     fn input(&self, prompt: &str, password: bool) -> String;
+    /// Whether a shown output can be replaced in place (a Jupyter frontend): then a long cell
+    /// gets a live line (`crate::live`). Headless runs keep final outputs only.
+    fn updates_in_place(&self) -> bool {
+        false
+    }
 }
 
 /// What an execution ended with.
@@ -171,6 +193,11 @@ impl Engine {
     /// The current child's pid.
     pub fn child_pid(&self) -> Option<u32> {
         self.child.lock().ok().map(|c| c.id())
+    }
+
+    /// The control channel to the crate in the child, for another thread.
+    pub fn shared_control(&self) -> crate::hooks::SharedControl {
+        self.hooks.shared_control()
     }
 
     /// The control socket's path.
@@ -281,6 +308,13 @@ impl Engine {
         } else {
             run_code
         };
+        // A long cell's live line, where outputs can be updated in place.
+        let sampler = (self.show && self.sink.updates_in_place() && magic::has_code(run_code))
+            .then(|| {
+                let control = self.hooks.shared_control();
+                live::Sampler::start(count, t0, self.child_pid(), control, self.sink.clone()).ok()
+            })
+            .flatten();
         let result = if magic::has_code(run_code) {
             self.ctx.execute_with_callbacks(
                 run_code,
@@ -290,6 +324,7 @@ impl Engine {
             Ok(evcxr::EvalOutputs::new())
         };
         let wall = t0.elapsed();
+        let live = sampler.map(live::Sampler::stop);
         self.pump.flush();
 
         // ---- post hooks
@@ -327,6 +362,7 @@ impl Engine {
         rec.first_line = first_code_line(run_code);
         rec.source_hash = source_hash(run_code);
         rec.wall_ms = wall.as_secs_f64() * 1000.0;
+        rec.live = live.as_ref().filter(|l| l.id.is_some()).map(|l| l.cost.clone());
         if rec.restarted {
             rec.restart_reason = Some(if interrupted {
                 "interrupted".into()
@@ -340,7 +376,11 @@ impl Engine {
         }
         self.history.warn(&mut rec);
         if self.show {
-            self.display(rec.display());
+            // The final line takes the live line's place.
+            match live.and_then(|l| l.id) {
+                Some(id) => self.sink.emit(Output::Update { id, data: rec.display() }),
+                None => self.display(rec.display()),
+            }
         }
         self.history.cells.push(rec.clone());
 
