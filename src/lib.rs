@@ -78,7 +78,7 @@ pub type Allocator = CachingAllocator<AnyBackend>;
 pub use record::frames::set_depth as set_stack_depth;
 pub use record::history::{HistoryOptions, RecordMode, StackContext, TraceAction, TraceEntry};
 pub use render::SnapshotFiles;
-pub use snapshot::{MemoryTimeline, Snapshot};
+pub use snapshot::{MemoryTimeline, Snapshot, SnapshotDiff};
 
 // Memory on the device and the host.
 pub use buffer::DeviceBuffer;
