@@ -61,7 +61,7 @@ pub mod replay;
 pub use notebook::{mem, scope, tracking};
 
 // The allocator and its PyTorch-named API.
-pub use allocator::{CachingAllocator, PeakSlot};
+pub use allocator::{CachingAllocator, OomObserver, PeakSlot};
 pub use device::any::AnyBackend;
 pub use device::{Backend, BackendKind, DeviceError, Element, PoolUsage, ProcessMemory, StreamId};
 pub use error::{AllocError, Error, OomReport, Result};

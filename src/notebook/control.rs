@@ -86,12 +86,13 @@ pub fn serve(mut reader: impl BufRead, mut out: impl Write) {
     }
 }
 
-/// What the serving thread remembers between requests: the open peak slots per device, and
-/// the tracker's slot over every allocation.
+/// What the serving thread remembers between requests: the open peak slots per device, the
+/// tracker's slot over every allocation, the out-of-memory watch.
 #[derive(Default)]
 struct Session {
     slots: HashMap<i32, SlotId>,
     tracked: Option<crate::track::TrackSlot>,
+    oom: Arc<super::oom::OomWatch>,
 }
 
 /// One device's numbers now; peaks since `slot` was opened when there is one.
@@ -171,10 +172,11 @@ impl Session {
                 if let Some(old) = self.tracked.replace(tracking::open_slot()) {
                     tracking::close_slot(old);
                 }
+                self.oom.begin(*cell);
                 Ok(self.readings(id, true))
             }
             Op::Post { .. } => {
-                let r = self.readings(id, true);
+                let r = Reply { oom: self.oom.end(), ..self.readings(id, true) };
                 for a in super::registry::opened() {
                     if let Some(slot) = self.slots.remove(&a.device()) {
                         a.with_state(|s, _| s.close_slot(slot));
@@ -201,10 +203,11 @@ impl Session {
             Op::Snapshot { dir } => {
                 let files =
                     tracking::snapshot(&*device0()?).save(std::path::Path::new(dir)).map_err(|e| e.to_string())?;
-                let path = |p: std::path::PathBuf| p.display().to_string();
-                let files =
-                    SnapshotPaths { pickle: path(files.pickle), json: path(files.json), html: path(files.html) };
-                Ok(Reply { files: Some(files), ..Reply::ok(id) })
+                Ok(Reply { files: Some(SnapshotPaths::from(&files)), ..Reply::ok(id) })
+            }
+            Op::OnOom { dir } => {
+                self.oom.set_dir(dir.as_ref().map(std::path::PathBuf::from));
+                Ok(Reply::ok(id))
             }
             Op::HistorySvg => {
                 let a = device0()?;

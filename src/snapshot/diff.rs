@@ -239,7 +239,12 @@ fn owner(frames: &[Frame]) -> String {
     match frames.first() {
         Some(f) => {
             let file = f.filename.rsplit('/').next().unwrap_or(&f.filename);
-            if f.line > 0 { format!("{} ({file}:{})", f.name, f.line) } else { format!("{} ({file})", f.name) }
+            match (file, f.line) {
+                // No debug information (an evcxr cell's code, a stripped library): the name.
+                ("" | "??", _) => f.name.clone(),
+                (file, 0) => format!("{} ({file})", f.name),
+                (file, line) => format!("{} ({file}:{line})", f.name),
+            }
         }
         None => "unknown (no stack recorded)".into(),
     }
