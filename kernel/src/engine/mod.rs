@@ -5,10 +5,11 @@
 //! cell's streams, then its result or error, then the memory report (its own `display_data`),
 //! then whatever the magics show.
 //!
-//! - `magics`: what the `%gpumem` / `%%gpumem` magics do to the engine.
+//! - `magics`: what the `%gpumem` / `%%gpumem` magics do to the engine; `diff`: `%gpumem diff`.
 //! - `errors`: evcxr's errors as [`ErrorInfo`], and the code-derived fields of a record.
 //! - `pump`: the thread forwarding evcxr's stdout/stderr to the sink.
 
+mod diff;
 mod errors;
 mod magics;
 mod pump;
@@ -121,6 +122,9 @@ pub struct Engine {
     interrupted: Arc<AtomicBool>,
     /// Hook timings of the last cell (pre, post), microseconds.
     pub last_hook_us: (u64, u64),
+    /// When each cell that ran code ended (the child's pid then, µs since the epoch), for
+    /// `%gpumem diff` of cells.
+    cell_ends: std::collections::HashMap<u64, (Option<u32>, i64)>,
 }
 
 /// The active toolchain's directory holding the `libstd-*.so` that evcxr's cells link against:
@@ -182,6 +186,7 @@ impl Engine {
             record: RecordSetting::default(),
             interrupted,
             last_hook_us: (0, 0),
+            cell_ends: Default::default(),
         })
     }
 
@@ -278,7 +283,10 @@ impl Engine {
         if let Some((_, snap)) = cell_magic {
             let setting = RecordSetting { on: true, max_entries: None, stacks: snap.is_some() };
             if self.hooks.control().connected().is_some() {
-                let _ = self.hooks.control().request(setting.request(), HOOK_TIMEOUT);
+                let sent = self.hooks.control().request(setting.request(), HOOK_TIMEOUT).is_ok();
+                if sent {
+                    self.hooks.note_recording(true);
+                }
             }
         }
 
@@ -329,6 +337,7 @@ impl Engine {
 
         // ---- post hooks
         let after = self.hooks.after(count, self.child_pid());
+        self.cell_ends.insert(count, (after.pid, hooks::now_us()));
         self.last_hook_us = (before.us, after.us);
 
         // ---- outputs: result or error, then the report
@@ -403,11 +412,12 @@ impl Engine {
         if let Some(rest) = line.trim_start().strip_prefix("%gpumem ") {
             let word_start = byte - rest.len() + rest.rfind(' ').map_or(0, |i| i + 1);
             let prefix = &code[word_start..byte];
-            let matches: Vec<String> = magic::COMMANDS
+            let mut matches: Vec<String> = magic::COMMANDS
                 .iter()
                 .filter(|c| c.verb != "%%gpumem" && c.verb.starts_with(prefix))
                 .map(|c| c.verb.to_string())
                 .collect();
+            matches.dedup();
             let start = code[..word_start].chars().count();
             return (matches, start, cursor);
         }

@@ -262,6 +262,10 @@ pub struct CellRecord {
     /// The live line, when the cell ran long enough to show one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub live: Option<LiveCost>,
+    /// The cell's first out-of-memory failure, when `%gpumem snapshot --on-oom` watched: why,
+    /// and the snapshot written then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oom: Option<gpumem_nb::notebook::protocol::OomEvent>,
     /// The child's pid after the cell.
     pub child_pid: Option<u32>,
     /// The child's pid before the cell.
