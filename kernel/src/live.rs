@@ -141,11 +141,10 @@ impl Sampler {
             let t0 = Instant::now();
             let mut cost = LiveCost::default();
             let mut next = started + FIRST_AFTER;
-            loop {
-                match stopped.recv_timeout(next.saturating_duration_since(Instant::now())) {
-                    Err(RecvTimeoutError::Timeout) => {}
-                    Ok(()) | Err(RecvTimeoutError::Disconnected) => break,
-                }
+            // Each tick waits for its time unless told to stop (or the sampler is dropped).
+            while let Err(RecvTimeoutError::Timeout) =
+                stopped.recv_timeout(next.saturating_duration_since(Instant::now()))
+            {
                 let data = bundle(&line(cell, started.elapsed(), &read(&control), pid));
                 let id = shown_id.clone();
                 sink.emit(if cost.updates == 0 { Output::Updatable { id, data } } else { Output::Update { id, data } });

@@ -328,10 +328,8 @@ pub fn live_at(snap: &Snapshot, time_us: i64) -> Result<Vec<LiveAlloc>, String> 
         for (i, e) in trace.iter().enumerate().rev().take_while(|(_, e)| e.time_us > time_us) {
             let Some(addr) = e.addr else { continue };
             match e.action {
-                "alloc" => {
-                    if state.remove(&(device, addr)).is_none() {
-                        return Err(missing("an allocation not live in the snapshot", e));
-                    }
+                "alloc" if state.remove(&(device, addr)).is_none() => {
+                    return Err(missing("an allocation not live in the snapshot", e));
                 }
                 "free_requested" => {
                     let (label, owner) = match allocs[i] {
