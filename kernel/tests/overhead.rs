@@ -20,6 +20,15 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
     v[((v.len() - 1) as f64 * p).round() as usize]
 }
 
+/// A measurement's figures with what they were measured on: the backend and NVML's devices.
+fn with_machine(alloc: &gpumem_nb::Allocator, mut figures: serde_json::Value) -> serde_json::Value {
+    let nvml = gpumem_kernel::nvml::read();
+    figures["backend"] = json!(alloc.backend_kind().name());
+    figures["nvml_devices"] = json!(nvml.devices.len());
+    figures["nvml_error"] = json!(nvml.error);
+    figures
+}
+
 #[test]
 #[ignore = "a measurement; run with --ignored --nocapture"]
 fn hook_overhead() {
@@ -61,19 +70,18 @@ fn hook_overhead() {
         total_us.push((t5 - t0).as_secs_f64() * 1e6);
         std::hint::black_box(snap);
     }
-    let nvml = gpumem_kernel::nvml::read();
     println!(
         "{}",
-        json!({
-            "backend": alloc.backend_kind().name(),
-            "nvml_devices": nvml.devices.len(),
-            "nvml_error": nvml.error,
-            "cells": n,
-            "nvml_read_us": {"median": percentile(&mut nvml_us, 0.5), "p99": percentile(&mut nvml_us, 0.99)},
-            "pre_request_us": {"median": percentile(&mut pre_us, 0.5), "p99": percentile(&mut pre_us, 0.99)},
-            "post_request_us": {"median": percentile(&mut post_us, 0.5), "p99": percentile(&mut post_us, 0.99)},
-            "per_cell_total_us": {"median": percentile(&mut total_us, 0.5), "p99": percentile(&mut total_us, 0.99)},
-        })
+        with_machine(
+            &alloc,
+            json!({
+                "cells": n,
+                "nvml_read_us": {"median": percentile(&mut nvml_us, 0.5), "p99": percentile(&mut nvml_us, 0.99)},
+                "pre_request_us": {"median": percentile(&mut pre_us, 0.5), "p99": percentile(&mut pre_us, 0.99)},
+                "post_request_us": {"median": percentile(&mut post_us, 0.5), "p99": percentile(&mut post_us, 0.99)},
+                "per_cell_total_us": {"median": percentile(&mut total_us, 0.5), "p99": percentile(&mut total_us, 0.99)},
+            })
+        )
     );
 }
 
@@ -151,22 +159,21 @@ fn live_line_overhead() {
         .collect();
     alloc.free(keep.block.unwrap()).unwrap();
     let cost = &finished.cost;
-    let nvml = gpumem_kernel::nvml::read();
     println!(
         "{}",
-        json!({
-            "backend": alloc.backend_kind().name(),
-            "nvml_devices": nvml.devices.len(),
-            "nvml_error": nvml.error,
-            "cell_s": cell_s,
-            "lines_shown": cost.updates,
-            "sink_outputs": *sink.0.lock().unwrap(),
-            "sampler_cpu_ms": cost.cpu_us as f64 / 1e3,
-            "sampler_percent_of_a_core": cost.cpu_us as f64 / 1e6 / cell_s * 100.0,
-            "crate_serving_thread_cpu_ms": serve_cpu.as_secs_f64() * 1e3,
-            "crate_serving_percent_of_a_core": serve_cpu.as_secs_f64() / cell_s * 100.0,
-            "one_tick_reading_us": {"median": percentile(&mut tick_us, 0.5), "p99": percentile(&mut tick_us, 0.99)},
-            "line": line,
-        })
+        with_machine(
+            &alloc,
+            json!({
+                "cell_s": cell_s,
+                "lines_shown": cost.updates,
+                "sink_outputs": *sink.0.lock().unwrap(),
+                "sampler_cpu_ms": cost.cpu_us as f64 / 1e3,
+                "sampler_percent_of_a_core": cost.cpu_us as f64 / 1e6 / cell_s * 100.0,
+                "crate_serving_thread_cpu_ms": serve_cpu.as_secs_f64() * 1e3,
+                "crate_serving_percent_of_a_core": serve_cpu.as_secs_f64() / cell_s * 100.0,
+                "one_tick_reading_us": {"median": percentile(&mut tick_us, 0.5), "p99": percentile(&mut tick_us, 0.99)},
+                "line": line,
+            })
+        )
     );
 }
