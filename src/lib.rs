@@ -23,7 +23,8 @@
 //!    fraction, expandable segments, out-of-memory ([`AllocError`], [`OomReport`]); the books
 //!    of every driver allocation of the process, by source and owner.
 //! 5. [`snapshot`], `error` — PyTorch's snapshot structure read back from the policy, its
-//!    pickle and JSON writers and the memory timeline; [`Error`] gathering every failure.
+//!    pickle and JSON writers (and JSON reader), the memory timeline, and two states compared
+//!    allocation by allocation ([`SnapshotDiff`]); [`Error`] gathering every failure.
 //! 6. `allocator` — [`CachingAllocator`]: the thread-safe front, `torch.cuda`'s memory API as
 //!    methods.
 //! 7. [`render`], `buffer`, [`replay`] — tables, charts and the offline snapshot page (plain
@@ -31,7 +32,8 @@
 //! 8. `pinned` — [`PinnedBuffer`] and the caching [`HostAllocator`].
 //! 9. [`notebook`] — the per-process anchor (with `device::cuda`, the only `unsafe` code), the
 //!    device registry ([`current`], [`device()`]), the kernel's control channel and its
-//!    [`notebook::protocol`], [`scope`]s and the [`mem`] helpers.
+//!    [`notebook::protocol`], the out-of-memory watch ([`notebook::oom`]), [`scope`]s and the
+//!    [`mem`] helpers.
 //!
 //! Units: bytes everywhere in data; [`units`] formats them for people.
 #![deny(unsafe_code)]

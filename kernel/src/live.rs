@@ -43,7 +43,7 @@ pub struct LiveReading {
     pub nvml: NvmlSnapshot,
 }
 
-/// Reads the crate (when connected and the channel is free within [`LIVE_TIMEOUT`]) and NVML.
+/// Reads the crate (when it is connected and answers within 250 ms) and NVML.
 pub fn read(control: &SharedControl) -> LiveReading {
     let mut r = LiveReading { nvml: nvml::read(), ..Default::default() };
     let mut control = hooks::lock(control);

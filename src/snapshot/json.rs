@@ -1,6 +1,6 @@
 //! The snapshot as JSON: the same structure as the pickle (tuples become 2-element arrays).
 //! The newest pytorch.org/memory_viz loads it directly. [`from_str`] and [`load`] read it back
-//! (ours, or PyTorch's snapshot dict dumped with `json.dump`), for [`super::diff`].
+//! (ours, or PyTorch's snapshot dict dumped with `json.dump`), for [`super::diff`](mod@super::diff).
 
 use super::{AllocatorSettings, BlockSnap, Segment, Snapshot, TraceSnap};
 use crate::record::frames::Frame;
