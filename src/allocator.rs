@@ -21,6 +21,11 @@ struct Inner<B> {
     backend: B,
 }
 
+/// Called with the report when an allocation runs out of memory, on the allocating thread,
+/// outside the allocator's lock and before the error is returned (see
+/// [`CachingAllocator::set_oom_observer`]).
+pub type OomObserver = Arc<dyn Fn(&crate::OomReport) + Send + Sync>;
+
 /// PyTorch's caching allocator for one device, over backend `B`.
 pub struct CachingAllocator<B: Backend> {
     inner: Mutex<Inner<B>>,
@@ -28,6 +33,9 @@ pub struct CachingAllocator<B: Backend> {
     kind: BackendKind,
     /// Whether operations capture their stack (read without the lock, before taking it).
     stacks: AtomicBool,
+    /// Told of every out-of-memory failure (data of this allocator, so every copy of the crate
+    /// in an evcxr process reaches the same one).
+    oom_observer: Mutex<Option<OomObserver>>,
 }
 
 impl<B: Backend> std::fmt::Debug for CachingAllocator<B> {
@@ -46,6 +54,7 @@ impl<B: Backend> CachingAllocator<B> {
             device,
             kind,
             stacks: AtomicBool::new(false),
+            oom_observer: Mutex::new(None),
         }
     }
 
@@ -129,7 +138,21 @@ impl<B: Backend> CachingAllocator<B> {
 
     /// Allocates `size` bytes on `stream` (the raw API; [`crate::DeviceBuffer`] is the safe one).
     pub fn malloc(&self, size: u64, stream: StreamId) -> Result<Allocation, AllocError> {
-        self.with_context(|s, b| s.malloc(b, size, stream))
+        let r = self.with_context(|s, b| s.malloc(b, size, stream));
+        if let Err(AllocError::OutOfMemory(report)) = &r {
+            let observer = self.oom_observer.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            if let Some(observe) = observer {
+                observe(report);
+            }
+        }
+        r
+    }
+
+    /// Sets what is told of every out-of-memory failure of [`CachingAllocator::malloc`], at the
+    /// moment it happens (`None`: nothing). It may take a snapshot (the state still holds what
+    /// the failing code held); it must not allocate from this allocator.
+    pub fn set_oom_observer(&self, observer: Option<OomObserver>) {
+        *self.oom_observer.lock().unwrap_or_else(|e| e.into_inner()) = observer;
     }
 
     /// Frees a block from [`CachingAllocator::malloc`]. Freeing a block twice is an error value.

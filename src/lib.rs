@@ -24,7 +24,8 @@
 //!    own compact policy (PyTorch's API and statistics, less reserved memory); the books
 //!    of every driver allocation of the process, by source and owner.
 //! 5. [`snapshot`], `error` — PyTorch's snapshot structure read back from the policy, its
-//!    pickle and JSON writers and the memory timeline; [`Error`] gathering every failure.
+//!    pickle and JSON writers (and JSON reader), the memory timeline, and two states compared
+//!    allocation by allocation ([`SnapshotDiff`]); [`Error`] gathering every failure.
 //! 6. `allocator` — [`CachingAllocator`]: the thread-safe front, `torch.cuda`'s memory API as
 //!    methods.
 //! 7. [`render`], `buffer`, [`replay`] — tables, charts and the offline snapshot page (plain
@@ -33,7 +34,8 @@
 //! 8. `pinned` — [`PinnedBuffer`] and the caching [`HostAllocator`].
 //! 9. [`notebook`] — the per-process anchor (with `device::cuda`, the only `unsafe` code), the
 //!    device registry ([`current`], [`device()`]), the kernel's control channel and its
-//!    [`notebook::protocol`], [`scope`]s and the [`mem`] helpers.
+//!    [`notebook::protocol`], the out-of-memory watch ([`notebook::oom`]), [`scope`]s and the
+//!    [`mem`] helpers.
 //!
 //! Units: bytes everywhere in data; [`units`] formats them for people.
 #![deny(unsafe_code)]
@@ -63,7 +65,7 @@ pub mod replay;
 pub use notebook::{mem, scope, tracking};
 
 // The allocator and its PyTorch-named API.
-pub use allocator::{CachingAllocator, PeakSlot};
+pub use allocator::{CachingAllocator, OomObserver, PeakSlot};
 pub use device::any::AnyBackend;
 pub use device::{Backend, BackendKind, DeviceError, Element, PoolUsage, ProcessMemory, StreamId};
 pub use error::{AllocError, Error, OomReport, Result};
@@ -80,7 +82,7 @@ pub type Allocator = CachingAllocator<AnyBackend>;
 pub use record::frames::set_depth as set_stack_depth;
 pub use record::history::{HistoryOptions, RecordMode, StackContext, TraceAction, TraceEntry};
 pub use render::SnapshotFiles;
-pub use snapshot::{MemoryTimeline, Snapshot};
+pub use snapshot::{MemoryTimeline, Snapshot, SnapshotDiff};
 
 // Memory on the device and the host.
 pub use buffer::DeviceBuffer;

@@ -22,7 +22,8 @@ fn device() -> std::sync::Arc<gpumem_nb::Allocator> {
 
 fuzz_target!(|data: &[u8]| {
     let alloc = device();
-    // Snapshots go to a scratch directory, never where the input says.
+    // Snapshots (also those on out-of-memory) go to a scratch directory, never where the input
+    // says.
     let scratch = std::env::temp_dir().join("gpumem-fuzz-control");
     let mut input = Vec::new();
     let mut requests = 0;
@@ -31,8 +32,9 @@ fuzz_target!(|data: &[u8]| {
         match std::str::from_utf8(line).ok().map(parse_request) {
             Some(Ok(mut req)) => {
                 requests += 1;
-                if let Op::Snapshot { dir } = &mut req.op {
-                    *dir = scratch.display().to_string();
+                match &mut req.op {
+                    Op::Snapshot { dir } | Op::OnOom { dir: Some(dir) } => *dir = scratch.display().to_string(),
+                    _ => {}
                 }
                 input.extend_from_slice(to_line(&Request { id: req.id, op: req.op }).as_bytes());
             }

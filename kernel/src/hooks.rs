@@ -12,7 +12,8 @@
 use crate::control::ControlServer;
 use crate::nvml::{self, NvmlSnapshot};
 use crate::report::{CellRecord, CrateReading, Readings, TrackedReadings, build_record};
-use gpumem_nb::notebook::protocol::Op;
+use gpumem_nb::notebook::protocol::{OomEvent, Op, Reply};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Timeout of the per-cell control requests.
@@ -44,81 +45,144 @@ pub struct After {
     pub crate_readings: Option<Vec<CrateReading>>,
     /// Every allocation of the child (tracking), when the crate is connected.
     pub tracked: Option<TrackedReadings>,
+    /// The cell's first out-of-memory failure, when `%gpumem snapshot --on-oom` watches.
+    pub oom: Option<OomEvent>,
     /// Time the hooks took, microseconds.
     pub us: u64,
 }
 
+/// The control channel, shared: the engine's thread uses it around cells and for magics, the
+/// live line's sampler while a cell runs, the Jupyter control task for `usage_request`. Each
+/// request holds the lock for its round trip, so requests never interleave on the socket.
+pub type SharedControl = Arc<Mutex<ControlServer>>;
+
+/// Locks the control channel (a panic while it was held leaves nothing half-written that the
+/// next request trips over: a stale reply is skipped by its id).
+pub fn lock(control: &SharedControl) -> MutexGuard<'_, ControlServer> {
+    control.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Microseconds since the Unix epoch: the clock of the crate's recorded history.
+pub fn now_us() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64)
+}
+
 /// The kernel's end of the hooks: the control channel and what a connecting child is told.
 pub struct Hooks {
-    /// The control channel to the crate in the child.
-    pub control: ControlServer,
+    control: SharedControl,
     on_connect: Option<Op>,
+    oom_on_connect: Option<Op>,
+    /// The child recording history, and since when (µs since the epoch).
+    recording: Option<(u32, i64)>,
 }
 
 impl Hooks {
     /// Hooks over `control`.
     pub fn new(control: ControlServer) -> Hooks {
-        Hooks { control, on_connect: None }
+        Hooks { control: Arc::new(Mutex::new(control)), on_connect: None, oom_on_connect: None, recording: None }
     }
 
-    /// The `record` request sent to every child as it connects (`None`: nothing is sent).
+    /// The control channel to the crate in the child, locked. Keep the guard for one request:
+    /// bind a reply before acting on it, so that nothing locks the channel again meanwhile.
+    pub fn control(&self) -> MutexGuard<'_, ControlServer> {
+        lock(&self.control)
+    }
+
+    /// The control channel, for another thread.
+    pub fn shared_control(&self) -> SharedControl {
+        self.control.clone()
+    }
+
+    /// The `record` request sent to every child as it connects (`None`: nothing is sent); only
+    /// one that turns recording on.
     pub fn set_record_on_connect(&mut self, request: Option<Op>) {
         self.on_connect = request;
+    }
+
+    /// The `on_oom` request sent to every child as it connects (`None`: nothing is sent).
+    pub fn set_oom_on_connect(&mut self, request: Option<Op>) {
+        self.oom_on_connect = request;
     }
 
     /// Accepts a (re)connecting child `pid` and sends it the recording setting. True when one
     /// connected now.
     pub fn poll(&mut self, pid: Option<u32>) -> bool {
-        let r = self.control.poll(pid);
+        let mut control = lock(&self.control);
+        let r = control.poll(pid);
         for why in &r.refused {
             eprintln!("gpumem-kernel: control channel: {why}");
         }
-        if r.connected.is_some()
+        if let Some(pid) = r.connected
             && let Some(req) = &self.on_connect
+            && control.request(req.clone(), HOOK_TIMEOUT).is_ok()
         {
-            let _ = self.control.request(req.clone(), HOOK_TIMEOUT);
+            self.recording = Some((pid, now_us()));
+        }
+        if r.connected.is_some()
+            && let Some(req) = &self.oom_on_connect
+        {
+            let _ = control.request(req.clone(), HOOK_TIMEOUT);
         }
         r.connected.is_some()
     }
 
+    /// Notes a `record` request the connected child accepted: recording (`on`) since now, unless
+    /// this child already was; or not recording.
+    pub fn note_recording(&mut self, on: bool) {
+        let pid = self.control().connected().map(|(pid, _)| pid);
+        self.recording = match (on, pid, self.recording) {
+            (true, Some(p), Some((q, since))) if p == q => Some((q, since)),
+            (true, Some(p), _) => Some((p, now_us())),
+            _ => None,
+        };
+    }
+
+    /// The child recording history (its pid), and since when (µs since the epoch): what
+    /// `%gpumem diff` of cells needs.
+    pub fn recording_since(&self) -> Option<(u32, i64)> {
+        self.recording
+    }
+
     /// Runs the pre-cell hooks for cell `cell` of child `pid`.
     pub fn before(&mut self, cell: u64, pid: Option<u32>) -> Before {
-        let (nvml, crate_readings, tracked, us) = self.read(Op::Pre { cell }, pid);
+        let (nvml, reply, us) = self.read(Op::Pre { cell }, pid);
+        let (crate_readings, tracked) = readings(reply);
         let slot_opened = crate_readings.is_some();
         Before { pid, nvml, crate_readings, tracked, slot_opened, us }
     }
 
     /// Runs the post-cell hooks for cell `cell`; `pid` is the child's pid now.
     pub fn after(&mut self, cell: u64, pid: Option<u32>) -> After {
-        let (nvml, crate_readings, tracked, us) = self.read(Op::Post { cell }, pid);
-        After { pid, nvml, crate_readings, tracked, us }
+        let (nvml, mut reply, us) = self.read(Op::Post { cell }, pid);
+        let oom = reply.as_mut().and_then(|r| r.oom.take());
+        let (crate_readings, tracked) = readings(reply);
+        After { pid, nvml, crate_readings, tracked, oom, us }
     }
 
     /// One side of the hooks: accept a (re)connecting child, read NVML, ask the crate for `op`
     /// (`pre` or `post`); with the time it took, in microseconds.
-    fn read(
-        &mut self,
-        op: Op,
-        pid: Option<u32>,
-    ) -> (NvmlSnapshot, Option<Vec<CrateReading>>, Option<TrackedReadings>, u64) {
+    fn read(&mut self, op: Op, pid: Option<u32>) -> (NvmlSnapshot, Option<Reply>, u64) {
         let t = Instant::now();
         self.poll(pid);
         let nvml = nvml::read();
-        let (mut crate_readings, mut tracked) = (None, None);
-        if self.control.connected().is_some() {
+        let mut reply = None;
+        let mut control = self.control();
+        if control.connected().is_some() {
             let name = op.name();
-            match self.control.request(op, HOOK_TIMEOUT) {
-                Ok(reply) => {
-                    crate_readings = Some(reply.devices.unwrap_or_default());
-                    tracked = reply
-                        .tracking
-                        .map(|status| TrackedReadings { status, places: reply.tracked.unwrap_or_default() });
-                }
+            match control.request(op, HOOK_TIMEOUT) {
+                Ok(r) => reply = Some(r),
                 Err(e) => eprintln!("gpumem-kernel: {name}-cell reading failed: {e}"),
             }
         }
-        (nvml, crate_readings, tracked, t.elapsed().as_micros() as u64)
+        (nvml, reply, t.elapsed().as_micros() as u64)
     }
+}
+
+/// A `pre` or `post` reply's device readings and tracked places (`None`: no reply).
+fn readings(reply: Option<Reply>) -> (Option<Vec<CrateReading>>, Option<TrackedReadings>) {
+    let Some(reply) = reply else { return (None, None) };
+    let tracked = reply.tracking.map(|status| TrackedReadings { status, places: reply.tracked.unwrap_or_default() });
+    (Some(reply.devices.unwrap_or_default()), tracked)
 }
 
 /// The record of cell `cell` from the hooks' two readings (without the warnings, which need
@@ -141,5 +205,6 @@ pub fn record(cell: u64, before: &Before, after: &After) -> CellRecord {
         },
     );
     rec.hook_us = before.us + after.us;
+    rec.oom = after.oom.clone();
     rec
 }

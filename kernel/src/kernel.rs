@@ -6,13 +6,15 @@
 //! - The shell task wraps every request in `busy`/`idle` and answers in the order
 //!   "outputs → reply → idle": execute requests go to the engine thread and the task waits.
 //! - The control task answers `kernel_info`, `interrupt_request` (kills the evcxr child, which
-//!   evcxr restarts; the cell gets an error and its report) and `shutdown_request`, also while a
-//!   cell runs.
+//!   evcxr restarts; the cell gets an error and its report), `shutdown_request` and
+//!   `usage_request` (`crate::usage`), also while a cell runs.
 //! - stdin: `input_request` round trips for `evcxr_input`, when the request allows stdin.
 
 use crate::complete::{Completeness, is_complete};
 use crate::engine::{Engine, ErrorInfo, Outcome, Output, Sink};
-use jupyter_protocol::{CodeMirrorMode, DisplayData, HelpLink, Media};
+use crate::hooks::SharedControl;
+use crate::usage::Usage;
+use jupyter_protocol::{CodeMirrorMode, DisplayData, HelpLink, Media, Transient, UpdateDisplayData};
 use jupyter_zmq_client::{
     CommInfoReply, CompleteReply, CompleteRequest, ConnectionInfo, ErrorOutput, ExecuteInput, ExecuteReply,
     ExecuteRequest, ExecuteResult, ExecutionCount, HistoryReply, InputRequest, InspectReply, InterruptReply,
@@ -34,6 +36,9 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 type ChildHandle = Arc<Mutex<Option<Arc<Mutex<Child>>>>>;
+
+/// The engine's control channel to the crate, once the engine is up (for `usage_request`).
+type ControlHandle = Arc<Mutex<Option<SharedControl>>>;
 
 /// Requests to the engine thread.
 enum EngineReq {
@@ -87,6 +92,11 @@ impl Sink for ZmqSink {
                 ExecuteResult::new(ExecutionCount::new(count as usize), media(data)).into()
             }
             Output::Display { data } => DisplayData::new(media(data)).into(),
+            Output::Updatable { id, data } => {
+                DisplayData { transient: Some(Transient { display_id: Some(id) }), ..DisplayData::new(media(data)) }
+                    .into()
+            }
+            Output::Update { id, data } => UpdateDisplayData::new(media(data), &id).into(),
             Output::Error(ErrorInfo { ename, evalue, traceback }) => ErrorOutput { ename, evalue, traceback }.into(),
         };
         let parent = self.parent();
@@ -107,6 +117,10 @@ impl Sink for ZmqSink {
                 Err(_) => return String::new(),
             }
         }
+    }
+
+    fn updates_in_place(&self) -> bool {
+        true
     }
 }
 
@@ -146,6 +160,7 @@ fn start_engine(
     sink: Arc<ZmqSink>,
     interrupted: Arc<AtomicBool>,
     child: ChildHandle,
+    crate_control: ControlHandle,
 ) -> std::sync::mpsc::Sender<EngineReq> {
     let (tx, rx) = std::sync::mpsc::channel::<EngineReq>();
     std::thread::Builder::new()
@@ -156,6 +171,9 @@ fn start_engine(
                 Ok(e) => {
                     if let Ok(mut c) = child.lock() {
                         *c = Some(e.process_handle());
+                    }
+                    if let Ok(mut c) = crate_control.lock() {
+                        *c = Some(e.shared_control());
                     }
                     Some(e)
                 }
@@ -248,6 +266,7 @@ async fn serve(info: ConnectionInfo) -> anyhow::Result<()> {
     let interrupted = Arc::new(AtomicBool::new(false));
     let running = Arc::new(AtomicBool::new(false));
     let child: ChildHandle = Arc::new(Mutex::new(None));
+    let crate_control: ControlHandle = Arc::new(Mutex::new(None));
     let sink = Arc::new(ZmqSink {
         iopub: iopub_tx.clone(),
         parent: Mutex::new(None),
@@ -255,12 +274,12 @@ async fn serve(info: ConnectionInfo) -> anyhow::Result<()> {
         interrupted: interrupted.clone(),
         running: running.clone(),
     });
-    let engine = start_engine(sink, interrupted.clone(), child.clone());
+    let engine = start_engine(sink, interrupted.clone(), child.clone(), crate_control.clone());
     let _ = iopub_tx.send(Status::idle().into());
 
     let (shutdown_tx, mut shutdown_rx) = mpsc::unbounded_channel::<bool>();
     let interrupt = Interrupt { running, interrupted, child: child.clone() };
-    tokio::spawn(control_task(control, iopub_tx.clone(), shutdown_tx.clone(), interrupt));
+    tokio::spawn(control_task(control, iopub_tx.clone(), shutdown_tx.clone(), interrupt, crate_control));
     tokio::spawn(shell_task(shell_tx, shell_rx, engine.clone(), iopub_tx.clone(), shutdown_tx.clone()));
 
     // Wait for a shutdown request, then stop the engine (kills the child) and leave.
@@ -329,14 +348,22 @@ struct Interrupt {
     child: ChildHandle,
 }
 
-/// Control: `kernel_info`, `interrupt_request`, `shutdown_request`; also served while a cell
-/// runs. Each request is wrapped in `busy`/`idle`; a shutdown ends the task.
+/// The current evcxr child's pid.
+fn child_pid(child: &ChildHandle) -> Option<u32> {
+    let handle = child.lock().ok()?.clone()?;
+    handle.lock().ok().map(|c| c.id())
+}
+
+/// Control: `kernel_info`, `interrupt_request`, `shutdown_request`, `usage_request`; also
+/// served while a cell runs. Each request is wrapped in `busy`/`idle`; a shutdown ends the task.
 async fn control_task(
     mut control: KernelControlConnection,
     iopub: mpsc::UnboundedSender<JupyterMessage>,
     shutdown: mpsc::UnboundedSender<bool>,
     interrupt: Interrupt,
+    crate_control: ControlHandle,
 ) {
+    let mut usage = Usage::default();
     while let Ok(msg) = control.read().await {
         let _ = iopub.send(Status::busy().as_child_of(&msg));
         match &msg.content {
@@ -351,6 +378,14 @@ async fn control_task(
                     kill(&interrupt.child);
                 }
                 let _ = control.send(InterruptReply::new().as_child_of(&msg)).await;
+            }
+            JupyterMessageContent::UnknownMessage(req) if req.msg_type == "usage_request" => {
+                // /proc, NVML and at most a short wait for the crate: done on this worker.
+                let content = tokio::task::block_in_place(|| {
+                    let crate_control = crate_control.lock().ok().and_then(|c| c.clone());
+                    usage.reply(child_pid(&interrupt.child), crate_control.as_ref())
+                });
+                let _ = control.send(JupyterMessage::new(req.reply(content), Some(&msg))).await;
             }
             JupyterMessageContent::ShutdownRequest(req) => {
                 let reply = ShutdownReply { restart: req.restart, status: ReplyStatus::Ok, error: None };

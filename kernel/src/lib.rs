@@ -4,10 +4,12 @@
 //!   Jupyter kernel and headless runs).
 //! - [`kernel`]: the Jupyter wire protocol (jupyter-zmq-client + jupyter-protocol).
 //! - [`hooks`]: the per-cell hooks (NVML and the crate's readings around a cell).
+//! - [`live`]: the live line while a long cell runs.
 //! - [`control`]: the kernel end of the control channel to the gpumem-nb crate in the child.
 //! - [`magic`]: the `%gpumem` / `%%gpumem` parser; [`complete`]: `is_complete`.
 //! - [`report`]: per-cell records, the report line, history, chart, export.
 //! - [`nvml`]: kernel-side NVML; [`install`]: the kernelspec; [`run`]: headless notebooks.
+//! - [`usage`]: the answer to Jupyter's `usage_request` (CPU, memory, GPU memory).
 //! - [`build_dir`]: where evcxr compiles the cells (kept between kernel starts);
 //!   [`toolchain`]: what the kernel needs from the Rust toolchain (std, `rust-src`).
 
@@ -20,8 +22,10 @@ pub mod engine;
 pub mod hooks;
 pub mod install;
 pub mod kernel;
+pub mod live;
 pub mod magic;
 pub mod nvml;
 pub mod report;
 pub mod run;
 pub mod toolchain;
+pub mod usage;

@@ -23,6 +23,28 @@ pub enum ExportFormat {
     Json,
 }
 
+/// One side of `%gpumem diff`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DiffSide {
+    /// The allocations live after this cell (`3` or `[3]`), rebuilt from the recorded history.
+    Cell(u64),
+    /// The allocations live now.
+    Now,
+    /// A snapshot written by `%gpumem snapshot`: its directory, or its `snapshot.json`.
+    Path(PathBuf),
+}
+
+impl DiffSide {
+    fn parse(word: &str) -> DiffSide {
+        let digits = word.strip_prefix('[').and_then(|w| w.strip_suffix(']')).unwrap_or(word);
+        match digits.parse::<u64>() {
+            Ok(n) => DiffSide::Cell(n),
+            Err(_) if word == "now" => DiffSide::Now,
+            Err(_) => DiffSide::Path(PathBuf::from(word)),
+        }
+    }
+}
+
 /// One parsed magic.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Magic {
@@ -40,6 +62,11 @@ pub enum Magic {
     Summary,
     /// `%gpumem snapshot [DIR]`: write snapshot.pickle/.json/trace_plot.html.
     Snapshot(Option<PathBuf>),
+    /// `%gpumem snapshot --on-oom DIR|off`: write a snapshot into `DIR/cell-N` when a cell runs
+    /// out of memory (`None`: stop).
+    OnOom(Option<PathBuf>),
+    /// `%gpumem diff A B`: two states compared allocation by allocation.
+    Diff(DiffSide, DiffSide),
     /// `%gpumem record on|off [--max-entries N] [--stacks]`.
     Record {
         /// `on` or `off`.
@@ -77,7 +104,10 @@ impl Magic {
     /// Whether the magic shows or saves something, and so runs after the cell's code (so it
     /// includes that cell); the others change settings and take effect before the code runs.
     pub fn runs_after_code(&self) -> bool {
-        matches!(self, Magic::History | Magic::Plot | Magic::Summary | Magic::Snapshot(_) | Magic::Export(..))
+        matches!(
+            self,
+            Magic::History | Magic::Plot | Magic::Summary | Magic::Snapshot(_) | Magic::Export(..) | Magic::Diff(..)
+        )
     }
 }
 
@@ -105,6 +135,17 @@ pub const COMMANDS: &[Command] = &[
         what: "write snapshot.pickle, snapshot.json and trace_plot.html (default DIR: gpumem-snapshots/cell-N)",
     },
     Command {
+        verb: "snapshot",
+        args: "--on-oom DIR|off",
+        what: "when a cell runs out of memory, write a snapshot at that moment into DIR/cell-N; its report says why",
+    },
+    Command {
+        verb: "diff",
+        args: "A B",
+        what: "compare two states allocation by allocation, by cell and owner; A, B: snapshot directories, `now`, or \
+               cell numbers (what was live after that cell: needs `record on --stacks` from before it)",
+    },
+    Command {
         verb: "record",
         args: "on|off [--max-entries N] [--stacks]",
         what: "record the allocator's history (all events), optionally with Rust stacks",
@@ -125,7 +166,8 @@ pub const COMMANDS: &[Command] = &[
 
 /// The one-line usage shown after an error.
 pub fn usage() -> String {
-    let verbs: Vec<&str> = COMMANDS.iter().filter(|c| c.verb != "%%gpumem").map(|c| c.verb).collect();
+    let mut verbs: Vec<&str> = COMMANDS.iter().filter(|c| c.verb != "%%gpumem").map(|c| c.verb).collect();
+    verbs.dedup();
     format!(
         "usage: %gpumem {} (see %gpumem help) · cell magic: %%gpumem [--timeline] [--snapshot DIR]",
         verbs.join(" | ")
@@ -141,8 +183,8 @@ pub fn help_text() -> String {
         out.push_str(&format!("  {head:<width$}  {}\n", c.what));
     }
     out.push_str(
-        "\nSettings (on, off, record, budget, reset) take effect before the cell's code runs; \
-         history, plot, summary, snapshot and export run after it, so they include that cell.\n\
+        "\nSettings (on, off, record, budget, reset, snapshot --on-oom) take effect before the cell's code runs; \
+         history, plot, summary, snapshot, diff and export run after it, so they include that cell.\n\
          A magic line that cannot be understood is reported in one line with the usage, and the \
          rest of the cell's code still runs.\n\
          Magic lines become `// %gpumem …` comments, so compiler line numbers stay right; \
@@ -237,8 +279,15 @@ fn parse_line_magic(args: &str) -> Result<Magic, String> {
         "reset" => no_args(Magic::Reset),
         "snapshot" => match rest {
             [] => Ok(Magic::Snapshot(None)),
+            [opt, ..] if opt.starts_with("--on-oom") => parse_on_oom(rest),
             [dir] => Ok(Magic::Snapshot(Some(PathBuf::from(dir)))),
             _ => Err(format!("`snapshot` takes at most one directory (got {:?})", rest.join(" "))),
+        },
+        "diff" => match rest {
+            [a, b] => Ok(Magic::Diff(DiffSide::parse(a), DiffSide::parse(b))),
+            _ => {
+                Err("`diff` compares two states: snapshot directories, `now` or cell numbers (e.g. `diff 3 5`)".into())
+            }
         },
         "budget" => match rest {
             ["off" | "none"] => Ok(Magic::Budget(None)),
@@ -309,6 +358,18 @@ fn parse_record(rest: &[&str]) -> Result<Magic, String> {
     Ok(Magic::Record { on, max_entries, stacks })
 }
 
+fn parse_on_oom(rest: &[&str]) -> Result<Magic, String> {
+    let mut opts = Opts::new(rest);
+    let dir = match opts.next() {
+        Some(("--on-oom", inline)) => opts.value(inline).ok_or("`--on-oom` needs a directory, or `off`")?,
+        _ => return Err("`snapshot` takes `--on-oom DIR|off` or a directory".into()),
+    };
+    if let Some((extra, _)) = opts.next() {
+        return Err(format!("`snapshot --on-oom` takes one directory (got {extra:?} too)"));
+    }
+    Ok(Magic::OnOom((dir != "off").then(|| PathBuf::from(dir))))
+}
+
 fn parse_cell_magic(args: &str) -> Result<Magic, String> {
     let mut timeline = false;
     let mut snapshot = None;
@@ -377,6 +438,11 @@ mod tests {
             ("%gpumem reset", Magic::Reset),
             ("%gpumem snapshot", Magic::Snapshot(None)),
             ("%gpumem snapshot out/snap", Magic::Snapshot(p("out/snap"))),
+            ("%gpumem snapshot --on-oom oom", Magic::OnOom(p("oom"))),
+            ("%gpumem snapshot --on-oom=oom", Magic::OnOom(p("oom"))),
+            ("%gpumem snapshot --on-oom off", Magic::OnOom(None)),
+            ("%gpumem diff 3 [5]", Magic::Diff(DiffSide::Cell(3), DiffSide::Cell(5))),
+            ("%gpumem diff snap/a now", Magic::Diff(DiffSide::Path(PathBuf::from("snap/a")), DiffSide::Now)),
             ("%gpumem budget 20GiB", Magic::Budget(Some(20 << 30))),
             ("%gpumem budget 1.5G", Magic::Budget(Some(3 << 29))),
             ("%gpumem budget 512 MiB", Magic::Budget(Some(512 << 20))),
@@ -421,6 +487,10 @@ mod tests {
             ("%gpumem record off --stacks", "takes no options"),
             ("%gpumem on please", "takes no arguments"),
             ("%gpumem snapshot a b", "at most one directory"),
+            ("%gpumem snapshot --on-oom", "needs a directory"),
+            ("%gpumem snapshot --on-oom a b", "one directory"),
+            ("%gpumem snapshot --on-oomx a", "`--on-oom DIR|off`"),
+            ("%gpumem diff 3", "two states"),
             ("%%gpumem --fast", "unknown option `--fast`"),
             ("%%gpumem --snapshot", "needs a directory"),
         ];
@@ -479,6 +549,8 @@ mod tests {
     fn output_magics_run_after_code() {
         assert!(Magic::History.runs_after_code());
         assert!(Magic::Snapshot(None).runs_after_code());
+        assert!(Magic::Diff(DiffSide::Now, DiffSide::Cell(1)).runs_after_code());
+        assert!(!Magic::OnOom(None).runs_after_code());
         assert!(!Magic::Budget(None).runs_after_code());
         assert!(!Magic::Record { on: true, max_entries: None, stacks: false }.runs_after_code());
     }

@@ -63,9 +63,11 @@ fn tags_of(cell: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Engine outputs as nbformat outputs (consecutive streams of one name merged).
+/// Engine outputs as nbformat outputs (consecutive streams of one name merged; an update
+/// replaces the data of the output shown under its display id, as a frontend does).
 pub fn nbformat_outputs(outputs: Vec<Output>) -> Vec<Value> {
     let mut out: Vec<Value> = Vec::new();
+    let mut shown: std::collections::HashMap<String, usize> = Default::default();
     for o in outputs {
         match o {
             Output::ExecuteInput { .. } => {}
@@ -86,6 +88,14 @@ pub fn nbformat_outputs(outputs: Vec<Output>) -> Vec<Value> {
             Output::Display { data } => {
                 out.push(json!({"output_type": "display_data", "data": data, "metadata": {}}));
             }
+            Output::Updatable { id, data } => {
+                shown.insert(id, out.len());
+                out.push(json!({"output_type": "display_data", "data": data, "metadata": {}}));
+            }
+            Output::Update { id, data } => match shown.get(&id) {
+                Some(&i) => out[i]["data"] = Value::Object(data),
+                None => out.push(json!({"output_type": "display_data", "data": data, "metadata": {}})),
+            },
             Output::Error(e) => out.push(json!({
                 "output_type": "error", "ename": e.ename, "evalue": e.evalue, "traceback": e.traceback
             })),
@@ -337,10 +347,23 @@ mod tests {
             Output::Stream { name: "stdout", text: "b\n".into() },
             Output::Stream { name: "stderr", text: "c\n".into() },
             Output::ExecuteResult { count: 1, data: d.clone() },
-            Output::Display { data: d },
+            Output::Display { data: d.clone() },
             Output::Error(ErrorInfo { ename: "E".into(), evalue: "v".into(), traceback: vec!["t".into()] }),
         ]);
         assert_eq!(outs.len(), 5);
+        // A live line and its updates: one output, holding the last data.
+        let mut last = Map::new();
+        last.insert("text/plain".into(), json!("final"));
+        let live = nbformat_outputs(vec![
+            Output::Updatable { id: "l".into(), data: d.clone() },
+            Output::Stream { name: "stdout", text: "a\n".into() },
+            Output::Update { id: "l".into(), data: d.clone() },
+            Output::Update { id: "l".into(), data: last },
+            Output::Update { id: "unknown".into(), data: d },
+        ]);
+        assert_eq!(live.len(), 3);
+        assert_eq!(live[0]["data"]["text/plain"], "final");
+        assert_eq!(live[2]["data"]["text/plain"], "2", "an update of nothing shown is shown");
         assert_eq!(outs[0]["text"], "a\nb\n");
         assert_eq!(outs[1]["name"], "stderr");
         assert_eq!(outs[2]["output_type"], "execute_result");

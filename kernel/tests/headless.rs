@@ -281,3 +281,62 @@ fn unexpected_error_fails_the_run() {
     assert!(outputs(&out, 1).is_empty(), "stops at the first failure");
     assert!(stderr.contains("1 failed"), "{stderr}");
 }
+
+/// `%gpumem diff` of two snapshot directories and of two cells' states (rebuilt from the
+/// recorded history), a refused cell diff that history does not cover, and `%gpumem snapshot
+/// --on-oom`: a cell running out of memory writes a snapshot then, and its report says why.
+#[test]
+fn diffs_and_out_of_memory_snapshots() {
+    let root = repo_root();
+    let dep = format!(":dep gpumem-nb = {{ path = {:?} }}", root.to_str().unwrap());
+    let nb = notebook(&[
+        (&dep, &[]),
+        (
+            "%gpumem record on --stacks\n%gpumem snapshot --on-oom oom\nuse gpumem_nb::{DeviceBuffer, StreamId};\nlet alloc = gpumem_nb::current()?;",
+            &[],
+        ),
+        ("let a = DeviceBuffer::<u8>::zeros(&alloc, 8 << 20, StreamId::DEFAULT)?;", &[]),
+        ("%gpumem snapshot snap-a", &[]),
+        ("let b = DeviceBuffer::<u8>::zeros(&alloc, 16 << 20, StreamId::DEFAULT)?;\ndrop(a);", &[]),
+        ("%gpumem snapshot snap-b\n%gpumem diff snap-a snap-b\n%gpumem diff 3 5\n%gpumem diff 1 now", &[]),
+        ("let huge = DeviceBuffer::<u8>::zeros(&alloc, 9 << 30, StreamId::DEFAULT)?;", &["raises-exception"]),
+        ("b.len()", &[]),
+    ]);
+    let (code, out, stderr) = run("diff", &nb, &[]);
+    assert_eq!(code, 0, "{stderr}");
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("nb-diff");
+    let texts: Vec<String> =
+        outputs(&out, 5).iter().filter_map(|o| o["data"]["text/plain"].as_str().map(str::to_string)).collect();
+    let files = texts.iter().find(|t| t.starts_with("memory diff /")).unwrap_or_else(|| panic!("{texts:?}"));
+    let cells = texts.iter().find(|t| t.starts_with("memory diff after cell 3 → after cell 5")).expect("cells' diff");
+    for d in [files, cells] {
+        assert!(d.contains("appeared 1 (16.00 MiB)") && d.contains("disappeared 1 (8.00 MiB)"), "{d}");
+        assert!(d.contains("cell 3") && d.contains("cell 5"), "labels from the history: {d}");
+        assert!(d.contains("+8.00 MiB"), "{d}");
+    }
+    let html =
+        outputs(&out, 5).iter().find_map(|o| o["data"]["text/html"].as_str().filter(|h| h.contains("memory diff")));
+    assert!(html.is_some_and(|h| h.contains("<table")), "{html:?}");
+    let err: String =
+        outputs(&out, 5).iter().filter(|o| o["name"] == "stderr").map(|o| o["text"].as_str().unwrap()).collect();
+    assert!(err.contains("diff: a cell's state is rebuilt from the recorded history"), "{err}");
+
+    // Out of memory: the cell failed, its report says why and where the snapshot is.
+    let r = records(&out, 6)[0];
+    let oom = &r["oom"];
+    assert_eq!(oom["requested"], 9u64 << 30, "{r}");
+    assert!(oom["why"].as_str().unwrap().starts_with("out of memory on device 0: asked for 9.00 GiB"), "{oom}");
+    assert!(oom["why"].as_str().unwrap().contains("fragmentation"), "{oom}");
+    let page = oom["files"]["html"].as_str().unwrap();
+    assert!(page.starts_with(dir.join("oom/cell-7").to_str().unwrap()) && Path::new(page).is_file(), "{oom}");
+    let snap: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("oom/cell-7/snapshot.json")).unwrap()).unwrap();
+    assert!(snap.to_string().contains("\"oom\""), "the failure is in the snapshot's history");
+    let line = outputs(&out, 6).iter().find_map(|o| o["data"]["text/plain"].as_str().filter(|t| t.starts_with("[7]")));
+    assert!(line.is_some_and(|l| l.contains("⚠ out of memory") && l.contains("snapshot then:")), "{line:?}");
+    let summary =
+        outputs(&out, 6).iter().find_map(|o| o["data"]["text/html"].as_str().filter(|h| h.contains("gpumem-report")));
+    assert!(summary.is_some_and(|h| h.contains("href=\"oom/cell-7/trace_plot.html\"")), "{summary:?}");
+    assert_eq!(result_text(&out, 7), (16u64 << 20).to_string(), "the kernel carries on");
+    assert!(records(&out, 7)[0].get("oom").is_none(), "a later cell has no failure of its own");
+}

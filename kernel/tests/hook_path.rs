@@ -239,7 +239,7 @@ fn kernel_main() -> ExitCode {
     let expect_gpu = std::env::var("GPUMEM_NB_EXPECT_GPU").is_ok_and(|v| v == "1");
     let dir = tempfile::tempdir().expect("temp dir");
     let mut hooks = Hooks::new(ControlServer::in_dir(&dir.path().join("k")).expect("control socket"));
-    let mut child = spawn_child(&hooks.control);
+    let mut child = spawn_child(&hooks.control());
     let mut history = History::default();
     let mut checks = Checks::default();
     let script = ["load", "scratch", "cudarc", "panic", "empty_cache", "oom", "crash", "load", "free_weights"];
@@ -263,7 +263,7 @@ fn kernel_main() -> ExitCode {
         if reply.is_none() {
             let status = child.proc.wait().expect("reap the child");
             crashed = Some(status.to_string());
-            child = spawn_child(&hooks.control);
+            child = spawn_child(&hooks.control());
         }
         let after = hooks.after(cell, Some(child.proc.id()));
         let mut rec = hooks::record(cell, &before, &after);

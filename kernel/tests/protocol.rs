@@ -1,13 +1,14 @@
 //! The kernel over the Jupyter wire protocol, driven by a client built on the same crates
 //! (jupyter-zmq-client + jupyter-protocol): kernel_info, complete, is_complete, interrupt,
 //! stdin input, a panicking cell, an aborting cell followed by a working one with the history
-//! intact, a `:dep` path crate loaded twice, and message order (outputs → reply → idle).
+//! intact, a `:dep` path crate loaded twice, and message order (outputs → reply → idle); a long
+//! cell's live line updated in place and replaced by its report; `usage_request`.
 
 use jupyter_protocol::{ExecutionState, Transport};
 use jupyter_zmq_client::{
     ClientControlConnection, ClientIoPubConnection, ClientShellConnection, ClientStdinConnection, CompleteRequest,
     ConnectionInfo, ExecuteRequest, InputReply, InterruptRequest, IsCompleteReplyStatus, IsCompleteRequest,
-    JupyterMessage, JupyterMessageContent, KernelInfoRequest, ReplyStatus, ShutdownRequest,
+    JupyterMessage, JupyterMessageContent, KernelInfoRequest, ReplyStatus, ShutdownRequest, UnknownMessage,
     create_client_control_connection, create_client_iopub_connection, create_client_shell_connection_with_identity,
     create_client_stdin_connection_with_identity, peek_ports_with_listeners, peer_identity_for_session,
 };
@@ -64,13 +65,33 @@ impl Executed {
         self.of_type("execute_result").first().map(|r| r["data"]["text/plain"].as_str().unwrap().to_string())
     }
 
+    /// The messages carrying a cell report: a `display_data`, or the `update_display_data` that
+    /// replaced a live line.
+    fn report_messages(&self) -> Vec<(usize, &JupyterMessage)> {
+        self.iopub
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| matches!(m.header.msg_type.as_str(), "display_data" | "update_display_data"))
+            .filter(|(_, m)| serde_json::to_value(&m.content).unwrap()["data"].get(CELL_MIME).is_some())
+            .collect()
+    }
+
     fn reports(&self) -> Vec<serde_json::Value> {
-        self.of_type("display_data").into_iter().filter_map(|d| d["data"].get(CELL_MIME).cloned()).collect()
+        self.report_messages()
+            .into_iter()
+            .map(|(_, m)| serde_json::to_value(&m.content).unwrap()["data"][CELL_MIME].clone())
+            .collect()
     }
 }
 
 impl Kernel {
     async fn start(name: &str) -> Kernel {
+        let evcxr_tmp = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("evcxr-{name}"));
+        Kernel::start_in(name, &evcxr_tmp).await
+    }
+
+    /// A kernel whose evcxr compiles cells in `evcxr_tmp`.
+    async fn start_in(name: &str, evcxr_tmp: &Path) -> Kernel {
         let ip = "127.0.0.1".parse().unwrap();
         let (ports, listeners) = peek_ports_with_listeners(ip, 5).await.unwrap();
         let key = format!(
@@ -93,13 +114,12 @@ impl Kernel {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("connection.json");
         std::fs::write(&file, serde_json::to_string(&info).unwrap()).unwrap();
-        let evcxr_tmp = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("evcxr-{name}"));
-        std::fs::create_dir_all(&evcxr_tmp).unwrap();
+        std::fs::create_dir_all(evcxr_tmp).unwrap();
         drop(listeners);
         let process = std::process::Command::new(env!("CARGO_BIN_EXE_gpumem-kernel"))
             .arg("--connection-file")
             .arg(&file)
-            .env("EVCXR_TMPDIR", &evcxr_tmp)
+            .env("EVCXR_TMPDIR", evcxr_tmp)
             .env("GPUMEM_NB_DEVICE", "sim:8GiB")
             .current_dir(dir.path())
             .spawn()
@@ -228,12 +248,13 @@ async fn protocol() {
     assert_eq!(reports.len(), 1, "{:?}", e.json());
     assert_eq!(reports[0]["cell"], 1);
     assert_eq!(reports[0]["crate_loaded"]["after"], false);
-    let report_msg = e.of_type("display_data");
-    assert!(report_msg[0]["data"]["text/html"].as_str().unwrap().contains("<details>"));
-    // The report comes after the result.
+    let (at, report_msg) = e.report_messages()[0];
+    let report_msg = serde_json::to_value(&report_msg.content).unwrap();
+    assert!(report_msg["data"]["text/html"].as_str().unwrap().contains("<details>"));
+    // The report comes after the result (in place of the live line when the cell, compiling
+    // included, took over a second).
     let types: Vec<&str> = e.iopub.iter().map(|m| m.header.msg_type.as_str()).collect();
-    let pos = |t: &str| types.iter().position(|x| *x == t).unwrap();
-    assert!(pos("execute_result") < pos("display_data"), "{types:?}");
+    assert!(types.iter().position(|x| *x == "execute_result").unwrap() < at, "{types:?}");
 
     // complete: a magic verb, and Rust through evcxr.
     let r =
@@ -335,7 +356,7 @@ async fn protocol() {
     }
     let report = out
         .iter()
-        .filter(|m| m.header.msg_type == "display_data")
+        .filter(|m| matches!(m.header.msg_type.as_str(), "display_data" | "update_display_data"))
         .find_map(|m| serde_json::to_value(&m.content).unwrap()["data"].get(CELL_MIME).cloned())
         .expect("a report for the interrupted cell");
     assert_eq!(report["restarted"], true);
@@ -375,6 +396,80 @@ async fn protocol() {
     }
     let e = k.execute("6 * 7").await;
     assert_eq!(e.result_text().as_deref(), Some("42"), "later requests run again");
+
+    k.shutdown().await;
+}
+
+/// A 5-second cell, driven over ZMQ with gpumem-nb loaded: its live line is shown after about a
+/// second with the memory so far, updated in place at least twice, and replaced by the cell's
+/// report under the same display id; a short cell gets its report as before. Then
+/// `usage_request` on the control channel: ipykernel's fields and GPU memory per device.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_line_and_usage() {
+    // The crate compiles inside evcxr once (minutes): in the test script's shared directory.
+    let evcxr_tmp = std::env::var_os("EVCXR_TMPDIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_TARGET_TMPDIR")).join("evcxr-live"));
+    let mut k = Kernel::start_in("live", &evcxr_tmp).await;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let e = k.execute(&format!(":dep gpumem-nb = {{ path = {:?} }}", root.to_str().unwrap())).await;
+    assert_eq!(e.status(), ReplyStatus::Ok, "{:?}", e.json());
+    let e = k
+        .execute(
+            "use gpumem_nb::{DeviceBuffer, StreamId};\nlet keep = DeviceBuffer::<u8>::zeros(&gpumem_nb::current()?, 64 << 20, StreamId::DEFAULT)?;",
+        )
+        .await;
+    assert_eq!(e.status(), ReplyStatus::Ok, "{:?}", e.json());
+
+    let e = k.execute("std::thread::sleep(std::time::Duration::from_secs(5));\n7").await;
+    assert_eq!(e.status(), ReplyStatus::Ok, "{:?}", e.json());
+    let json: Vec<(String, serde_json::Value)> =
+        e.iopub.iter().map(|m| (m.header.msg_type.clone(), serde_json::to_value(&m.content).unwrap())).collect();
+    let shown: Vec<&serde_json::Value> = json
+        .iter()
+        .filter(|(t, c)| t == "display_data" && c["transient"]["display_id"].is_string())
+        .map(|(_, c)| c)
+        .collect();
+    assert_eq!(shown.len(), 1, "one live line: {json:?}");
+    let id = shown[0]["transient"]["display_id"].as_str().unwrap();
+    let line = shown[0]["data"]["text/plain"].as_str().unwrap();
+    assert!(line.contains("running") && line.contains("allocated 64.00 MiB"), "{line}");
+    let updates: Vec<&serde_json::Value> =
+        json.iter().filter(|(t, _)| t == "update_display_data").map(|(_, c)| c).collect();
+    assert!(updates.iter().all(|u| u["transient"]["display_id"] == id), "{updates:?}");
+    let (last, before_last) = updates.split_last().expect("the report replaces the live line");
+    assert!(last["data"].get(CELL_MIME).is_some(), "the last update is the report: {last}");
+    assert!(last["data"]["text/plain"].as_str().unwrap().starts_with("[3] sim:0"), "{last}");
+    let live_updates = before_last.iter().filter(|u| u["data"]["text/plain"].as_str().unwrap().contains("running"));
+    assert!(live_updates.count() >= 2, "at least two in-place updates before the report: {updates:?}");
+    assert_eq!(e.reports().len(), 1, "no second report");
+    let record = &e.reports()[0];
+    assert!(record["live"]["updates"].as_u64().unwrap() >= 3, "{record}");
+    let cpu_us = record["live"]["cpu_us"].as_u64().unwrap();
+    let wall_ms = record["live"]["wall_ms"].as_f64().unwrap();
+    eprintln!("live line: {} lines, sampler CPU {cpu_us} µs over {wall_ms:.0} ms", record["live"]["updates"]);
+    assert!((cpu_us as f64 / 1e3) < 0.05 * wall_ms, "the sampler costs well under 5 % of a core: {record}");
+
+    // A quick cell (the crate is compiled, the cell is small): a report of its own.
+    let e = k.execute("keep.len()").await;
+    assert_eq!(e.result_text().as_deref(), Some((64u64 << 20).to_string().as_str()));
+    assert_eq!(e.reports().len(), 1);
+
+    // usage_request: what jupyter-resource-usage's panel reads, plus GPU memory per device.
+    let req: JupyterMessage =
+        UnknownMessage { msg_type: "usage_request".into(), content: serde_json::json!({}) }.into();
+    k.control.send(req).await.unwrap();
+    let reply = timeout(Duration::from_secs(10), k.control.read()).await.expect("usage reply").unwrap();
+    assert_eq!(reply.header.msg_type, "usage_reply");
+    let u = serde_json::to_value(&reply.content).unwrap();
+    assert_eq!(u["pid"], k.process.id(), "{u}");
+    assert!(u["hostname"].as_str().is_some_and(|h| !h.is_empty()), "{u}");
+    assert!(u["kernel_memory"].as_u64().unwrap() > 0, "{u}");
+    assert!(u["kernel_cpu"].as_f64().is_some() && u["cpu_count"].as_u64().unwrap() > 0, "{u}");
+    assert!(u["host_virtual_memory"]["total"].as_u64().unwrap() > 0, "{u}");
+    let sim = u["gpu_memory"].as_array().unwrap().iter().find(|g| g["source"] == "simulated").expect("the device");
+    assert_eq!(sim["allocated"], 64u64 << 20, "{u}");
+    assert_eq!(sim["total"], 8u64 << 30, "{u}");
 
     k.shutdown().await;
 }

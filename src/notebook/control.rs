@@ -86,12 +86,13 @@ pub fn serve(mut reader: impl BufRead, mut out: impl Write) {
     }
 }
 
-/// What the serving thread remembers between requests: the open peak slots per device, and
-/// the tracker's slot over every allocation.
+/// What the serving thread remembers between requests: the open peak slots per device, the
+/// tracker's slot over every allocation, the out-of-memory watch.
 #[derive(Default)]
 struct Session {
     slots: HashMap<i32, SlotId>,
     tracked: Option<crate::track::TrackSlot>,
+    oom: Arc<super::oom::OomWatch>,
 }
 
 /// One device's numbers now; peaks since `slot` was opened when there is one.
@@ -140,11 +141,13 @@ fn device0() -> Result<Arc<Allocator>, String> {
 }
 
 impl Session {
-    fn readings(&self, id: u64) -> Reply {
+    /// Every open device's reading and the tracked places (with their top owners when
+    /// `owners`), peaks since `pre`.
+    fn readings(&self, id: u64, owners: bool) -> Reply {
         let devices =
             super::registry::opened().iter().map(|a| reading(a, self.slots.get(&a.device()).copied())).collect();
         let status = tracking::status();
-        let tracked = status.is_on().then(|| tracking::readings(self.tracked));
+        let tracked = status.is_on().then(|| tracking::readings(self.tracked, owners));
         Reply { devices: Some(devices), tracking: Some(status.label()), tracked, ..Reply::ok(id) }
     }
 
@@ -169,10 +172,11 @@ impl Session {
                 if let Some(old) = self.tracked.replace(tracking::open_slot()) {
                     tracking::close_slot(old);
                 }
-                Ok(self.readings(id))
+                self.oom.begin(*cell);
+                Ok(self.readings(id, true))
             }
             Op::Post { .. } => {
-                let r = self.readings(id);
+                let r = Reply { oom: self.oom.end(), ..self.readings(id, true) };
                 for a in super::registry::opened() {
                     if let Some(slot) = self.slots.remove(&a.device()) {
                         a.with_state(|s, _| s.close_slot(slot));
@@ -185,7 +189,8 @@ impl Session {
                 tracking::set_label(None);
                 Ok(r)
             }
-            Op::Read => Ok(self.readings(id)),
+            Op::Read => Ok(self.readings(id, true)),
+            Op::Live => Ok(self.readings(id, false)),
             Op::Record(RecordRequest { enabled, max_entries, stacks }) => {
                 let max_entries = max_entries.map_or(usize::MAX, |m| m.min(usize::MAX as u64) as usize);
                 let context = if *stacks { StackContext::All } else { StackContext::None };
@@ -198,10 +203,11 @@ impl Session {
             Op::Snapshot { dir } => {
                 let files =
                     tracking::snapshot(&*device0()?).save(std::path::Path::new(dir)).map_err(|e| e.to_string())?;
-                let path = |p: std::path::PathBuf| p.display().to_string();
-                let files =
-                    SnapshotPaths { pickle: path(files.pickle), json: path(files.json), html: path(files.html) };
-                Ok(Reply { files: Some(files), ..Reply::ok(id) })
+                Ok(Reply { files: Some(SnapshotPaths::from(&files)), ..Reply::ok(id) })
+            }
+            Op::OnOom { dir } => {
+                self.oom.set_dir(dir.as_ref().map(std::path::PathBuf::from));
+                Ok(Reply::ok(id))
             }
             Op::HistorySvg => {
                 let a = device0()?;
@@ -267,6 +273,27 @@ mod tests {
             String::from_utf8(out).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
         assert!(!replies[0].ok && replies[0].error.as_deref().unwrap().contains("not UTF-8"), "{replies:?}");
         assert!(replies.iter().all(|r| !r.ok));
+    }
+
+    /// `live` reads the cell's peaks so far and leaves its slots open: a temporary freed after
+    /// one `live` still counts in the next one and in `post`; no owners are computed.
+    #[test]
+    fn live_reads_leave_the_cells_slots_open() {
+        let alloc = crate::current().unwrap();
+        let mut s = Session::default();
+        assert!(s.handle(1, &Op::Pre { cell: 1 }).ok);
+        let peak = |r: &Reply| {
+            assert!(r.ok, "{r:?}");
+            r.devices.as_ref().unwrap().iter().find(|d| d.device == alloc.device()).unwrap().peak_allocated
+        };
+        let temp = alloc.malloc(8 << 20, crate::StreamId::DEFAULT).unwrap();
+        let live = s.handle(2, &Op::Live);
+        assert!(peak(&live) >= 8 << 20);
+        assert!(live.tracked.iter().flatten().all(|p| p.top.is_empty()), "{live:?}");
+        alloc.free(temp.block.unwrap()).unwrap();
+        assert!(peak(&s.handle(3, &Op::Live)) >= 8 << 20, "the slot is still open");
+        assert!(peak(&s.handle(4, &Op::Post { cell: 1 })) >= 8 << 20);
+        assert!(s.slots.is_empty() && s.tracked.is_none(), "post closes the slots");
     }
 
     #[test]

@@ -9,11 +9,13 @@
 //! - [`scope`]: `measure` / `save_memory_snapshot` scopes.
 //! - [`mem`]: the ipyexperiments helpers (free/used/total, allocate, leave free, preload).
 //! - [`tracking`]: every device allocation of the process (CUPTI, or the simulated driver).
+//! - [`oom`]: out-of-memory failures caught as they happen (a snapshot then, and why).
 
 #[allow(unsafe_code)]
 pub(crate) mod anchor;
 pub mod control;
 pub mod mem;
+pub mod oom;
 pub mod protocol;
 pub mod registry;
 pub mod scope;

@@ -75,12 +75,23 @@ pub enum Op {
     },
     /// The readings now.
     Read,
+    /// The readings now with the peaks since `pre`, leaving the cell's slots open, and without
+    /// the top owners (no stack is symbolised): what gpumem-kernel's live line asks a few
+    /// times a second while a cell runs.
+    Live,
     /// Sets history recording on every open device.
     Record(RecordRequest),
     /// Writes snapshot.pickle/.json/trace_plot.html of device 0 into `dir`.
     Snapshot {
         /// Directory (created if missing).
         dir: String,
+    },
+    /// Watches every open device for out-of-memory: the first failure of a cell writes a
+    /// snapshot into `dir/cell-N` at that moment, and the cell's `post` answers `oom`.
+    OnOom {
+        /// Directory (created when needed); `None` stops watching.
+        #[serde(default)]
+        dir: Option<String>,
     },
     /// The memory-over-time chart of device 0's recorded history.
     HistorySvg,
@@ -95,8 +106,10 @@ impl Op {
             Op::Pre { .. } => "pre",
             Op::Post { .. } => "post",
             Op::Read => "read",
+            Op::Live => "live",
             Op::Record(_) => "record",
             Op::Snapshot { .. } => "snapshot",
+            Op::OnOom { .. } => "on_oom",
             Op::HistorySvg => "history_svg",
             Op::Summary => "summary",
         }
@@ -246,8 +259,52 @@ pub struct SnapshotPaths {
     pub html: String,
 }
 
-/// A reply. Which fields are set depends on the request: `devices` for `pre`/`post`/`read`,
-/// `files` for `snapshot`, `svg` and `text` for `history_svg`, `text` for `summary`.
+impl From<&crate::SnapshotFiles> for SnapshotPaths {
+    fn from(f: &crate::SnapshotFiles) -> Self {
+        let path = |p: &std::path::Path| p.display().to_string();
+        SnapshotPaths { pickle: path(&f.pickle), json: path(&f.json), html: path(&f.html) }
+    }
+}
+
+/// An out-of-memory failure during a cell, as `post` reports it: why, in numbers and in one
+/// line, and the snapshot written at that moment.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OomEvent {
+    /// The device that ran out.
+    pub device: i32,
+    /// Failures during the cell (the first one is described).
+    pub count: u64,
+    /// Bytes the failing allocation asked the device for.
+    pub requested: u64,
+    /// Free device memory then (`cuMemGetInfo`, or the simulated capacity left).
+    pub device_free: u64,
+    /// Device size.
+    pub device_total: u64,
+    /// The allocator's cached, unallocated bytes then.
+    pub cached_free: u64,
+    /// The largest of them in one block.
+    pub largest_free_block: u64,
+    /// Why it failed, in one line.
+    pub why: String,
+    /// The snapshot written then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files: Option<SnapshotPaths>,
+    /// Why no snapshot could be written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_error: Option<String>,
+}
+
+impl OomEvent {
+    /// How split the cached free memory was: 1 − largest free block ÷ cached free bytes (0 when
+    /// nothing is cached).
+    pub fn fragmentation(&self) -> f64 {
+        if self.cached_free == 0 { 0.0 } else { 1.0 - self.largest_free_block as f64 / self.cached_free as f64 }
+    }
+}
+
+/// A reply. Which fields are set depends on the request: `devices` for `pre`/`post`/`read`/`live`
+/// (and `oom` for `post`), `files` for `snapshot`, `svg` and `text` for `history_svg`, `text` for
+/// `summary`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Reply {
     /// The request's id (`None` when the request could not be read at all).
@@ -277,6 +334,9 @@ pub struct Reply {
     /// peaks since `pre` (or since tracking began): what `pre`, `post` and `read` answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tracked: Option<Vec<PlaceReading>>,
+    /// The cell's first out-of-memory failure, when `on_oom` watches (`post`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oom: Option<OomEvent>,
 }
 
 impl Reply {
@@ -320,7 +380,14 @@ mod tests {
         };
         assert_eq!(to_line(&r), r#"{"id":8,"op":"record","enabled":"state","max_entries":10,"stacks":true}"#);
         assert_eq!(to_line(&Request { id: 9, op: Op::HistorySvg }), r#"{"id":9,"op":"history_svg"}"#);
-        for op in [Op::Pre { cell: 1 }, Op::Post { cell: 1 }, Op::Read, Op::Summary, Op::Snapshot { dir: "d".into() }] {
+        for op in [
+            Op::Pre { cell: 1 },
+            Op::Post { cell: 1 },
+            Op::Read,
+            Op::Live,
+            Op::Summary,
+            Op::Snapshot { dir: "d".into() },
+        ] {
             assert!(to_line(&Request { id: 1, op: op.clone() }).contains(&format!("\"op\":\"{}\"", op.name())));
         }
         for line in [
@@ -328,6 +395,8 @@ mod tests {
             r#"{"id":8,"op":"record","enabled":"state","max_entries":10,"stacks":true}"#,
             r#"{"id":9,"op":"history_svg"}"#,
             r#"{"id":10,"op":"snapshot","dir":"/tmp/x"}"#,
+            r#"{"id":11,"op":"on_oom","dir":"/tmp/oom"}"#,
+            r#"{"id":12,"op":"on_oom","dir":null}"#,
         ] {
             assert_eq!(to_line(&parse_request(line).unwrap()), line);
         }

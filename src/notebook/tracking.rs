@@ -219,8 +219,8 @@ fn place_reading(place: Place, t: &PlaceTotals, top: Vec<OwnerBytes>) -> PlaceRe
 }
 
 /// Every place's tracked bytes: peaks since `slot` opened (or since tracking began), with the
-/// top owners of what is live.
-pub(crate) fn readings(slot: Option<TrackSlot>) -> Vec<PlaceReading> {
+/// top owners of what is live when `owners` (which symbolises their stacks).
+pub(crate) fn readings(slot: Option<TrackSlot>, owners: bool) -> Vec<PlaceReading> {
     let t = state();
     let (totals, live) = {
         let tr = lock(&t.tracker);
@@ -228,7 +228,8 @@ pub(crate) fn readings(slot: Option<TrackSlot>) -> Vec<PlaceReading> {
             Some(s) => s,
             None => tr.totals().clone(),
         };
-        let live: Vec<(Place, u64, Option<Frames>)> = tr.live().map(|a| (a.device, a.size, a.frames.clone())).collect();
+        let live: Vec<(Place, u64, Option<Frames>)> =
+            if owners { tr.live().map(|a| (a.device, a.size, a.frames.clone())).collect() } else { Vec::new() };
         (totals, live)
     };
     let tops = top_owners(&live);

@@ -10,6 +10,7 @@
 //! in evcxr's content protocol (`EVCXR_BEGIN_CONTENT <mime>` … `EVCXR_END_CONTENT`).
 
 pub mod chart;
+mod diff;
 mod files;
 pub mod reports;
 pub mod trace_plot;

@@ -6,6 +6,7 @@
 //!   file drags into pytorch.org/memory_viz and `python -m torch.cuda._memory_viz` reads it.
 //! - [`json`]: the same structure as JSON (the newest viewer accepts it too).
 //! - [`timeline`]: the running totals after every event, rebuilt from a trace.
+//! - [`diff`]: two states compared allocation by allocation ([`diff()`], [`SnapshotDiff`]).
 //!
 //! The offline HTML page, and writing all three files, are rendering: `crate::render`.
 //!
@@ -13,11 +14,13 @@
 //! lock (cheap: raw addresses, no symbol lookup), then [`Snapshot::from_raw`] symbolises stacks
 //! outside the lock.
 
+pub mod diff;
 pub mod json;
 mod model;
 pub mod pickle;
 mod timeline;
 
+pub use diff::{SnapshotDiff, diff};
 pub use model::{AllocatorSettings, BlockSnap, Segment, Snapshot, TraceSnap};
 pub use timeline::{MemoryTimeline, TimelinePoint, TimelineSource};
 

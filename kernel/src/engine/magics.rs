@@ -31,7 +31,7 @@ impl RecordSetting {
 
 impl Engine {
     pub(super) fn finish_cell_magic(&mut self, count: u64, timeline: bool, snap: Option<&Path>, was_loaded: bool) {
-        if self.hooks.control.connected().is_none() {
+        if self.hooks.control().connected().is_none() {
             self.stream(
                 "stderr",
                 "%%gpumem: gpumem-nb is not loaded in this notebook, so there is no allocator history \
@@ -43,7 +43,8 @@ impl Engine {
             self.stream("stderr", "%%gpumem: gpumem-nb was loaded during this cell; its history starts at first use");
         }
         if timeline {
-            match self.hooks.control.request(Op::HistorySvg, SLOW_TIMEOUT) {
+            let reply = self.hooks.control().request(Op::HistorySvg, SLOW_TIMEOUT);
+            match reply {
                 Ok(reply) => {
                     let mut m = Map::new();
                     let text = reply.text.as_deref().unwrap_or("memory over time");
@@ -59,7 +60,10 @@ impl Engine {
         if let Some(dir) = snap {
             self.snapshot(count, Some(dir));
         }
-        let _ = self.hooks.control.request(self.record.request(), HOOK_TIMEOUT);
+        let sent = self.hooks.control().request(self.record.request(), HOOK_TIMEOUT).is_ok();
+        if sent {
+            self.hooks.note_recording(self.record.on);
+        }
     }
 
     pub(super) fn apply_setting(&mut self, m: &Magic) {
@@ -101,10 +105,37 @@ impl Engine {
                 } else {
                     "gpumem: history recording off".to_string()
                 };
-                if self.hooks.control.connected().is_some() {
-                    match self.hooks.control.request(self.record.request(), HOOK_TIMEOUT) {
-                        Ok(_) => self.stream("stdout", what),
+                if self.hooks.control().connected().is_some() {
+                    let reply = self.hooks.control().request(self.record.request(), HOOK_TIMEOUT);
+                    match reply {
+                        Ok(_) => {
+                            self.hooks.note_recording(*on);
+                            self.stream("stdout", what);
+                        }
                         Err(e) => self.magic_error(&format!("record failed: {e}")),
+                    }
+                } else {
+                    self.stream("stdout", format!("{what} (from when gpumem-nb is first used)"));
+                }
+            }
+            Magic::OnOom(dir) => {
+                let dir = dir.as_deref().map(absolute);
+                let request = Op::OnOom { dir: dir.as_ref().map(|d| d.display().to_string()) };
+                self.hooks.set_oom_on_connect(dir.is_some().then(|| request.clone()));
+                let pid = self.child_pid();
+                self.hooks.poll(pid);
+                let what = match &dir {
+                    Some(d) => format!(
+                        "gpumem: a cell that runs out of memory writes a snapshot into {} at that moment",
+                        d.join("cell-N").display()
+                    ),
+                    None => "gpumem: no snapshots on out-of-memory".to_string(),
+                };
+                if self.hooks.control().connected().is_some() {
+                    let reply = self.hooks.control().request(request, HOOK_TIMEOUT);
+                    match reply {
+                        Ok(_) => self.stream("stdout", what),
+                        Err(e) => self.magic_error(&format!("snapshot --on-oom failed: {e}")),
                     }
                 } else {
                     self.stream("stdout", format!("{what} (from when gpumem-nb is first used)"));
@@ -140,7 +171,8 @@ impl Engine {
             Magic::Summary => {
                 let pid = self.child_pid();
                 self.hooks.poll(pid);
-                match self.hooks.control.request(Op::Summary, SLOW_TIMEOUT) {
+                let reply = self.hooks.control().request(Op::Summary, SLOW_TIMEOUT);
+                match reply {
                     Ok(reply) => {
                         let text = reply.text.unwrap_or_default();
                         self.display_text_html(&text, format!("<pre style=\"font-size:12px\">{}</pre>", escape(&text)));
@@ -149,6 +181,7 @@ impl Engine {
                 }
             }
             Magic::Snapshot(dir) => self.snapshot(count, dir.as_deref()),
+            Magic::Diff(a, b) => self.diff(count, a, b),
             Magic::Export(path, format) => {
                 let body = match format {
                     ExportFormat::Csv => self.history.to_csv(),
@@ -168,18 +201,18 @@ impl Engine {
 
     fn snapshot(&mut self, count: u64, dir: Option<&Path>) {
         let cwd = std::env::current_dir().unwrap_or_default();
-        let dir = normalize(&match dir {
-            Some(d) if d.is_absolute() => d.to_path_buf(),
-            Some(d) => cwd.join(d),
+        let dir = match dir {
+            Some(d) => absolute(d),
             None => cwd.join("gpumem-snapshots").join(format!("cell-{count}")),
-        });
+        };
         let pid = self.child_pid();
         self.hooks.poll(pid);
-        if self.hooks.control.connected().is_none() {
+        if self.hooks.control().connected().is_none() {
             self.magic_error("snapshot: gpumem-nb is not loaded in this notebook (nothing to snapshot)");
             return;
         }
-        match self.hooks.control.request(Op::Snapshot { dir: dir.display().to_string() }, SLOW_TIMEOUT) {
+        let reply = self.hooks.control().request(Op::Snapshot { dir: dir.display().to_string() }, SLOW_TIMEOUT);
+        match reply {
             Ok(reply) => {
                 let files = reply.files.unwrap_or_default();
                 let mut text = format!("gpumem: snapshot written to {}\n", dir.display());
@@ -211,6 +244,12 @@ impl Engine {
             Err(e) => self.magic_error(&format!("snapshot to {}: {e}", dir.display())),
         }
     }
+}
+
+/// A path a magic names, made absolute from the working directory (the notebook's) and
+/// normalised.
+pub(super) fn absolute(p: &Path) -> PathBuf {
+    if p.is_absolute() { normalize(p) } else { normalize(&std::env::current_dir().unwrap_or_default().join(p)) }
 }
 
 /// `a/b/../c` → `a/c`, lexically (the directory may not exist yet).

@@ -5,10 +5,11 @@
 //! cell's streams, then its result or error, then the memory report (its own `display_data`),
 //! then whatever the magics show.
 //!
-//! - `magics`: what the `%gpumem` / `%%gpumem` magics do to the engine.
+//! - `magics`: what the `%gpumem` / `%%gpumem` magics do to the engine; `diff`: `%gpumem diff`.
 //! - `errors`: evcxr's errors as [`ErrorInfo`], and the code-derived fields of a record.
 //! - `pump`: the thread forwarding evcxr's stdout/stderr to the sink.
 
+mod diff;
 mod errors;
 mod magics;
 mod pump;
@@ -17,6 +18,7 @@ pub use errors::ErrorInfo;
 
 use crate::control::{CONTROL_VAR, ControlServer};
 use crate::hooks::{self, HOOK_TIMEOUT, Hooks};
+use crate::live;
 use crate::magic::{self, Magic};
 use crate::report::{CellRecord, History};
 use crate::toolchain;
@@ -24,7 +26,7 @@ use errors::{error_info, first_code_line, source_hash};
 use magics::RecordSetting;
 use pump::StreamPump;
 use serde_json::{Map, Value};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Child;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -62,6 +64,22 @@ pub enum Output {
         /// MIME type → data.
         data: Map<String, Value>,
     },
+    /// Something shown that a later [`Output::Update`] replaces in place (Jupyter's
+    /// `display_data` with a `display_id`): the live line.
+    Updatable {
+        /// The display id.
+        id: String,
+        /// MIME type → data.
+        data: Map<String, Value>,
+    },
+    /// Replaces what was shown under `id` (`update_display_data`): the live line's updates, and
+    /// the final report that takes its place.
+    Update {
+        /// The display id.
+        id: String,
+        /// MIME type → data.
+        data: Map<String, Value>,
+    },
     /// The cell failed.
     Error(ErrorInfo),
 }
@@ -73,6 +91,11 @@ pub trait Sink: Send + Sync {
     /// Asks the user for a line (the cell called `evcxr_input`); only called when the
     /// request allowed stdin.
     fn input(&self, prompt: &str, password: bool) -> String;
+    /// Whether a shown output can be replaced in place (a Jupyter frontend): then a long cell
+    /// gets a live line (`crate::live`). Headless runs keep final outputs only.
+    fn updates_in_place(&self) -> bool {
+        false
+    }
 }
 
 /// What an execution ended with.
@@ -102,6 +125,9 @@ pub struct Engine {
     pub last_hook_us: (u64, u64),
     /// Said once, on `stderr` of the first cell (a toolchain without `rust-src`).
     notice: Option<String>,
+    /// When each cell that ran code ended (the child's pid then, µs since the epoch), for
+    /// `%gpumem diff` of cells.
+    cell_ends: std::collections::HashMap<u64, (Option<u32>, i64)>,
 }
 
 impl Engine {
@@ -148,6 +174,7 @@ impl Engine {
             interrupted,
             last_hook_us: (0, 0),
             notice: sysroot.as_deref().and_then(toolchain::rust_src_notice),
+            cell_ends: Default::default(),
         })
     }
 
@@ -161,9 +188,14 @@ impl Engine {
         self.child.lock().ok().map(|c| c.id())
     }
 
+    /// The control channel to the crate in the child, for another thread.
+    pub fn shared_control(&self) -> crate::hooks::SharedControl {
+        self.hooks.shared_control()
+    }
+
     /// The control socket's path.
-    pub fn control_path(&self) -> &Path {
-        self.hooks.control.socket_path()
+    pub fn control_path(&self) -> PathBuf {
+        self.hooks.control().socket_path().to_path_buf()
     }
 
     /// The session's records.
@@ -241,8 +273,11 @@ impl Engine {
         let before = self.hooks.before(count, self.child_pid());
         if let Some((_, snap)) = cell_magic {
             let setting = RecordSetting { on: true, max_entries: None, stacks: snap.is_some() };
-            if self.hooks.control.connected().is_some() {
-                let _ = self.hooks.control.request(setting.request(), HOOK_TIMEOUT);
+            if self.hooks.control().connected().is_some() {
+                let sent = self.hooks.control().request(setting.request(), HOOK_TIMEOUT).is_ok();
+                if sent {
+                    self.hooks.note_recording(true);
+                }
             }
         }
 
@@ -272,6 +307,13 @@ impl Engine {
         } else {
             run_code
         };
+        // A long cell's live line, where outputs can be updated in place.
+        let sampler = (self.show && self.sink.updates_in_place() && magic::has_code(run_code))
+            .then(|| {
+                let control = self.hooks.shared_control();
+                live::Sampler::start(count, t0, self.child_pid(), control, self.sink.clone()).ok()
+            })
+            .flatten();
         let result = if magic::has_code(run_code) {
             self.ctx.execute_with_callbacks(
                 run_code,
@@ -281,10 +323,12 @@ impl Engine {
             Ok(evcxr::EvalOutputs::new())
         };
         let wall = t0.elapsed();
+        let live = sampler.map(live::Sampler::stop);
         self.pump.flush();
 
         // ---- post hooks
         let after = self.hooks.after(count, self.child_pid());
+        self.cell_ends.insert(count, (after.pid, hooks::now_us()));
         self.last_hook_us = (before.us, after.us);
 
         // ---- outputs: result or error, then the report
@@ -318,6 +362,7 @@ impl Engine {
         rec.first_line = first_code_line(run_code);
         rec.source_hash = source_hash(run_code);
         rec.wall_ms = wall.as_secs_f64() * 1000.0;
+        rec.live = live.as_ref().filter(|l| l.id.is_some()).map(|l| l.cost.clone());
         if rec.restarted {
             rec.restart_reason = Some(if interrupted {
                 "interrupted".into()
@@ -331,7 +376,11 @@ impl Engine {
         }
         self.history.warn(&mut rec);
         if self.show {
-            self.display(rec.display());
+            // The final line takes the live line's place.
+            match live.and_then(|l| l.id) {
+                Some(id) => self.sink.emit(Output::Update { id, data: rec.display() }),
+                None => self.display(rec.display()),
+            }
         }
         self.history.cells.push(rec.clone());
 
@@ -354,11 +403,12 @@ impl Engine {
         if let Some(rest) = line.trim_start().strip_prefix("%gpumem ") {
             let word_start = byte - rest.len() + rest.rfind(' ').map_or(0, |i| i + 1);
             let prefix = &code[word_start..byte];
-            let matches: Vec<String> = magic::COMMANDS
+            let mut matches: Vec<String> = magic::COMMANDS
                 .iter()
                 .filter(|c| c.verb != "%%gpumem" && c.verb.starts_with(prefix))
                 .map(|c| c.verb.to_string())
                 .collect();
+            matches.dedup();
             let start = code[..word_start].chars().count();
             return (matches, start, cursor);
         }

@@ -73,7 +73,32 @@ impl CellRecord {
         for w in &self.warnings {
             let _ = write!(line, " · ⚠ {w}");
         }
+        if let Some(o) = &self.oom {
+            let _ = write!(line, " · ⚠ {}", o.why);
+            if o.count > 1 {
+                let _ = write!(line, " ({} failures in the cell)", o.count);
+            }
+            match (&o.files, &o.snapshot_error) {
+                (Some(f), _) => {
+                    let dir = std::path::Path::new(&f.html).parent().unwrap_or(std::path::Path::new(""));
+                    let _ = write!(line, " · snapshot then: {}", dir.display());
+                }
+                (None, Some(e)) => {
+                    let _ = write!(line, " · no snapshot: {e}");
+                }
+                (None, None) => {}
+            }
+        }
         line
+    }
+
+    /// The out-of-memory snapshot's page, as a link relative to the working directory (the
+    /// notebook's) when it is below it.
+    fn oom_link(&self) -> Option<String> {
+        let html = self.oom.as_ref()?.files.as_ref()?.html.clone();
+        let cwd = std::env::current_dir().unwrap_or_default();
+        let href = std::path::Path::new(&html).strip_prefix(&cwd).map_or(html.clone(), |p| p.display().to_string());
+        Some(format!(" <a href=\"{}\" target=\"_blank\">open the snapshot</a>", escape(&href)))
     }
 
     /// The details table: allocator / CUDA pool / rest of this process / other processes.
@@ -214,12 +239,13 @@ impl CellRecord {
     pub fn display(&self) -> serde_json::Map<String, Value> {
         let line = self.line();
         let details = self.details();
-        let warn = !self.warnings.is_empty() || self.restarted;
+        let warn = !self.warnings.is_empty() || self.restarted || self.oom.is_some();
         let color = if warn { "#a15c00" } else { "#555" };
         let html = format!(
             "<div class=\"gpumem-report\" style=\"font-family:monospace;font-size:12px;color:{color}\">\
-             <details><summary style=\"cursor:pointer\">{}</summary>{}</details></div>",
+             <details><summary style=\"cursor:pointer\">{}{}</summary>{}</details></div>",
             escape(&line),
+            self.oom_link().unwrap_or_default(),
             details.to_html()
         );
         let mut m = serde_json::Map::new();

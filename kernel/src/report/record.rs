@@ -259,6 +259,13 @@ pub struct CellRecord {
     pub wall_ms: f64,
     /// Time the kernel spent in its hooks (pre + post), microseconds.
     pub hook_us: u64,
+    /// The live line, when the cell ran long enough to show one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live: Option<LiveCost>,
+    /// The cell's first out-of-memory failure, when `%gpumem snapshot --on-oom` watched: why,
+    /// and the snapshot written then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oom: Option<gpumem_nb::notebook::protocol::OomEvent>,
     /// The child's pid after the cell.
     pub child_pid: Option<u32>,
     /// The child's pid before the cell.
@@ -273,6 +280,17 @@ pub struct CellRecord {
     pub warnings: Vec<String>,
     /// Hash of the cell's code (re-run detection).
     pub source_hash: String,
+}
+
+/// What a cell's live line cost the kernel (see `crate::live`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LiveCost {
+    /// Lines shown: the first one and its in-place updates.
+    pub updates: u32,
+    /// CPU time of the kernel's sampler thread, microseconds.
+    pub cpu_us: u64,
+    /// How long the sampler ran, milliseconds.
+    pub wall_ms: f64,
 }
 
 /// Where the numbers of a record come from.
@@ -424,12 +442,18 @@ pub fn build_record(cell: u64, r: &Readings<'_>) -> CellRecord {
             None => "unknown".into(),
         };
     }
-    rec.device = match (after0, dev_after) {
+    rec.device = device_name(after0, dev_after);
+    rec
+}
+
+/// How a line names its device: `cuda:0 NVIDIA H100 80GB HBM3`, `sim:0 (simulated)`, an NVML
+/// device when the crate is not loaded, or `device n/a`.
+pub fn device_name(reading: Option<&CrateReading>, nvml: Option<&NvmlDevice>) -> String {
+    match (reading, nvml) {
         (Some(a), Some(d)) if !a.is_simulated() => format!("cuda:{} {}", a.device, d.name),
         (Some(a), _) if !a.is_simulated() => format!("cuda:{}", a.device),
         (Some(a), _) => format!("sim:{} (simulated)", a.device),
         (None, Some(d)) => format!("{} (NVML {})", d.name, d.index),
         (None, None) => "device n/a".into(),
-    };
-    rec
+    }
 }

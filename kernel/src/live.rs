@@ -1,0 +1,223 @@
+//! The live line: while a cell runs longer than [`FIRST_AFTER`], its report line shows the
+//! memory so far and updates in place every [`PERIOD`] (Jupyter's `update_display_data` on one
+//! display id); the cell's final report replaces it under the same id.
+//!
+//! A [`Sampler`] thread of the kernel asks the crate in the child for `live` (its readings with
+//! the cell's peaks so far; the cell's slots stay open) over the shared control channel, and
+//! reads NVML for the child's process. Only a sink that can update outputs in place gets one
+//! (`Sink::updates_in_place`): headless `gpumem-kernel run` keeps the final line only.
+//!
+//! What it costs is measured on the sampler's own thread (its CPU time, [`LiveCost`]) and kept
+//! in the cell's record; `tests/overhead.rs` measures a long cell (BENCHMARKS.md).
+
+use crate::engine::{Output, Sink};
+use crate::hooks::{self, SharedControl};
+use crate::nvml::{self, NvmlSnapshot};
+use crate::report::{CrateReading, LiveCost, TrackedReadings, device_name, format_ms};
+use gpumem_nb::notebook::protocol::Op;
+use gpumem_nb::render::escape;
+use gpumem_nb::units::iec;
+use serde_json::{Map, Value};
+use std::sync::Arc;
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long a cell runs before its live line appears.
+pub const FIRST_AFTER: Duration = Duration::from_secs(1);
+
+/// Time between two updates (at most two a second).
+pub const PERIOD: Duration = Duration::from_millis(500);
+
+/// How long one `live` request may take before the line goes without the crate's numbers.
+const LIVE_TIMEOUT: Duration = Duration::from_millis(250);
+
+/// One reading while a cell runs.
+#[derive(Clone, Debug, Default)]
+pub struct LiveReading {
+    /// The crate's `live` readings (peaks since the cell began), when it is connected.
+    pub devices: Option<Vec<CrateReading>>,
+    /// Every allocation of the child (tracking), when the crate is connected.
+    pub tracked: Option<TrackedReadings>,
+    /// NVML now.
+    pub nvml: NvmlSnapshot,
+}
+
+/// Reads the crate (when it is connected and answers within 250 ms) and NVML.
+pub fn read(control: &SharedControl) -> LiveReading {
+    let mut r = LiveReading { nvml: nvml::read(), ..Default::default() };
+    let mut control = hooks::lock(control);
+    if control.connected().is_some()
+        && let Ok(reply) = control.request(Op::Live, LIVE_TIMEOUT)
+    {
+        r.devices = reply.devices;
+        r.tracked = reply.tracking.map(|status| TrackedReadings { status, places: reply.tracked.unwrap_or_default() });
+    }
+    r
+}
+
+/// The line while cell `cell` of child `pid` has run for `elapsed`: current bytes with the
+/// cell's peaks so far, the allocator's, the child's (NVML) and the device's free memory.
+pub fn line(cell: u64, elapsed: Duration, r: &LiveReading, pid: Option<u32>) -> String {
+    let reading = r.devices.as_deref().and_then(|v| v.iter().find(|d| d.device == 0).or(v.first()));
+    let nvml = r.nvml.device_of(pid, reading.and_then(|a| a.uuid.as_deref()));
+    let mut parts = vec![
+        format!("[{cell}] {}", device_name(reading, nvml)),
+        format!("running {}", format_ms(elapsed.as_secs_f64() * 1000.0)),
+    ];
+    let place = reading.map(|a| a.device);
+    let tracked = r.tracked.as_ref().and_then(|t| t.places.iter().find(|p| place.is_none_or(|d| p.device == Some(d))));
+    if let Some(p) = tracked {
+        parts.push(format!("all allocations {} (peak {})", iec(p.live), iec(p.peak)));
+    }
+    match reading {
+        Some(a) => {
+            parts.push(format!("allocated {} (peak {})", iec(a.allocated), iec(a.peak_allocated)));
+            parts.push(format!("reserved {} (peak {})", iec(a.reserved), iec(a.peak_reserved)));
+            if let Some(used) = a.pool_used.filter(|&u| u > 0 || a.pool_used_high.unwrap_or(0) > 0) {
+                parts.push(format!("CUDA pool {used}", used = iec(used)));
+            }
+        }
+        None => parts.push("allocator n/a (gpumem-nb not loaded)".into()),
+    }
+    if let Some(used) = nvml.zip(pid).and_then(|(d, p)| d.process_used(p)) {
+        parts.push(format!("process {}", iec(used)));
+    }
+    match (nvml, reading.and_then(|a| a.device_free)) {
+        (Some(d), _) => parts.push(format!("device free {}", iec(d.free))),
+        (None, Some(free)) => {
+            let sim = if reading.is_some_and(CrateReading::is_simulated) { " (simulated)" } else { "" };
+            parts.push(format!("device free {}{sim}", iec(free)));
+        }
+        (None, None) => {}
+    }
+    parts.join(" · ")
+}
+
+/// The line as a `display_data` bundle (text and the same words in HTML).
+pub fn bundle(line: &str) -> Map<String, Value> {
+    let html = format!(
+        "<div class=\"gpumem-report gpumem-live\" style=\"font-family:monospace;font-size:12px;color:#555\">{}</div>",
+        escape(line)
+    );
+    let mut m = Map::new();
+    m.insert("text/plain".into(), Value::String(line.to_string()));
+    m.insert("text/html".into(), Value::String(html));
+    m
+}
+
+/// The sampler of one cell: shows the live line after [`FIRST_AFTER`] and updates it until
+/// [`Sampler::stop`].
+pub struct Sampler {
+    stop: mpsc::Sender<()>,
+    thread: JoinHandle<LiveCost>,
+    id: String,
+}
+
+/// What a stopped sampler leaves: the display id its line was shown under (`None`: the cell
+/// ended before it showed one), and what it cost.
+pub struct Finished {
+    /// The display id the cell's final report replaces.
+    pub id: Option<String>,
+    /// Lines shown and the sampler's CPU time.
+    pub cost: LiveCost,
+}
+
+impl Sampler {
+    /// Starts sampling cell `cell`, which began at `started`, of child `pid`; its lines go to
+    /// `sink` under a display id of their own.
+    pub fn start(
+        cell: u64,
+        started: Instant,
+        pid: Option<u32>,
+        control: SharedControl,
+        sink: Arc<dyn Sink>,
+    ) -> std::io::Result<Sampler> {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        let id = format!("gpumem-live-{}-{cell}-{nanos:x}", std::process::id());
+        let (stop, stopped) = mpsc::channel::<()>();
+        let shown_id = id.clone();
+        let thread = std::thread::Builder::new().name("gpumem-live".into()).spawn(move || {
+            let t0 = Instant::now();
+            let mut cost = LiveCost::default();
+            let mut next = started + FIRST_AFTER;
+            // Each tick waits for its time unless told to stop (or the sampler is dropped).
+            while let Err(RecvTimeoutError::Timeout) =
+                stopped.recv_timeout(next.saturating_duration_since(Instant::now()))
+            {
+                let data = bundle(&line(cell, started.elapsed(), &read(&control), pid));
+                let id = shown_id.clone();
+                sink.emit(if cost.updates == 0 { Output::Updatable { id, data } } else { Output::Update { id, data } });
+                cost.updates += 1;
+                // A slow reading skips ticks rather than catching up.
+                next = (next + PERIOD).max(Instant::now());
+            }
+            cost.cpu_us = thread_cpu().as_micros() as u64;
+            cost.wall_ms = t0.elapsed().as_secs_f64() * 1000.0;
+            cost
+        })?;
+        Ok(Sampler { stop, thread, id })
+    }
+
+    /// Stops the sampler and waits for it (at most one reading in flight).
+    pub fn stop(self) -> Finished {
+        let _ = self.stop.send(());
+        let cost = self.thread.join().unwrap_or_default();
+        Finished { id: (cost.updates > 0).then_some(self.id), cost }
+    }
+}
+
+/// CPU time of the calling thread (zero where it cannot be read).
+pub fn thread_cpu() -> Duration {
+    use nix::time::{ClockId, clock_gettime};
+    clock_gettime(ClockId::CLOCK_THREAD_CPUTIME_ID)
+        .map_or(Duration::ZERO, |t| Duration::new(t.tv_sec().max(0) as u64, t.tv_nsec().max(0) as u32))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpumem_nb::notebook::protocol::PlaceReading;
+
+    #[test]
+    fn the_line_has_current_and_peak_so_far() {
+        let mib = 1u64 << 20;
+        let r = LiveReading {
+            devices: Some(vec![CrateReading {
+                backend: gpumem_nb::BackendKind::Simulated,
+                allocated: 64 * mib,
+                reserved: 80 * mib,
+                peak_allocated: 96 * mib,
+                peak_reserved: 100 * mib,
+                device_free: Some(1 << 30),
+                ..Default::default()
+            }]),
+            tracked: Some(TrackedReadings {
+                status: "simulated".into(),
+                places: vec![PlaceReading { device: Some(0), live: 90 * mib, peak: 200 * mib, ..Default::default() }],
+            }),
+            nvml: NvmlSnapshot { devices: vec![], error: Some("no NVML".into()) },
+        };
+        let l = line(7, Duration::from_millis(2500), &r, Some(1));
+        assert_eq!(
+            l,
+            "[7] sim:0 (simulated) · running 2.50 s · all allocations 90.00 MiB (peak 200.00 MiB) · allocated 64.00 MiB \
+             (peak 96.00 MiB) · reserved 80.00 MiB (peak 100.00 MiB) · device free 1.00 GiB (simulated)"
+        );
+        let none = line(2, Duration::from_secs(3), &LiveReading::default(), None);
+        assert_eq!(none, "[2] device n/a · running 3.00 s · allocator n/a (gpumem-nb not loaded)");
+        let b = bundle("a < b");
+        assert_eq!(b["text/plain"], "a < b");
+        assert!(b["text/html"].as_str().unwrap().contains("a &lt; b"));
+    }
+
+    #[test]
+    fn thread_cpu_time_grows() {
+        let a = thread_cpu();
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_millis(20) {
+            std::hint::black_box(0);
+        }
+        assert!(thread_cpu() > a);
+    }
+}

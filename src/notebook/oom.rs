@@ -1,0 +1,165 @@
+//! Out of memory, caught as it happens (`%gpumem snapshot --on-oom DIR` in gpumem-kernel).
+//!
+//! The kernel asks the crate in the child (control op `on_oom`) to watch every open device:
+//! each allocator gets an out-of-memory observer (data of the allocator, which every copy of
+//! the crate in the evcxr process shares). The first failure of a cell writes a snapshot into
+//! `DIR/cell-N` at that moment, while the state still holds what the failing code held, and the
+//! cell's `post` reply says why it failed in one line: what was asked for, what the device had
+//! free, and how the allocator's cached free memory was split (its largest block,
+//! fragmentation). Later failures of the same cell are counted, not snapshotted.
+#![forbid(unsafe_code)]
+
+use super::protocol::{OomEvent, SnapshotPaths};
+use crate::units::iec;
+use crate::{Allocator, OomReport, SegmentView};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// The control session's watch: where snapshots go, the cell running, its first failure.
+#[derive(Default)]
+pub(crate) struct OomWatch {
+    state: Mutex<WatchState>,
+}
+
+#[derive(Default)]
+struct WatchState {
+    dir: Option<PathBuf>,
+    cell: Option<u64>,
+    event: Option<OomEvent>,
+}
+
+impl OomWatch {
+    fn lock(&self) -> MutexGuard<'_, WatchState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Watches every open device, snapshots going into `dir` (`None`: stops watching).
+    pub(crate) fn set_dir(self: &Arc<Self>, dir: Option<PathBuf>) {
+        let on = dir.is_some();
+        self.lock().dir = dir;
+        for a in super::registry::opened() {
+            if on { self.watch(&a) } else { a.set_oom_observer(None) }
+        }
+    }
+
+    /// Cell `cell` begins: failures from now on are its own (devices opened since the last
+    /// cell are watched from now on too).
+    pub(crate) fn begin(self: &Arc<Self>, cell: u64) {
+        let mut st = self.lock();
+        if st.dir.is_none() {
+            return;
+        }
+        (st.cell, st.event) = (Some(cell), None);
+        drop(st);
+        for a in super::registry::opened() {
+            self.watch(&a);
+        }
+    }
+
+    /// The cell ended: its first failure, if it had one.
+    pub(crate) fn end(&self) -> Option<OomEvent> {
+        let mut st = self.lock();
+        st.cell = None;
+        st.event.take()
+    }
+
+    fn watch(self: &Arc<Self>, alloc: &Arc<Allocator>) {
+        let (watch, device) = (Arc::downgrade(self), Arc::downgrade(alloc));
+        alloc.set_oom_observer(Some(Arc::new(move |report: &OomReport| {
+            if let (Some(w), Some(a)) = (watch.upgrade(), device.upgrade()) {
+                w.on_oom(&a, report);
+            }
+        })));
+    }
+
+    fn on_oom(&self, alloc: &Allocator, report: &OomReport) {
+        let mut st = self.lock();
+        if let Some(e) = &mut st.event {
+            e.count += 1;
+            return;
+        }
+        let Some(dir) = st.dir.clone() else { return };
+        let dir = dir.join(st.cell.map_or_else(|| "oom".to_string(), |c| format!("cell-{c}")));
+        st.event = Some(describe(report, &alloc.segments()));
+        drop(st);
+        // Written outside the watch's lock: another thread's failure meanwhile is counted.
+        let written = super::tracking::snapshot(alloc).save(&dir);
+        if let Some(e) = &mut self.lock().event {
+            match written {
+                Ok(files) => e.files = Some(SnapshotPaths::from(&files)),
+                Err(why) => e.snapshot_error = Some(why.to_string()),
+            }
+        }
+    }
+}
+
+/// An out-of-memory failure in numbers and in one line, from its report and the allocator's
+/// segments then.
+pub fn describe(report: &OomReport, segments: &[SegmentView]) -> OomEvent {
+    let free = segments.iter().flat_map(|s| &s.blocks).filter(|b| !b.active).map(|b| b.size);
+    let (cached_free, largest_free_block) = free.fold((0, 0), |(sum, max), b| (sum + b, max.max(b)));
+    let mut e = OomEvent {
+        device: report.device,
+        count: 1,
+        requested: report.requested,
+        device_free: report.free,
+        device_total: report.total,
+        cached_free,
+        largest_free_block,
+        ..Default::default()
+    };
+    let segment = if report.alloc_size > report.requested {
+        format!(" (a {} segment)", iec(report.alloc_size))
+    } else {
+        String::new()
+    };
+    let allowed = report.allowed.map_or(String::new(), |a| format!(", {} allowed to this process", iec(a)));
+    e.why = format!(
+        "out of memory on device {}: asked for {}{segment} with {} free of {}{allowed}; the cache held {} free, largest \
+         block {} (fragmentation {:.0}%)",
+        report.device,
+        iec(report.requested),
+        iec(report.free),
+        iec(report.total),
+        iec(cached_free),
+        iec(largest_free_block),
+        e.fragmentation() * 100.0
+    );
+    e
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::sim::SimBackend;
+    use crate::{AllocError, AllocatorConfig, CachingAllocator, StreamId};
+
+    /// The observer sees the failure while the blocks are still held; the description counts
+    /// the cache's free blocks.
+    #[test]
+    fn a_failure_is_described_with_the_cache_split() {
+        let mib = 1u64 << 20;
+        let alloc = Arc::new(CachingAllocator::new(SimBackend::new(0, 64 * mib), AllocatorConfig::default()));
+        let blocks: Vec<_> = (0..6).map(|_| alloc.malloc(8 * mib, StreamId::DEFAULT).unwrap()).collect();
+        // Free every other block: 24 MiB cached in three 8 MiB pieces, none adjacent.
+        for b in blocks.iter().step_by(2) {
+            alloc.free(b.block.unwrap()).unwrap();
+        }
+        let seen: Arc<Mutex<Vec<OomEvent>>> = Arc::default();
+        let (sink, a) = (seen.clone(), alloc.clone());
+        alloc.set_oom_observer(Some(Arc::new(move |r: &OomReport| {
+            sink.lock().unwrap().push(describe(r, &a.segments()));
+        })));
+        let err = alloc.malloc(40 * mib, StreamId::DEFAULT).unwrap_err();
+        assert!(matches!(err, AllocError::OutOfMemory(_)));
+        let seen = seen.lock().unwrap();
+        let e = &seen[0];
+        assert_eq!(e.requested, 40 * mib);
+        assert!(e.cached_free >= e.largest_free_block && e.largest_free_block > 0, "{e:?}");
+        assert!(e.why.starts_with("out of memory on device 0: asked for 40.00 MiB"), "{}", e.why);
+        assert!(e.why.contains("fragmentation"), "{}", e.why);
+        alloc.set_oom_observer(None);
+        assert!(alloc.malloc(40 * mib, StreamId::DEFAULT).is_err());
+        assert_eq!(seen.len(), 1, "no observer, nothing told");
+    }
+}
