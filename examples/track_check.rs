@@ -13,7 +13,7 @@ use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t};
 use cudarc::driver::{CudaContext, sys};
 use gpumem_nb::notebook::control::serve;
 use gpumem_nb::notebook::protocol::{Op, PlaceReading, Reply, Request, to_line};
-use gpumem_nb::tracking::{self, TrackingStatus};
+use gpumem_nb::tracking::{self, STACK_DEPTH, TrackingStatus};
 use serde_json::json;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -148,18 +148,23 @@ fn main() {
         skip(status.to_string());
     }
     let mut c = Checks { failed: 0 };
-    tracking::set_stacks(false);
-    let nostack_ns = pool_pair_ns(&stream, 4096, n);
-    tracking::set_stacks(true);
-    let stack_ns = pool_pair_ns(&stream, 4096, n);
-    let per_call = |ns: f64| (ns - base_ns) / 2.0;
+    // A stack is taken when an allocation starts (its release is shown with it): per pair, one
+    // stack and two callbacks. Measured at several depths, then back to the default.
+    let mut per_depth = serde_json::Map::new();
+    for depth in [0, 8, 16, STACK_DEPTH] {
+        tracking::set_stack_depth(depth);
+        let ns = pool_pair_ns(&stream, 4096, n);
+        per_depth.insert(depth.to_string(), json!({"pair_ns": ns, "pair_overhead_ns": ns - base_ns}));
+    }
+    tracking::set_stack_depth(STACK_DEPTH);
+    let over = |d: usize| per_depth[&d.to_string()]["pair_overhead_ns"].as_f64().unwrap_or(f64::NAN);
     c.check(
-        "overhead per allocation",
+        "overhead per allocation (its allocation and release callbacks)",
         true,
         json!({
-            "pair_ns_untracked": base_ns, "pair_ns_tracked_no_stacks": nostack_ns, "pair_ns_tracked_stacks": stack_ns,
-            "per_call_ns_no_stacks": per_call(nostack_ns), "per_call_ns_stacks": per_call(stack_ns),
-            "stack_depth": tracking::STACK_DEPTH, "pairs": n,
+            "pair_ns_untracked": base_ns, "by_stack_depth": per_depth,
+            "overhead_ns_no_stacks": over(0), "overhead_ns_stacks": over(STACK_DEPTH),
+            "default_stack_depth": STACK_DEPTH, "pairs": n,
         }),
     );
 

@@ -143,6 +143,35 @@ fn every_allocation_of_the_process_is_counted_per_cell() {
     assert!(!frames.iter().any(|f| f["name"].as_str().unwrap().contains("start_thread")), "{frames:?}");
     let _ = std::fs::remove_dir_all(&dir);
 
+    // The stack's depth is the caller's choice: none at all, or a few frames that still reach
+    // the caller; the default again afterwards.
+    let stacked_frames = |depth: usize| {
+        tracking::set_stack_depth(depth);
+        let dir = std::env::temp_dir().join(format!("gpumem-tracking-depth-{}-{depth}", std::process::id()));
+        let (_, files) = gpumem_nb::save_memory_snapshot(&dir, || drop(a_foreign_library_allocates(3)));
+        let snap: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(files.unwrap().json).unwrap()).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let ours = |e: &&serde_json::Value| e["size"] == 3 * MIB && e["action"] == "alloc";
+        // The newest: the trace also holds the earlier calls' allocations.
+        let e = snap["device_traces"][0].as_array().unwrap().iter().rfind(ours).cloned().expect("the 3 MiB allocation");
+        let frames = e["frames"].as_array().cloned().unwrap_or_default();
+        frames.iter().map(|f| f["name"].as_str().unwrap().to_string()).collect::<Vec<_>>()
+    };
+    assert_eq!(stacked_frames(0), Vec::<String>::new(), "depth 0: no stack");
+    let full = stacked_frames(64);
+    assert!(full[0].contains("a_foreign_library_allocates"), "{full:?}");
+    // Fewer frames walked: the same stack cut short (our own frames count toward the depth).
+    let mut lengths = Vec::new();
+    for depth in [8, 16, 20, 24, 32] {
+        let few = stacked_frames(depth);
+        assert!(few.len() < depth && full.starts_with(&few), "depth {depth}: {few:?} is not a start of {full:?}");
+        lengths.push(few.len());
+    }
+    assert!(lengths.windows(2).all(|w| w[0] <= w[1]) && lengths[4] > lengths[0], "{lengths:?}");
+    tracking::set_stacks(true);
+    assert_eq!(tracking::stack_depth(), tracking::STACK_DEPTH);
+
     drop(buf);
     drop(keep);
     alloc.empty_cache().unwrap();

@@ -20,14 +20,15 @@ use crate::track::owner::Owners;
 use crate::track::{Place, PlaceTotals, Source, TrackSlot, TrackedAlloc, Tracker};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 /// The environment variable that switches tracking off (`off`) or its stacks (`nostacks`).
 pub const TRACK_VAR: &str = "GPUMEM_NB_TRACK";
 
-/// Frames taken per tracked allocation: a CUPTI callback sits under our sink, CUPTI's and the
-/// driver's frames and a wrapper or two (cudarc, the runtime) before the code that asked.
+/// Frames taken per tracked allocation by default: a CUPTI callback sits under our sink,
+/// CUPTI's and the driver's frames and a wrapper or two (cudarc, the runtime) before the code
+/// that asked. [`set_stack_depth`] trades owners found for speed (BENCHMARKS.md).
 pub const STACK_DEPTH: usize = 32;
 
 /// Whether (and how) every allocation of the process is tracked.
@@ -82,7 +83,8 @@ impl fmt::Display for TrackingStatus {
 pub(crate) struct Tracking {
     tracker: Mutex<Tracker>,
     status: Mutex<TrackingStatus>,
-    stacks: AtomicBool,
+    /// Frames per stack; 0: no stacks.
+    stack_depth: AtomicUsize,
     owners: Mutex<Option<Owners>>,
 }
 
@@ -96,7 +98,7 @@ impl Tracking {
         Tracking {
             tracker: Mutex::new(Tracker::new()),
             status: Mutex::new(TrackingStatus::NotStarted),
-            stacks: AtomicBool::new(true),
+            stack_depth: AtomicUsize::new(STACK_DEPTH),
             owners: Mutex::new(None),
         }
     }
@@ -110,8 +112,14 @@ fn state() -> &'static Tracking {
 /// updates the books.
 pub(crate) fn sink(ev: &DriverEvent) {
     let t = state();
-    let stack = !matches!(ev.call, crate::device::DriverCall::Claim { .. }) && t.stacks.load(Ordering::Relaxed);
-    let frames = stack.then(|| frames::capture_depth(STACK_DEPTH));
+    // Only what starts an allocation keeps a stack (a release is shown with its allocation's).
+    let depth = match ev.call {
+        crate::device::DriverCall::Alloc { .. } | crate::device::DriverCall::Create { .. } => {
+            t.stack_depth.load(Ordering::Relaxed)
+        }
+        _ => 0,
+    };
+    let frames = (depth > 0).then(|| frames::capture_depth(depth));
     let now = crate::record::history::now_us();
     lock(&t.tracker).record(ev, frames, now);
 }
@@ -126,7 +134,7 @@ pub(crate) fn start(simulated: bool) {
     }
     let setting = std::env::var(TRACK_VAR).unwrap_or_default().to_ascii_lowercase();
     if setting.trim() == "nostacks" {
-        t.stacks.store(false, Ordering::Relaxed);
+        t.stack_depth.store(0, Ordering::Relaxed);
     }
     *status = if setting.trim() == "off" {
         TrackingStatus::Off
@@ -170,7 +178,18 @@ pub fn stop() -> crate::Result<()> {
 
 /// Whether a stack is taken for each tracked allocation (for owners and snapshots).
 pub fn set_stacks(on: bool) {
-    state().stacks.store(on, Ordering::Relaxed);
+    set_stack_depth(if on { STACK_DEPTH } else { 0 });
+}
+
+/// How many frames each tracked allocation's stack walks (0: none; at most 64). Each frame
+/// costs about 0.2 µs on the allocating thread (BENCHMARKS.md, "Tracking").
+pub fn set_stack_depth(frames: usize) {
+    state().stack_depth.store(frames.min(64), Ordering::Relaxed);
+}
+
+/// The frames each tracked allocation's stack walks (0: none).
+pub fn stack_depth() -> usize {
+    state().stack_depth.load(Ordering::Relaxed)
 }
 
 /// Labels tracked allocations from now on ("cell 3"); `None` clears it.
