@@ -109,10 +109,8 @@ impl Hooks {
             let name = op.name();
             match self.control.request(op, HOOK_TIMEOUT) {
                 Ok(reply) => {
-                    crate_readings = Some(reply.devices.unwrap_or_default());
-                    tracked = reply
-                        .tracking
-                        .map(|status| TrackedReadings { status, places: reply.tracked.unwrap_or_default() });
+                    let (devices, t) = TrackedReadings::of_reply(reply);
+                    (crate_readings, tracked) = (Some(devices), t);
                 }
                 Err(e) => eprintln!("gpumem-kernel: {name}-cell reading failed: {e}"),
             }

@@ -9,6 +9,7 @@
 //! - [`scope`]: `measure` / `save_memory_snapshot` scopes.
 //! - [`mem`]: the ipyexperiments helpers (free/used/total, allocate, leave free, preload).
 //! - [`tracking`]: every device allocation of the process (CUPTI, or the simulated driver).
+//! - [`report`]: the per-cell record and its one-line report, shared by both kernels.
 
 #[allow(unsafe_code)]
 pub(crate) mod anchor;
@@ -16,5 +17,6 @@ pub mod control;
 pub mod mem;
 pub mod protocol;
 pub mod registry;
+pub mod report;
 pub mod scope;
 pub mod tracking;
