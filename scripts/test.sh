@@ -50,6 +50,11 @@ cargo test --release -p gpumem-kernel -- --test-threads=1
 step "the tour notebook through jupyter_client/nbclient against the installed kernel"
 kernel/tests/run_tour.sh release
 
+# evcxr_jupyter is installed once into the target directory (its build reuses much of the
+# kernel's release build above): about 25 min cold on 2 cores, seconds afterwards.
+step "gpumem-nb in the stock evcxr kernel: evcxr_jupyter 0.22.0 and a notebook through nbclient"
+tests/stock_kernel.sh
+
 step "the README's main command, and its HTML in headless Chromium (offline)"
 kernel/tests/tour_html_check.sh
 

@@ -34,8 +34,9 @@
 //! 8. `pinned` — [`PinnedBuffer`] and the caching [`HostAllocator`].
 //! 9. [`notebook`] — the per-process anchor (with `device::cuda`, the only `unsafe` code), the
 //!    device registry ([`current`], [`device()`]), the kernel's control channel and its
-//!    [`notebook::protocol`], the out-of-memory watch ([`notebook::oom`]), [`scope`]s and the
-//!    [`mem`] helpers.
+//!    [`notebook::protocol`], the out-of-memory watch ([`notebook::oom`]), the per-cell
+//!    [`notebook::report`] both kernels show and the stock evcxr kernel's hooks that show it
+//!    ([`notebook::stock`]), [`scope`]s and the [`mem`] helpers.
 //!
 //! Units: bytes everywhere in data; [`units`] formats them for people.
 #![deny(unsafe_code)]

@@ -181,8 +181,8 @@ impl Hooks {
 /// A `pre` or `post` reply's device readings and tracked places (`None`: no reply).
 fn readings(reply: Option<Reply>) -> (Option<Vec<CrateReading>>, Option<TrackedReadings>) {
     let Some(reply) = reply else { return (None, None) };
-    let tracked = reply.tracking.map(|status| TrackedReadings { status, places: reply.tracked.unwrap_or_default() });
-    (Some(reply.devices.unwrap_or_default()), tracked)
+    let (devices, tracked) = TrackedReadings::of_reply(reply);
+    (Some(devices), tracked)
 }
 
 /// The record of cell `cell` from the hooks' two readings (without the warnings, which need

@@ -30,6 +30,8 @@ pub(crate) struct Shared {
     pub(crate) control_started: Mutex<bool>,
     /// Every device allocation of the process (`notebook::tracking`).
     pub(crate) tracking: super::tracking::Tracking,
+    /// The stock evcxr kernel's per-cell reports (`notebook::stock`).
+    pub(crate) reports: super::stock::Switches,
 }
 
 /// The reference this copy of the crate uses.
@@ -89,6 +91,7 @@ pub(crate) fn shared() -> &'static Shared {
             registry: Mutex::new(None),
             control_started: Mutex::new(false),
             tracking: super::tracking::Tracking::new(),
+            reports: super::stock::Switches::new(),
         }));
         publish(s);
         s

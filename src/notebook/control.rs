@@ -87,9 +87,10 @@ pub fn serve(mut reader: impl BufRead, mut out: impl Write) {
 }
 
 /// What the serving thread remembers between requests: the open peak slots per device, the
-/// tracker's slot over every allocation, the out-of-memory watch.
+/// tracker's slot over every allocation, the out-of-memory watch. The stock kernel's in-child
+/// hooks (`notebook::stock`) keep one too.
 #[derive(Default)]
-struct Session {
+pub(crate) struct Session {
     slots: HashMap<i32, SlotId>,
     tracked: Option<crate::track::TrackSlot>,
     oom: Arc<super::oom::OomWatch>,
@@ -151,7 +152,7 @@ impl Session {
         Reply { devices: Some(devices), tracking: Some(status.label()), tracked, ..Reply::ok(id) }
     }
 
-    fn handle(&mut self, id: u64, op: &Op) -> Reply {
+    pub(crate) fn handle(&mut self, id: u64, op: &Op) -> Reply {
         self.try_handle(id, op).unwrap_or_else(|why| Reply::error(Some(id), why))
     }
 

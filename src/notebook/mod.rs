@@ -10,6 +10,9 @@
 //! - [`mem`]: the ipyexperiments helpers (free/used/total, allocate, leave free, preload).
 //! - [`tracking`]: every device allocation of the process (CUPTI, or the simulated driver).
 //! - [`oom`]: out-of-memory failures caught as they happen (a snapshot then, and why).
+//! - [`report`]: the per-cell record and its one-line report, shared by both kernels.
+//! - [`stock`]: the same reports in the stock evcxr kernel, from hooks in the child
+//!   ([`set_reports`]).
 
 #[allow(unsafe_code)]
 pub(crate) mod anchor;
@@ -18,5 +21,9 @@ pub mod mem;
 pub mod oom;
 pub mod protocol;
 pub mod registry;
+pub mod report;
 pub mod scope;
+pub mod stock;
 pub mod tracking;
+
+pub use stock::set_reports;

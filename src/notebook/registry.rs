@@ -210,6 +210,7 @@ pub fn device(index: usize) -> Result<Arc<Allocator>> {
     reg.devices[index] = Some(Arc::clone(&alloc));
     drop(guard);
     crate::notebook::control::start_if_requested();
+    crate::notebook::stock::start_if_evcxr();
     Ok(alloc)
 }
 

@@ -7,20 +7,18 @@
 //! driver, through the crate), NVML (this process and the others on the device), or the
 //! simulated device.
 //!
-//! - `record`: the record's types ([`CellRecord`] and its parts) and [`build_record`].
-//! - `line`: the one-line report, its details table, the `display_data` bundle.
+//! - the record's types ([`CellRecord`] and its parts), [`build_record`], the one-line report,
+//!   its details table and the `display_data` bundle are the library's
+//!   (`gpumem_nb::notebook::report`): the stock evcxr kernel's in-child reports build the same;
 //! - `history`: the session's [`History`].
 
 mod history;
-mod line;
-mod record;
 
-pub use history::History;
-pub use line::format_ms;
-pub use record::{
+pub use gpumem_nb::notebook::report::{
     AllAllocations, AllocatorPart, CELL_MIME, CellRecord, CrateReading, LiveCost, NvmlPart, PlaceAll, PoolPart,
-    Readings, SourceDelta, Sources, Span, TrackedReadings, all_allocations, build_record, device_name,
+    Readings, SourceDelta, Sources, Span, TrackedReadings, all_allocations, build_record, device_name, format_ms,
 };
+pub use history::History;
 
 #[cfg(test)]
 mod tests {

@@ -1,14 +1,14 @@
 //! What a record shows: the one-line report, its details table, the `display_data` bundle.
 
 use super::{CELL_MIME, CellRecord, Span};
-use gpumem_nb::render::{Table, escape};
-use gpumem_nb::units::{iec, iec_delta};
+use crate::render::{Table, escape};
+use crate::units::{iec, iec_delta};
 use serde_json::Value;
 use std::fmt::Write as _;
 
 impl CellRecord {
     fn simulated(&self) -> bool {
-        self.allocator.as_ref().is_some_and(|a| a.backend != gpumem_nb::BackendKind::Cuda)
+        self.allocator.as_ref().is_some_and(|a| a.backend != crate::BackendKind::Cuda)
     }
 
     /// The compact line (text form; the HTML summary is the same words). With tracking on it
@@ -261,8 +261,8 @@ fn short(s: &str, n: usize) -> String {
     if s.chars().count() <= n { s.to_string() } else { format!("{}…", s.chars().take(n).collect::<String>()) }
 }
 
-/// Milliseconds in the crate's one duration format (`gpumem_nb::units::format_duration`):
+/// Milliseconds in the crate's one duration format ([`crate::units::format_duration`]):
 /// `850 µs`, `12.3 ms`, `1.23 s`, `2 min 5 s`.
 pub fn format_ms(ms: f64) -> String {
-    gpumem_nb::units::format_duration(std::time::Duration::from_secs_f64(ms.max(0.0) / 1e3))
+    crate::units::format_duration(std::time::Duration::from_secs_f64(ms.max(0.0) / 1e3))
 }

@@ -1,8 +1,8 @@
 //! The per-cell record (the `application/vnd.gpumem.cell+json` object) and its parts, and
 //! [`build_record`], which assembles one from the hooks' [`Readings`].
 
-use crate::nvml::{NvmlDevice, NvmlSnapshot};
-use gpumem_nb::BackendKind;
+use crate::BackendKind;
+use crate::device::nvml::{NvmlDevice, NvmlSnapshot};
 use serde::{Deserialize, Serialize};
 
 /// The MIME type of the machine-readable per-cell record.
@@ -10,7 +10,7 @@ pub const CELL_MIME: &str = "application/vnd.gpumem.cell+json";
 
 /// One device's numbers from the crate: the control protocol's reading, shared with the
 /// library so the two ends cannot drift apart.
-pub use gpumem_nb::notebook::protocol::DeviceReading as CrateReading;
+pub use crate::notebook::protocol::DeviceReading as CrateReading;
 
 /// Before and after of one quantity: bytes (`Span`, i.e. `Span<Option<u64>>`, `None` where
 /// unknown) or a flag (`Span<bool>`).
@@ -83,7 +83,7 @@ pub struct AllAllocations {
     /// Per source: change over the cell and peak during it.
     pub by_source: Vec<SourceDelta>,
     /// Who holds the most of what is live after the cell.
-    pub top: Vec<gpumem_nb::notebook::protocol::OwnerBytes>,
+    pub top: Vec<crate::notebook::protocol::OwnerBytes>,
     /// Every place touched, the same numbers.
     pub devices: Vec<PlaceAll>,
 }
@@ -113,7 +113,7 @@ pub struct PlaceAll {
     /// Per source.
     pub by_source: Vec<SourceDelta>,
     /// Largest owners of what is live.
-    pub top: Vec<gpumem_nb::notebook::protocol::OwnerBytes>,
+    pub top: Vec<crate::notebook::protocol::OwnerBytes>,
 }
 
 impl AllAllocations {
@@ -134,7 +134,16 @@ pub struct TrackedReadings {
     /// `cupti`, `simulated`, `unavailable: …`.
     pub status: String,
     /// Every place (empty when tracking is off).
-    pub places: Vec<gpumem_nb::notebook::protocol::PlaceReading>,
+    pub places: Vec<crate::notebook::protocol::PlaceReading>,
+}
+
+impl TrackedReadings {
+    /// The devices' readings and the tracked ones in a `pre`, `post` or `read` reply.
+    pub fn of_reply(reply: crate::notebook::protocol::Reply) -> (Vec<CrateReading>, Option<TrackedReadings>) {
+        let tracked =
+            reply.tracking.map(|status| TrackedReadings { status, places: reply.tracked.unwrap_or_default() });
+        (reply.devices.unwrap_or_default(), tracked)
+    }
 }
 
 /// The `all_allocations` part from the tracked readings before and after a cell (`before` is
@@ -144,7 +153,7 @@ pub fn all_allocations(
     after: &TrackedReadings,
     loaded_during: bool,
 ) -> AllAllocations {
-    use gpumem_nb::notebook::protocol::PlaceReading;
+    use crate::notebook::protocol::PlaceReading;
     let mut out = AllAllocations { tracking: after.status.clone(), ..Default::default() };
     if after.places.is_empty() && !(after.status == "cupti" || after.status == "simulated") {
         return out;
@@ -265,7 +274,7 @@ pub struct CellRecord {
     /// The cell's first out-of-memory failure, when `%gpumem snapshot --on-oom` watched: why,
     /// and the snapshot written then.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub oom: Option<gpumem_nb::notebook::protocol::OomEvent>,
+    pub oom: Option<crate::notebook::protocol::OomEvent>,
     /// The child's pid after the cell.
     pub child_pid: Option<u32>,
     /// The child's pid before the cell.

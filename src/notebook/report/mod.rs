@@ -1,0 +1,20 @@
+//! The per-cell report: what one cell did to memory, as a record (the
+//! `application/vnd.gpumem.cell+json` object) and the one line a notebook shows.
+//!
+//! Both kernels build it the same way from the same readings (the control protocol's
+//! [`protocol::DeviceReading`](super::protocol::DeviceReading) and tracked places, NVML before
+//! and after): gpumem-kernel from its hooks in the parent, the stock evcxr kernel from the
+//! crate's own hooks in the child (`notebook::stock`).
+//!
+//! - `record`: the record's types ([`CellRecord`] and its parts) and [`build_record`].
+//! - `line`: the one-line report, its details table, the `display_data` bundle.
+#![forbid(unsafe_code)]
+
+mod line;
+mod record;
+
+pub use line::format_ms;
+pub use record::{
+    AllAllocations, AllocatorPart, CELL_MIME, CellRecord, CrateReading, LiveCost, NvmlPart, PlaceAll, PoolPart,
+    Readings, SourceDelta, Sources, Span, TrackedReadings, all_allocations, build_record, device_name,
+};

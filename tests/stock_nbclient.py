@@ -1,0 +1,138 @@
+"""gpumem-nb in the stock evcxr Jupyter kernel (kernel `rust`), through jupyter_client/nbclient.
+
+Usage: python3 tests/stock_nbclient.py REPO [OUT_DIR]   (tests/stock_kernel.sh sets it up: the
+pinned evcxr_jupyter, its kernelspec in a private JUPYTER_PATH, GPUMEM_NB_DEVICE=sim:8GiB)
+
+Runs a notebook that loads the crate with `:dep`, and checks every cell: from the cell after the
+first use of the crate, a report line as the last stdout line, with exact numbers (a 64 MiB
+allocation is +64.00 MiB; a temporary shows in the peak only), the record beside a value or an
+HTML table without changing them, a panic reported, `set_reports(false)`, and after the child
+crashes and after `:restart`, the hooks back by themselves from the next use on. The cells' own
+outputs are compared whole, with the report line taken out.
+"""
+
+import json
+import os
+import re
+import sys
+import tempfile
+
+import nbformat
+from nbclient import NotebookClient
+from nbformat.v4 import new_code_cell, new_notebook
+
+CELL_MIME = "application/vnd.gpumem.cell+json"
+REPORT = re.compile(r"^\[(\d+)\] sim:0 \(simulated\) · ")
+TABLE = "<table><tr><th>n</th></tr><tr><td>1</td></tr></table>"
+
+
+def fail(msg):
+    print("FAIL:", msg)
+    sys.exit(1)
+
+
+def cell(code, stdout=(), report=None, result=None, error=False):
+    """One cell: its own stdout lines, its report's required parts (None: no report), its own
+    execute_result data, whether it ends in an error (None: either)."""
+    return {"code": code, "stdout": list(stdout), "report": report, "result": result, "error": error}
+
+
+def plan(repo):
+    alloc = "gpumem_nb::DeviceBuffer::<u8>::alloc(&alloc, {} << 20, gpumem_nb::StreamId::DEFAULT).unwrap()"
+    return [
+        cell(":dep gpumem-nb = { path = %s }" % json.dumps(repo)),
+        # The first use installs the hooks: reports from the next cell on.
+        cell("let alloc = gpumem_nb::current().unwrap();\nalloc.backend_kind()", result={"text/plain": "Simulated"}),
+        cell(f"let big = {alloc.format(64)};",
+             report=["all allocations +64.00 MiB (peak 64.00 MiB)", "allocated +64.00 MiB (peak 64.00 MiB)",
+                     "reserved +64.00 MiB", "process n/a (simulated device)", "device free 7.94 GiB (simulated)"]),
+        # A temporary: in the peak only (its segment stays cached: reserved, so allocated by the driver).
+        cell(f"drop({alloc.format(32)});\nprintln!(\"temporary freed\");", stdout=["temporary freed"],
+             report=["all allocations +32.00 MiB (peak 96.00 MiB)", "allocated 0 B (peak 96.00 MiB)",
+                     "reserved +32.00 MiB"]),
+        cell('println!("before the panic");\npanic!("boom");', stdout=["before the panic"],
+             report=["allocated 0 B (peak 64.00 MiB)"]),
+        cell("big.len()", result={"text/plain": str(64 << 20)}, report=["allocated 0 B (peak 64.00 MiB)"]),
+        cell("struct Table;\nimpl Table {\n    fn evcxr_display(&self) {\n"
+             f'        println!("EVCXR_BEGIN_CONTENT text/html\\n{TABLE}\\nEVCXR_END_CONTENT");\n'
+             "    }\n}\nTable", result={"text/html": TABLE}, report=["allocated 0 B (peak 64.00 MiB)"]),
+        cell("gpumem_nb::notebook::set_reports(false);"),
+        cell(f"let more = {alloc.format(8)};"),
+        # Back on: from the cell after this one.
+        cell("gpumem_nb::notebook::set_reports(true);"),
+        cell(f"let more2 = {alloc.format(8)};", report=["allocated +8.00 MiB (peak 80.00 MiB)"]),
+        # The child dies (variables lost); the next use of the crate installs the hooks again.
+        cell("std::process::abort();", error=True),
+        cell("let alloc = gpumem_nb::current().unwrap();\nlet first = " + alloc.format(16) + ";"),
+        # 8 MiB sits in a 20 MiB segment (PyTorch's rule for 1-10 MiB requests).
+        cell(f"let second = {alloc.format(8)};",
+             report=["all allocations +20.00 MiB (peak 36.00 MiB)", "allocated +8.00 MiB (peak 24.00 MiB)"]),
+        cell(":restart", result={"text/plain": "Child process restarted\n"}),
+        # evcxr 0.22 alone: the first cell after `:restart` asks the new child for the old
+        # variables and aborts it ("Variable 'second' has gone missing"); then it is clean.
+        cell("1", result=None, error=None),
+        cell("let alloc = gpumem_nb::current().unwrap();\nlet third = " + alloc.format(4) + ";"),
+        cell(f"let fourth = {alloc.format(4)};", report=["allocated +4.00 MiB (peak 8.00 MiB)"]),
+    ]
+
+
+def main():
+    repo = os.path.abspath(sys.argv[1])
+    out_dir = os.path.abspath(sys.argv[2]) if len(sys.argv) > 2 else tempfile.mkdtemp()
+    os.makedirs(out_dir, exist_ok=True)
+    cells = plan(repo)
+    nb = new_notebook(cells=[new_code_cell(c["code"]) for c in cells])
+    client = NotebookClient(nb, kernel_name="rust", timeout=1800, startup_timeout=600, allow_errors=True)
+    client.execute()
+    out_nb = os.path.join(out_dir, "stock.executed.ipynb")
+    nbformat.write(nb, out_nb)
+    print("executed notebook:", out_nb)
+
+    runs = []
+    for i, (got, want) in enumerate(zip(nb.cells, cells)):
+        where = f"cell {i + 1} ({want['code'].splitlines()[0][:40]!r})"
+        outs = got.outputs
+        lines = "".join(o.text for o in outs if o.output_type == "stream" and o.name == "stdout").splitlines()
+        reports = [l for l in lines if REPORT.match(l)]
+        if [l for l in lines if not REPORT.match(l)] != want["stdout"]:
+            fail(f"{where}: own stdout {lines!r}, expected {want['stdout']!r}")
+        if want["report"] is None:
+            if reports:
+                fail(f"{where}: unexpected report {reports}")
+        else:
+            if len(reports) != 1 or lines[-1] != reports[0]:
+                fail(f"{where}: expected one report as the last stdout line, got {lines!r}")
+            for part in want["report"]:
+                if f" · {part} · " not in reports[0]:
+                    fail(f"{where}: {part!r} not in {reports[0]!r}")
+            runs.append(int(REPORT.match(reports[0]).group(1)))
+        errors = [o for o in outs if o.output_type == "error"]
+        if want["error"] is not None and bool(errors) != want["error"]:
+            fail(f"{where}: errors {[(e.ename, e.evalue) for e in errors]}")
+        if errors and want["error"] is None:
+            continue
+        # The cell's own result, intact; the record beside it, and only there.
+        results = [o.data for o in outs if o.output_type == "execute_result"]
+        data = results[0] if results else None
+        own = {k: v for k, v in data.items() if k != CELL_MIME} if data else None
+        if len(results) > 1 or own != want["result"]:
+            fail(f"{where}: result {results!r}, expected {want['result']!r}")
+        rec = data.get(CELL_MIME) if data else None
+        if (rec is not None) != (want["result"] is not None and want["report"] is not None):
+            fail(f"{where}: record {rec!r}")
+        if rec is not None:
+            if f"[{rec['cell']}] " + reports[0].split("] ", 1)[1] != reports[0] or rec["status"] != "ok":
+                fail(f"{where}: record {rec!r} does not match its line {reports[0]!r}")
+            if rec["allocator"]["allocated"]["after"] != 64 << 20:
+                fail(f"{where}: record numbers {rec['allocator']}")
+        if i == 4:
+            stderr = "".join(o.text for o in outs if o.output_type == "stream" and o.name == "stderr")
+            if "boom" not in stderr:
+                fail(f"{where}: the panic's own message is missing: {outs!r}")
+    if runs != sorted(set(runs)):
+        fail(f"report numbers not increasing: {runs}")
+    print(f"OK: {len(runs)} per-cell reports in the stock kernel, numbers exact, own outputs intact; runs {runs}")
+
+
+if __name__ == "__main__":
+    main()
