@@ -23,6 +23,10 @@ cp "$(executable history bench --bench history)" .gpu-bundle/history-bench
 cargo build --release --example snapshot_demo --example gpu_probe --example gpu_check --bin gpumem-replay
 cp "$CARGO_TARGET_DIR/release/examples/snapshot_demo" "$CARGO_TARGET_DIR/release/examples/gpu_probe" \
    "$CARGO_TARGET_DIR/release/examples/gpu_check" .gpu-bundle/
+# Every allocation of the process tracked on the GPU (issue 11): cudarc, cuMemAlloc, cuBLAS, VMM,
+# pinned host; and tracking's cost per allocation at several stack depths.
+cargo build --release --example track_check --features cublas
+cp "$CARGO_TARGET_DIR/release/examples/track_check" .gpu-bundle/
 # PyTorch's own probe, for the side-by-side conformance run (scripts/gpu/probe_compare.sh).
 cp "${SHARED:-../shared}/reference/pytorch_golden/probe.py" .gpu-bundle/ 2>/dev/null || cp /work/shared/reference/pytorch_golden/probe.py .gpu-bundle/
 # Snapshots written here (simulated device; a replayed PyTorch trace) for PyTorch's tools there.
@@ -40,4 +44,8 @@ cp "$CARGO_TARGET_DIR/inferno/bin/inferno-flamegraph" .gpu-bundle/
 rm -f .gpu-bundle/gpumem-nb-lib-tests-probe
 strip .gpu-bundle/hook_path .gpu-bundle/kernel-overhead .gpu-bundle/inferno-flamegraph 2>/dev/null || true
 strip .gpu-bundle/alloc-bench .gpu-bundle/history-bench 2>/dev/null || true  # the tests and snapshot_demo keep their symbols (frame names)
+# Those keep their line tables too (stacks show file:line), compressed: 30 MB binaries become 8.
+for f in gpu_check gpu_probe gpumem-nb-lib-tests snapshot_demo track_check; do
+  objcopy --compress-debug-sections=zlib ".gpu-bundle/$f"
+done
 du -sh .gpu-bundle

@@ -53,6 +53,8 @@ def main():
         recs = [o["data"][CELL_MIME] for o in outs if CELL_MIME in o.get("data", {})]
         errors = [o for o in outs if o.get("output_type") == "error"]
         result = next((o["data"].get("text/plain") for o in outs if o.get("output_type") == "execute_result"), None)
+        if isinstance(result, list):  # nbformat on disk may keep a multi-line string as lines
+            result = "".join(result)
         first = src.splitlines()[0] if src else ""
         magic_only = all(l.strip().startswith("%gpumem") or not l.strip() for l in src.splitlines())
         if errors and "raises-exception" not in tags:

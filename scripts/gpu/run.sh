@@ -2,10 +2,10 @@
 # Runs on the GPU machine, in the repository root, with the bundle from scripts/gpu-check.sh in
 # .gpu-bundle/. Writes results under $OUT (default ./gpu-out).
 #
-#     bash scripts/gpu/run.sh [PART...]      PART: bench history snapshots checks tests hooks
+#     bash scripts/gpu/run.sh [PART...]      PART: bench history snapshots checks tests track hooks
 #                                           (default: all of them, in that order)
 set -uo pipefail
-PARTS="${*:-bench history snapshots checks tests hooks}"
+PARTS="${*:-bench history snapshots checks tests track hooks}"
 want() { [[ " $PARTS " == *" $1 "* ]]; }
 OUT="${OUT:-$PWD/gpu-out}"
 mkdir -p "$OUT"
@@ -72,6 +72,14 @@ if want tests && [ -x "$B/gpumem-nb-lib-tests" ]; then
   echo "== compact:True on the CUDA backend (pages moved with data intact, fraction, OOM, empty_cache)"
   GPUMEM_NB_EXPECT_GPU=1 LD_LIBRARY_PATH="$CUDA_HOME/lib64:${LD_LIBRARY_PATH:-}" "$B/gpumem-nb-lib-tests" --test-threads 1 \
     --exact device::cuda::tests::gpu_compact_policy device::cuda::tests::probe_without_driver_is_an_error_value 2>&1 | tail -4
+fi
+
+if want track && [ -x "$B/track_check" ]; then
+  echo "== every device allocation of the process tracked (CUPTI): cudarc, cuMemAlloc, cuBLAS, VMM, pinned host; its cost"
+  GPUMEM_NB_EXPECT_GPU=1 GPUMEM_NB_DEVICE=cuda LD_LIBRARY_PATH="$CUDA_HOME/lib64:${LD_LIBRARY_PATH:-}" \
+    "$B/track_check" > "$OUT/track_check.jsonl"
+  echo "track_check exit status $?"
+  cat "$OUT/track_check.jsonl"
 fi
 
 if want hooks && [ -x "$B/hook_path" ]; then

@@ -43,6 +43,13 @@ fn is_cuda_layer(name: &str) -> bool {
     ["libcupti.so", "libcuda.so", "libcudart.so", "libnvidia-"].iter().any(|p| name.starts_with(p))
 }
 
+/// The C runtime under everything (a thread's start, `main`'s caller): never an owner.
+fn is_system(name: &str) -> bool {
+    ["libc.so", "libpthread.so", "libdl.so", "libm.so", "ld-linux", "libgcc_s.so", "libstdc++.so"]
+        .iter()
+        .any(|p| name.starts_with(p))
+}
+
 /// Symbols that wrap the CUDA API for someone else: skipped to find who asked.
 fn is_wrapper(sym: &str) -> bool {
     let s = sym.trim_start_matches('<');
@@ -110,7 +117,12 @@ impl Owners {
             return o.clone();
         }
         let frames = self.symbols.symbolize_all(&[ip]);
-        let o = frames.iter().map(|f| f.name.as_str()).find(|n| !is_wrapper(n)).map(owner_of_symbol);
+        // An address without a symbol (`0x…`) names nobody: the next frame may.
+        let o = frames
+            .iter()
+            .map(|f| f.name.as_str())
+            .find(|n| !is_wrapper(n) && !n.starts_with("0x"))
+            .map(owner_of_symbol);
         self.by_ip.insert(ip, o.clone());
         o
     }
@@ -147,8 +159,9 @@ impl Owners {
     pub(crate) fn owner(&mut self, frames: &[usize]) -> Option<String> {
         let layer = self.layers(frames);
         let start = Self::caller_of(&layer);
+        let mut in_cell = false;
         for (i, (cuda, ours, name)) in layer.iter().enumerate().skip(start) {
-            if *cuda {
+            if *cuda || is_system(name) {
                 continue;
             }
             if !ours {
@@ -157,8 +170,11 @@ impl Owners {
             if let Some(o) = self.symbol_owner(frames[i]) {
                 return Some(o);
             }
+            in_cell |= name.starts_with("libcode_");
         }
-        None
+        // evcxr's cell libraries can be gone from disk by the time a report asks (their
+        // symbols with them): code in one is still the notebook's.
+        in_cell.then(|| "notebook cell".to_string())
     }
 }
 
@@ -184,6 +200,24 @@ mod tests {
         assert!(is_wrapper("<alloc::vec::Vec<T>>::push"));
         assert!(!is_wrapper("candle_core::storage::Storage::zeros"));
         assert!(is_cuda_layer("libcuda.so.1") && is_cuda_layer("libcupti.so.13") && !is_cuda_layer("libcublas.so.13"));
+        assert!(is_system("libc.so.6") && is_system("ld-linux-x86-64.so.2") && !is_system("libcublasLt.so.13"));
+    }
+
+    #[test]
+    fn a_cell_library_without_symbols_is_the_notebook_cell() {
+        let mapping = |start, name: &str, ours| Mapping { start, end: start + 0x1000, name: name.into(), ours };
+        let mut o = Owners {
+            maps: vec![mapping(0x1000, "libcuda.so.1", false), mapping(0x10000, "libcode_7.so", true)],
+            ..Owners::new()
+        };
+        // The driver's frame, then two frames of a cell library whose symbols cannot be read.
+        assert_eq!(o.owner(&[0x1100, 0x10100, 0x10200]).as_deref(), Some("notebook cell"));
+        // A library of its own is named by its file, even with no symbols.
+        o.maps.push(mapping(0x20000, "libcublasLt.so.13", false));
+        assert_eq!(o.owner(&[0x1100, 0x20100, 0x10100]).as_deref(), Some("libcublasLt.so.13"));
+        // The C runtime at the bottom of the stack (a thread's start) is nobody's.
+        o.maps.push(mapping(0x30000, "libc.so.6", false));
+        assert_eq!(o.owner(&[0x1100, 0x10100, 0x30100]).as_deref(), Some("notebook cell"));
     }
 
     #[test]
