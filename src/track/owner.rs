@@ -53,9 +53,13 @@ fn is_system(name: &str) -> bool {
 /// Symbols that wrap the CUDA API for someone else: skipped to find who asked.
 fn is_wrapper(sym: &str) -> bool {
     let s = sym.trim_start_matches('<');
-    ["cudarc::", "gpumem_nb::", "core::", "std::", "alloc::", "backtrace::", "__rust", "_Unwind"]
-        .iter()
-        .any(|p| s.starts_with(p))
+    // A function named like a driver entry point (`cuMemAlloc_v2`) outside libcuda is a shim
+    // that forwards to it (cudarc's dynamic loading defines them).
+    let cuda_shim = s.strip_prefix("cu").is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_uppercase()));
+    cuda_shim
+        || ["cudarc::", "gpumem_nb::", "core::", "std::", "alloc::", "backtrace::", "__rust", "_Unwind"]
+            .iter()
+            .any(|p| s.starts_with(p))
 }
 
 /// The owner's name from a symbol: `candle_core::…`, or `notebook cell` for evcxr's cell code.
@@ -199,6 +203,7 @@ mod tests {
         assert!(is_wrapper("cudarc::driver::safe::core::CudaStream::alloc_zeros"));
         assert!(is_wrapper("<alloc::vec::Vec<T>>::push"));
         assert!(!is_wrapper("candle_core::storage::Storage::zeros"));
+        assert!(is_wrapper("cuMemAlloc_v2") && is_wrapper("cuMemAllocAsync") && !is_wrapper("cublas_helper"));
         assert!(is_cuda_layer("libcuda.so.1") && is_cuda_layer("libcupti.so.13") && !is_cuda_layer("libcublas.so.13"));
         assert!(is_system("libc.so.6") && is_system("ld-linux-x86-64.so.2") && !is_system("libcublasLt.so.13"));
     }
