@@ -292,12 +292,15 @@ pub fn snapshot(alloc: &crate::Allocator) -> Snapshot {
         let tr = lock(&t.tracker);
         let foreign: Vec<TrackedAlloc> =
             tr.live().filter(|a| a.device == Some(device) && a.source != Source::Allocator).cloned().collect();
-        let events: Vec<crate::track::TrackEvent> =
-            tr.events().filter(|e| e.device == Some(device) && e.source != Source::Allocator).cloned().collect();
+        let events: Vec<crate::track::TrackEvent> = tr
+            .events()
+            .filter(|e| e.block.device == Some(device) && e.block.source != Source::Allocator)
+            .cloned()
+            .collect();
         let labels: BTreeMap<u32, String> = foreign
             .iter()
             .map(|a| a.label)
-            .chain(events.iter().map(|e| e.label))
+            .chain(events.iter().map(|e| e.block.label))
             .map(|l| (l, tr.label_name(l).to_string()))
             .collect();
         (foreign, events, labels)
@@ -344,23 +347,22 @@ pub fn snapshot(alloc: &crate::Allocator) -> Snapshot {
             snap.device_traces.push(Vec::new());
         }
         let entry =
-            |action: &'static str, e: &crate::track::TrackEvent, size: u64, frames: &[crate::record::frames::Frame]| {
-                TraceSnap {
-                    action,
-                    addr: Some(e.addr),
-                    device_free: None,
-                    size,
-                    stream: e.stream,
-                    time_us: e.time_us,
-                    compile_context: "N/A",
-                    user_metadata: meta(e.label, e.source),
-                    frames: (!frames.is_empty()).then(|| frames.to_vec()),
-                }
+            |action: &'static str, e: &TrackedAlloc, size: u64, frames: &[crate::record::frames::Frame]| TraceSnap {
+                action,
+                addr: Some(e.addr),
+                device_free: None,
+                size,
+                stream: e.stream,
+                time_us: e.time_us,
+                compile_context: "N/A",
+                user_metadata: meta(e.label, e.source),
+                frames: (!frames.is_empty()).then(|| frames.to_vec()),
             };
         let trace = &mut snap.device_traces[d];
-        for e in &events {
+        for ev in &events {
+            let e = &ev.block;
             let frames = frames_of(&e.frames);
-            if e.alloc {
+            if ev.alloc {
                 trace.push(entry("segment_alloc", e, round(e.size), &frames));
                 trace.push(entry("alloc", e, e.size, &frames));
             } else {

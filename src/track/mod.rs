@@ -171,22 +171,8 @@ pub(crate) struct TrackSlot(u32);
 pub(crate) struct TrackEvent {
     /// `true` for an allocation, `false` for a release.
     pub alloc: bool,
-    /// Address.
-    pub addr: u64,
-    /// Bytes.
-    pub size: u64,
-    /// Device or host.
-    pub device: Place,
-    /// Source.
-    pub source: Source,
-    /// The stream.
-    pub stream: u64,
-    /// Label id.
-    pub label: u32,
-    /// Stack, when captured.
-    pub frames: Option<Frames>,
-    /// Microseconds since the Unix epoch.
-    pub time_us: i64,
+    /// The allocation it made or released.
+    pub block: TrackedAlloc,
 }
 
 #[derive(Clone, Debug)]
@@ -389,17 +375,7 @@ impl Tracker {
         while self.events.len() >= max {
             self.events.pop_front();
         }
-        self.events.push_back(TrackEvent {
-            alloc,
-            addr: a.addr,
-            size: a.size,
-            device: a.device,
-            source: a.source,
-            stream: a.stream,
-            label: a.label,
-            frames: a.frames.clone(),
-            time_us: a.time_us,
-        });
+        self.events.push_back(TrackEvent { alloc, block: a.clone() });
     }
 
     fn add(&mut self, place: Place, s: Source, n: u64) {
@@ -596,8 +572,8 @@ mod tests {
         alloc(&mut t, DriverKind::Pool, 0x99, 0);
         let evs: Vec<&TrackEvent> = t.events().collect();
         assert_eq!(evs.len(), 3);
-        assert_eq!(evs[0].addr, 3 << 20);
-        assert_eq!(t.label_name(evs[0].label), "cell 4");
+        assert_eq!(evs[0].block.addr, 3 << 20);
+        assert_eq!(t.label_name(evs[0].block.label), "cell 4");
         assert_eq!(t.totals()[&Some(0)].total.live, 5 * MIB);
     }
 }
