@@ -22,7 +22,16 @@ if [ ! -x "$venv/bin/python" ]; then
     python3 -m venv "$venv"
     "$venv/bin/pip" install --quiet jupyter_client nbclient nbformat
 fi
-export EVCXR_TMPDIR="${EVCXR_TMPDIR:-$target/evcxr}" GPUMEM_NB_DEVICE=sim:8GiB
+# Its own build directory (gpumem-kernel builds its cells in $target/evcxr), kept between runs.
+export EVCXR_TMPDIR="$target/evcxr-stock" GPUMEM_NB_DEVICE=sim:8GiB
+# evcxr links cells against the toolchain's libstd-*.so. The relative rpath rustc writes is
+# computed from target/…/debug/deps/, but evcxr loads the copy one directory up, so it climbs
+# one level too far: harmless when that lands on `/` (evcxr's default /tmp/.tmpXXXX with
+# ~/.rustup under /root), "dlopen failed" when the build directory and the toolchain share a
+# deeper ancestor, as here. The child finds libstd on its library path instead (what
+# gpumem-kernel does for its own child).
+std_dir="$(rustc --print sysroot)/lib/rustlib/$(rustc -vV | sed -n 's/^host: //p')/lib"
+export LD_LIBRARY_PATH="$std_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 mkdir -p "$EVCXR_TMPDIR"
 unset GPUMEM_NB_CONTROL GPUMEM_NB_REPORTS
 exec "$venv/bin/python" "$repo/tests/stock_nbclient.py" "$repo" "$target/stock-out"
