@@ -19,8 +19,8 @@ pub(crate) mod owner;
 
 use crate::device::{DriverCall, DriverEvent, DriverKind};
 use crate::record::frames::Frames;
+use crate::record::labels::Labels;
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::Arc;
 
 /// Who holds the memory, as reports group it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
@@ -191,7 +191,7 @@ pub(crate) struct Tracker {
     maps: BTreeMap<u64, (u64, u64)>,
     totals: BTreeMap<Place, PlaceTotals>,
     slots: Vec<Option<BTreeMap<Place, PlaceTotals>>>,
-    labels: Vec<Arc<str>>,
+    labels: Labels,
     label: u32,
     recording: Option<usize>,
     events: VecDeque<TrackEvent>,
@@ -204,26 +204,17 @@ pub(crate) struct Tracker {
 impl Tracker {
     /// Empty books.
     pub(crate) fn new() -> Self {
-        Tracker { labels: vec![Arc::from("")], ..Default::default() }
+        Tracker::default()
     }
 
     /// Labels allocations from now on (e.g. "cell 3"); `None` clears the label.
     pub(crate) fn set_label(&mut self, label: Option<&str>) {
-        self.label = match label {
-            None | Some("") => 0,
-            Some(l) => match self.labels.iter().position(|x| &**x == l) {
-                Some(i) => i as u32,
-                None => {
-                    self.labels.push(Arc::from(l));
-                    (self.labels.len() - 1) as u32
-                }
-            },
-        };
+        self.label = self.labels.intern(label);
     }
 
     /// The text of a label id ("" for none).
     pub(crate) fn label_name(&self, id: u32) -> &str {
-        self.labels.get(id as usize).map_or("", |l| l)
+        self.labels.name(id)
     }
 
     /// Keeps the last `max_entries` events for snapshots (`None`: stop recording, forget them).

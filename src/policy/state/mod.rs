@@ -29,9 +29,9 @@ use crate::policy::config::AllocatorConfig;
 use crate::policy::rounding::PoolKind;
 use crate::record::frames::Frames;
 use crate::record::history::{History, StackContext, TraceAction};
+use crate::record::labels::Labels;
 use crate::stats::{DeviceStats, PeakSlots, SlotId, SlotPeaks, StatArray, StatType};
 use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
 
 /// What `malloc` hands out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -137,8 +137,8 @@ pub struct DeviceState {
     slots: PeakSlots,
     /// Label id given to blocks and events from now on.
     current_tag: u32,
-    /// Interned labels; index 0 is the empty label.
-    labels: Vec<Arc<str>>,
+    /// Interned labels; id 0 is the empty label.
+    labels: Labels,
     /// Stack of the caller operation in progress (set by the front, outside the lock).
     op_ctx: Option<Frames>,
     /// Allocation stacks of active blocks, by slot.
@@ -187,7 +187,7 @@ impl DeviceState {
             history: History::default(),
             slots: PeakSlots::default(),
             current_tag: 0,
-            labels: vec![Arc::from("")],
+            labels: Labels::default(),
             op_ctx: None,
             block_ctx: HashMap::new(),
             seg_ctx: HashMap::new(),
@@ -222,27 +222,18 @@ impl DeviceState {
     /// Labels blocks allocated and events recorded from now on (e.g. "cell 3"); `None`
     /// clears the label. Returns the label's id.
     pub fn set_label(&mut self, label: Option<&str>) -> u32 {
-        self.current_tag = match label {
-            None | Some("") => 0,
-            Some(l) => match self.labels.iter().position(|x| &**x == l) {
-                Some(i) => i as u32,
-                None => {
-                    self.labels.push(Arc::from(l));
-                    (self.labels.len() - 1) as u32
-                }
-            },
-        };
+        self.current_tag = self.labels.intern(label);
         self.current_tag
     }
 
     /// Every label text, indexed by id (id 0 is "").
     pub fn labels(&self) -> Vec<String> {
-        self.labels.iter().map(|l| l.to_string()).collect()
+        self.labels.all()
     }
 
     /// The text of a label id ("" for 0 or an unknown id).
     pub fn label_name(&self, id: u32) -> &str {
-        self.labels.get(id as usize).map_or("", |l| l)
+        self.labels.name(id)
     }
 
     /// The stack of the operation about to run (captured by the caller outside the lock);
