@@ -11,40 +11,17 @@
 
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t};
 use cudarc::driver::{CudaContext, sys};
-use gpumem_nb::notebook::control::serve;
-use gpumem_nb::notebook::protocol::{Op, PlaceReading, Reply, Request, to_line};
+use gpumem_nb::notebook::protocol::{Op, PlaceReading, Reply};
 use gpumem_nb::tracking::{self, STACK_DEPTH, TrackingStatus};
 use serde_json::json;
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::Instant;
 
 const MIB: u64 = 1 << 20;
 
-struct Channel {
-    out: UnixStream,
-    replies: BufReader<UnixStream>,
-    next: u64,
-}
-
-impl Channel {
-    fn new() -> Channel {
-        let (kernel, child) = UnixStream::pair().expect("socketpair");
-        let w = child.try_clone().expect("clone");
-        std::thread::spawn(move || serve(BufReader::new(child), w));
-        Channel { out: kernel.try_clone().expect("clone"), replies: BufReader::new(kernel), next: 1 }
-    }
-
-    fn ask(&mut self, op: Op) -> Reply {
-        let id = self.next;
-        self.next += 1;
-        writeln!(self.out, "{}", to_line(&Request { id, op })).expect("write");
-        let mut line = String::new();
-        self.replies.read_line(&mut line).expect("read");
-        serde_json::from_str(&line).expect("a reply")
-    }
-}
+#[path = "support/channel.rs"]
+mod channel;
+use channel::Channel;
 
 fn place(r: &Reply, device: Option<i32>) -> PlaceReading {
     r.tracked.as_ref().and_then(|v| v.iter().find(|p| p.device == device).cloned()).unwrap_or_default()

@@ -3,53 +3,35 @@
 //! cuBLAS do on a GPU) and the allocator's own segments, with exact per-cell deltas and peaks,
 //! owners, and snapshots that show them.
 
-use gpumem_nb::notebook::control::serve;
-use gpumem_nb::notebook::protocol::{Op, PlaceReading, Reply, Request, to_line};
+use gpumem_nb::notebook::protocol::{Op, PlaceReading, Reply};
 use gpumem_nb::tracking::{self, TrackingStatus};
 use gpumem_nb::units::MIB;
 use gpumem_nb::{DeviceBuffer, StreamId};
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
 
-struct Channel {
-    out: UnixStream,
-    replies: BufReader<UnixStream>,
-    next: u64,
+#[path = "../examples/support/channel.rs"]
+mod channel;
+use channel::Channel;
+
+/// Sends `op`; the reply, which must be a success.
+fn ask(ch: &mut Channel, op: Op) -> Reply {
+    let reply = ch.ask(op);
+    assert!(reply.ok, "{reply:?}");
+    reply
 }
 
-impl Channel {
-    fn new() -> Channel {
-        let (kernel, child) = UnixStream::pair().unwrap();
-        let w = child.try_clone().unwrap();
-        std::thread::spawn(move || serve(BufReader::new(child), w));
-        Channel { out: kernel.try_clone().unwrap(), replies: BufReader::new(kernel), next: 1 }
-    }
+/// Device 0's tracked reading in a reply.
+fn dev0(reply: &Reply) -> PlaceReading {
+    reply.tracked.as_ref().unwrap().iter().find(|p| p.device == Some(0)).cloned().unwrap_or_default()
+}
 
-    fn ask(&mut self, op: Op) -> Reply {
-        let id = self.next;
-        self.next += 1;
-        writeln!(self.out, "{}", to_line(&Request { id, op })).unwrap();
-        let mut line = String::new();
-        self.replies.read_line(&mut line).unwrap();
-        let reply: Reply = serde_json::from_str(&line).unwrap();
-        assert!(reply.ok, "{reply:?}");
-        reply
-    }
-
-    /// Device 0's tracked reading in a reply.
-    fn dev0(reply: &Reply) -> PlaceReading {
-        reply.tracked.as_ref().unwrap().iter().find(|p| p.device == Some(0)).cloned().unwrap_or_default()
-    }
-
-    /// Runs `cell` between `pre` and `post`; the two readings of device 0.
-    fn cell(&mut self, n: u64, cell: impl FnOnce()) -> (PlaceReading, PlaceReading) {
-        let before = Self::dev0(&self.ask(Op::Pre { cell: n }));
-        cell();
-        let after = self.ask(Op::Post { cell: n });
-        assert_eq!(after.tracking.as_deref(), Some("simulated"));
-        tracking::check().unwrap();
-        (before, Self::dev0(&after))
-    }
+/// Runs `cell` between `pre` and `post`; the two readings of device 0.
+fn cell(ch: &mut Channel, n: u64, cell: impl FnOnce()) -> (PlaceReading, PlaceReading) {
+    let before = dev0(&ask(ch, Op::Pre { cell: n }));
+    cell();
+    let after = ask(ch, Op::Post { cell: n });
+    assert_eq!(after.tracking.as_deref(), Some("simulated"));
+    tracking::check().unwrap();
+    (before, dev0(&after))
 }
 
 fn source(p: &PlaceReading, key: &str) -> (u64, u64) {
@@ -72,7 +54,7 @@ fn every_allocation_of_the_process_is_counted_per_cell() {
 
     // A cell keeps 100 MiB from the driver: +100 MiB, peak at least that.
     let mut keep = None;
-    let (b, a) = ch.cell(1, || keep = Some(a_foreign_library_allocates(100)));
+    let (b, a) = cell(&mut ch, 1, || keep = Some(a_foreign_library_allocates(100)));
     assert_eq!(a.live - b.live, 100 * MIB);
     assert!(a.peak >= a.live);
     assert_eq!(source(&a, "driver").0 - source(&b, "driver").0, 100 * MIB);
@@ -84,14 +66,15 @@ fn every_allocation_of_the_process_is_counted_per_cell() {
     assert!(top.owner.starts_with("tracking::"), "{top:?}");
 
     // A cell makes and drops 300 MiB: no change, and a peak exactly 300 MiB above its start.
-    let (b, a) = ch.cell(2, || drop(a_foreign_library_allocates(300)));
+    let (b, a) = cell(&mut ch, 2, || drop(a_foreign_library_allocates(300)));
     assert_eq!(a.live, b.live);
     assert_eq!(a.peak - b.live, 300 * MIB);
     assert_eq!(source(&a, "driver").1 - source(&b, "driver").0, 300 * MIB);
 
     // The allocator's own blocks count too: a 64 MiB buffer is a 64 MiB segment.
     let mut buf = None;
-    let (b, a) = ch.cell(3, || buf = Some(DeviceBuffer::<u8>::zeros(&alloc, 64 << 20, StreamId::DEFAULT).unwrap()));
+    let (b, a) =
+        cell(&mut ch, 3, || buf = Some(DeviceBuffer::<u8>::zeros(&alloc, 64 << 20, StreamId::DEFAULT).unwrap()));
     assert_eq!(a.live - b.live, alloc.memory_reserved());
     assert_eq!(source(&a, "allocator").0, 64 * MIB);
     assert_eq!(source(&a, "driver").0, 100 * MIB, "the earlier driver buffer is still there");
@@ -102,12 +85,15 @@ fn every_allocation_of_the_process_is_counted_per_cell() {
     assert_eq!(a.live, total - free);
 
     // A snapshot shows the driver allocation beside the allocator's segment, labelled.
-    ch.ask(Op::Record(gpumem_nb::notebook::protocol::RecordRequest {
-        enabled: gpumem_nb::RecordMode::All,
-        max_entries: Some(1000),
-        stacks: false,
-    }));
-    let (_, _) = ch.cell(4, || drop(a_foreign_library_allocates(10)));
+    ask(
+        &mut ch,
+        Op::Record(gpumem_nb::notebook::protocol::RecordRequest {
+            enabled: gpumem_nb::RecordMode::All,
+            max_entries: Some(1000),
+            stacks: false,
+        }),
+    );
+    let (_, _) = cell(&mut ch, 4, || drop(a_foreign_library_allocates(10)));
     let snap = tracking::snapshot(&alloc);
     let seg = snap.segments.iter().find(|s| s.address == d.addr()).expect("the driver allocation as a segment");
     assert_eq!((seg.total_size, seg.blocks.len(), seg.blocks[0].state), (100 * MIB, 1, "active_allocated"));
@@ -175,7 +161,7 @@ fn every_allocation_of_the_process_is_counted_per_cell() {
     drop(buf);
     drop(keep);
     alloc.empty_cache().unwrap();
-    let r = ch.ask(Op::Read);
-    assert_eq!(Channel::dev0(&r).live, 0, "everything returned");
+    let r = ask(&mut ch, Op::Read);
+    assert_eq!(dev0(&r).live, 0, "everything returned");
     tracking::check().unwrap();
 }
