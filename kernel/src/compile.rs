@@ -2,10 +2,12 @@
 //!
 //! The first `:dep gpumem-nb` cell builds the crate and every dependency (a minute on two
 //! cores); evcxr runs that cargo build silently. A [`Watch`] sees it from outside: a `cargo
-//! build` child of this process is running, the packages it has to build are the ones in the
-//! cells' crate's resolved graph for the host (`cargo metadata --filter-platform`, asked once
-//! per `Cargo.toml`), and a package is built once cargo has written the fingerprint of its
-//! library (`target/…/.fingerprint/<name>-<hash>/lib-*`, written after a unit succeeds).
+//! build` child of this process is running, and its `rustc` children say which crates it is
+//! compiling (a build compiles dependencies while one of them is not the cells' own crate);
+//! the packages it has to build are the ones in the cells' crate's resolved graph for the host
+//! (`cargo metadata --filter-platform`, asked once per `Cargo.toml`), and a package is built
+//! once cargo has written the fingerprint of its library
+//! (`target/…/.fingerprint/<name>-<hash>/lib-*`, written after a unit succeeds).
 //! Packages built by an earlier session count as built: that is what makes a warm start fast.
 //! The resolved graph can hold a few packages cargo never builds on this host (dependencies
 //! behind a `cfg` that a build script sets): once a build of the crate has succeeded, the graph
@@ -31,13 +33,15 @@ pub struct Progress {
     pub total: Option<usize>,
     /// Since the build was first seen.
     pub elapsed: Duration,
+    /// This build has compiled a dependency and has not reached the cells' own crate yet.
+    pub dependencies: bool,
 }
 
 impl Progress {
     /// Whether dependencies are still being built (a first `:dep`), not only the cell itself:
     /// what the live line and the console show.
     pub fn building_dependencies(&self) -> bool {
-        self.total.is_some_and(|t| self.built < t)
+        self.dependencies
     }
 
     /// In words: "compiling dependencies: 37 of 112 crates built · 41 s", or "compiling the
@@ -59,10 +63,23 @@ impl Progress {
 pub struct Watch {
     crate_dir: PathBuf,
     host: Option<String>,
-    /// The running build: its pid and when it was first seen.
-    build: Option<(u32, Instant, SystemTime)>,
+    /// The running build.
+    build: Option<Build>,
     /// The graph of the last `Cargo.toml` seen.
     graph: Option<Graph>,
+}
+
+/// A running `cargo build`, as seen so far.
+#[derive(Debug)]
+struct Build {
+    pid: u32,
+    /// When it was first seen.
+    seen: Instant,
+    began: SystemTime,
+    /// It has compiled a crate other than the cells' own.
+    dependency_seen: bool,
+    /// It has started on the cells' own crate.
+    root_seen: bool,
 }
 
 /// The packages a `Cargo.toml` builds.
@@ -84,30 +101,40 @@ impl Watch {
 
     /// The build's progress while a `cargo build` child of this process runs; `None` otherwise.
     pub fn poll(&mut self) -> Option<Progress> {
-        let Some(pid) = cargo_build_child() else {
-            if let Some((_, _, began)) = self.build.take() {
-                self.settle(began);
+        let Some((pid, compiling)) = cargo_build() else {
+            if let Some(b) = self.build.take() {
+                self.settle(b.began);
             }
             return None;
         };
-        let started = match self.build {
-            Some((p, t, _)) if p == pid => t,
-            previous => {
-                // A new build: the one before it (if this watch missed its end) is over.
-                if let Some((_, _, began)) = previous {
-                    self.settle(began);
-                }
-                let t = Instant::now();
-                self.build = Some((pid, t, SystemTime::now()));
-                t
+        if self.build.as_ref().is_none_or(|b| b.pid != pid) {
+            // A new build: the one before it (if this watch missed its end) is over.
+            if let Some(b) = self.build.take() {
+                self.settle(b.began);
             }
-        };
+            let build =
+                Build { pid, seen: Instant::now(), began: SystemTime::now(), dependency_seen: false, root_seen: false };
+            self.build = Some(build);
+        }
         let dir = self.crate_dir.clone();
-        let (built, total) = match self.graph() {
-            Some(g) => (count_built(&g.packages, &built_libraries(&dir)), Some(g.packages.values().sum::<usize>())),
-            None => (0, None),
+        let (built, total, root) = match self.graph() {
+            Some(g) => (
+                count_built(&g.packages, &built_libraries(&dir)),
+                Some(g.packages.values().sum::<usize>()),
+                g.root.replace('-', "_"),
+            ),
+            None => (0, None, "ctx".to_string()),
         };
-        Some(Progress { built, total, elapsed: started.elapsed() })
+        let build = self.build.as_mut()?;
+        for name in &compiling {
+            if *name == root {
+                build.root_seen = true;
+            } else {
+                build.dependency_seen = true;
+            }
+        }
+        let dependencies = build.dependency_seen && !build.root_seen;
+        Some(Progress { built, total, elapsed: build.seen.elapsed(), dependencies })
     }
 
     /// After a build that began at `began`: when it built the crate itself, every package it
@@ -180,22 +207,43 @@ fn host_triple() -> Option<String> {
     String::from_utf8(out.stdout).ok()?.lines().find_map(|l| l.strip_prefix("host: ").map(str::to_string))
 }
 
-/// The pid of a running `cargo build` whose parent is this process (Linux `/proc`).
-fn cargo_build_child() -> Option<u32> {
+/// A running `cargo build` whose parent is this process (Linux `/proc`): its pid, and the crates
+/// its `rustc` children compile now (`--crate-name`; a build script's run counts as its crate).
+fn cargo_build() -> Option<(u32, Vec<String>)> {
     let me = std::process::id();
+    let mut processes: Vec<(u32, String, u32)> = Vec::new();
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
         let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
         let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
-        let Some((comm, ppid)) = parse_stat(&stat) else { continue };
-        if ppid != me || comm != "cargo" {
-            continue;
-        }
-        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        if cmdline.split(|&b| b == 0).any(|arg| arg == b"build") {
-            return Some(pid);
+        if let Some((comm, ppid)) = parse_stat(&stat) {
+            processes.push((pid, comm.to_string(), ppid));
         }
     }
-    None
+    let cmdline = |pid: u32| std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let cargo = processes
+        .iter()
+        .find(|(pid, comm, ppid)| {
+            *ppid == me && comm == "cargo" && cmdline(*pid).split(|&b| b == 0).any(|a| a == b"build")
+        })?
+        .0;
+    let compiling = processes
+        .iter()
+        .filter(|(_, _, ppid)| *ppid == cargo)
+        .filter_map(|(pid, comm, _)| {
+            if comm.starts_with("build-script") {
+                return Some(String::from("build script"));
+            }
+            crate_name(&cmdline(*pid))
+        })
+        .collect();
+    Some((cargo, compiling))
+}
+
+/// The `--crate-name` of a `rustc` command line (NUL-separated, as in `/proc/PID/cmdline`).
+fn crate_name(cmdline: &[u8]) -> Option<String> {
+    let mut args = cmdline.split(|&b| b == 0);
+    args.by_ref().find(|a| *a == b"--crate-name")?;
+    args.next().and_then(|n| std::str::from_utf8(n).ok()).map(str::to_string)
 }
 
 /// `comm` and the parent pid from a `/proc/PID/stat` line (`pid (comm) state ppid …`; `comm`
@@ -325,6 +373,8 @@ mod tests {
         assert_eq!(parse_stat("123 (cargo) S 77 123 77 0"), Some(("cargo", 77)));
         assert_eq!(parse_stat("9 (a) b (c)) R 1 2"), Some(("a) b (c)", 1)));
         assert_eq!(parse_stat("garbage"), None);
+        assert_eq!(crate_name(b"rustc\0--crate-name\0serde_json\0--edition=2021"), Some("serde_json".into()));
+        assert_eq!(crate_name(b"rustc\0-vV"), None);
     }
 
     #[test]
@@ -376,11 +426,10 @@ mod tests {
             3,
             "a's two versions; cc's build script alone is not its lib"
         );
-        let p = Progress { built: 3, total: Some(4), elapsed: Duration::from_millis(41_500) };
+        let p = Progress { built: 3, total: Some(4), elapsed: Duration::from_millis(41_500), dependencies: true };
         assert_eq!(p.describe(), "compiling dependencies: 3 of 4 crates built · 41 s");
         assert!(p.building_dependencies());
-        assert!(!Progress { built: 4, ..p.clone() }.building_dependencies());
-        assert!(!Progress { total: None, ..p.clone() }.building_dependencies());
+        assert!(!Progress { dependencies: false, ..p.clone() }.building_dependencies());
         assert_eq!(Progress { built: 4, ..p.clone() }.describe(), "compiling the cell · 41 s");
         assert_eq!(Progress { total: None, ..p }.describe(), "compiling · 41 s");
     }
