@@ -4,18 +4,16 @@
 //! cores); evcxr runs that cargo build silently. A [`Watch`] sees it from outside: a `cargo
 //! build` child of this process is running, and its `rustc` children say which crates it is
 //! compiling (a build compiles dependencies while one of them is not the cells' own crate);
-//! the packages it has to build are the ones in the cells' crate's resolved graph for the host
-//! (`cargo metadata --filter-platform`, asked once per `Cargo.toml`), and a package is built
+//! the packages it has to build are the ones `cargo tree` lists for the host (features and
+//! platforms resolved as the build resolves them; asked once per `Cargo.toml`), and a package is built
 //! once cargo has written the fingerprint of its library
 //! (`target/…/.fingerprint/<name>-<hash>/lib-*`, written after a unit succeeds).
 //! Packages built by an earlier session count as built: that is what makes a warm start fast.
-//! The resolved graph can hold a few packages cargo never builds on this host (dependencies
-//! behind a `cfg` that a build script sets): once a build of the crate has succeeded, the graph
-//! is narrowed to what it built, so a later cell of the same crate does not look unfinished.
+//! Once a build of the crate has succeeded, the graph is narrowed to what it built (a package
+//! listed but never built would otherwise keep a later build looking unfinished).
 //!
 //! Only Linux has `/proc` to find the build by; elsewhere [`Watch::poll`] says nothing.
 
-use serde_json::Value;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -44,7 +42,7 @@ impl Progress {
         self.dependencies
     }
 
-    /// In words: "compiling dependencies: 37 of 112 crates built · 41 s", or "compiling the
+    /// In words: "compiling dependencies: 34 of 63 crates built · 32 s", or "compiling the
     /// cell · 2 s" once every dependency is built.
     pub fn describe(&self) -> String {
         let secs = format!("{} s", self.elapsed.as_secs());
@@ -161,7 +159,7 @@ impl Watch {
     fn graph(&mut self) -> Option<&Graph> {
         let manifest = std::fs::read_to_string(self.crate_dir.join("Cargo.toml")).ok()?;
         if self.graph.as_ref().is_none_or(|g| g.manifest != manifest) {
-            let (root, packages) = metadata_packages(&self.crate_dir, self.host.as_deref())?;
+            let (root, packages) = cargo_tree_packages(&self.crate_dir, self.host.as_deref())?;
             self.graph = Some(Graph { manifest, root, packages });
         }
         self.graph.as_ref()
@@ -258,18 +256,19 @@ fn parse_stat(stat: &str) -> Option<(&str, u32)> {
 }
 
 /// The crate in `dir`'s name, and package name → number of versions for every package it builds
-/// on `host` (its normal and build dependencies, transitively; the crate itself not counted).
-fn metadata_packages(dir: &Path, host: Option<&str>) -> Option<(String, HashMap<String, usize>)> {
+/// on `host`: `cargo tree` over normal and build dependencies, which resolves features and
+/// platforms as the build does (the crate itself not counted).
+fn cargo_tree_packages(dir: &Path, host: Option<&str>) -> Option<(String, HashMap<String, usize>)> {
     let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    cmd.args(["metadata", "--format-version", "1", "--offline"]).current_dir(dir);
+    cmd.args(["tree", "--offline", "-e", "normal,build", "--prefix", "none", "-f", "{p}"]).current_dir(dir);
     if let Some(h) = host {
-        cmd.args(["--filter-platform", h]);
+        cmd.args(["--target", h]);
     }
     let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::null()).spawn().ok()?;
     let mut stdout = child.stdout.take()?;
     let reader = std::thread::spawn(move || {
-        let mut buf = Vec::new();
-        std::io::Read::read_to_end(&mut stdout, &mut buf).map(|_| buf)
+        let mut buf = String::new();
+        std::io::Read::read_to_string(&mut stdout, &mut buf).map(|_| buf)
     });
     // Bounded: a wedged cargo must not hold the live line.
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -285,45 +284,26 @@ fn metadata_packages(dir: &Path, host: Option<&str>) -> Option<(String, HashMap<
             Ok(None) => std::thread::sleep(Duration::from_millis(50)),
         }
     }
-    let json: Value = serde_json::from_slice(&reader.join().ok()?.ok()?).ok()?;
-    graph_packages(&json)
+    tree_packages(&reader.join().ok()?.ok()?)
 }
 
-/// The root's name, and the packages reachable from it through normal and build dependencies,
-/// by name with their number of versions (the root not counted).
-fn graph_packages(metadata: &Value) -> Option<(String, HashMap<String, usize>)> {
-    let resolve = metadata.get("resolve")?;
-    let root = resolve.get("root")?.as_str()?;
-    let nodes: HashMap<&str, &Value> =
-        resolve.get("nodes")?.as_array()?.iter().filter_map(|n| Some((n.get("id")?.as_str()?, n))).collect();
-    let names: HashMap<&str, &str> = metadata
-        .get("packages")?
-        .as_array()?
-        .iter()
-        .filter_map(|p| Some((p.get("id")?.as_str()?, p.get("name")?.as_str()?)))
-        .collect();
-    let mut seen = std::collections::HashSet::from([root]);
-    let mut todo = vec![root];
-    while let Some(id) = todo.pop() {
-        let deps = nodes.get(id).and_then(|n| n.get("deps")).and_then(Value::as_array);
-        for dep in deps.into_iter().flatten() {
-            let kinds = dep.get("dep_kinds").and_then(Value::as_array);
-            let needed = kinds.is_none_or(|ks| {
-                ks.iter().any(|k| matches!(k.get("kind"), None | Some(Value::Null)) || k["kind"] == "build")
-            });
-            if let Some(pkg) = dep.get("pkg").and_then(Value::as_str)
-                && needed
-                && seen.insert(pkg)
-            {
-                todo.push(pkg);
-            }
+/// The root's name (the first line), and the other packages of `cargo tree --prefix none -f
+/// {p}`'s output (`name vVERSION [(source)] [(*)]`, one a line, repeated where shared) by name,
+/// with their number of versions.
+fn tree_packages(tree: &str) -> Option<(String, HashMap<String, usize>)> {
+    let mut lines = tree.lines().filter_map(|l| {
+        let mut words = l.split_whitespace();
+        Some((words.next()?, words.next()?.strip_prefix('v')?))
+    });
+    let (root, root_version) = lines.next()?;
+    let mut seen = std::collections::HashSet::new();
+    let mut out = HashMap::new();
+    for (name, version) in lines {
+        if (name, version) != (root, root_version) && seen.insert((name, version)) {
+            *out.entry(name.to_string()).or_insert(0) += 1;
         }
     }
-    let mut out = HashMap::new();
-    for id in seen.into_iter().filter(|id| *id != root) {
-        *out.entry(names.get(id).copied().unwrap_or(id).to_string()).or_insert(0) += 1;
-    }
-    Some((names.get(root).copied().unwrap_or(root).to_string(), out))
+    Some((root.to_string(), out))
 }
 
 /// Package name → (how many built libraries, the newest one's time) in the crate's target
@@ -366,7 +346,6 @@ fn count_built(graph: &HashMap<String, usize>, libs: &HashMap<String, (usize, Sy
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     #[test]
     fn stat_lines_with_odd_names() {
@@ -378,25 +357,14 @@ mod tests {
     }
 
     #[test]
-    fn the_graph_is_what_the_root_builds() {
-        let dep = |pkg: &str, kind: Value| json!({"pkg": pkg, "dep_kinds": [{"kind": kind}]});
-        let m = json!({
-            "packages": [
-                {"id": "root", "name": "ctx"}, {"id": "a1", "name": "a"}, {"id": "a2", "name": "a"},
-                {"id": "b", "name": "b"}, {"id": "cc", "name": "cc"}, {"id": "t", "name": "test-only"},
-            ],
-            "resolve": {"root": "root", "nodes": [
-                {"id": "root", "deps": [dep("a1", Value::Null), dep("t", json!("dev"))]},
-                {"id": "a1", "deps": [dep("a2", Value::Null), dep("cc", json!("build"))]},
-                {"id": "a2", "deps": [dep("b", Value::Null)]},
-                {"id": "b", "deps": []}, {"id": "cc", "deps": []}, {"id": "t", "deps": []},
-            ]}
-        });
-        let (root, g) = graph_packages(&m).unwrap();
+    fn the_graph_is_what_cargo_tree_lists() {
+        let tree = "ctx v1.0.0 (/tmp/x)\na v0.1.0\nb v1.2.3\ncc v1.0.0\na v0.2.0\nb v1.2.3 (*)\n\
+                    serde_derive v1.0.229 (proc-macro)\n";
+        let (root, g) = tree_packages(tree).unwrap();
         assert_eq!(root, "ctx");
-        assert_eq!(g.len(), 3, "{g:?}");
-        assert_eq!((g["a"], g["b"], g["cc"]), (2, 1, 1));
-        assert!(!g.contains_key("test-only") && !g.contains_key("ctx"));
+        assert_eq!(g.len(), 4, "{g:?}");
+        assert_eq!((g["a"], g["b"], g["cc"], g["serde_derive"]), (2, 1, 1, 1));
+        assert!(tree_packages("").is_none());
     }
 
     #[test]
