@@ -101,8 +101,12 @@ fn reports_in_the_child() {
 
     let r2 = run(2);
     let line = report(&r2).unwrap_or_else(|| panic!("{r1:?} {r2:?}"));
+    assert!(line.starts_with("[2] sim:0 (simulated) · "), "{line}");
     assert!(
-        line.starts_with("[2] sim:0 (simulated) · all allocations +64.00 MiB (peak 64.00 MiB) · allocated +64.00 MiB (peak 64.00 MiB) · reserved +64.00 MiB · process n/a (simulated device) · device free "),
+        line.contains(
+            " · all allocations now 64.00 MiB (Δ +64.00 MiB, peak 64.00 MiB) · allocated now 64.00 MiB (Δ +64.00 MiB, \
+             peak 64.00 MiB) · reserved now 64.00 MiB (Δ +64.00 MiB, peak 64.00 MiB) · device free "
+        ),
         "{line}"
     );
     assert_eq!(r2.last(), Some(&line), "the report is the run's last line");

@@ -70,6 +70,17 @@ pub fn resolve(code: &str, own: &Own) -> Result<String, String> {
     Ok(out)
 }
 
+/// Whether a `:dep` line of `code` names gpumem-nb (whatever its source): the notebook depends
+/// on the crate, which loads in the child at its first use.
+pub fn names_own(code: &str) -> bool {
+    code.lines().any(|l| {
+        l.trim()
+            .strip_prefix(":dep")
+            .filter(|a| a.starts_with(char::is_whitespace))
+            .is_some_and(|a| a.split('=').next().is_some_and(|n| n.trim() == CRATE))
+    })
+}
+
 /// The replacement of one `:dep` line, `None` to keep it.
 fn rewrite_line(line: &str, own: &Own) -> Result<Option<String>, String> {
     let Some(args) = line.strip_prefix(":dep").filter(|a| a.starts_with(char::is_whitespace)) else {
@@ -152,6 +163,14 @@ mod tests {
             resolve(":dep gpumem-nb = { features = [\"nvrtc\"], default-features = false }", &own(None)).unwrap(),
             ":dep gpumem-nb = { version = \"=0.1.0\", default-features = false, features = [\"nvrtc\"] }"
         );
+    }
+
+    #[test]
+    fn a_dep_on_the_crate_is_seen_whatever_its_source() {
+        assert!(names_own(":dep gpumem-nb"));
+        assert!(names_own("let x = 1;\n  :dep gpumem-nb = { path = \"/x\" }"));
+        assert!(!names_own(":dep gpumem-nb-extra = \"1\""));
+        assert!(!names_own("// :dep gpumem-nb"));
     }
 
     #[test]

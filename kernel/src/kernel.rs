@@ -7,7 +7,8 @@
 //!   "outputs → reply → idle": execute requests go to the engine thread and the task waits.
 //! - The control task answers `kernel_info`, `interrupt_request` (kills the evcxr child, which
 //!   evcxr restarts; the cell gets an error and its report), `shutdown_request` and
-//!   `usage_request` (`crate::usage`), also while a cell runs.
+//!   `usage_request` (`crate::usage`), also while a cell runs. Busy/idle describe execute
+//!   requests: a control request publishes none while a cell runs, `usage_request` never.
 //! - stdin: `input_request` round trips for `evcxr_input`, when the request allows stdin.
 
 use crate::complete::{Completeness, is_complete};
@@ -355,7 +356,8 @@ fn child_pid(child: &ChildHandle) -> Option<u32> {
 }
 
 /// Control: `kernel_info`, `interrupt_request`, `shutdown_request`, `usage_request`; also
-/// served while a cell runs. Each request is wrapped in `busy`/`idle`; a shutdown ends the task.
+/// served while a cell runs. A request is wrapped in `busy`/`idle` only while no cell runs, and
+/// `usage_request` never; a shutdown ends the task.
 async fn control_task(
     mut control: KernelControlConnection,
     iopub: mpsc::UnboundedSender<JupyterMessage>,
@@ -365,7 +367,16 @@ async fn control_task(
 ) {
     let mut usage = Usage::default();
     while let Ok(msg) = control.read().await {
-        let _ = iopub.send(Status::busy().as_child_of(&msg));
+        // The status bar shows the kernel's execution state: busy/idle go out around a control
+        // request only while no cell runs (an idle then would say the kernel is idle while the
+        // cell still runs), and never around `usage_request`, which a resource panel sends
+        // every few seconds (ipykernel#799).
+        let usage_req =
+            matches!(&msg.content, JupyterMessageContent::UnknownMessage(r) if r.msg_type == "usage_request");
+        let status = !usage_req && !interrupt.running.load(Ordering::SeqCst);
+        if status {
+            let _ = iopub.send(Status::busy().as_child_of(&msg));
+        }
         match &msg.content {
             JupyterMessageContent::KernelInfoRequest(_) => {
                 let _ = control.send(kernel_info().as_child_of(&msg)).await;
@@ -390,13 +401,17 @@ async fn control_task(
             JupyterMessageContent::ShutdownRequest(req) => {
                 let reply = ShutdownReply { restart: req.restart, status: ReplyStatus::Ok, error: None };
                 let _ = control.send(reply.as_child_of(&msg)).await;
-                let _ = iopub.send(Status::idle().as_child_of(&msg));
+                if status {
+                    let _ = iopub.send(Status::idle().as_child_of(&msg));
+                }
                 let _ = shutdown.send(req.restart);
                 return;
             }
             _ => {}
         }
-        let _ = iopub.send(Status::idle().as_child_of(&msg));
+        if status {
+            let _ = iopub.send(Status::idle().as_child_of(&msg));
+        }
     }
 }
 

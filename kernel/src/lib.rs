@@ -10,6 +10,7 @@
 //! - [`report`]: per-cell records, the report line, history, chart, export.
 //! - [`nvml`]: kernel-side NVML; [`install`]: the kernelspec; [`run`]: headless notebooks.
 //! - [`usage`]: the answer to Jupyter's `usage_request` (CPU, memory, GPU memory).
+//! - [`stderr_sync`]: a barrier on the evcxr child's stderr (a cell's panic before its report).
 //! - [`build_dir`]: where evcxr compiles the cells (kept between kernel starts, outside any
 //!   cargo workspace); [`compile`]: how far a cell's build has come; [`dep`]: `:dep gpumem-nb`
 //!   is the crate the kernel was built with; [`toolchain`]: what the kernel needs from the Rust
@@ -31,5 +32,6 @@ pub mod magic;
 pub mod nvml;
 pub mod report;
 pub mod run;
+pub mod stderr_sync;
 pub mod toolchain;
 pub mod usage;

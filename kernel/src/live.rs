@@ -14,9 +14,10 @@ use crate::compile::{Progress, Watch};
 use crate::engine::{Output, Sink};
 use crate::hooks::{self, SharedControl};
 use crate::nvml::{self, NvmlSnapshot};
-use crate::report::{CrateReading, LiveCost, TrackedReadings, device_name, format_ms};
+use crate::report::{
+    CrateReading, LiveCost, TrackedReadings, allocator_absent, device_name, format_ms, line_html, quantity,
+};
 use gpumem_nb::notebook::protocol::Op;
-use gpumem_nb::render::escape;
 use gpumem_nb::units::iec;
 use serde_json::{Map, Value};
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -57,9 +58,35 @@ pub fn read(control: &SharedControl) -> LiveReading {
     r
 }
 
-/// The line while cell `cell` of child `pid` has run for `elapsed`: current bytes with the
-/// cell's peaks so far, the allocator's, the child's (NVML) and the device's free memory.
-pub fn line(cell: u64, elapsed: Duration, r: &LiveReading, pid: Option<u32>) -> String {
+/// What the hooks read before the cell: the live line's changes (Δ) are from there.
+#[derive(Clone, Debug, Default)]
+pub struct Baseline {
+    /// The crate's readings before the cell (`None`: it was not loaded, so it starts at 0).
+    pub devices: Option<Vec<CrateReading>>,
+    /// Every allocation of the child before the cell (tracking).
+    pub tracked: Option<TrackedReadings>,
+    /// NVML before the cell.
+    pub nvml: NvmlSnapshot,
+    /// The notebook declared `:dep gpumem-nb` (the crate loads at its first use).
+    pub declared: bool,
+}
+
+impl Baseline {
+    /// The baseline of a cell from its pre-cell hooks.
+    pub fn of(before: &hooks::Before, declared: bool) -> Baseline {
+        Baseline {
+            devices: before.crate_readings.clone(),
+            tracked: before.tracked.clone(),
+            nvml: before.nvml.clone(),
+            declared,
+        }
+    }
+}
+
+/// The line while cell `cell` of child `pid` has run for `elapsed`: the same quantities as the
+/// cell's report line, the same way ([`quantity`]): each one now, its change since the cell
+/// began (from `base`) and its peak in the cell so far.
+pub fn line(cell: u64, elapsed: Duration, r: &LiveReading, base: &Baseline, pid: Option<u32>) -> String {
     let reading = r.devices.as_deref().and_then(|v| v.iter().find(|d| d.device == 0).or(v.first()));
     let nvml = r.nvml.device_of(pid, reading.and_then(|a| a.uuid.as_deref()));
     let mut parts = vec![
@@ -68,21 +95,38 @@ pub fn line(cell: u64, elapsed: Duration, r: &LiveReading, pid: Option<u32>) -> 
     ];
     let place = reading.map(|a| a.device);
     let tracked = r.tracked.as_ref().and_then(|t| t.places.iter().find(|p| place.is_none_or(|d| p.device == Some(d))));
+    // Loaded during the cell: it started from nothing.
+    let loaded_before = base.devices.is_some();
+    let since = |now: u64, before: Option<u64>| -> Option<i64> {
+        match before {
+            Some(b) => Some(now as i64 - b as i64),
+            None if !loaded_before => Some(now as i64),
+            None => None,
+        }
+    };
     if let Some(p) = tracked {
-        parts.push(format!("all allocations {} (peak {})", iec(p.live), iec(p.peak)));
+        let before =
+            base.tracked.as_ref().map(|t| t.places.iter().find(|b| b.device == p.device).map_or(0, |b| b.live));
+        parts.push(quantity("all allocations", Some(p.live), since(p.live, before), Some(p.peak), "peak"));
     }
     match reading {
         Some(a) => {
-            parts.push(format!("allocated {} (peak {})", iec(a.allocated), iec(a.peak_allocated)));
-            parts.push(format!("reserved {} (peak {})", iec(a.reserved), iec(a.peak_reserved)));
+            let b = base.devices.as_deref().and_then(|v| v.iter().find(|d| d.device == a.device));
+            let allocated = since(a.allocated, b.map(|b| b.allocated));
+            let reserved = since(a.reserved, b.map(|b| b.reserved));
+            parts.push(quantity("allocated", Some(a.allocated), allocated, Some(a.peak_allocated), "peak"));
+            parts.push(quantity("reserved", Some(a.reserved), reserved, Some(a.peak_reserved), "peak"));
             if let Some(used) = a.pool_used.filter(|&u| u > 0 || a.pool_used_high.unwrap_or(0) > 0) {
-                parts.push(format!("CUDA pool {used}", used = iec(used)));
+                let d = b.and_then(|b| b.pool_used).map(|u| used as i64 - u as i64);
+                parts.push(quantity("CUDA pool", Some(used), d, a.pool_used_high, "peak"));
             }
         }
-        None => parts.push("allocator n/a (gpumem-nb not loaded)".into()),
+        None => parts.push(allocator_absent(false, base.declared)),
     }
     if let Some(used) = nvml.zip(pid).and_then(|(d, p)| d.process_used(p)) {
-        parts.push(format!("process {}", iec(used)));
+        let before = base.nvml.devices.iter().find(|d| nvml.is_some_and(|n| n.uuid == d.uuid));
+        let d = before.zip(pid).and_then(|(b, p)| b.process_used(p)).map(|b| used as i64 - b as i64);
+        parts.push(format!("{} (NVML)", quantity("process", Some(used), d, None, "peak")));
     }
     match (nvml, reading.and_then(|a| a.device_free)) {
         (Some(d), _) => parts.push(format!("device free {}", iec(d.free))),
@@ -101,12 +145,10 @@ pub fn compile_line(cell: u64, progress: &Progress) -> String {
     format!("[{cell}] {}", progress.describe())
 }
 
-/// The line as a `display_data` bundle (text and the same words in HTML).
+/// The line as a `display_data` bundle (text and the same words in HTML, styled as the report
+/// line that replaces it).
 pub fn bundle(line: &str) -> Map<String, Value> {
-    let html = format!(
-        "<div class=\"gpumem-report gpumem-live\" style=\"font-family:monospace;font-size:12px;color:#555\">{}</div>",
-        escape(line)
-    );
+    let html = line_html(line, "gpumem-report gpumem-live", false, "", None);
     let mut m = Map::new();
     m.insert("text/plain".into(), Value::String(line.to_string()));
     m.insert("text/html".into(), Value::String(html));
@@ -138,6 +180,7 @@ impl Sampler {
         cell: u64,
         started: Instant,
         pid: Option<u32>,
+        base: Baseline,
         control: SharedControl,
         compile: Option<Arc<Mutex<Watch>>>,
         sink: Arc<dyn Sink>,
@@ -158,7 +201,7 @@ impl Sampler {
                     compile.as_ref().and_then(|w| w.lock().ok()?.poll()).filter(Progress::building_dependencies);
                 let text = match building {
                     Some(p) => compile_line(cell, &p),
-                    None => line(cell, started.elapsed(), &read(&control), pid),
+                    None => line(cell, started.elapsed(), &read(&control), &base, pid),
                 };
                 let data = bundle(&text);
                 let id = shown_id.clone();
@@ -213,14 +256,37 @@ mod tests {
             }),
             nvml: NvmlSnapshot { devices: vec![], error: Some("no NVML".into()) },
         };
-        let l = line(7, Duration::from_millis(2500), &r, Some(1));
+        let base = Baseline {
+            devices: Some(vec![CrateReading {
+                backend: gpumem_nb::BackendKind::Simulated,
+                allocated: 64 * mib,
+                reserved: 64 * mib,
+                ..Default::default()
+            }]),
+            tracked: Some(TrackedReadings {
+                status: "simulated".into(),
+                places: vec![PlaceReading { device: Some(0), live: 64 * mib, peak: 64 * mib, ..Default::default() }],
+            }),
+            ..Default::default()
+        };
+        let l = line(7, Duration::from_millis(2500), &r, &base, Some(1));
         assert_eq!(
             l,
-            "[7] sim:0 (simulated) · running 2.50 s · all allocations 90.00 MiB (peak 200.00 MiB) · allocated 64.00 MiB \
-             (peak 96.00 MiB) · reserved 80.00 MiB (peak 100.00 MiB) · device free 1.00 GiB (simulated)"
+            "[7] sim:0 (simulated) · running 2.50 s · all allocations now 90.00 MiB (Δ +26.00 MiB, peak 200.00 MiB) \
+             · allocated now 64.00 MiB (Δ 0 B, peak 96.00 MiB) · reserved now 80.00 MiB (Δ +16.00 MiB, peak 100.00 MiB) \
+             · device free 1.00 GiB (simulated)"
         );
-        let none = line(2, Duration::from_secs(3), &LiveReading::default(), None);
-        assert_eq!(none, "[2] device n/a · running 3.00 s · allocator n/a (gpumem-nb not loaded)");
+        // Loaded during the cell: the changes are from nothing.
+        let l = line(7, Duration::from_millis(2500), &r, &Baseline::default(), Some(1));
+        assert!(l.contains("allocated now 64.00 MiB (Δ +64.00 MiB, peak 96.00 MiB)"), "{l}");
+        let none = line(2, Duration::from_secs(3), &LiveReading::default(), &Baseline::default(), None);
+        assert_eq!(
+            none,
+            "[2] device n/a · running 3.00 s · allocator n/a (gpumem-nb not in this notebook: `:dep gpumem-nb`)"
+        );
+        let declared = Baseline { declared: true, ..Default::default() };
+        let l = line(1, Duration::from_secs(3), &LiveReading::default(), &declared, None);
+        assert!(l.ends_with("allocator: gpumem-nb loads at its first use"), "{l}");
         let b = bundle("a < b");
         assert_eq!(b["text/plain"], "a < b");
         assert!(b["text/html"].as_str().unwrap().contains("a &lt; b"));

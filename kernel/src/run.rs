@@ -168,8 +168,8 @@ pub fn run(opts: &RunOptions) -> anyhow::Result<i32> {
         let outputs = std::mem::take(&mut *sink.outputs.lock().unwrap_or_else(|e| e.into_inner()));
         *sink.progress_shown.lock().unwrap_or_else(|e| e.into_inner()) = None;
         let expected_error = tags_of(cell).iter().any(|t| t == "raises-exception");
-        let panicked = outcome.record.as_ref().is_some_and(|r| r.status == "panicked");
-        let failed = outcome.error.is_some() || panicked;
+        // What Jupyter's execute_reply says: a panic and a bad magic are errors too.
+        let failed = outcome.error.is_some();
         let line = outcome.record.as_ref().map(|r| r.line()).unwrap_or_else(|| "(magics only)".to_string());
         let status = match (failed, expected_error) {
             (false, _) => "ok",
@@ -178,11 +178,7 @@ pub fn run(opts: &RunOptions) -> anyhow::Result<i32> {
         };
         eprintln!("[{i_code}/{n_code}] {status} · {line}");
         if failed && !expected_error {
-            let what = outcome
-                .error
-                .as_ref()
-                .map(|e| format!("{}: {}", e.ename, e.evalue))
-                .unwrap_or_else(|| "the cell panicked".to_string());
+            let what = outcome.error.as_ref().map(|e| format!("{}: {}", e.ename, e.evalue)).unwrap_or_default();
             let first = code.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("");
             failures.push(format!("cell [{}] `{first}`: {what}", outcome.count));
             if !opts.allow_errors {

@@ -180,7 +180,7 @@ fn magics_snapshots_and_restarts() {
             "%gpumem record on --max-entries 1000\n%gpumem budget 16MiB\nlet a = DeviceBuffer::<u8>::zeros(&alloc, 32 << 20, StreamId::DEFAULT)?;",
             &[],
         ),
-        ("%gpumem snapshot snap\n%gpumem bogus\nlet still_runs = 1;", &[]),
+        ("%gpumem snapshot snap\nlet still_runs = 1;", &[]),
         (
             "%%gpumem --timeline --snapshot cellsnap\nfor i in 1..4 { let _t = DeviceBuffer::<u8>::zeros(&alloc, i << 20, StreamId::DEFAULT)?; }",
             &[],
@@ -198,6 +198,7 @@ fn magics_snapshots_and_restarts() {
         ("%gpumem export /proc/no/such/dir/h.csv\n%gpumem snapshot /proc/no/such/dir", &[]),
         ("unsafe { std::ptr::null_mut::<u8>().write_volatile(1) };", &["raises-exception"]),
         ("gpumem_nb::current()?.memory_allocated()", &[]),
+        ("%gpumem bogus\nlet never: u8 = \"compiled\";", &["raises-exception"]),
     ]);
     let (code, out, stderr) = run("magics", &nb, &[]);
     assert_eq!(code, 0, "{stderr}");
@@ -214,10 +215,14 @@ fn magics_snapshots_and_restarts() {
     let snap: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("snap/snapshot.json")).unwrap()).unwrap();
     let text = snap.to_string();
     assert!(text.contains("\"cell 3\""), "allocations of cell 3 carry its label");
-    // The bad magic is one line plus usage; the rest of the cell ran.
-    let err = outputs(&out, 3).iter().find(|o| o["name"] == "stderr").unwrap()["text"].as_str().unwrap().to_string();
-    assert!(err.contains("unknown verb `bogus`") && err.contains("usage: %gpumem"), "{err}");
-    assert_eq!(records(&out, 3).len(), 1, "the code of a cell with a bad magic still runs");
+    // A bad magic fails its cell before anything runs (its code would not even compile): one
+    // error naming the line, with the usage.
+    let errors: Vec<&Value> = outputs(&out, 18).iter().filter(|o| o["output_type"] == "error").collect();
+    assert_eq!(errors.len(), 1, "{:?}", outputs(&out, 18));
+    assert_eq!(errors[0]["ename"], "UsageError");
+    assert!(errors[0]["evalue"].as_str().unwrap().contains("unknown verb `bogus` (line 1"), "{}", errors[0]);
+    assert!(errors[0]["traceback"].to_string().contains("usage: %gpumem"), "{}", errors[0]);
+    assert!(records(&out, 18).is_empty(), "nothing ran, nothing to report");
 
     // Cell magic: a timeline SVG and a snapshot of that cell.
     let svg = outputs(&out, 4).iter().find_map(|o| o["data"]["image/svg+xml"].as_str());
@@ -227,7 +232,13 @@ fn magics_snapshots_and_restarts() {
     let summary = outputs(&out, 5).iter().find_map(|o| o["data"]["text/plain"].as_str()).unwrap();
     assert!(summary.contains("PyTorch CUDA memory summary"), "{summary}");
     // Panic: the kernel survives; abort: the child restarts, the next cell works, history kept.
+    // A panic is the cell's error (what Jupyter gets too), its report still the last output.
     assert_eq!(records(&out, 6)[0]["status"], "panicked");
+    let outs = outputs(&out, 6);
+    let error = outs.iter().position(|o| o["output_type"] == "error").expect("the panic is an error");
+    assert_eq!((outs[error]["ename"].as_str(), outs[error]["evalue"].as_str()), (Some("panic"), Some("boom")));
+    assert!(outs.last().unwrap()["data"].get(CELL_MIME).is_some(), "the report comes last: {outs:?}");
+    assert!(!outs.iter().any(|o| o["name"] == "stderr"), "the panic's text is in the error, not on stderr: {outs:?}");
     let r8 = records(&out, 7)[0];
     assert_eq!(r8["restarted"], true, "{r8}");
     assert!(outputs(&out, 7).iter().any(|o| o["output_type"] == "error"));

@@ -141,11 +141,12 @@ fn live_line_overhead() {
     let (control, serve_cpu) = serving(&base.path().join("cell"));
     let sink = Arc::new(Lines::default());
     let started = Instant::now();
-    let sampler = live::Sampler::start(1, started, me, control.clone(), None, sink.clone()).unwrap();
+    let sampler =
+        live::Sampler::start(1, started, me, live::Baseline::default(), control.clone(), None, sink.clone()).unwrap();
     std::thread::sleep(Duration::from_secs(secs));
     let finished = sampler.stop();
     let cell_s = started.elapsed().as_secs_f64();
-    let line = live::line(1, started.elapsed(), &live::read(&control), me);
+    let line = live::line(1, started.elapsed(), &live::read(&control), &live::Baseline::default(), me);
     drop(control);
     let serve_cpu = serve_cpu.recv_timeout(Duration::from_secs(10)).unwrap_or_default();
 

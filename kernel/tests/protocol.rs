@@ -154,6 +154,24 @@ impl Kernel {
         reply
     }
 
+    /// Like [`until_idle`](Self::until_idle), also returning the messages of other parents.
+    async fn until_idle_all(&mut self, parent: &str) -> (Vec<JupyterMessage>, Vec<JupyterMessage>) {
+        let (mut got, mut others) = (Vec::new(), Vec::new());
+        loop {
+            let m = self.iopub.read().await.unwrap();
+            if m.parent_header.as_ref().map(|h| h.msg_id.as_str()) != Some(parent) {
+                others.push(m);
+                continue;
+            }
+            let idle =
+                matches!(&m.content, JupyterMessageContent::Status(s) if s.execution_state == ExecutionState::Idle);
+            got.push(m);
+            if idle {
+                return (got, others);
+            }
+        }
+    }
+
     async fn until_idle(&mut self, parent: &str) -> Vec<JupyterMessage> {
         let mut got = Vec::new();
         loop {
@@ -299,11 +317,39 @@ async fn protocol() {
     let result = out.iter().find(|m| m.header.msg_type == "execute_result").expect("result");
     assert!(serde_json::to_string(&result.content).unwrap().contains("hello Ada"));
 
-    // A panicking cell: evcxr catches it (reply ok), the panic is on stderr, the report is there.
-    let e = k.execute("panic!(\"boom at {}\", 7)").await;
-    assert_eq!(e.status(), ReplyStatus::Ok);
-    assert!(e.stream("stderr").contains("boom at 7"), "{:?}", e.json());
+    // A panicking cell: evcxr catches it (and would say nothing), the kernel replies `error` with
+    // the panic's message; the error shows the message and the cell, not evcxr's internals; the
+    // report is the cell's last output, after the error.
+    let e = k.execute("let kept = 5;\npanic!(\"boom at {}\", 7)").await;
+    assert_eq!(e.status(), ReplyStatus::Error, "{:?}", e.json());
+    match &e.reply.content {
+        JupyterMessageContent::ExecuteReply(r) => {
+            let err = r.error.as_ref().expect("ename/evalue in the reply");
+            assert_eq!((err.ename.as_str(), err.evalue.as_str()), ("panic", "boom at 7"));
+        }
+        other => panic!("{other:?}"),
+    }
+    let errors = e.of_type("error");
+    assert_eq!(errors.len(), 1, "{:?}", e.json());
+    let tb =
+        errors[0]["traceback"].as_array().unwrap().iter().map(|l| l.as_str().unwrap()).collect::<Vec<_>>().join("\n");
+    assert!(tb.contains("panicked\x1b[0m at cell [") && tb.contains("boom at 7"), "{tb}");
+    for internal in ["load_and_run", "runtime_hook", "main.rs", "evcxr-0.22", "src/lib.rs", "rust_begin_unwind"] {
+        assert!(!tb.contains(internal), "{internal} folded away: {tb}");
+    }
+    assert!(!e.stream("stderr").contains("panicked"), "the panic is the error, not stderr: {:?}", e.json());
     assert_eq!(e.reports()[0]["status"], "panicked");
+    let (at, _) = e.report_messages()[0];
+    let last_output = e.iopub.iter().rposition(|m| m.header.msg_type != "status").unwrap();
+    assert_eq!(at, last_output, "the report is the last output: {:?}", e.json());
+    // The same again: the report's place does not depend on how the two pipes raced.
+    for _ in 0..3 {
+        let e = k.execute("panic!(\"again\")").await;
+        let types: Vec<&str> = e.iopub.iter().map(|m| m.header.msg_type.as_str()).filter(|t| *t != "status").collect();
+        assert_eq!(types.iter().filter(|t| **t == "error").count(), 1, "{types:?}");
+        assert!(matches!(types.last(), Some(&"display_data" | &"update_display_data")), "{types:?}");
+        assert!(!e.stream("stderr").contains("again"), "{:?}", e.json());
+    }
 
     // An aborting cell: error reply, the child restarts, the report says so.
     let e = k.execute("std::process::abort();").await;
@@ -363,11 +409,17 @@ async fn protocol() {
     let e = k.execute("2 * 21").await;
     assert_eq!(e.result_text().as_deref(), Some("42"));
 
-    // A bad magic: one line and the usage; the code still runs.
+    // A bad magic: the cell fails with one line naming it and the usage; nothing of it runs.
     let e = k.execute("%gpumem budget lots\n5").await;
-    assert_eq!(e.status(), ReplyStatus::Ok);
-    assert!(e.stream("stderr").contains("bad size \"lots\""), "{:?}", e.json());
-    assert_eq!(e.result_text().as_deref(), Some("5"));
+    assert_eq!(e.status(), ReplyStatus::Error);
+    let errors = e.of_type("error");
+    assert_eq!(errors[0]["ename"], "UsageError", "{:?}", e.json());
+    assert!(errors[0]["evalue"].as_str().unwrap().contains("bad size \"lots\""), "{:?}", e.json());
+    assert_eq!(e.result_text(), None);
+    assert!(e.reports().is_empty());
+    let e = k.execute("%gpumem nonsense").await;
+    assert_eq!(e.status(), ReplyStatus::Error);
+    assert!(e.of_type("error")[0]["evalue"].as_str().unwrap().contains("unknown verb `nonsense`"));
 
     // An interrupt while no cell runs changes nothing.
     k.control.send(InterruptRequest {}.into()).await.unwrap();
@@ -396,13 +448,36 @@ async fn protocol() {
     let e = k.execute("6 * 7").await;
     assert_eq!(e.result_text().as_deref(), Some("42"), "later requests run again");
 
+    // "Run all" stops at a panic and at a bad magic as at a compile error: what is queued
+    // behind them is aborted.
+    for failing in ["panic!(\"stop here\")", "%gpumem frobnicate\n1"] {
+        let bad: JupyterMessage = ExecuteRequest::new(failing.into()).into();
+        let queued: JupyterMessage = ExecuteRequest::new("println!(\"must not run\");".into()).into();
+        let (bad_id, queued_id) = (bad.header.msg_id.clone(), queued.header.msg_id.clone());
+        k.shell.send(bad).await.unwrap();
+        k.shell.send(queued).await.unwrap();
+        let out = timeout(Duration::from_secs(300), k.until_idle(&bad_id)).await.unwrap();
+        assert!(out.iter().any(|m| m.header.msg_type == "error"), "{failing}");
+        let skipped = timeout(Duration::from_secs(60), k.until_idle(&queued_id)).await.unwrap();
+        assert!(!skipped.iter().any(|m| m.header.msg_type == "stream"), "the queued cell did not run");
+        for want in [ReplyStatus::Error, ReplyStatus::Aborted] {
+            match timeout(Duration::from_secs(10), k.shell.read()).await.unwrap().unwrap().content {
+                JupyterMessageContent::ExecuteReply(r) => assert_eq!(r.status, want, "{failing}"),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+    let e = k.execute("kept").await;
+    assert_eq!(e.status(), ReplyStatus::Error, "a panicking cell's new variables are dropped, as evcxr does");
+
     k.shutdown().await;
 }
 
 /// A 5-second cell, driven over ZMQ with gpumem-nb loaded: its live line is shown after about a
 /// second with the memory so far, updated in place at least twice, and replaced by the cell's
-/// report under the same display id; a short cell gets its report as before. Then
-/// `usage_request` on the control channel: ipykernel's fields and GPU memory per device.
+/// report under the same display id; a `usage_request` meanwhile publishes no status. A long
+/// cell with a result: the report follows the result. A short cell gets its report as before.
+/// Then `usage_request`'s reply: ipykernel's fields and GPU memory per device.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn live_line_and_usage() {
     // The crate compiles inside evcxr once (minutes), in the kernel's own build directory.
@@ -416,8 +491,28 @@ async fn live_line_and_usage() {
         .await;
     assert_eq!(e.status(), ReplyStatus::Ok, "{:?}", e.json());
 
-    let e = k.execute("std::thread::sleep(std::time::Duration::from_secs(5));\n7").await;
-    assert_eq!(e.status(), ReplyStatus::Ok, "{:?}", e.json());
+    // A long cell without a result: its live line is updated in place and the report takes its
+    // place. Meanwhile a usage_request on the control channel flips no status (the cell is busy).
+    let req: JupyterMessage =
+        ExecuteRequest::new("std::thread::sleep(std::time::Duration::from_secs(5));".into()).into();
+    let id = req.header.msg_id.clone();
+    k.shell.send(req).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let usage: JupyterMessage =
+        UnknownMessage { msg_type: "usage_request".into(), content: serde_json::json!({}) }.into();
+    let usage_id = usage.header.msg_id.clone();
+    k.control.send(usage).await.unwrap();
+    let reply = timeout(Duration::from_secs(10), k.control.read()).await.expect("usage reply").unwrap();
+    assert_eq!(reply.header.msg_type, "usage_reply");
+    let (iopub, others) = timeout(Duration::from_secs(120), k.until_idle_all(&id)).await.unwrap();
+    let exec_reply = k.shell.read().await.unwrap();
+    let of_usage: Vec<&str> = others
+        .iter()
+        .filter(|m| m.parent_header.as_ref().is_some_and(|h| h.msg_id == usage_id))
+        .map(|m| m.header.msg_type.as_str())
+        .collect();
+    assert!(of_usage.is_empty(), "a usage_request publishes no busy/idle: {of_usage:?}");
+    let e = Executed { iopub, reply: exec_reply };
     let json: Vec<(String, serde_json::Value)> =
         e.iopub.iter().map(|m| (m.header.msg_type.clone(), serde_json::to_value(&m.content).unwrap())).collect();
     let shown: Vec<&serde_json::Value> = json
@@ -428,7 +523,7 @@ async fn live_line_and_usage() {
     assert_eq!(shown.len(), 1, "one live line: {json:?}");
     let id = shown[0]["transient"]["display_id"].as_str().unwrap();
     let line = shown[0]["data"]["text/plain"].as_str().unwrap();
-    assert!(line.contains("running") && line.contains("allocated 64.00 MiB"), "{line}");
+    assert!(line.contains("running") && line.contains("allocated now 64.00 MiB (Δ 0 B, peak 64.00 MiB)"), "{line}");
     let updates: Vec<&serde_json::Value> =
         json.iter().filter(|(t, _)| t == "update_display_data").map(|(_, c)| c).collect();
     assert!(updates.iter().all(|u| u["transient"]["display_id"] == id), "{updates:?}");
@@ -444,6 +539,26 @@ async fn live_line_and_usage() {
     let wall_ms = record["live"]["wall_ms"].as_f64().unwrap();
     eprintln!("live line: {} lines, sampler CPU {cpu_us} µs over {wall_ms:.0} ms", record["live"]["updates"]);
     assert!((cpu_us as f64 / 1e3) < 0.05 * wall_ms, "the sampler costs well under 5 % of a core: {record}");
+
+    // A long cell with a result: the result comes after the live line, so the live line is
+    // emptied and the report follows the result (always the cell's last output).
+    let e = k.execute("std::thread::sleep(std::time::Duration::from_secs(3));\n7").await;
+    assert_eq!(e.result_text().as_deref(), Some("7"));
+    let types: Vec<&str> = e.iopub.iter().map(|m| m.header.msg_type.as_str()).filter(|t| *t != "status").collect();
+    let result_at = types.iter().position(|t| *t == "execute_result").unwrap();
+    let (report_at, _) = e.report_messages()[0];
+    let report_at = e.iopub[..report_at].iter().filter(|m| m.header.msg_type != "status").count();
+    assert_eq!(report_at, types.len() - 1, "the report is last: {types:?}");
+    assert!(result_at < report_at, "{types:?}");
+    assert_eq!(e.reports().len(), 1);
+    let emptied = e
+        .iopub
+        .iter()
+        .filter(|m| m.header.msg_type == "update_display_data")
+        .map(|m| serde_json::to_value(&m.content).unwrap())
+        .filter(|c| c["data"].as_object().is_some_and(|d| d.is_empty()))
+        .count();
+    assert_eq!(emptied, 1, "the live line is emptied once: {:?}", e.json());
 
     // A quick cell (the crate is compiled, the cell is small): a report of its own.
     let e = k.execute("keep.len()").await;

@@ -72,6 +72,34 @@ impl MimeBundle {
     }
 }
 
+/// Secondary text (captions, the report line): JupyterLab's secondary content colour, with a
+/// fallback that reads on white (contrast 6.2:1).
+pub const TEXT2: &str = "var(--jp-content-font-color2,#616161)";
+
+/// The units a number can carry on screen: sizes, durations, percentages.
+const UNITS: [&str; 11] = ["B", "KiB", "MiB", "GiB", "TiB", "µs", "ms", "s", "min", "h", "%"];
+
+/// Escaped HTML text with a non-breaking space wherever a line break would split a quantity: between
+/// a number and its unit (`64.00 MiB`), and after `Δ`. So `+64.00 MiB` never wraps.
+pub fn nowrap_units(escaped: &str) -> String {
+    let chars: Vec<char> = escaped.chars().collect();
+    let mut out = String::with_capacity(escaped.len() + 16);
+    for (i, &c) in chars.iter().enumerate() {
+        if c == ' ' && i > 0 {
+            let prev = chars[i - 1];
+            let rest: String =
+                chars[i + 1..].iter().take_while(|c| c.is_alphanumeric() || **c == '%' || **c == 'µ').collect();
+            let unit_follows = prev.is_ascii_digit() && UNITS.contains(&rest.as_str());
+            if unit_follows || prev == 'Δ' {
+                out.push('\u{a0}');
+                continue;
+            }
+        }
+        out.push(c);
+    }
+    out
+}
+
 /// Escapes text for HTML element content and attribute values.
 pub fn escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
@@ -147,37 +175,58 @@ impl Table {
         s
     }
 
-    /// The HTML form (inline styles only, so it renders the same everywhere).
+    /// The HTML form (inline styles only, so it renders the same everywhere). Colours are
+    /// JupyterLab's theme variables with light fallbacks (so light, dark and high-contrast themes
+    /// read, and a page without them looks as before). Numbers never wrap (a non-breaking space
+    /// before their unit, `white-space:nowrap` in number columns); a table wider than the output
+    /// area scrolls inside its own box, its first column staying in view.
     pub fn to_html(&self) -> String {
         let mut h = String::from(
-            "<table class=\"gpumem\" style=\"border-collapse:collapse;font-family:monospace;font-size:12px\">",
+            "<div class=\"gpumem-table\" style=\"overflow-x:auto;max-width:100%\">\
+             <table class=\"gpumem\" style=\"border-collapse:collapse;margin:0;font-family:var(--jp-code-font-family,monospace);\
+             font-size:var(--jp-code-font-size,12px);color:var(--jp-content-font-color1,#212121)\">",
         );
         if !self.caption.is_empty() {
             let _ = write!(
                 h,
-                "<caption style=\"caption-side:bottom;text-align:left;color:#666\">{}</caption>",
-                escape(&self.caption)
+                "<caption style=\"caption-side:bottom;text-align:left;color:{TEXT2};padding-top:2px\">{}</caption>",
+                nowrap_units(&escape(&self.caption))
             );
         }
-        h.push_str("<thead><tr>");
+        // The first column stays put while the rest scrolls: it needs the row's background.
+        let sticky = |i: usize| if i == 0 { "position:sticky;left:0;background:inherit;" } else { "" };
+        h.push_str("<thead><tr style=\"background:var(--jp-layout-color0,#fff)\">");
         for (i, c) in self.header.iter().enumerate() {
             let align = if self.right.contains(&i) { "right" } else { "left" };
             let _ = write!(
                 h,
-                "<th style=\"text-align:{align};padding:2px 8px;border-bottom:1px solid #999\">{}</th>",
-                escape(c)
+                "<th style=\"{}text-align:{align};padding:2px 8px;vertical-align:bottom;\
+                 border-bottom:1px solid var(--jp-border-color1,#999)\">{}</th>",
+                sticky(i),
+                nowrap_units(&escape(c))
             );
         }
         h.push_str("</tr></thead><tbody>");
-        for r in &self.rows {
-            h.push_str("<tr>");
+        for (n, r) in self.rows.iter().enumerate() {
+            let bg = if n % 2 == 0 {
+                "var(--jp-layout-color0,#fff)"
+            } else {
+                "var(--jp-rendermime-table-row-background,#f5f5f5)"
+            };
+            let _ = write!(h, "<tr style=\"background:{bg}\">");
             for (i, c) in r.iter().enumerate() {
-                let align = if self.right.contains(&i) { "right" } else { "left" };
-                let _ = write!(h, "<td style=\"text-align:{align};padding:2px 8px\">{}</td>", escape(c));
+                let (align, wrap) =
+                    if self.right.contains(&i) { ("right", "white-space:nowrap;") } else { ("left", "") };
+                let _ = write!(
+                    h,
+                    "<td style=\"{}{wrap}text-align:{align};padding:2px 8px;vertical-align:top\">{}</td>",
+                    sticky(i),
+                    nowrap_units(&escape(c))
+                );
             }
             h.push_str("</tr>");
         }
-        h.push_str("</tbody></table>");
+        h.push_str("</tbody></table></div>");
         h
     }
 
@@ -256,5 +305,21 @@ mod tests {
         let html = t.to_html();
         assert!(html.contains("&lt;script&gt;") && !html.contains("<script>"));
         assert!(html.contains("text-align:right"));
+        assert!(html.contains(">1.00\u{a0}MiB</td>"), "a number and its unit do not part: {html}");
+        assert!(html.contains("white-space:nowrap"), "{html}");
+        assert!(
+            html.starts_with("<div class=\"gpumem-table\" style=\"overflow-x:auto"),
+            "scrolls in its own box: {html}"
+        );
+        assert!(html.contains("position:sticky;left:0"), "the first column stays in view: {html}");
+        assert!(html.contains("var(--jp-layout-color0,#fff)"), "theme colours with fallbacks: {html}");
+    }
+
+    #[test]
+    fn numbers_and_units_stay_together() {
+        assert_eq!(nowrap_units("Δ +64.00 MiB, peak 1.5 GiB"), "Δ\u{a0}+64.00\u{a0}MiB, peak 1.5\u{a0}GiB");
+        assert_eq!(nowrap_units("3 cells · wall 5.60 s"), "3 cells · wall 5.60\u{a0}s");
+        assert_eq!(nowrap_units("512 B Bytes 2 Sims"), "512\u{a0}B Bytes 2 Sims");
+        assert_eq!(nowrap_units("850 µs"), "850\u{a0}µs");
     }
 }

@@ -50,6 +50,7 @@ impl Engine {
                     let text = reply.text.as_deref().unwrap_or("memory over time");
                     m.insert("text/plain".into(), Value::String(format!("cell {count}: {text}")));
                     if let Some(svg) = reply.svg {
+                        m.insert("text/html".into(), Value::String(gpumem_nb::render::chart::svg_html(&svg)));
                         m.insert("image/svg+xml".into(), Value::String(svg));
                     }
                     self.display(m);
@@ -163,6 +164,9 @@ impl Engine {
                 let b = self.history.plot();
                 let mut data = Map::new();
                 data.insert("text/plain".into(), Value::String(b.text));
+                if let Some(html) = b.html {
+                    data.insert("text/html".into(), Value::String(html));
+                }
                 if let Some(svg) = b.svg {
                     data.insert("image/svg+xml".into(), Value::String(svg));
                 }

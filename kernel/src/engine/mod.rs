@@ -7,11 +7,19 @@
 //!
 //! - `magics`: what the `%gpumem` / `%%gpumem` magics do to the engine; `diff`: `%gpumem diff`.
 //! - `errors`: evcxr's errors as [`ErrorInfo`], and the code-derived fields of a record.
-//! - `pump`: the thread forwarding evcxr's stdout/stderr to the sink.
+//! - `pump`: the thread forwarding evcxr's stdout/stderr to the sink; `panic`: the cell's panic,
+//!   taken out of stderr, as its error.
+//!
+//! What Jupyter sees of a cell, in order: its streams, its result or error (a panic and a bad
+//! magic are errors, as a compile error is), what its `%gpumem` output magics show, and last its
+//! report. A long cell's live line is replaced in place by the report when nothing came after
+//! the live line; otherwise the live line is emptied and the report follows the cell's last
+//! output.
 
 mod diff;
 mod errors;
 mod magics;
+mod panic;
 mod pump;
 
 pub use errors::ErrorInfo;
@@ -23,6 +31,7 @@ use crate::hooks::{self, HOOK_TIMEOUT, Hooks};
 use crate::live;
 use crate::magic::{self, Magic};
 use crate::report::{CellRecord, History};
+use crate::stderr_sync::{SYNC_VAR, StderrSync};
 use crate::toolchain;
 use errors::{error_info, first_code_line, source_hash};
 use magics::RecordSetting;
@@ -30,7 +39,7 @@ use pump::StreamPump;
 use serde_json::{Map, Value};
 use std::path::PathBuf;
 use std::process::Child;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -103,6 +112,53 @@ pub trait Sink: Send + Sync {
     fn compiling(&self, _cell: u64, _progress: &compile::Progress) {}
 }
 
+/// The engine's sink: passes everything on and counts the outputs that are not the live line, so
+/// that the report can tell whether the live line is still the cell's last output.
+struct Tally {
+    inner: Arc<dyn Sink>,
+    /// Outputs other than the live line so far.
+    n: AtomicU64,
+    /// The live line shown last (its display id) and the count when it was shown.
+    live: Mutex<Option<(String, u64)>>,
+}
+
+impl Tally {
+    /// Whether something other than the live line `id` was shown after it.
+    fn after_live(&self, id: &str) -> bool {
+        let at = self.live.lock().ok().and_then(|l| l.as_ref().filter(|(i, _)| i == id).map(|(_, n)| *n));
+        at.is_none_or(|at| self.n.load(Ordering::SeqCst) > at)
+    }
+}
+
+impl Sink for Tally {
+    fn emit(&self, out: Output) {
+        match &out {
+            Output::Updatable { id, .. } => {
+                if let Ok(mut l) = self.live.lock() {
+                    *l = Some((id.clone(), self.n.load(Ordering::SeqCst)));
+                }
+            }
+            Output::Update { .. } => {}
+            _ => {
+                self.n.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        self.inner.emit(out);
+    }
+
+    fn input(&self, prompt: &str, password: bool) -> String {
+        self.inner.input(prompt, password)
+    }
+
+    fn updates_in_place(&self) -> bool {
+        self.inner.updates_in_place()
+    }
+
+    fn compiling(&self, cell: u64, progress: &compile::Progress) {
+        self.inner.compiling(cell, progress);
+    }
+}
+
 /// What an execution ended with.
 #[derive(Clone, Debug)]
 pub struct Outcome {
@@ -120,7 +176,10 @@ pub struct Engine {
     child: Arc<Mutex<Child>>,
     hooks: Hooks,
     sink: Arc<dyn Sink>,
+    tally: Arc<Tally>,
     pump: StreamPump,
+    /// The barrier on the child's stderr (`crate::stderr_sync`).
+    sync: Option<StderrSync>,
     count: u64,
     history: History,
     show: bool,
@@ -135,6 +194,8 @@ pub struct Engine {
     compile: Option<Arc<Mutex<compile::Watch>>>,
     /// The gpumem-nb this kernel was built with (what `:dep gpumem-nb` loads).
     own: dep::Own,
+    /// A cell declared `:dep gpumem-nb` (it loads in the child at its first use).
+    own_declared: bool,
     /// When each cell that ran code ended (the child's pid then, µs since the epoch), for
     /// `%gpumem diff` of cells.
     cell_ends: std::collections::HashMap<u64, (Option<u32>, i64)>,
@@ -144,11 +205,24 @@ impl Engine {
     /// Starts evcxr (its child inherits `GPUMEM_NB_CONTROL`) and the control socket.
     /// `interrupted` is set by whoever kills the child on an interrupt request.
     pub fn new(sink: Arc<dyn Sink>, interrupted: Arc<AtomicBool>) -> anyhow::Result<Engine> {
+        let tally = Arc::new(Tally { inner: sink, n: AtomicU64::new(0), live: Mutex::new(None) });
+        let sink: Arc<dyn Sink> = tally.clone();
         let control = ControlServer::new()?;
         let mut cmd = std::process::Command::new(std::env::current_exe()?);
         // The child (and every restarted child: evcxr re-spawns this same command) gets the
         // socket path. Set on the command rather than with `set_var`, which is `unsafe`.
         cmd.env(CONTROL_VAR, control.socket_path());
+        let sync_path = control.dir().join("stderr-sync.sock");
+        let sync = match StderrSync::bind(&sync_path) {
+            Ok(s) => {
+                cmd.env(SYNC_VAR, &sync_path);
+                Some(s)
+            }
+            Err(e) => {
+                eprintln!("gpumem-kernel: no stderr barrier ({e}): a panic's text may trail the cell's report");
+                None
+            }
+        };
         // Cells are cdylibs linked against the toolchain's `libstd-*.so` (evcxr builds with
         // `-C prefer-dynamic`): the child must find it. Cells normally carry an rpath to it, but
         // a kernel started by Jupyter (not under cargo/rustup) has been seen building cells
@@ -176,7 +250,9 @@ impl Engine {
             child,
             hooks: Hooks::new(control),
             sink,
+            tally,
             pump,
+            sync,
             count: 0,
             history: History::default(),
             show: true,
@@ -190,6 +266,7 @@ impl Engine {
             compile: std::env::var_os("EVCXR_TMPDIR")
                 .map(|d| Arc::new(Mutex::new(compile::Watch::new(std::path::Path::new(&d))))),
             own: dep::Own::of_this_build(),
+            own_declared: false,
             cell_ends: Default::default(),
         })
     }
@@ -251,6 +328,18 @@ impl Engine {
             self.stream("stderr", notice);
         }
         let (magics, run_code) = magic::parse(code);
+        // A magic that cannot be understood fails the cell before anything of it runs, as a
+        // compile error does (a "run all" stops there).
+        if let Some(Magic::Bad { line, text, error }) = magics.iter().find(|m| matches!(m, Magic::Bad { .. })) {
+            let what = format!("%gpumem: {error} (line {line}: `{text}`)");
+            let info = ErrorInfo {
+                ename: "UsageError".into(),
+                evalue: what.clone(),
+                traceback: vec![format!("\x1b[1;31mUsageError\x1b[0m: {what}"), magic::usage(), NOTHING_RAN.into()],
+            };
+            self.sink.emit(Output::Error(info.clone()));
+            return Outcome { count, error: Some(info), record: None };
+        }
         // `:dep gpumem-nb` is the crate this kernel was built with.
         let run_code = match dep::resolve(&run_code, &self.own) {
             Ok(resolved) => resolved,
@@ -260,20 +349,24 @@ impl Engine {
                 return Outcome { count, error: Some(info), record: None };
             }
         };
+        if dep::names_own(&run_code) {
+            self.own_declared = true;
+        }
         let mut cell_magic: Option<(bool, Option<PathBuf>)> = None;
         for m in &magics {
             match m {
-                Magic::Bad { line, text, error } => self.magic_error(&format!("{error} (line {line}: `{text}`)")),
                 Magic::Cell { timeline, snapshot } => cell_magic = Some((*timeline, snapshot.clone())),
                 m if !m.runs_after_code() => self.apply_setting(m),
                 _ => {}
             }
         }
         let mut outcome = Outcome { count, error: None, record: None };
+        let mut live = None;
         if magic::has_code(&run_code) {
-            let (error, rec) = self.run_cell(count, code, &run_code, allow_stdin, cell_magic.as_ref());
-            outcome.error = error;
-            outcome.record = rec;
+            let ran = self.run_cell(count, &run_code, allow_stdin, cell_magic.as_ref());
+            outcome.error = ran.error;
+            outcome.record = Some(ran.record);
+            live = ran.live;
         } else if let Some((timeline, snap)) = &cell_magic {
             // A %%gpumem cell without code: nothing was recorded, but honour the requests.
             if *timeline || snap.is_some() {
@@ -283,17 +376,35 @@ impl Engine {
         for m in magics.iter().filter(|m| m.runs_after_code()) {
             self.run_output_magic(m, count);
         }
+        // Last: the report.
+        if let Some(rec) = &outcome.record
+            && self.show
+        {
+            self.show_report(rec, live);
+        }
         outcome
+    }
+
+    /// Shows a cell's report as its last output: in place of its live line `live` when nothing
+    /// came after that line, else after everything (the live line emptied).
+    fn show_report(&self, rec: &CellRecord, live: Option<String>) {
+        match live {
+            Some(id) if !self.tally.after_live(&id) => self.sink.emit(Output::Update { id, data: rec.display() }),
+            Some(id) => {
+                self.sink.emit(Output::Update { id, data: Map::new() });
+                self.display(rec.display());
+            }
+            None => self.display(rec.display()),
+        }
     }
 
     fn run_cell(
         &mut self,
         count: u64,
-        original: &str,
         run_code: &str,
         allow_stdin: bool,
         cell_magic: Option<&(bool, Option<PathBuf>)>,
-    ) -> (Option<ErrorInfo>, Option<CellRecord>) {
+    ) -> Ran {
         // ---- pre hooks
         let before = self.hooks.before(count, self.child_pid());
         if let Some((_, snap)) = cell_magic {
@@ -308,7 +419,6 @@ impl Engine {
 
         // ---- the cell
         self.interrupted.store(false, Ordering::SeqCst);
-        self.pump.begin_cell();
         let t0 = Instant::now();
         let sink = self.sink.clone();
         let input = move |prompt: &str, password: bool| {
@@ -332,11 +442,23 @@ impl Engine {
         } else {
             run_code
         };
+        // The cell runs on the child's main thread, whose thread id is the child's pid.
+        self.pump.begin_cell(self.child_pid());
         // A long cell's live line, where outputs can be updated in place.
         let sampler = (self.show && self.sink.updates_in_place() && magic::has_code(run_code))
             .then(|| {
                 let control = self.hooks.shared_control();
-                live::Sampler::start(count, t0, self.child_pid(), control, self.compile.clone(), self.sink.clone()).ok()
+                let base = live::Baseline::of(&before, self.own_declared);
+                live::Sampler::start(
+                    count,
+                    t0,
+                    self.child_pid(),
+                    base,
+                    control,
+                    self.compile.clone(),
+                    self.sink.clone(),
+                )
+                .ok()
             })
             .flatten();
         // Without a live line (`run`), the build's progress goes to the sink as it comes.
@@ -365,21 +487,29 @@ impl Engine {
         if let Some(t) = ticker {
             t.stop();
         }
-        self.pump.flush();
+        // Everything the cell wrote, stderr included, before its result and report.
+        let marker = self.sync.as_mut().and_then(StderrSync::request);
+        self.pump.flush(marker);
 
         // ---- post hooks
         let after = self.hooks.after(count, self.child_pid());
         self.cell_ends.insert(count, (after.pid, hooks::now_us()));
         self.last_hook_us = (before.us, after.us);
 
-        // ---- outputs: result or error, then the report
+        // ---- outputs: result or error
         let interrupted = self.interrupted.swap(false, Ordering::SeqCst);
+        let panicked = self.pump.panics().pop();
+        let locate = |_line: u32| -> Option<(u64, u32)> { None };
         let mut error = None;
         let mut terminated: Option<String> = None;
         match result {
             Ok(out) => {
                 let data = mime_map(out.content_by_mime_type);
-                if !data.is_empty() {
+                if let Some(p) = &panicked {
+                    let info = panic::error_info(p, count, &locate);
+                    self.sink.emit(Output::Error(info.clone()));
+                    error = Some(info);
+                } else if !data.is_empty() && !is_unit(&data) {
                     self.sink.emit(Output::ExecuteResult { count, data });
                 }
             }
@@ -387,22 +517,29 @@ impl Engine {
                 if let evcxr::Error::SubprocessTerminated(msg) = &e {
                     terminated = Some(msg.lines().last().unwrap_or("").to_string());
                 }
-                let info = error_info(&e, run_code, interrupted);
+                let mut info = error_info(&e, run_code, interrupted);
+                // A panic that ended the child (it was not caught): its text first.
+                if let Some(p) = &panicked {
+                    let mut tb = panic::error_info(p, count, &locate).traceback;
+                    tb.append(&mut info.traceback);
+                    info.traceback = tb;
+                }
                 self.sink.emit(Output::Error(info.clone()));
                 error = Some(info);
             }
         }
         let mut rec = hooks::record(count, &before, &after);
-        rec.status = if error.is_some() {
-            "error".into()
-        } else if self.pump.panicked() {
+        rec.status = if panicked.is_some() {
             "panicked".into()
+        } else if error.is_some() {
+            "error".into()
         } else {
             "ok".into()
         };
         rec.first_line = first_code_line(run_code);
         rec.source_hash = source_hash(run_code);
         rec.wall_ms = wall.as_secs_f64() * 1000.0;
+        rec.crate_declared = self.own_declared;
         rec.live = live.as_ref().filter(|l| l.id.is_some()).map(|l| l.cost.clone());
         if rec.restarted {
             rec.restart_reason = Some(if interrupted {
@@ -416,13 +553,6 @@ impl Engine {
             });
         }
         self.history.warn(&mut rec);
-        if self.show {
-            // The final line takes the live line's place.
-            match live.and_then(|l| l.id) {
-                Some(id) => self.sink.emit(Output::Update { id, data: rec.display() }),
-                None => self.display(rec.display()),
-            }
-        }
         self.history.cells.push(rec.clone());
 
         // ---- %%gpumem: timeline, snapshot, then the session's own recording setting again
@@ -430,8 +560,7 @@ impl Engine {
             let was_loaded = before.crate_readings.is_some() && before.pid == after.pid;
             self.finish_cell_magic(count, *timeline, snap.as_deref(), was_loaded);
         }
-        let _ = original;
-        (error, Some(rec))
+        Ran { error, record: rec, live: live.and_then(|l| l.id) }
     }
 
     /// Completions at `cursor` (a character offset, as Jupyter sends it): `%gpumem` verbs on
@@ -492,6 +621,22 @@ impl Engine {
             let _ = c.kill();
         }
     }
+}
+
+/// What a cell that ran code left for [`Engine::execute`] to show.
+struct Ran {
+    error: Option<ErrorInfo>,
+    record: CellRecord,
+    /// The display id of the cell's live line, when one was shown.
+    live: Option<String>,
+}
+
+/// The last line of a bad magic's error.
+const NOTHING_RAN: &str = "Nothing of the cell ran: fix the magic line (or make it a comment) and run the cell again.";
+
+/// Whether a result is only `()`: nothing to show (a statement-like last expression, a loop).
+fn is_unit(data: &Map<String, Value>) -> bool {
+    data.len() == 1 && data.get("text/plain").and_then(Value::as_str) == Some("()")
 }
 
 /// The notices that are there, one paragraph each.

@@ -55,62 +55,94 @@ impl History {
         }
     }
 
-    /// The history table.
+    /// The history table: one row per cell; the columns of a source only when it answered for
+    /// some cell (tracking, the allocator, NVML).
     pub fn table(&self) -> Table {
-        let mut t = Table::new([
-            "cell",
-            "code",
-            "device",
-            "Δ all",
-            "peak all",
-            "Δ allocated",
-            "peak allocated",
-            "Δ reserved",
-            "process",
-            "Δ process",
-            "wall",
-            "notes",
-        ])
-        .right_align([3, 4, 5, 6, 7, 8, 9, 10]);
-        for c in &self.cells {
-            let a = c.allocator.as_ref();
-            let opt = |v: Option<u64>| v.map_or("–".into(), iec);
-            let optd = |v: Option<i64>| v.map_or("–".into(), iec_delta);
-            let mut notes: Vec<String> = Vec::new();
-            if c.status != "ok" {
-                notes.push(c.status.clone());
-            }
-            if c.restarted {
-                notes.push("child restarted".into());
-            }
-            notes.extend(c.warnings.iter().cloned());
-            let all = c.all_allocations.as_ref();
-            t.row([
-                format!("[{}]", c.cell),
-                c.first_line.clone(),
-                c.device.clone(),
-                optd(all.and_then(|x| x.delta())),
-                opt(all.and_then(|x| x.peak)),
-                optd(a.and_then(|a| a.allocated.delta())),
-                opt(a.map(|a| a.peak_allocated)),
-                optd(a.and_then(|a| a.reserved.delta())),
-                opt(c.nvml.process.after),
-                optd(c.nvml.process.delta()),
-                format_ms(c.wall_ms),
-                notes.join("; "),
-            ]);
+        let tracked = self.cells.iter().any(|c| c.all_allocations.as_ref().is_some_and(|a| a.is_tracked()));
+        let alloc = self.cells.iter().any(|c| c.allocator.is_some());
+        let nvml = self.cells.iter().any(|c| c.nvml.process.after.is_some());
+        let opt = |v: Option<u64>| v.map_or("–".into(), iec);
+        let optd = |v: Option<i64>| v.map_or("–".into(), iec_delta);
+        type Col<'a> = (&'a str, bool, Box<dyn Fn(&CellRecord) -> String + 'a>);
+        let mut cols: Vec<Col<'_>> = vec![
+            ("cell", false, Box::new(|c: &CellRecord| format!("[{}]", c.cell))),
+            ("code", false, Box::new(|c: &CellRecord| c.first_line.clone())),
+            ("device", false, Box::new(|c: &CellRecord| c.device.clone())),
+        ];
+        if tracked {
+            cols.push((
+                "Δ all",
+                true,
+                Box::new(move |c: &CellRecord| optd(c.all_allocations.as_ref().and_then(|x| x.delta()))),
+            ));
+            cols.push((
+                "peak all",
+                true,
+                Box::new(move |c: &CellRecord| opt(c.all_allocations.as_ref().and_then(|x| x.peak))),
+            ));
         }
-        let budget = self.budget.map_or(String::new(), |b| format!(" · budget {}", iec(b)));
-        t.caption(format!(
-            "{} cells this session · all: every allocation of the process (tracking: {}) · allocator: gpumem-nb \
-             (exact) · process: NVML{budget}",
-            self.cells.len(),
-            self.cells
-                .iter()
-                .rev()
-                .find_map(|c| c.all_allocations.as_ref().map(|a| a.tracking.clone()))
-                .unwrap_or_else(|| "–".into())
-        ))
+        if alloc {
+            cols.push((
+                "Δ allocated",
+                true,
+                Box::new(move |c: &CellRecord| optd(c.allocator.as_ref().and_then(|a| a.allocated.delta()))),
+            ));
+            cols.push((
+                "peak allocated",
+                true,
+                Box::new(move |c: &CellRecord| opt(c.allocator.as_ref().map(|a| a.peak_allocated))),
+            ));
+            cols.push((
+                "Δ reserved",
+                true,
+                Box::new(move |c: &CellRecord| optd(c.allocator.as_ref().and_then(|a| a.reserved.delta()))),
+            ));
+        }
+        if nvml {
+            cols.push(("process", true, Box::new(move |c: &CellRecord| opt(c.nvml.process.after))));
+            cols.push(("Δ process", true, Box::new(move |c: &CellRecord| optd(c.nvml.process.delta()))));
+        }
+        cols.push(("wall", true, Box::new(|c: &CellRecord| format_ms(c.wall_ms))));
+        cols.push((
+            "notes",
+            false,
+            Box::new(|c: &CellRecord| {
+                let mut notes: Vec<String> = Vec::new();
+                if c.status != "ok" {
+                    notes.push(c.status.clone());
+                }
+                if c.restarted {
+                    notes.push("child restarted".into());
+                }
+                notes.extend(c.warnings.iter().cloned());
+                notes.join("; ")
+            }),
+        ));
+        let right: Vec<usize> = cols.iter().enumerate().filter(|(_, c)| c.1).map(|(i, _)| i).collect();
+        let mut t = Table::new(cols.iter().map(|c| c.0)).right_align(right);
+        for c in &self.cells {
+            t.row(cols.iter().map(|col| (col.2)(c)));
+        }
+        // Each source named only where it answered for some cell.
+        let mut caption = vec![format!("{} cells this session", self.cells.len())];
+        if let Some(tracking) = self
+            .cells
+            .iter()
+            .rev()
+            .find_map(|c| c.all_allocations.as_ref().filter(|a| a.is_tracked()).map(|a| a.tracking.clone()))
+        {
+            caption.push(format!("all: every allocation of the process (tracking: {tracking})"));
+        }
+        if self.cells.iter().any(|c| c.allocator.is_some()) {
+            caption.push("allocated, reserved: the gpumem-nb allocator (exact)".into());
+        }
+        if self.cells.iter().any(|c| c.nvml.process.after.is_some()) {
+            caption.push("process: NVML".into());
+        }
+        if let Some(b) = self.budget {
+            caption.push(format!("budget {}", iec(b)));
+        }
+        t.caption(caption.join(" · "))
     }
 
     /// Peaks per cell, with the budget line.

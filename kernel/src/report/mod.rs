@@ -16,7 +16,8 @@ mod history;
 
 pub use gpumem_nb::notebook::report::{
     AllAllocations, AllocatorPart, CELL_MIME, CellRecord, CrateReading, LiveCost, NvmlPart, PlaceAll, PoolPart,
-    Readings, SourceDelta, Sources, Span, TrackedReadings, all_allocations, build_record, device_name, format_ms,
+    Readings, SourceDelta, Sources, Span, TrackedReadings, all_allocations, allocator_absent, build_record,
+    device_name, format_ms, line_html, quantity,
 };
 pub use history::History;
 
@@ -61,8 +62,9 @@ mod tests {
         );
         let line = rec.line();
         assert!(line.starts_with("[3] sim:0 (simulated)"), "{line}");
-        assert!(line.contains("allocated +512.00 MiB (peak 1.00 GiB)"), "{line}");
-        assert!(line.contains("process n/a (simulated device)"), "{line}");
+        assert!(line.contains("allocated now 512.00 MiB (Δ +512.00 MiB, peak 1.00 GiB)"), "{line}");
+        assert!(line.contains("reserved now 512.00 MiB (Δ +512.00 MiB, peak 512.00 MiB)"), "{line}");
+        assert!(!line.contains("process"), "NVML did not answer: no process number, no NVML named: {line}");
         assert!(line.contains("device free 80.00 GiB (simulated)"), "{line}");
         assert!(!rec.restarted);
         let d = rec.display();

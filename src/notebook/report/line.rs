@@ -1,7 +1,7 @@
 //! What a record shows: the one-line report, its details table, the `display_data` bundle.
 
 use super::{CELL_MIME, CellRecord, Span};
-use crate::render::{Table, escape};
+use crate::render::{TEXT2, Table, escape, nowrap_units};
 use crate::units::{iec, iec_delta};
 use serde_json::Value;
 use std::fmt::Write as _;
@@ -12,56 +12,46 @@ impl CellRecord {
     }
 
     /// The compact line (text form; the HTML summary is the same words). With tracking on it
-    /// leads with every allocation of the process on the device, whoever made it.
+    /// leads with every allocation of the process on the device, whoever made it. The live line
+    /// while a long cell runs (gpumem-kernel's `live`) shows the same quantities the same way
+    /// ([`quantity`]): each one's value now, its change over the cell (Δ) and its peak in the cell.
     pub fn line(&self) -> String {
-        let mut parts = vec![format!("[{}] {}", self.cell, self.device)];
+        let mut parts = vec![format!("[{}] {}", self.cell, self.device), format_ms(self.wall_ms)];
         let all = self.all_allocations.as_ref();
         if let Some(all) = all.filter(|a| a.is_tracked()) {
-            parts.push(format!(
-                "all allocations {} (peak {})",
-                all.delta().map_or("n/a".into(), iec_delta),
-                all.peak.map_or("n/a".into(), iec)
-            ));
+            parts.push(quantity("all allocations", all.after, all.delta(), all.peak, "peak"));
         }
         match &self.allocator {
             Some(a) => {
-                let peak_note = if a.peak_is_cell { "" } else { " since load" };
-                parts.push(format!(
-                    "allocated {} (peak{peak_note} {})",
-                    a.allocated.delta().map_or("n/a".into(), iec_delta),
-                    iec(a.peak_allocated)
-                ));
-                parts.push(format!("reserved {}", a.reserved.delta().map_or("n/a".into(), iec_delta)));
+                let peak = if a.peak_is_cell { "peak" } else { "peak since load" };
+                parts.push(quantity("allocated", a.allocated.after, a.allocated.delta(), Some(a.peak_allocated), peak));
+                parts.push(quantity("reserved", a.reserved.after, a.reserved.delta(), Some(a.peak_reserved), peak));
             }
-            None if self.restarted && self.crate_loaded.before => {
-                parts.push("allocator n/a (new child: gpumem-nb registers again on first use)".into())
-            }
-            None => parts.push("allocator n/a (gpumem-nb not loaded)".into()),
+            None => parts.push(allocator_absent(self.restarted && self.crate_loaded.before, self.crate_declared)),
         }
         if let Some(p) = &self.pool
             && (p.used.after.unwrap_or(0) > 0 || p.used_high.unwrap_or(0) > 0)
         {
-            parts.push(format!("CUDA pool {}", p.used.delta().map_or("n/a".into(), iec_delta)));
+            parts.push(quantity("CUDA pool", p.used.after, p.used.delta(), p.used_high, "peak"));
         }
-        parts.push(match (self.nvml.process.after, self.nvml.process.delta()) {
-            (Some(after), Some(d)) => format!("process {} ({})", iec(after), iec_delta(d)),
-            (Some(after), None) => format!("process {}", iec(after)),
-            (None, _) if self.simulated() => "process n/a (simulated device)".into(),
-            (None, _) if self.nvml.unavailable.is_some() => "process n/a (no NVML)".into(),
-            (None, _) => "process 0 B (not on a GPU)".into(),
-        });
+        // NVML's number only where NVML answered (the details table says why not, otherwise).
+        if self.nvml.process.after.is_some() {
+            parts.push(format!(
+                "{} (NVML)",
+                quantity("process", self.nvml.process.after, self.nvml.process.delta(), None, "peak")
+            ));
+        }
         if let Some((free, _)) = self.device_free_total() {
             let sim = if self.simulated() && self.nvml.device_free.is_none() { " (simulated)" } else { "" };
             parts.push(format!("device free {}{sim}", iec(free)));
         }
         if let Some(all) = all.filter(|a| a.is_tracked()) {
             for p in all.devices.iter().filter(|p| p.device != all.device && (p.after > 0 || p.peak > 0)) {
-                let delta = p.before.map_or("n/a".into(), |b| iec_delta(p.after as i64 - b as i64));
-                let place = p.device.map_or("host pinned".to_string(), |d| format!("device {d} all"));
-                parts.push(format!("{place} {delta} (peak {})", iec(p.peak)));
+                let delta = p.before.map(|b| p.after as i64 - b as i64);
+                let place = p.device.map_or("host pinned".to_string(), |d| format!("device {d} all allocations"));
+                parts.push(quantity(&place, Some(p.after), delta, Some(p.peak), "peak"));
             }
         }
-        parts.push(format_ms(self.wall_ms));
         if let Some(all) = all.filter(|a| !a.is_tracked()) {
             parts.push(format!("tracking {}", short(&all.tracking, 90)));
         }
@@ -161,7 +151,14 @@ impl CellRecord {
                 self.sources.allocator.clone(),
             ]);
         } else {
-            t.row(["allocator", "–", "–", "–", "–", "gpumem-nb not loaded (:dep gpumem-nb = …)"]);
+            t.row([
+                "allocator".to_string(),
+                "–".into(),
+                "–".into(),
+                "–".into(),
+                "–".into(),
+                allocator_absent(self.restarted && self.crate_loaded.before, self.crate_declared),
+            ]);
         }
         if let Some(p) = &self.pool {
             t.row([
@@ -223,11 +220,11 @@ impl CellRecord {
             ]);
         }
         let mut cap = format!(
-            "cell {} · child pid {} · wall {} · kernel hooks {} µs",
+            "cell {} · child pid {} · wall {} · kernel hooks {}",
             self.cell,
             self.child_pid.map_or("?".into(), |p| p.to_string()),
             format_ms(self.wall_ms),
-            self.hook_us
+            crate::units::format_duration_us(self.hook_us as i64)
         );
         if let Some(why) = &self.nvml.unavailable {
             let _ = write!(cap, " · {why}");
@@ -238,21 +235,77 @@ impl CellRecord {
     /// The display_data bundle: text/plain, text/html, and the JSON record.
     pub fn display(&self) -> serde_json::Map<String, Value> {
         let line = self.line();
-        let details = self.details();
         let warn = !self.warnings.is_empty() || self.restarted || self.oom.is_some();
-        let color = if warn { "#a15c00" } else { "#555" };
-        let html = format!(
-            "<div class=\"gpumem-report\" style=\"font-family:monospace;font-size:12px;color:{color}\">\
-             <details><summary style=\"cursor:pointer\">{}{}</summary>{}</details></div>",
-            escape(&line),
-            self.oom_link().unwrap_or_default(),
-            details.to_html()
+        let html = line_html(
+            &line,
+            "gpumem-report",
+            warn,
+            &self.oom_link().unwrap_or_default(),
+            Some(&self.details().to_html()),
         );
         let mut m = serde_json::Map::new();
         m.insert("text/plain".into(), Value::String(line));
         m.insert("text/html".into(), Value::String(html));
         m.insert(CELL_MIME.into(), serde_json::to_value(self).unwrap_or(Value::Null));
         m
+    }
+}
+
+/// A report line (or the live line) as HTML: the same words, in JupyterLab's code font and
+/// secondary text colour (its theme variables, with fallbacks that read on white), numbers kept
+/// with their units, and the details table, when given, under a disclosure triangle. `class`
+/// names the element (`gpumem-report`, `gpumem-report gpumem-live`); `warn` marks the line
+/// with a sign in the theme's warning colour; `extra` is HTML put after the words (a link).
+pub fn line_html(line: &str, class: &str, warn: bool, extra: &str, details: Option<&str>) -> String {
+    let words = nowrap_units(&escape(line));
+    let words = if warn {
+        format!("<span style=\"color:var(--jp-warn-color0,#a15c00);font-weight:bold\">⚠</span> {words}")
+    } else {
+        words
+    };
+    let style = format!(
+        "font-family:var(--jp-code-font-family,monospace);font-size:var(--jp-code-font-size,12px);\
+         color:{TEXT2};line-height:1.4"
+    );
+    match details {
+        Some(details) => format!(
+            "<div class=\"{class}\" style=\"{style}\"><details><summary style=\"cursor:pointer\">{words}{extra}</summary>\
+             {details}</details></div>"
+        ),
+        None => format!("<div class=\"{class}\" style=\"{style}\">{words}{extra}</div>"),
+    }
+}
+
+/// One quantity as the report line and the live line show it: `allocated now 64.00 MiB (Δ +0 B,
+/// peak 160.00 MiB)`: the value now (at the end of the cell, for a report), its change since the
+/// cell began, and the highest it was in the cell (`peak` names it, e.g. `peak since load`).
+/// `n/a` when the value is unknown.
+pub fn quantity(name: &str, now: Option<u64>, delta: Option<i64>, peak: Option<u64>, peak_name: &str) -> String {
+    let Some(now) = now else { return format!("{name} n/a") };
+    let mut more = Vec::new();
+    if let Some(d) = delta {
+        more.push(format!("Δ {}", iec_delta(d)));
+    }
+    if let Some(p) = peak {
+        more.push(format!("{peak_name} {}", iec(p)));
+    }
+    if more.is_empty() {
+        format!("{name} now {}", iec(now))
+    } else {
+        format!("{name} now {} ({})", iec(now), more.join(", "))
+    }
+}
+
+/// What the line says where the allocator has no numbers: a new child after a restart (the
+/// crate loads again at its first use), a notebook that declared `:dep gpumem-nb` (it loads at
+/// its first use: `:dep` only builds it), or one that did not.
+pub fn allocator_absent(restarted_after_load: bool, declared: bool) -> String {
+    if restarted_after_load {
+        "allocator: new child, gpumem-nb loads again at its first use".into()
+    } else if declared {
+        "allocator: gpumem-nb loads at its first use".into()
+    } else {
+        "allocator n/a (gpumem-nb not in this notebook: `:dep gpumem-nb`)".into()
     }
 }
 

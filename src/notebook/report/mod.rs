@@ -13,7 +13,7 @@
 mod line;
 mod record;
 
-pub use line::format_ms;
+pub use line::{allocator_absent, format_ms, line_html, quantity};
 pub use record::{
     AllAllocations, AllocatorPart, CELL_MIME, CellRecord, CrateReading, LiveCost, NvmlPart, PlaceAll, PoolPart,
     Readings, SourceDelta, Sources, Span, TrackedReadings, all_allocations, build_record, device_name,

@@ -44,8 +44,9 @@ pub struct AllocatorPart {
     pub peak_allocated: u64,
     /// Peak reserved during the cell.
     pub peak_reserved: u64,
-    /// Whether the peaks cover exactly this cell (a slot opened by `pre`), or everything
-    /// since the crate was loaded (it was loaded during this cell).
+    /// Whether the peaks cover exactly this cell: a slot opened by `pre`, or the crate loaded
+    /// during the cell (nothing was there before). False only where a crate loaded earlier
+    /// opened no slot for the cell: then they cover everything since it loaded.
     pub peak_is_cell: bool,
     /// Allocation failures during the cell.
     pub ooms: u64,
@@ -289,6 +290,10 @@ pub struct CellRecord {
     pub warnings: Vec<String>,
     /// Hash of the cell's code (re-run detection).
     pub source_hash: String,
+    /// Whether the notebook declared `:dep gpumem-nb` by the end of the cell: without the crate
+    /// loaded, the line then says it loads at its first use rather than that it is missing.
+    #[serde(default)]
+    pub crate_declared: bool,
 }
 
 /// What a cell's live line cost the kernel (see `crate::live`).
@@ -389,7 +394,9 @@ pub fn build_record(cell: u64, r: &Readings<'_>) -> CellRecord {
             reserved: Span { before: start(|x| x.reserved), after: Some(a.reserved) },
             peak_allocated: a.peak_allocated,
             peak_reserved: a.peak_reserved,
-            peak_is_cell: r.slot_opened && before0.is_some(),
+            // Loaded during this cell (a new child's included): nothing was there before, so the
+            // peaks since it loaded are the cell's.
+            peak_is_cell: (r.slot_opened && before0.is_some()) || !rec.crate_loaded.before || rec.restarted,
             ooms: a.num_ooms.saturating_sub(before0.map_or(0, |b| b.num_ooms)),
         });
         if !a.is_simulated() || a.pool_used.is_some() {

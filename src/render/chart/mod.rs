@@ -47,15 +47,57 @@ impl Chart {
         &self.svg
     }
 
-    /// Text and SVG.
+    /// Text, the chart as HTML (the SVG inline, in the theme's colours, scaled to the output
+    /// area: [`svg_html`]) and the SVG itself (for viewers that show images only).
     pub fn bundle(&self) -> MimeBundle {
-        MimeBundle::text(self.text.clone()).with_svg(self.svg.clone())
+        MimeBundle::text(self.text.clone()).with_html(svg_html(&self.svg)).with_svg(self.svg.clone())
     }
 
     /// Writes the SVG to `path`.
     pub fn save_svg(&self, path: impl AsRef<std::path::Path>) -> std::io::Result<()> {
         std::fs::write(path, &self.svg)
     }
+}
+
+/// The colours plotters writes for the parts of a chart that are not data, and the JupyterLab
+/// theme variable each becomes inline (the same colour as the fallback).
+const THEMED: [(&str, &str, &str); 8] = [
+    ("fill", "#FFFFFF", "var(--jp-layout-color0,#fff)"),
+    ("stroke", "#FFFFFF", "var(--jp-layout-color0,#fff)"),
+    ("fill", "#000000", "var(--jp-ui-font-color1,#000)"),
+    ("stroke", "#000000", "var(--jp-ui-font-color1,#000)"),
+    ("fill", "#5A5A5A", "var(--jp-ui-font-color2,#5a5a5a)"),
+    ("stroke", "#5A5A5A", "var(--jp-ui-font-color2,#5a5a5a)"),
+    ("stroke", "#E8E8E8", "var(--jp-border-color2,#e8e8e8)"),
+    ("fill", "#E2E2E2", "var(--jp-border-color2,#e2e2e2)"),
+];
+
+/// A chart's SVG to put inline in HTML: it scales to the width of what holds it (its `viewBox`,
+/// `width="100%"`, never wider than drawn) and takes JupyterLab's theme colours for background,
+/// text, axes and grid (a `<style>` scoped to the chart, with the drawn colours as fallbacks), so
+/// light, dark and high-contrast themes read. The data colours stay. Shown as an image
+/// (`image/svg+xml`), the same SVG keeps its drawn colours: JupyterLab draws SVG images in an
+/// `<img>`, which page styles do not reach.
+pub fn svg_html(svg: &str) -> String {
+    let Some(end) = svg.find('>') else { return String::new() };
+    let head = &svg[..end];
+    let attr = |name: &str| -> Option<&str> {
+        let at = head.find(&format!(" {name}=\""))? + name.len() + 3;
+        head[at..].split('"').next()
+    };
+    let width = attr("width").unwrap_or("900").to_string();
+    let mut open = head.to_string();
+    for name in ["width", "height"] {
+        if let Some(v) = attr(name) {
+            open = open.replacen(&format!(" {name}=\"{v}\""), "", 1);
+        }
+    }
+    let style: String = THEMED.iter().map(|(a, c, v)| format!("svg.gpumem-chart [{a}=\"{c}\"]{{{a}:{v}}}")).collect();
+    format!(
+        "<div class=\"gpumem-chart-box\" style=\"max-width:{width}px\">{open} class=\"gpumem-chart\" width=\"100%\" \
+         style=\"display:block;height:auto\" role=\"img\"><style>{style}</style>{}</div>",
+        &svg[end + 1..]
+    )
 }
 
 impl fmt::Display for Chart {
@@ -193,6 +235,21 @@ crate::render::evcxr_display!(Chart);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn inline_svg_scales_and_takes_the_theme() {
+        let svg = "<svg width=\"900\" height=\"360\" viewBox=\"0 0 900 360\" xmlns=\"http://www.w3.org/2000/svg\">\
+                   <rect fill=\"#FFFFFF\"/><text fill=\"#000000\">a</text></svg>";
+        let h = svg_html(svg);
+        assert!(
+            h.starts_with("<div class=\"gpumem-chart-box\" style=\"max-width:900px\"><svg viewBox=\"0 0 900 360\""),
+            "{h}"
+        );
+        assert!(h.contains(" class=\"gpumem-chart\" width=\"100%\""), "{h}");
+        assert!(!h.contains("height=\"360\""), "{h}");
+        assert!(h.contains("svg.gpumem-chart [fill=\"#FFFFFF\"]{fill:var(--jp-layout-color0,#fff)}"), "{h}");
+        assert!(h.ends_with("<rect fill=\"#FFFFFF\"/><text fill=\"#000000\">a</text></svg></div>"), "{h}");
+    }
 
     #[test]
     fn axis_labels() {
