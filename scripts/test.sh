@@ -28,13 +28,14 @@ cargo clippy -p gpumem-nb --all-targets -- -D warnings
 step "clippy: the library, no default features (simulated backend only)"
 cargo clippy -p gpumem-nb --all-targets --no-default-features -- -D warnings
 
-# --- Chromium for tests/html.rs (renders trace_plot.html headless; the test fails without it) ---
-if [ ! -x /usr/bin/chromium ] && [ -z "${CHROMIUM:-}" ]; then
-    step "installing Debian's chromium (needed by tests/html.rs)"
+# --- Chromium for tests/html.rs (renders trace_plot.html headless; the test fails without it) and
+# chromium-driver for the JupyterLab browser test ---
+if { [ ! -x /usr/bin/chromium ] && [ -z "${CHROMIUM:-}" ]; } || { [ ! -x /usr/bin/chromedriver ] && [ -z "${CHROMEDRIVER:-}" ]; }; then
+    step "installing Debian's chromium and chromium-driver (tests/html.rs, the JupyterLab browser test)"
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
     else
-        echo "cannot install chromium here (not root or no apt-get): install it, or set CHROMIUM=/path/to/chrome"
+        echo "cannot install chromium here (not root or no apt-get): install chromium and chromium-driver, or set CHROMIUM and CHROMEDRIVER"
     fi
 fi
 # --- end chromium ---
@@ -49,6 +50,11 @@ cargo test --release -p gpumem-kernel -- --test-threads=1
 
 step "the tour notebook through jupyter_client/nbclient against the installed kernel"
 kernel/tests/run_tour.sh release
+
+# A few minutes with gpumem-nb already built in ~/.cache/gpumem-kernel/evcxr (the kernel's tests
+# above leave it so); screenshots in $CARGO_TARGET_DIR/lab-browser/.
+step "the kernel in a real JupyterLab 4.6.6 in headless Chromium: run all, live line, panic, bad magic, layout, themes"
+kernel/tests/lab_browser.sh
 
 # evcxr_jupyter is installed once into the target directory: 6 min on 2 cores after the
 # kernel's release build above (14.5 min in an empty target directory), seconds afterwards.

@@ -9,8 +9,8 @@
 //! - `%%gpumem [--timeline] [--snapshot DIR]` is a cell magic and must be the first non-blank
 //!   line of the cell.
 //! - Any line whose first non-blank text is `%gpumem` is a line magic.
-//! - A malformed magic becomes [`Magic::Bad`] with a one-line reason; the rest of the cell is
-//!   still returned (and run: see `help`).
+//! - A malformed magic becomes [`Magic::Bad`] with a one-line reason; the engine then fails the
+//!   cell with a `UsageError` before anything of it runs (see `help`).
 
 use std::path::PathBuf;
 
@@ -185,8 +185,8 @@ pub fn help_text() -> String {
     out.push_str(
         "\nSettings (on, off, record, budget, reset, snapshot --on-oom) take effect before the cell's code runs; \
          history, plot, summary, snapshot, diff and export run after it, so they include that cell.\n\
-         A magic line that cannot be understood is reported in one line with the usage, and the \
-         rest of the cell's code still runs.\n\
+         A magic line that cannot be understood fails the cell (a UsageError naming the line, with the \
+         usage) before anything of it runs, so Run All stops there as at a compile error.\n\
          Magic lines become `// %gpumem …` comments, so compiler line numbers stay right; \
          evcxr's `:` commands (:dep, :vars, …) work as usual.\n\
          A cell made only of magics and comments runs no code and gets no report.\n",
@@ -541,7 +541,7 @@ mod tests {
         for c in COMMANDS {
             assert!(h.contains(c.verb), "{}", c.verb);
         }
-        assert!(h.contains("rest of the cell's code still runs"));
+        assert!(h.contains("fails the cell (a UsageError naming the line"));
         assert!(usage().starts_with("usage: %gpumem help | on | off"));
     }
 

@@ -215,8 +215,14 @@ impl Table {
             };
             let _ = write!(h, "<tr style=\"background:{bg}\">");
             for (i, c) in r.iter().enumerate() {
-                let (align, wrap) =
-                    if self.right.contains(&i) { ("right", "white-space:nowrap;") } else { ("left", "") };
+                // Numbers never wrap; words wrap, but not into a sliver of a column.
+                let (align, wrap) = if self.right.contains(&i) {
+                    ("right", "white-space:nowrap;")
+                } else if i == 0 {
+                    ("left", "min-width:8ch;")
+                } else {
+                    ("left", "min-width:18ch;")
+                };
                 let _ = write!(
                     h,
                     "<td style=\"{}{wrap}text-align:{align};padding:2px 8px;vertical-align:top\">{}</td>",

@@ -328,6 +328,8 @@ impl Engine {
             self.stream("stderr", notice);
         }
         let (magics, run_code) = magic::parse(code);
+        // What the history shows of the cell: its code as written (not the `:dep` evcxr gets).
+        let shown = first_code_line(&run_code);
         // A magic that cannot be understood fails the cell before anything of it runs, as a
         // compile error does (a "run all" stops there).
         if let Some(Magic::Bad { line, text, error }) = magics.iter().find(|m| matches!(m, Magic::Bad { .. })) {
@@ -363,7 +365,7 @@ impl Engine {
         let mut outcome = Outcome { count, error: None, record: None };
         let mut live = None;
         if magic::has_code(&run_code) {
-            let ran = self.run_cell(count, &run_code, allow_stdin, cell_magic.as_ref());
+            let ran = self.run_cell(count, &run_code, &shown, allow_stdin, cell_magic.as_ref());
             outcome.error = ran.error;
             outcome.record = Some(ran.record);
             live = ran.live;
@@ -402,6 +404,7 @@ impl Engine {
         &mut self,
         count: u64,
         run_code: &str,
+        shown: &str,
         allow_stdin: bool,
         cell_magic: Option<&(bool, Option<PathBuf>)>,
     ) -> Ran {
@@ -536,7 +539,7 @@ impl Engine {
         } else {
             "ok".into()
         };
-        rec.first_line = first_code_line(run_code);
+        rec.first_line = shown.to_string();
         rec.source_hash = source_hash(run_code);
         rec.wall_ms = wall.as_secs_f64() * 1000.0;
         rec.crate_declared = self.own_declared;

@@ -1,0 +1,439 @@
+"""The gpumem kernel in a real JupyterLab, in headless Chromium, checked on the DOM.
+
+Usage: python kernel/tests/lab_browser.py OUT_DIR
+(kernel/tests/lab_browser.sh sets everything up: JupyterLab and selenium pinned in a virtualenv,
+the kernelspec in a private prefix on JUPYTER_PATH, a simulated 8 GiB device.)
+
+JupyterLab is started on 127.0.0.1 with private config/data/runtime directories and the
+application exposed to the page (`window.jupyterapp`), so the test drives it through its own
+commands (run all, change theme) and reads both the DOM and the notebook model. It checks what a
+user meets:
+
+- Run All on a fresh kernel: one report per cell that ran code, none for magic-only cells; the
+  long cell's live line updated in place at least twice, then replaced in place by its report;
+  the panic cell's output is an error followed by its report (the report is the last output),
+  and Run All stops there (the cells after it do not run); the execute_reply said `error`.
+- A bad magic, run on its own: an error output (UsageError), nothing ran, no report.
+- Every HTML or SVG output carries a text/plain form.
+- In a narrow window with the right sidebar open: no number wraps (each number-and-unit is one
+  line box: one client rect per text range), the history table scrolls inside its own box (the
+  output area itself does not overflow), the chart fits the output area.
+- Light, dark and high-contrast themes: the report line's text against its background has a
+  contrast ratio of at least 4.5, and the chart's background follows the theme.
+
+Screenshots of each stage go to OUT_DIR. Every wait has a time limit; nothing leaves the machine.
+"""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+from selenium import webdriver
+from selenium.webdriver.chrome.options import Options
+from selenium.webdriver.chrome.service import Service
+
+CELL_MIME = "application/vnd.gpumem.cell+json"
+REPORT_TEXT = "application/vnd.gpumem.cell+json"
+
+CELLS = [
+    ":dep gpumem-nb",
+    "use gpumem_nb::{DeviceBuffer, StreamId};\n"
+    "let alloc = gpumem_nb::current()?;\n"
+    "let keep = DeviceBuffer::<u8>::zeros(&alloc, 64 << 20, StreamId::DEFAULT)?;",
+    "for i in 0..6 {\n"
+    "    let _t = DeviceBuffer::<u8>::zeros(&alloc, (i + 1) << 24, StreamId::DEFAULT)?;\n"
+    "    std::thread::sleep(std::time::Duration::from_millis(700));\n"
+    "}",
+    "%gpumem history",
+    "%gpumem plot",
+    'panic!("boom")',
+    "keep.len()",
+    "%gpumem nonsense",
+]
+LONG, HISTORY, PLOT, PANIC, AFTER, BAD = 2, 3, 4, 5, 6, 7
+TIMEOUT_RUN_ALL = float(os.environ.get("GPUMEM_LAB_RUN_ALL_TIMEOUT", "900"))
+
+
+class Failed(Exception):
+    pass
+
+
+def check(cond, what, detail=""):
+    if not cond:
+        raise Failed(f"{what}{': ' + str(detail) if detail != '' else ''}")
+    print(f"  ok: {what}")
+
+
+def wait(what, fn, timeout, every=0.2):
+    """Polls fn() until it returns something truthy; fails after `timeout` seconds."""
+    end = time.monotonic() + timeout
+    while True:
+        v = fn()
+        if v:
+            return v
+        if time.monotonic() > end:
+            raise Failed(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(every)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def notebook():
+    return {
+        "nbformat": 4,
+        "nbformat_minor": 5,
+        "metadata": {
+            "kernelspec": {"name": "gpumem", "display_name": "Rust (gpumem)", "language": "rust"},
+            "language_info": {"name": "Rust"},
+        },
+        "cells": [
+            {"cell_type": "code", "id": f"c{i}", "metadata": {}, "source": c, "outputs": [], "execution_count": None}
+            for i, c in enumerate(CELLS)
+        ],
+    }
+
+
+# The page-side helpers: the notebook panel, its cells' state, measurements.
+JS = r"""
+window.gpumemTest = {
+  panel() { return window.jupyterapp.shell.currentWidget; },
+  cells() { return this.panel().content.widgets; },
+  kernelStatus() {
+    const p = this.panel();
+    const k = p && p.sessionContext && p.sessionContext.session && p.sessionContext.session.kernel;
+    return k ? k.status : null;
+  },
+  tag(el) { if (!el.dataset.gpumemTag) { el.dataset.gpumemTag = String(Math.random()).slice(2); } return el.dataset.gpumemTag; },
+  state() {
+    return this.cells().map((c, i) => {
+      const area = c.node.querySelector('.jp-OutputArea');
+      const children = area ? [...area.querySelectorAll(':scope > .jp-OutputArea-child')] : [];
+      return {
+        i,
+        count: c.model.executionCount === undefined ? null : c.model.executionCount,
+        prompt: (c.node.querySelector('.jp-InputPrompt') || {}).textContent || '',
+        outputs: children.map(ch => {
+          const rep = ch.querySelector('.gpumem-report');
+          return {
+            tag: this.tag(ch),
+            live: !!ch.querySelector('.gpumem-live'),
+            report: rep ? rep.textContent.slice(0, 300) : null,
+            stderr: !!ch.querySelector('[data-mime-type="application/vnd.jupyter.stderr"]'),
+            text: ch.textContent.slice(0, 200),
+          };
+        }),
+        model: c.model.outputs ? c.model.outputs.toJSON() : [],
+      };
+    });
+  },
+  // Every number with its unit in the reports and tables: [text, client rects] (2+ rects: wrapped).
+  wrappedNumbers() {
+    const re = /[+-]?\d[\d.,]*[ \u00a0](?:B|KiB|MiB|GiB|TiB|µs|ms|s)(?![\w])/g;
+    const out = [];
+    let seen = 0;
+    for (const root of document.querySelectorAll('.gpumem-report summary, .gpumem-report > div, .gpumem-live, .gpumem-table td, .gpumem-table th, .gpumem-table caption')) {
+      if (!root.getClientRects().length) continue;  // not shown (a closed details table)
+      const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+      for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+        for (const m of n.data.matchAll(re)) {
+          const r = document.createRange();
+          r.setStart(n, m.index);
+          r.setEnd(n, m.index + m[0].length);
+          const rects = [...r.getClientRects()].filter(x => x.width > 0);
+          seen++;
+          if (rects.length > 1) out.push(m[0]);
+        }
+      }
+    }
+    return {seen, wrapped: out};
+  },
+  overflow(i) {
+    const area = this.cells()[i].node.querySelector('.jp-OutputArea');
+    const outs = [...area.querySelectorAll('.jp-OutputArea-output')];
+    return outs.map(o => ({client: o.clientWidth, scroll: o.scrollWidth}));
+  },
+  chart(i) {
+    const svg = this.cells()[i].node.querySelector('svg.gpumem-chart');
+    if (!svg) return null;
+    const area = this.cells()[i].node.querySelector('.jp-OutputArea-output');
+    const bg = svg.querySelector('rect');
+    const text = svg.querySelector('text');
+    return {width: svg.getBoundingClientRect().width, area: area.clientWidth,
+            bg: getComputedStyle(bg).fill, text: getComputedStyle(text).fill};
+  },
+  tableBox(i) {
+    const box = this.cells()[i].node.querySelector('.gpumem-table');
+    if (!box) return null;
+    const first = box.querySelector('tbody td');
+    return {client: box.clientWidth, scroll: box.scrollWidth, sticky: getComputedStyle(first).position};
+  },
+  parse(c) {
+    const m = c.match(/rgba?\(([^)]+)\)/);
+    if (!m) return null;
+    const v = m[1].split(',').map(x => parseFloat(x));
+    return {r: v[0], g: v[1], b: v[2], a: v.length > 3 ? v[3] : 1};
+  },
+  lum(c) {
+    const f = x => { x /= 255; return x <= 0.03928 ? x / 12.92 : Math.pow((x + 0.055) / 1.055, 2.4); };
+    return 0.2126 * f(c.r) + 0.7152 * f(c.g) + 0.0722 * f(c.b);
+  },
+  over(fg, bg) { const a = fg.a; return {r: fg.r * a + bg.r * (1 - a), g: fg.g * a + bg.g * (1 - a), b: fg.b * a + bg.b * (1 - a), a: 1}; },
+  background(el) {
+    // The colour behind el: its ancestors' backgrounds composed from the page up.
+    const layers = [];
+    for (let e = el; e; e = e.parentElement) {
+      const c = this.parse(getComputedStyle(e).backgroundColor);
+      if (c && c.a > 0) layers.push(c);
+      if (c && c.a >= 1) break;
+    }
+    let bg = {r: 255, g: 255, b: 255, a: 1};
+    for (const c of layers.reverse()) bg = this.over(c, bg);
+    return bg;
+  },
+  contrast(el) {
+    const bg = this.background(el);
+    const fg = this.over(this.parse(getComputedStyle(el).color), bg);
+    const [a, b] = [this.lum(fg), this.lum(bg)].sort((x, y) => y - x);
+    return {ratio: (a + 0.05) / (b + 0.05), fg: getComputedStyle(el).color, bg: `rgb(${bg.r},${bg.g},${bg.b})`};
+  },
+  reportContrasts() {
+    return [...document.querySelectorAll('.gpumem-report summary, .gpumem-table td, .gpumem-table caption')]
+      .filter(e => e.getClientRects().length)
+      .map(e => Object.assign(this.contrast(e), {text: e.textContent.slice(0, 60)}));
+  },
+};
+true;
+"""
+
+
+def main():
+    out = os.path.abspath(sys.argv[1])
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    work = tempfile.mkdtemp(prefix="gpumem-lab-")
+    for d in ("config", "data", "runtime", "notebooks", "chrome"):
+        os.makedirs(os.path.join(work, d))
+    os.makedirs(os.path.join(work, "config", "labconfig"))
+    # No news or update checks (no network), no announcements over the notebook.
+    json.dump({"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}},
+              open(os.path.join(work, "config", "labconfig", "page_config.json"), "w"))
+    nb_path = os.path.join(work, "notebooks", "browser.ipynb")
+    json.dump(notebook(), open(nb_path, "w"), indent=1)
+
+    env = dict(os.environ)
+    env.update({
+        "JUPYTER_CONFIG_DIR": os.path.join(work, "config"),
+        "JUPYTER_DATA_DIR": os.path.join(work, "data"),
+        "JUPYTER_RUNTIME_DIR": os.path.join(work, "runtime"),
+        "GPUMEM_NB_DEVICE": env.get("GPUMEM_NB_DEVICE", "sim:8GiB"),
+    })
+    env.pop("EVCXR_TMPDIR", None)
+    port = free_port()
+    lab_log = open(os.path.join(out, "jupyterlab.log"), "w")
+    lab = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+         "--ServerApp.token=", "--ServerApp.password=", "--ServerApp.disable_check_xsrf=True",
+         f"--ServerApp.root_dir={os.path.join(work, 'notebooks')}", "--LabApp.expose_app_in_browser=True",
+         "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+         "--LabApp.extension_manager=readonly", "--ServerApp.allow_root=True"],
+        env=env, stdout=lab_log, stderr=subprocess.STDOUT)
+    driver = None
+    t0 = time.monotonic()
+    try:
+        def server():
+            if lab.poll() is not None:
+                raise Failed(f"JupyterLab exited ({lab.returncode}): see {lab_log.name}")
+            return _up(port)
+
+        wait("JupyterLab's server", server, 120, every=0.5)
+        opts = Options()
+        opts.binary_location = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+        for f in ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--disable-dev-shm-usage", f"--user-data-dir={os.path.join(work, 'chrome')}",
+                  "--window-size=1500,1000", "--force-device-scale-factor=1"]:
+            opts.add_argument(f)
+        service = Service(executable_path=os.environ.get("CHROMEDRIVER", "/usr/bin/chromedriver"))
+        driver = webdriver.Chrome(service=service, options=opts)
+        driver.set_page_load_timeout(120)
+        driver.set_script_timeout(60)
+        driver.get(f"http://127.0.0.1:{port}/lab/tree/browser.ipynb")
+        js = lambda code, *a: driver.execute_script(code, *a)  # noqa: E731
+        wait("the notebook and its kernel", lambda: js(
+            "return !!(window.jupyterapp && window.jupyterapp.shell.currentWidget && "
+            "window.jupyterapp.shell.currentWidget.content && window.jupyterapp.shell.currentWidget.content.widgets.length >= 8)"),
+            180)
+        js(JS)
+        wait("the kernel to be idle", lambda: js("return gpumemTest.kernelStatus()") == "idle", 180)
+        print(f"JupyterLab up, kernel idle after {time.monotonic() - t0:.1f} s")
+        shot = lambda name: driver.save_screenshot(os.path.join(out, name))  # noqa: E731
+
+        # ---- Run All, watching the long cell's live line.
+        t_run = time.monotonic()
+        js("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+        live_seen = []  # (output child tag, text) of the long cell while its line is live
+        shot_live = False
+
+        def settled():
+            nonlocal shot_live
+            st = js("return gpumemTest.state()")
+            for o in st[LONG]["outputs"]:
+                if o["live"] and (not live_seen or live_seen[-1][1] != o["report"]):
+                    live_seen.append((o["tag"], o["report"]))
+                    if not shot_live and "running" in (o["report"] or ""):
+                        shot("01_live_line.png")
+                        shot_live = True
+            panic_done = st[PANIC]["count"] is not None and any(o["report"] for o in st[PANIC]["outputs"])
+            busy = js("return gpumemTest.kernelStatus()") != "idle"
+            return st if panic_done and not busy else None
+
+        st = wait("Run All to reach the panic and the kernel to be idle", settled, TIMEOUT_RUN_ALL, every=0.15)
+        time.sleep(1.0)
+        st = js("return gpumemTest.state()")
+        run_all_s = time.monotonic() - t_run
+        print(f"Run All: {run_all_s:.1f} s")
+        shot("02_run_all.png")
+
+        # One report per cell that ran code; none for magic-only cells.
+        for i in range(PANIC + 1):
+            reports = [o for o in st[i]["outputs"] if o["report"] is not None]
+            want = 0 if i in (HISTORY, PLOT) else 1
+            check(len(reports) == want, f"cell {i + 1}: {want} report(s)", [o["text"] for o in st[i]["outputs"]])
+            check(not any(o["live"] for o in st[i]["outputs"]), f"cell {i + 1}: no live line left")
+        first = next(o["report"] for o in st[0]["outputs"] if o["report"])
+        check("gpumem-nb loads at its first use" in first, "right after :dep, the line says the crate loads at its first use", first)
+
+        # The live line: updated in place at least twice, then replaced in place by the report.
+        running = [t for t in live_seen if "running" in (t[1] or "")]
+        check(len({t[1] for t in running}) >= 2, "the live line showed at least two different readings", live_seen)
+        check(len({t[0] for t in live_seen}) == 1, "the live line stayed in one output (updated in place)", live_seen)
+        long_out = st[LONG]["outputs"]
+        check(len(long_out) == 1 and long_out[0]["tag"] == live_seen[0][0] and long_out[0]["report"]
+              and "running" not in long_out[0]["report"],
+              "the report replaced the live line in place (and no `()` result)", long_out)
+        live_text = running[-1][1]
+        final_text = long_out[0]["report"]
+        for word in ["all allocations now", "allocated now", "reserved now", "Δ", "peak"]:
+            check(word in live_text and word in final_text, f"live and final lines both say {word!r}", (live_text, final_text))
+
+        # The panic: an error, then the report as the last output; Run All stopped there.
+        model = st[PANIC]["model"]
+        types = [o["output_type"] for o in model]
+        check("error" in types and types[-1] == "display_data" and CELL_MIME in model[-1]["data"],
+              "the panic is an error output and the report comes after it, last", types)
+        err = next(o for o in model if o["output_type"] == "error")
+        check(err["ename"] == "panic" and err["evalue"] == "boom", "ename/evalue of the panic", err)
+        tb = "\n".join(err["traceback"])
+        check("load_and_run" not in tb and "runtime.rs" not in tb and "src/lib.rs" not in tb,
+              "evcxr's and the kernel's frames are folded away", tb)
+        check(not any(o["output_type"] == "stream" and "panicked" in o.get("text", "") for o in model),
+              "no raw panic text on stderr", model)
+        for i in (AFTER, BAD):
+            check(st[i]["count"] is None and not st[i]["outputs"], f"cell {i + 1} did not run (Run All stopped at the panic)", st[i])
+
+        # Every HTML/SVG output has a text/plain form.
+        for c in st:
+            for o in c["model"]:
+                d = o.get("data", {})
+                if "text/html" in d or "image/svg+xml" in d:
+                    check("text/plain" in d, f"cell {c['i'] + 1}: text/plain next to HTML/SVG", list(d))
+        check(any("text/html" in o.get("data", {}) and "image/svg+xml" in o.get("data", {}) for o in st[PLOT]["model"]),
+              "the chart comes as inline HTML and as SVG")
+
+        # ---- The bad magic, run on its own.
+        js("const p = gpumemTest.panel(); p.content.activeCellIndex = arguments[0];"
+           "window.jupyterapp.commands.execute('notebook:run-cell');", BAD)
+        st = wait("the bad magic's error", lambda: (lambda s: s if s[BAD]["model"] else None)(js("return gpumemTest.state()")), 60)
+        wait("the kernel to be idle", lambda: js("return gpumemTest.kernelStatus()") == "idle", 60)
+        st = js("return gpumemTest.state()")
+        model = st[BAD]["model"]
+        check([o["output_type"] for o in model] == ["error"] and model[0]["ename"] == "UsageError"
+              and "unknown verb `nonsense`" in model[0]["evalue"], "the bad magic is one error, no report", model)
+        check(js("return gpumemTest.cells()[arguments[0]].model.executionCount", AFTER) is None,
+              "the cell before it still did not run")
+        shot("03_bad_magic.png")
+
+        # ---- Narrow, right sidebar open: nothing wraps or spills.
+        driver.set_window_size(1000, 1000)
+        js("window.jupyterapp.commands.execute('application:toggle-right-area')")
+        time.sleep(1.5)
+        right = js("const r = document.querySelector('#jp-right-stack'); return r ? r.getBoundingClientRect().width : 0")
+        check(right > 100, "the right sidebar is open", right)
+        # Open every report's details so their tables are measured too.
+        js("document.querySelectorAll('.gpumem-report details').forEach(d => d.open = true)")
+        time.sleep(0.5)
+        for i in (HISTORY, PLOT, PANIC):
+            js("gpumemTest.cells()[arguments[0]].node.scrollIntoView()", i)
+            time.sleep(0.3)
+            shot(f"04_narrow_cell{i + 1}.png")
+        w = js("return gpumemTest.wrappedNumbers()")
+        check(w["seen"] >= 40, "numbers measured in reports and tables", w["seen"])
+        check(not w["wrapped"], "no number wraps", w["wrapped"])
+        box = js("return gpumemTest.tableBox(arguments[0])", HISTORY)
+        check(box is not None and box["sticky"] == "sticky", "the history table's first column is sticky", box)
+        for i in (HISTORY, PLOT, LONG, PANIC):
+            for o in js("return gpumemTest.overflow(arguments[0])", i):
+                check(o["scroll"] <= o["client"] + 1, f"cell {i + 1}: the output area does not overflow", o)
+        ch = js("return gpumemTest.chart(arguments[0])", PLOT)
+        check(ch and ch["width"] <= ch["area"] + 1, "the chart scales to the output area", ch)
+        print(f"  table box: {box}, chart: {ch}")
+
+        # ---- Themes: the report line reads in each.
+        for theme in ["JupyterLab Light", "JupyterLab Dark", "JupyterLab Dark High Contrast"]:
+            js("window.jupyterapp.commands.execute('apputils:change-theme', {theme: arguments[0]})", theme)
+            wait(f"the theme {theme}", lambda: js("return document.body.dataset.jpThemeName") == theme, 30)
+            time.sleep(1.5)
+            js("gpumemTest.cells()[arguments[0]].node.scrollIntoView()", LONG)
+            time.sleep(0.3)
+            shot(f"05_{theme.replace(' ', '_').lower()}.png")
+            cs = js("return gpumemTest.reportContrasts()")
+            worst = min(cs, key=lambda c: c["ratio"])
+            check(len(cs) >= 5 and worst["ratio"] >= 4.5,
+                  f"{theme}: report and table text contrast ≥ 4.5 (worst {worst['ratio']:.2f}, {len(cs)} elements)", worst)
+            ch = js("return gpumemTest.chart(arguments[0])", PLOT)
+            dark = theme != "JupyterLab Light"
+            bg = js("return gpumemTest.lum(gpumemTest.parse(arguments[0]))", ch["bg"])
+            check((bg < 0.2) if dark else (bg > 0.8), f"{theme}: the chart's background follows the theme", ch)
+        print(f"PASS: JupyterLab browser test in {time.monotonic() - t0:.0f} s (Run All {run_all_s:.0f} s); screenshots in {out}")
+    except Failed as e:
+        if driver is not None:
+            try:
+                driver.save_screenshot(os.path.join(out, "failure.png"))
+            except Exception:  # noqa: BLE001
+                pass
+        print(f"FAIL: {e}")
+        print(f"(JupyterLab's log: {os.path.join(out, 'jupyterlab.log')}; screenshots in {out})")
+        return 1
+    finally:
+        if driver is not None:
+            driver.quit()
+        lab.terminate()
+        try:
+            lab.wait(20)
+        except subprocess.TimeoutExpired:
+            lab.kill()
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def _up(port):
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+if __name__ == "__main__":
+    sys.exit(main())
