@@ -305,6 +305,13 @@ def main():
         print(f"Run All: {run_all_s:.1f} s")
         shot("02_run_all.png")
 
+        # What the hooks cost each cell (the record's hook_us), for BENCHMARKS.md.
+        for c in st:
+            for o in c["model"]:
+                rec = o.get("data", {}).get(CELL_MIME)
+                if rec:
+                    print(f"  cell {rec['cell']}: wall {rec['wall_ms']:.0f} ms, kernel hooks {rec['hook_us']} µs")
+
         # One report per cell that ran code; none for magic-only cells.
         for i in range(PANIC + 1):
             reports = [o for o in st[i]["outputs"] if o["report"] is not None]

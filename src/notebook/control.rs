@@ -174,7 +174,9 @@ impl Session {
                     tracking::close_slot(old);
                 }
                 self.oom.begin(*cell);
-                Ok(self.readings(id, true))
+                // Nothing reads owners before a cell (the record's `top` is what is live after
+                // it), and naming them symbolises stacks: only `post` does.
+                Ok(self.readings(id, false))
             }
             Op::Post { .. } => {
                 let r = Reply { oom: self.oom.end(), ..self.readings(id, true) };
