@@ -119,8 +119,9 @@ fn reports_in_the_child() {
     assert_eq!(r3[at..at + 4], own, "{r3:?}");
     let line = &r3[at + 4];
     // The allocator keeps the freed 32 MiB cached: reserved, so allocated by the driver.
-    let expect = "[3] sim:0 (simulated) · all allocations +32.00 MiB (peak 96.00 MiB) · allocated 0 B (peak 96.00 MiB) · reserved +32.00 MiB";
-    assert!(line.starts_with(expect), "{line}");
+    let expect = " · all allocations now 96.00 MiB (Δ +32.00 MiB, peak 96.00 MiB) · allocated now 64.00 MiB (Δ 0 B, peak \
+                  96.00 MiB) · reserved now 96.00 MiB (Δ +32.00 MiB, peak 96.00 MiB) · ";
+    assert!(line.starts_with("[3] sim:0 (simulated) · ") && line.contains(expect), "{line}");
     assert_eq!(r3[at + 5], "EVCXR_BEGIN_CONTENT application/vnd.gpumem.cell+json");
     assert_eq!(r3[at + 7], "EVCXR_END_CONTENT");
     let rec: Value = serde_json::from_str(&r3[at + 6]).unwrap();
@@ -137,11 +138,9 @@ fn reports_in_the_child() {
         let r = run(n);
         assert_eq!(report(&r), None, "run {n}: {r:?}");
     }
-    assert!(
-        report(&run(8)).unwrap().starts_with(
-            "[8] sim:0 (simulated) · all allocations 0 B (peak 96.00 MiB) · allocated 0 B (peak 64.00 MiB)"
-        )
-    );
+    let line = report(&run(8)).unwrap();
+    assert!(line.starts_with("[8] sim:0 (simulated) · "), "{line}");
+    assert!(line.contains(" · all allocations now 96.00 MiB (Δ 0 B, peak 96.00 MiB) · allocated now 64.00 MiB (Δ 0 B, peak 64.00 MiB) · "), "{line}");
 
     // evcxr closes stdin to stop the child: it exits.
     drop(to_child);
