@@ -74,7 +74,7 @@ fn mem_info_explains_the_gaps() {
         assert!(text.contains(row), "missing {row:?} in\n{text}");
     }
     let html = info.bundle().html.unwrap();
-    assert!(html.starts_with("<table") && html.contains("12.00 MiB"), "{html}");
+    assert!(html.starts_with("<div class=\"gpumem-table\"") && html.contains("12.00\u{a0}MiB"), "{html}");
     drop(keep);
 }
 

@@ -333,7 +333,10 @@ fn memory_chart_svg_structure_and_oom_marks() {
     assert!(c.text.contains("OOMs: 1 (at events "));
     assert!(c.text.contains("exact"));
     let b = c.bundle();
-    assert!(b.html.is_none());
+    // The HTML form is the same chart inline, scaled to its box and in the theme's colours.
+    let html = b.html.as_deref().unwrap();
+    assert!(html.contains("<svg viewBox=") && html.contains("class=\"gpumem-chart\" width=\"100%\""), "{html:.300}");
+    assert!(html.contains("var(--jp-layout-color0,#fff)"), "{html:.300}");
     let ev = b.to_evcxr();
     assert!(ev.contains("EVCXR_BEGIN_CONTENT text/plain\nMemory over time"));
     assert!(ev.contains("EVCXR_BEGIN_CONTENT image/svg+xml\n<svg "));
