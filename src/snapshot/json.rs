@@ -18,6 +18,12 @@ pub fn to_string(snapshot: &Snapshot) -> String {
 /// action are skipped; what is not a snapshot at all is an error saying what is missing.
 pub fn from_str(text: &str) -> Result<Snapshot, String> {
     let v: Value = serde_json::from_str(text).map_err(|e| format!("not JSON ({e})"))?;
+    from_value(&v)
+}
+
+/// Reads a snapshot from its tree (parsed JSON, or a pickle read by
+/// [`super::unpickle::from_bytes`]), with the same defaults as [`from_str`].
+pub fn from_value(v: &Value) -> Result<Snapshot, String> {
     let segments = v.get("segments").and_then(Value::as_array).ok_or("not a memory snapshot: no `segments` list")?;
     let device_traces = match v.get("device_traces") {
         Some(Value::Array(traces)) => traces.iter().map(|t| list(t).iter().filter_map(trace_entry).collect()).collect(),
