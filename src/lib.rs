@@ -72,7 +72,9 @@ pub use device::{Backend, BackendKind, DeviceError, Element, PoolUsage, ProcessM
 pub use error::{AllocError, Error, OomReport, Result};
 pub use notebook::registry::{DeviceSelection, current, device};
 pub use policy::config::AllocatorConfig;
-pub use policy::{Allocation, BlockId, BlockView, InvariantViolation, PoolKind, SegmentView};
+pub use policy::{
+    Allocation, BlockId, BlockView, CachedClass, InvariantViolation, PoolKind, ReservedParts, SegmentView,
+};
 pub use stats::{DeviceStats, SlotPeaks, Stat};
 
 /// The allocator of a device picked at run time (CUDA or simulated): what [`device`] and
