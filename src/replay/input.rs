@@ -117,6 +117,58 @@ impl DeviceTrace {
     pub fn info_of(&self, i: usize) -> Option<&EventInfo> {
         self.info.get(i).and_then(|x| x.as_deref())
     }
+
+    /// Peaks as the recording shows them: the allocator's reserved bytes (from its segment
+    /// events), each other source's live bytes (at their sizes), and everything together.
+    pub fn source_peaks(&self) -> SourcePeaks {
+        let mut out = SourcePeaks::default();
+        let (mut reserved, mut all) = (0u64, 0u64);
+        let mut by: BTreeMap<&'static str, (u64, u64)> = BTreeMap::new();
+        let mut sizes: HashMap<u64, u64> = HashMap::new();
+        let mut fi = self.foreign.iter().peekable();
+        for i in 0..=self.events.len() {
+            while let Some(f) = fi.next_if(|f| f.before <= i) {
+                let e = by.entry(f.source).or_default();
+                if f.alloc {
+                    sizes.insert(f.addr, f.size);
+                    e.0 += f.size;
+                    all += f.size;
+                } else if let Some(s) = sizes.remove(&f.addr) {
+                    e.0 -= s;
+                    all -= s;
+                }
+                e.1 = e.1.max(e.0);
+                out.all = out.all.max(all);
+            }
+            let Some(e) = self.events.get(i) else { break };
+            match e.action {
+                TraceAction::SegmentAlloc | TraceAction::SegmentMap => {
+                    reserved += e.size;
+                    all += e.size;
+                }
+                TraceAction::SegmentFree | TraceAction::SegmentUnmap => {
+                    reserved = reserved.saturating_sub(e.size);
+                    all = all.saturating_sub(e.size);
+                }
+                _ => {}
+            }
+            out.allocator = out.allocator.max(reserved);
+            out.all = out.all.max(all);
+        }
+        out.others = by.into_iter().map(|(k, (_, peak))| (k.to_string(), peak)).collect();
+        out
+    }
+}
+
+/// What a recording's own events say about its peaks (see [`DeviceTrace::source_peaks`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SourcePeaks {
+    /// The caching allocator's reserved bytes at their highest.
+    pub allocator: u64,
+    /// Each other source's live bytes at their highest (`pool`, `driver`, `vmm`, `managed`).
+    pub others: BTreeMap<String, u64>,
+    /// Everything together at its highest.
+    pub all: u64,
 }
 
 /// What kind of file a recording came from.

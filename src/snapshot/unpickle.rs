@@ -235,7 +235,7 @@ impl Machine<'_> {
         }
     }
     fn set_items(&mut self, target: Id, items: Vec<Id>, at: usize) -> Result<(), UnpickleError> {
-        if items.len() % 2 != 0 {
+        if !items.len().is_multiple_of(2) {
             return Err(self.err(at, "SETITEMS with an odd number of items"));
         }
         match &mut self.nodes[target] {
