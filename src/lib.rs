@@ -82,6 +82,7 @@ pub use stats::{DeviceStats, SlotPeaks, Stat};
 pub type Allocator = CachingAllocator<AnyBackend>;
 
 // History and snapshots.
+pub use record::frames::Frame;
 pub use record::frames::set_depth as set_stack_depth;
 pub use record::history::{HistoryOptions, RecordMode, StackContext, TraceAction, TraceEntry};
 pub use render::SnapshotFiles;
