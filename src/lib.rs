@@ -37,6 +37,8 @@
 //!    [`notebook::protocol`], the out-of-memory watch ([`notebook::oom`]), the per-cell
 //!    [`notebook::report`] both kernels show and the stock evcxr kernel's hooks that show it
 //!    ([`notebook::stock`]), [`scope`]s and the [`mem`] helpers.
+//! 10. [`plan`] — will it fit: a session's recorded allocations replayed on a device of any size
+//!     under each policy, and every reserved byte explained.
 //!
 //! Units: bytes everywhere in data; [`units`] formats them for people.
 #![deny(unsafe_code)]
@@ -61,6 +63,7 @@ pub mod render;
 mod buffer;
 pub mod notebook;
 mod pinned;
+pub mod plan;
 pub mod replay;
 
 pub use notebook::{mem, scope, tracking};

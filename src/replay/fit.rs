@@ -51,6 +51,9 @@ use crate::record::history::TraceAction;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+/// The label of the allocations made before a trace began ([`super::TraceStart::Prologue`]).
+pub const BEFORE_TRACE: &str = "before recording";
+
 /// The step of device sizes: every reservation is a multiple of it.
 pub const GRANULARITY: u64 = 2 << 20;
 
@@ -101,8 +104,9 @@ impl<'a> Program<'a> {
     /// The most bytes the program holds at once: the requests of its live allocations, and
     /// other sources' allocations at the driver's granularity. No smaller device can run it.
     pub fn live_peak(&self) -> u64 {
-        let (mut now, mut peak) = (0u64, 0u64);
-        let mut sizes: HashMap<u64, u64> = HashMap::new();
+        let mut sizes: HashMap<u64, u64> = self.trace.prologue.iter().map(|e| (e.addr, e.size)).collect();
+        let (mut now, mut peak) = (sizes.values().sum::<u64>(), 0u64);
+        peak = peak.max(now);
         let mut foreign: HashMap<u64, u64> = HashMap::new();
         let mut fi = self.trace.foreign.iter().peekable();
         let mut foreign_step = |f: &super::Foreign, now: &mut u64| {
@@ -306,6 +310,23 @@ pub fn run_with(program: &Program<'_>, config: &AllocatorConfig, opts: &RunOptio
         }
     };
 
+    // Allocations from before the trace (a notebook that began recording late) come first.
+    let before = EventInfo { label: BEFORE_TRACE.into(), frames: Vec::new() };
+    for e in &t.prologue {
+        match state.malloc(&mut dev, e.size, e.stream) {
+            Ok(a) => {
+                if let Some(b) = a.block {
+                    live.insert(e.addr, b);
+                }
+            }
+            Err(AllocError::OutOfMemory(_) | AllocError::TooLarge(_)) => {
+                failed(&mut out, &mut state, &dev, 0, 0, e.size, e.stream.0, "allocator", Some(&before));
+                absent.insert(e.addr);
+            }
+            Err(AllocError::Device(err)) => return Err(fail(e, format!("device error: {err}"))),
+        }
+        peak_of(&mut out, dev.used(), Some(&before));
+    }
     for i in 0..=t.events.len() {
         while let Some(f) = fi.next_if(|f| f.before <= i) {
             let info = f.info.as_deref();

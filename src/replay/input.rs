@@ -110,6 +110,10 @@ pub struct DeviceTrace {
     pub foreign: Vec<Foreign>,
     /// Entries of actions this reader does not replay (newer PyTorch's `annotate`, …).
     pub skipped: usize,
+    /// Allocations that existed before the trace began, when it was read with
+    /// [`TraceStart::Prologue`] and does not start at the first allocation (`alloc` lines with
+    /// `line` 0, in address order); empty otherwise.
+    pub prologue: Vec<TraceLine>,
 }
 
 impl DeviceTrace {
@@ -207,6 +211,20 @@ pub struct Recording {
     pub alloc_conf: Option<String>,
 }
 
+/// What to do with a snapshot whose trace does not start at the first allocation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TraceStart {
+    /// Refuse it with a one-line error (`gpumem-replay`: a replay from the wrong state would
+    /// be wrong, and PyTorch's peaks could not be reproduced).
+    #[default]
+    Strict,
+    /// Take it for planning (a notebook that switched recording on after its first cells): the
+    /// allocations that existed before the trace and that it shows (their frees, or live blocks
+    /// at the end) become [`DeviceTrace::prologue`], made before the first event. Free cached
+    /// memory from before the trace is left out: it is the allocator's, not the program's.
+    Prologue,
+}
+
 /// Reads a TSV trace or a snapshot; what it is is told by the content (a directory is a saved
 /// snapshot). A snapshot's traces must start at the first allocation ([`check_start`]).
 pub fn read_recording(path: &Path) -> Result<Recording, TraceError> {
@@ -230,11 +248,11 @@ pub fn read_recording(path: &Path) -> Result<Recording, TraceError> {
     if kind == InputKind::Tsv {
         let events = read_trace(path)?;
         let info = Vec::new();
-        let dev = DeviceTrace { device: 0, events, info, foreign: Vec::new(), skipped: 0 };
+        let dev = DeviceTrace { device: 0, events, info, foreign: Vec::new(), skipped: 0, prologue: Vec::new() };
         return Ok(Recording { path: name, kind, devices: vec![dev], alloc_conf: None });
     }
     let snap = crate::snapshot::read(path).map_err(|e| TraceError::file(&name, e))?;
-    let mut rec = from_snapshot(&snap, &name)?;
+    let mut rec = from_snapshot(&snap, &name, TraceStart::Strict)?;
     if path.is_dir() && path.join("snapshot.pickle").is_file() {
         rec.kind = InputKind::SnapshotPickle;
     } else {
@@ -243,8 +261,9 @@ pub fn read_recording(path: &Path) -> Result<Recording, TraceError> {
     Ok(rec)
 }
 
-/// A snapshot's traces, device by device, checked to start at the first allocation.
-pub fn from_snapshot(snap: &Snapshot, path: &str) -> Result<Recording, TraceError> {
+/// A snapshot's traces, device by device, checked to start at the first allocation (see
+/// [`TraceStart`] for what happens when one does not).
+pub fn from_snapshot(snap: &Snapshot, path: &str, start: TraceStart) -> Result<Recording, TraceError> {
     let mut devices = Vec::new();
     let mut held: BTreeMap<i32, u64> = BTreeMap::new();
     for s in &snap.segments {
@@ -256,13 +275,21 @@ pub fn from_snapshot(snap: &Snapshot, path: &str) -> Result<Recording, TraceErro
             continue;
         }
         let segments: Vec<&Segment> = snap.segments.iter().filter(|s| s.device == device).collect();
-        check_start(trace, &segments).map_err(|(event, why)| TraceError {
-            path: path.to_string(),
-            line: Some(event),
-            device: Some(device),
-            message: why,
-        })?;
-        devices.push(device_trace(device, trace));
+        let checked = check_start(trace, &segments);
+        let mut dt = device_trace(device, trace);
+        match (checked, start) {
+            (Ok(()), _) => {}
+            (Err((event, why)), TraceStart::Strict) => {
+                return Err(TraceError {
+                    path: path.to_string(),
+                    line: Some(event),
+                    device: Some(device),
+                    message: why,
+                });
+            }
+            (Err(_), TraceStart::Prologue) => dt.prologue = prologue(trace, &segments),
+        }
+        devices.push(dt);
     }
     if devices.is_empty() {
         let why = if snap.device_traces.is_empty() {
@@ -280,7 +307,7 @@ pub fn from_snapshot(snap: &Snapshot, path: &str) -> Result<Recording, TraceErro
         ));
     }
     for (d, bytes) in &held {
-        if !devices.iter().any(|t| t.device == *d) {
+        if start == TraceStart::Strict && !devices.iter().any(|t| t.device == *d) {
             return Err(TraceError::file(
                 path,
                 format!(
@@ -395,6 +422,58 @@ pub fn settings_conf(snap: &Snapshot) -> String {
         parts.push(format!("roundup_power2_divisions:[{}]", list.join(",")));
     }
     parts.join(",")
+}
+
+/// The allocations a trace shows to have existed before it began: those it frees without
+/// having allocated them, and the snapshot's allocated blocks it never allocated, in address
+/// order (as `alloc` lines numbered 0).
+fn prologue(trace: &[TraceSnap], segments: &[&Segment]) -> Vec<TraceLine> {
+    let mut live: HashMap<u64, bool> = HashMap::new();
+    let mut before: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+    for e in trace {
+        let Some(action) = TraceAction::from_name(e.action) else { continue };
+        let a = e.addr.unwrap_or(0);
+        if foreign_source(&e.user_metadata).is_some() {
+            // Another source's allocation: its one-block segment is the program's, not cache.
+            match action {
+                TraceAction::Alloc => {
+                    live.insert(a, true);
+                }
+                TraceAction::SegmentFree => {
+                    live.remove(&a);
+                }
+                _ => {}
+            }
+            continue;
+        }
+        match action {
+            TraceAction::Alloc => {
+                live.insert(a, true);
+            }
+            TraceAction::FreeRequested if live.remove(&a).is_none() => {
+                before.insert(a, (e.size, e.stream));
+            }
+            _ => {}
+        }
+    }
+    for s in segments {
+        for b in s.blocks.iter().filter(|b| b.state == "active_allocated") {
+            if !live.contains_key(&b.address) {
+                before.entry(b.address).or_insert((b.requested_size.max(1), s.stream));
+            }
+        }
+    }
+    before
+        .into_iter()
+        .map(|(addr, (size, stream))| TraceLine {
+            line: 0,
+            action: TraceAction::Alloc,
+            addr,
+            size,
+            stream: StreamId(stream),
+            time_us: 0,
+        })
+        .collect()
 }
 
 /// Disjoint live address intervals, start → end.

@@ -38,8 +38,8 @@ pub mod fit;
 mod input;
 mod sequence;
 pub use input::{
-    DeviceTrace, EventInfo, Foreign, InputKind, Recording, SourcePeaks, check_start, from_snapshot, read_recording,
-    settings_conf,
+    DeviceTrace, EventInfo, Foreign, InputKind, Recording, SourcePeaks, TraceStart, check_start, from_snapshot,
+    read_recording, settings_conf,
 };
 pub use sequence::{SequenceReport, replay_sequence, trace_reserved_peak};
 
