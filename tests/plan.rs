@@ -30,9 +30,15 @@ fn a_session_is_planned_per_policy_and_per_cell() {
     let alloc = gpumem_nb::current().unwrap();
     let mut ch = Channel::new();
     let mut cell = |n: u64, f: &mut dyn FnMut()| {
-        assert!(ch.ask(Op::Pre { cell: n }).ok);
+        let pre = ch.ask(Op::Pre { cell: n });
+        assert!(pre.devices.unwrap()[0].explain.is_none(), "not computed before a cell: only after it");
         f();
-        assert!(ch.ask(Op::Post { cell: n }).ok);
+        let post = ch.ask(Op::Post { cell: n });
+        // The per-cell record's explanation: it adds up to the reading's reserved bytes.
+        let d = &post.devices.unwrap()[0];
+        let parts = d.explain.as_ref().expect("post explains the reserved bytes");
+        parts.check().unwrap();
+        assert_eq!((parts.reserved, parts.allocated()), (d.reserved, d.allocated));
     };
 
     // Nothing recorded yet: a plan says how to get one.
