@@ -21,16 +21,20 @@ echo "parts: $PARTS"
 CUDA_HOME="${CUDA_HOME:-$(ls -d /usr/local/cuda* 2>/dev/null | head -1)}"
 
 if want bench; then
-echo "== gpumem-nb criterion benchmark (simulated device: policy + front, CPU only)"
-"$B/alloc-bench" --bench --warm-up-time 1 --measurement-time 3 2>&1 | grep -E "^(hot|mixed)|time:" | grep -v "%" | tee "$OUT/gpumem_bench.txt"
-
-echo "== PyTorch C++ allocator and CUDA driver, same workloads"
+echo "== allocator benchmarks, three runs: PyTorch's C++ allocator and the CUDA driver, gpumem-nb timed the"
+echo "   same way (examples/alloc_pairs.rs), gpumem-nb's criterion benchmark; medians by scripts/gpu/bench_median.py"
 TORCH=$(python3 -c 'import torch, os; print(os.path.dirname(torch.__file__))')
 g++ -O2 -std=c++17 -D_GLIBCXX_USE_CXX11_ABI=1 scripts/gpu/alloc_bench.cpp \
     -I"$TORCH/include" -I"$CUDA_HOME/include" \
     -L"$TORCH/lib" -lc10 -lc10_cuda -L"$CUDA_HOME/lib64" -L"$CUDA_HOME/lib64/stubs" -lcudart -lcuda \
-    -Wl,-rpath,"$TORCH/lib" -o /tmp/alloc_bench && \
-  LD_LIBRARY_PATH="$TORCH/lib:${LD_LIBRARY_PATH:-}" /tmp/alloc_bench 200000 7 | tee "$OUT/torch_driver_bench.jsonl"
+    -Wl,-rpath,"$TORCH/lib" -o /tmp/alloc_bench
+for run in 1 2 3; do
+  echo "-- run $run"
+  LD_LIBRARY_PATH="$TORCH/lib:${LD_LIBRARY_PATH:-}" /tmp/alloc_bench 200000 7 | tee "$OUT/torch_driver_bench_run$run.jsonl"
+  "$B/alloc_pairs" 200000 7 | tee "$OUT/gpumem_pairs_run$run.jsonl"
+  "$B/alloc-bench" --bench --warm-up-time 1 --measurement-time 3 2>&1 | grep -E "^(hot|mixed)|time:" | grep -v "%" | tee "$OUT/gpumem_bench_run$run.txt"
+done
+python3 scripts/gpu/bench_median.py "$OUT" | tee "$OUT/bench_median.txt"
 fi
 
 if want history && [ -x "$B/history-bench" ]; then
