@@ -30,7 +30,7 @@ cp "$CARGO_TARGET_DIR/release/examples/snapshot_demo" "$CARGO_TARGET_DIR/release
 cargo build --release --example track_check --features cublas
 cp "$CARGO_TARGET_DIR/release/examples/track_check" .gpu-bundle/
 # PyTorch's own probe, for the side-by-side conformance run (scripts/gpu/probe_compare.sh).
-cp "${SHARED:-../shared}/reference/pytorch_golden/probe.py" .gpu-bundle/ 2>/dev/null || cp /work/shared/reference/pytorch_golden/probe.py .gpu-bundle/
+cp scripts/gpu/probe.py .gpu-bundle/
 # Snapshots written here (simulated device; a replayed PyTorch trace) for PyTorch's tools there.
 rm -rf .gpu-bundle/snapshots && mkdir -p .gpu-bundle/snapshots
 GPUMEM_NB_DEVICE=sim "$CARGO_TARGET_DIR/release/examples/snapshot_demo" .gpu-bundle/snapshots/sim >/dev/null

@@ -4,17 +4,17 @@
 #                                    access to crates.io and PyPI, and the nightly toolchain for
 #                                    the Miri and fuzzing steps)
 # Build outputs go to $CARGO_TARGET_DIR, by default the clone's own `target/`: the README's main
-# command builds there too, so running it first leaves this script little to compile. evcxr
-# compiles notebook cells in `$CARGO_TARGET_DIR/evcxr`, the directory the kernel binary picks
-# itself when it runs from a cargo target directory. CI (`.ci/run`) keeps the target directory
-# outside the clone so repeated runs are incremental.
+# command builds there too, so running it first leaves this script little to compile. Notebook
+# cells are compiled where the kernel compiles them for a user, outside any cargo workspace
+# (`~/.cache/gpumem-kernel/evcxr`; the stock kernel: evcxr's own temporary directory): nothing
+# here sets EVCXR_TMPDIR. CI (`.ci/run`) keeps the target directory outside the clone so
+# repeated runs are incremental, and also runs the README's main command in a fresh clone.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$repo"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$repo/target}"
 export CARGO_TERM_COLOR=never
-export EVCXR_TMPDIR="$CARGO_TARGET_DIR/evcxr"
-mkdir -p "$EVCXR_TMPDIR"
+unset EVCXR_TMPDIR
 
 step() { printf '\n==> %s\n' "$*"; }
 
@@ -52,11 +52,14 @@ kernel/tests/run_tour.sh release
 
 # evcxr_jupyter is installed once into the target directory: 6 min on 2 cores after the
 # kernel's release build above (14.5 min in an empty target directory), seconds afterwards.
-step "gpumem-nb in the stock evcxr kernel: evcxr_jupyter 0.22.0 and a notebook through nbclient"
+step "gpumem-nb in the stock evcxr kernel: the packaged crate from a local registry, evcxr_jupyter 0.22.0, a notebook through nbclient"
 tests/stock_kernel.sh
 
 step "the README's main command, and its HTML in headless Chromium (offline)"
 kernel/tests/tour_html_check.sh
+
+step "the crate as crates.io would get it: cargo publish --dry-run (packaged, then built from the package)"
+cargo publish --dry-run -p gpumem-nb --allow-dirty
 
 step "benchmarks build"
 cargo bench --workspace --no-run

@@ -95,3 +95,41 @@ fn seed_capability_examples_run() {
     );
     let _ = (y, std::fs::remove_dir_all(&dir));
 }
+
+/// The README's two commands, found as `.ci/run` finds them (the first ```sh block after "## Two
+/// commands", one line marked `# the main job`, one `# every check`), and `.ci/run` running
+/// exactly those: CI cannot drift from what a new user types.
+#[test]
+fn ci_runs_the_readmes_two_commands() {
+    let text = readme();
+    let section = text.split("\n## Two commands\n").nth(1).expect("a '## Two commands' section");
+    let block = section.split("```sh\n").nth(1).and_then(|b| b.split("```").next()).expect("a sh block");
+    let marked = |mark: &str| -> String {
+        let lines: Vec<&str> = block
+            .lines()
+            .filter(|l| l.split_once('#').is_some_and(|(_, c)| c.trim_start().starts_with(mark)))
+            .collect();
+        assert_eq!(lines.len(), 1, "one line marked '# {mark}': {block}");
+        lines[0].split('#').next().unwrap().trim().to_string()
+    };
+    let main = marked("the main job");
+    let test = marked("every check");
+    assert_eq!(main, "cargo run --release -p gpumem-kernel -- run notebooks/tour.ipynb --html tour.html");
+    assert_eq!(test, "scripts/test.sh");
+    let ci = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/.ci/run")).unwrap();
+    for needle in [
+        "main_cmd=$(readme_command \"the main job\")",
+        "test_cmd=$(readme_command \"every check\")",
+        "bash -c \"$test_cmd\"",
+        "env -i HOME=\"$HOME\" PATH=\"$PATH\" bash -c \"$main_cmd\"",
+    ] {
+        assert!(ci.contains(needle), ".ci/run must contain {needle:?}");
+    }
+    // What CI expects the main command to print matches the tour it runs.
+    let tour: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/notebooks/tour.ipynb")).unwrap(),
+    )
+    .unwrap();
+    let code_cells = tour["cells"].as_array().unwrap().iter().filter(|c| c["cell_type"] == "code").count();
+    assert!(ci.contains(&format!("run: {code_cells} code cells in")), "the tour has {code_cells} code cells");
+}

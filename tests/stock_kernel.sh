@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# gpumem-nb in the stock evcxr Jupyter kernel: installs evcxr_jupyter at a pinned version (once:
-# cached under the target directory), its kernelspec into a private JUPYTER_PATH there (the
-# user's own kernelspecs are not touched), then runs tests/stock_nbclient.py with kernel `rust`
-# on the simulated device. Needs network access once (crates.io, PyPI).
+# gpumem-nb in the stock evcxr Jupyter kernel, loaded the way crates.io users load it:
+# `:dep gpumem-nb = "0.1"`. What crates.io would ship is what is tested: the crate is packaged
+# with `cargo package`, its .crate file unpacked into a local directory registry (with every
+# dependency, vendored by `cargo vendor` from the packaged crate's own lock file) that stands in
+# for crates.io through a private CARGO_HOME. Then the pinned evcxr_jupyter (installed once,
+# cached under the target directory) runs tests/stock_nbclient.py through nbclient, as a user
+# runs it: evcxr builds in its own temporary directory, no EVCXR_TMPDIR, no library path set.
 #   tests/stock_kernel.sh
+# Needs network access once (crates.io, PyPI); the registry is rebuilt when the package changes.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 target="${CARGO_TARGET_DIR:-$repo/target}"
@@ -15,6 +19,60 @@ if ! grep -qs "^\"evcxr_jupyter $version " "$root/.crates.toml"; then
     cargo install --locked --quiet evcxr_jupyter --version "$version" --root "$root"
     echo "evcxr_jupyter $version installed in $(( $(date +%s) - start )) s"
 fi
+
+# --- the packaged crate in a local registry -----------------------------------------------
+# Outside the clone: cargo must not find the clone's workspace above the unpacked crate.
+crate_version=$(cargo metadata --no-deps --format-version 1 --manifest-path "$repo/Cargo.toml" \
+    | python3 -c 'import json,sys; print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "gpumem-nb"))')
+cargo package -p gpumem-nb --allow-dirty --no-verify --quiet
+crate="$target/package/gpumem-nb-$crate_version.crate"
+reg="${XDG_CACHE_HOME:-$HOME/.cache}/gpumem-nb/stock-registry"
+sum=$(sha256sum "$crate" | cut -d' ' -f1)
+sysroot="$(rustc --print sysroot)"
+library="$sysroot/lib/rustlib/src/rust/library"
+key="$sum $(rustc --version)"
+if [ "$(cat "$reg/.key" 2>/dev/null)" != "$key" ]; then
+    echo "local registry: gpumem-nb $crate_version (.crate sha256 ${sum:0:12}) and its dependencies into $reg"
+    rm -rf "$reg"
+    mkdir -p "$reg/vendor" "$reg/cargo-home"
+    unpacked=$(mktemp -d)
+    tar -xzf "$crate" -C "$unpacked"
+    # Every dependency the packaged crate resolves to, at the versions of its own Cargo.lock.
+    (cd "$unpacked/gpumem-nb-$crate_version" && cargo vendor --quiet --locked --versioned-dirs --no-delete "$reg/vendor" > /dev/null)
+    cp -r "$unpacked/gpumem-nb-$crate_version" "$reg/vendor/"
+    rm -rf "$unpacked"
+    # evcxr infers the types of a cell's variables with rust-analyzer, which reads the standard
+    # library's own workspace with `cargo metadata --offline`: under this CARGO_HOME its
+    # dependencies must come from the same registry (as they would from crates.io's cache).
+    [ -f "$library/Cargo.toml" ] || { echo "rust-src is missing: rustup component add rust-src" >&2; exit 1; }
+    __CARGO_TEST_CHANNEL_OVERRIDE_DO_NOT_USE_THIS=nightly cargo vendor --quiet --locked --versioned-dirs --no-delete \
+        --manifest-path "$library/Cargo.toml" "$reg/vendor" > /dev/null
+    # A directory source checks each file against .cargo-checksum.json, as cargo checks a
+    # download against the registry's checksum.
+    python3 - "$reg/vendor/gpumem-nb-$crate_version" "$sum" <<'PY'
+import hashlib, json, os, sys
+dir, package = sys.argv[1], sys.argv[2]
+files = {}
+for base, _, names in os.walk(dir):
+    for n in names:
+        path = os.path.join(base, n)
+        rel = os.path.relpath(path, dir)
+        if rel != ".cargo-checksum.json":
+            files[rel] = hashlib.sha256(open(path, "rb").read()).hexdigest()
+json.dump({"files": files, "package": package}, open(os.path.join(dir, ".cargo-checksum.json"), "w"))
+PY
+    cat > "$reg/cargo-home/config.toml" <<EOF
+# crates.io, as far as this test's cargo knows: the packaged gpumem-nb and its dependencies.
+[source.crates-io]
+replace-with = "gpumem-local"
+
+[source.gpumem-local]
+directory = "$reg/vendor"
+EOF
+    echo "$key" > "$reg/.key"
+fi
+
+# --- the stock kernel and a notebook through nbclient -------------------------------------
 export JUPYTER_PATH="$target/stock-jupyter" JUPYTER_DATA_DIR="$target/stock-jupyter"
 "$root/bin/evcxr_jupyter" --install > /dev/null
 venv="$target/tour-venv"
@@ -22,16 +80,7 @@ if [ ! -x "$venv/bin/python" ]; then
     python3 -m venv "$venv"
     "$venv/bin/pip" install --quiet jupyter_client nbclient nbformat
 fi
-# Its own build directory (gpumem-kernel builds its cells in $target/evcxr), kept between runs.
-export EVCXR_TMPDIR="$target/evcxr-stock" GPUMEM_NB_DEVICE=sim:8GiB
-# evcxr links cells against the toolchain's libstd-*.so. The relative rpath rustc writes is
-# computed from target/…/debug/deps/, but evcxr loads the copy one directory up, so it climbs
-# one level too far: harmless when that lands on `/` (evcxr's default /tmp/.tmpXXXX with
-# ~/.rustup under /root), "dlopen failed" when the build directory and the toolchain share a
-# deeper ancestor, as here. The child finds libstd on its library path instead (what
-# gpumem-kernel does for its own child).
-std_dir="$(rustc --print sysroot)/lib/rustlib/$(rustc -vV | sed -n 's/^host: //p')/lib"
-export LD_LIBRARY_PATH="$std_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-mkdir -p "$EVCXR_TMPDIR"
-unset GPUMEM_NB_CONTROL GPUMEM_NB_REPORTS
+export CARGO_HOME="$reg/cargo-home" GPUMEM_NB_DEVICE=sim:8GiB
+export STOCK_DEP=":dep gpumem-nb = \"${crate_version%.*}\""
+unset GPUMEM_NB_CONTROL GPUMEM_NB_REPORTS EVCXR_TMPDIR
 exec "$venv/bin/python" "$repo/tests/stock_nbclient.py" "$repo" "$target/stock-out"

@@ -1,7 +1,8 @@
 """gpumem-nb in the stock evcxr Jupyter kernel (kernel `rust`), through jupyter_client/nbclient.
 
 Usage: python3 tests/stock_nbclient.py REPO [OUT_DIR]   (tests/stock_kernel.sh sets it up: the
-pinned evcxr_jupyter, its kernelspec in a private JUPYTER_PATH, GPUMEM_NB_DEVICE=sim:8GiB)
+pinned evcxr_jupyter, its kernelspec in a private JUPYTER_PATH, GPUMEM_NB_DEVICE=sim:8GiB, the
+packaged crate in a local registry and STOCK_DEP, the `:dep` line that loads it)
 
 Runs a notebook that loads the crate with `:dep`, and checks every cell: from the cell after the
 first use of the crate, a report line as the last stdout line, with exact numbers (a 64 MiB
@@ -40,7 +41,9 @@ def cell(code, stdout=(), report=None, result=None, error=False):
 def plan(repo):
     alloc = "gpumem_nb::DeviceBuffer::<u8>::alloc(&alloc, {} << 20, gpumem_nb::StreamId::DEFAULT).unwrap()"
     return [
-        cell(":dep gpumem-nb = { path = %s }" % json.dumps(repo)),
+        # tests/stock_kernel.sh: the packaged crate from a local registry (`= "0.1"`); by hand,
+        # the checkout itself.
+        cell(os.environ.get("STOCK_DEP") or ":dep gpumem-nb = { path = %s }" % json.dumps(repo)),
         # The first use installs the hooks: reports from the next cell on.
         cell("let alloc = gpumem_nb::current().unwrap();\nalloc.backend_kind()", result={"text/plain": "Simulated"}),
         cell(f"let big = {alloc.format(64)};",

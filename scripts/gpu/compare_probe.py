@@ -3,7 +3,7 @@
 
     compare_probe.py TORCH.json OURS.json
 
-TORCH.json is what shared/reference/pytorch_golden/probe.py writes (results.json); OURS.json is
+TORCH.json is what scripts/gpu/probe.py writes (results.json); OURS.json is
 what `examples/gpu_probe.rs` writes, in the same shape. Compared, at every checkpoint: the
 probe's key statistics, segment/block layouts (as multisets: device addresses differ), the full
 122-key statistics maps, memory_summary() byte for byte, the numbers of the out-of-memory

@@ -21,7 +21,7 @@ import json
 import sys
 
 import torch
-from probe import key_stats, seg_summary  # shared/reference/pytorch_golden/probe.py
+from probe import key_stats, seg_summary  # scripts/gpu/probe.py
 
 MiB = 1 << 20
 

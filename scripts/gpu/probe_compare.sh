@@ -4,7 +4,7 @@
 # Runs on the GPU machine, in the repository root, with in .gpu-bundle/ (built here: there is no
 # Rust toolchain there):
 #   gpu_probe        cargo build --release --example gpu_probe
-#   probe.py         a copy of shared/reference/pytorch_golden/probe.py
+#   probe.py         scripts/gpu/probe.py (the PyTorch side of the conformance probe)
 #   gpumem-nb-lib-tests-probe (optional, cargo test --lib --release --no-run) the library's tests, of which the gpu_* ones are run
 #   (and scripts/gpu/leave_free_torch.py, PyTorch's side of the leave_free case)
 # Results under $OUT (default ./gpu-out): torch_results.json, gpumem_results.json,
