@@ -383,7 +383,6 @@ fn the_tour_explains_reserved_memory_and_plans_a_fit() {
     let out = dir.join("tour.ipynb");
     let o = Command::new(env!("CARGO_BIN_EXE_gpumem-kernel"))
         .args(["run", root.join("notebooks/tour.ipynb").to_str().unwrap(), "--output", out.to_str().unwrap()])
-        .env("EVCXR_TMPDIR", evcxr_tmpdir("evcxr-tour"))
         .env("GPUMEM_NB_DEVICE", "sim:8GiB")
         .output()
         .unwrap();
