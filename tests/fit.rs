@@ -182,7 +182,7 @@ fn failures_are_skipped_and_named_by_cell() {
         info: info("cell 1", "cublas"),
         event: 2,
     }];
-    let trace = DeviceTrace { device: 0, events, info: infos, foreign, skipped: 0 };
+    let trace = DeviceTrace { device: 0, events, info: infos, foreign, skipped: 0, prologue: Vec::new() };
     let program = Program::new(&trace, Vec::new(), 1 << 30);
     assert_eq!(program.live_peak(), 60 * MIB + 2 * MIB + 30 * MIB + (1 << 30));
     let r = fit::run(&program, &conf(""), Some(100 * MIB)).unwrap();
