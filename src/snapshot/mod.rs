@@ -21,6 +21,7 @@ pub mod json;
 mod model;
 pub mod pickle;
 mod timeline;
+mod tree;
 pub mod unpickle;
 
 pub use diff::{SnapshotDiff, diff};
@@ -82,17 +83,17 @@ pub fn read(path: &std::path::Path) -> Result<Snapshot, String> {
 }
 
 /// Reads a snapshot from a file's bytes: a pickle or JSON (see [`read`]).
+/// (A pickle of `torch.cuda.memory_snapshot()`'s list alone is its segments, with no trace, as
+/// `_memory_viz` reads it.)
 pub fn from_bytes(bytes: &[u8]) -> Result<Snapshot, String> {
-    let tree = if unpickle::looks_like_pickle(bytes) {
-        unpickle::from_bytes(bytes).map_err(|e| e.to_string())?
-    } else if bytes.iter().find(|b| !b.is_ascii_whitespace()).is_some_and(|b| *b == b'{') {
-        serde_json::from_slice(bytes).map_err(|e| format!("not JSON ({e})"))?
-    } else {
-        return Err("not a memory snapshot: neither a pickle (protocol 2-5) nor JSON".into());
-    };
-    if let serde_json::Value::Array(segments) = tree {
-        // `torch.cuda.memory_snapshot()` pickled alone: segments, no trace (as _memory_viz reads it).
-        return json::from_value(&serde_json::json!({"segments": segments, "device_traces": []}));
+    if unpickle::looks_like_pickle(bytes) {
+        // Straight from the pickle's objects: no intermediate tree of values.
+        let parsed = unpickle::parse(bytes).map_err(|e| e.to_string())?;
+        return tree::snapshot(parsed.root());
     }
-    json::from_value(&tree)
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()).is_some_and(|b| *b == b'{' || *b == b'[') {
+        let v: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| format!("not JSON ({e})"))?;
+        return tree::snapshot(&v);
+    }
+    Err("not a memory snapshot: neither a pickle (protocol 2-5) nor JSON".into())
 }

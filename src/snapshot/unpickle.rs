@@ -57,10 +57,114 @@ const MAX_DEPTH: usize = 200;
 
 /// Reads one pickled object of plain data.
 pub fn from_bytes(bytes: &[u8]) -> Result<Value, UnpickleError> {
+    let p = parse(bytes)?;
+    p.value(p.root, 0)
+}
+
+/// The objects of a pickle as the machine left them (shared objects stay shared), and its root.
+pub(crate) struct Parsed {
+    nodes: Vec<Node>,
+    root: Id,
+    /// The end of the data, for errors found afterwards.
+    end: usize,
+}
+
+/// Runs the pickle machine over `bytes`.
+pub(crate) fn parse(bytes: &[u8]) -> Result<Parsed, UnpickleError> {
     let mut m =
         Machine { data: bytes, pos: 0, nodes: Vec::new(), stack: Vec::new(), marks: Vec::new(), memo: Memo::default() };
     let root = m.run()?;
-    m.tree(root, 0)
+    Ok(Parsed { nodes: m.nodes, root, end: m.pos })
+}
+
+impl Parsed {
+    /// The root object, to read as a tree.
+    pub(crate) fn root(&self) -> PickleNode<'_> {
+        PickleNode { p: self, id: self.root }
+    }
+}
+
+/// One object of a parsed pickle.
+#[derive(Clone, Copy)]
+pub(crate) struct PickleNode<'a> {
+    p: &'a Parsed,
+    id: Id,
+}
+
+impl<'a> PickleNode<'a> {
+    fn node(self) -> &'a Node {
+        &self.p.nodes[self.id]
+    }
+    fn at(self, id: Id) -> Self {
+        PickleNode { p: self.p, id }
+    }
+}
+
+impl<'a> super::tree::Tree<'a> for PickleNode<'a> {
+    fn get(self, key: &str) -> Option<Self> {
+        match self.node() {
+            Node::Dict(items) => items
+                .iter()
+                .find(|(k, _)| matches!(&self.p.nodes[*k], Node::Str(s) if s == key))
+                .map(|(_, v)| self.at(*v)),
+            _ => None,
+        }
+    }
+    fn u64(self) -> Option<u64> {
+        match self.node() {
+            Node::Int(i) => u64::try_from(*i).ok(),
+            _ => None,
+        }
+    }
+    fn i64(self) -> Option<i64> {
+        match self.node() {
+            Node::Int(i) => i64::try_from(*i).ok(),
+            _ => None,
+        }
+    }
+    fn f64(self) -> Option<f64> {
+        match self.node() {
+            Node::Float(f) => Some(*f),
+            Node::Int(i) => Some(*i as f64),
+            _ => None,
+        }
+    }
+    fn bool(self) -> Option<bool> {
+        match self.node() {
+            Node::Bool(b) => Some(*b),
+            _ => None,
+        }
+    }
+    fn str(self) -> Option<&'a str> {
+        match self.node() {
+            Node::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+    fn items(self) -> Option<Vec<Self>> {
+        match self.node() {
+            Node::List(v) | Node::Tuple(v) => Some(v.iter().map(|&c| self.at(c)).collect()),
+            _ => None,
+        }
+    }
+    fn entries(self) -> Vec<(&'a str, Self)> {
+        match self.node() {
+            Node::Dict(items) => items
+                .iter()
+                .filter_map(|(k, v)| match &self.p.nodes[*k] {
+                    Node::Str(s) => Some((s.as_str(), self.at(*v))),
+                    _ => None,
+                })
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+    fn to_value(self) -> Value {
+        self.p.value(self.id, 0).unwrap_or(Value::Null)
+    }
+    fn id(self) -> usize {
+        self.id
+    }
 }
 
 type Id = usize;
@@ -465,11 +569,17 @@ impl Machine<'_> {
             }
         }
     }
+}
+
+impl Parsed {
+    fn err(&self, offset: usize, message: impl Into<String>) -> UnpickleError {
+        UnpickleError { offset, message: message.into() }
+    }
 
     /// The tree under `id`.
-    fn tree(&self, id: Id, depth: usize) -> Result<Value, UnpickleError> {
+    fn value(&self, id: Id, depth: usize) -> Result<Value, UnpickleError> {
         if depth > MAX_DEPTH {
-            return Err(self.err(self.pos, format!("nested more than {MAX_DEPTH} levels deep (a reference cycle?)")));
+            return Err(self.err(self.end, format!("nested more than {MAX_DEPTH} levels deep (a reference cycle?)")));
         }
         Ok(match &self.nodes[id] {
             Node::None => Value::Null,
@@ -478,7 +588,7 @@ impl Machine<'_> {
             Node::Float(f) => Number::from_f64(*f).map_or(Value::Null, Value::Number),
             Node::Str(s) => Value::String(s.clone()),
             Node::List(v) | Node::Tuple(v) => {
-                Value::Array(v.iter().map(|&c| self.tree(c, depth + 1)).collect::<Result<_, _>>()?)
+                Value::Array(v.iter().map(|&c| self.value(c, depth + 1)).collect::<Result<_, _>>()?)
             }
             Node::Dict(items) => {
                 let mut m = Map::new();
@@ -488,12 +598,12 @@ impl Machine<'_> {
                         Node::Int(i) => i.to_string(),
                         other => {
                             return Err(self.err(
-                                self.pos,
+                                self.end,
                                 format!("a dict key is {} (only strings and integers are read)", kind(other)),
                             ));
                         }
                     };
-                    m.insert(key, self.tree(v, depth + 1)?);
+                    m.insert(key, self.value(v, depth + 1)?);
                 }
                 Value::Object(m)
             }
@@ -506,7 +616,7 @@ impl Machine<'_> {
         } else if let Ok(s) = i64::try_from(i) {
             Ok(Number::from(s))
         } else {
-            Err(self.err(self.pos, format!("the integer {i} does not fit in 64 bits")))
+            Err(self.err(self.end, format!("the integer {i} does not fit in 64 bits")))
         }
     }
 }
