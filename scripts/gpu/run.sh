@@ -2,10 +2,10 @@
 # Runs on the GPU machine, in the repository root, with the bundle from scripts/gpu-check.sh in
 # .gpu-bundle/. Writes results under $OUT (default ./gpu-out).
 #
-#     bash scripts/gpu/run.sh [PART...]      PART: bench history snapshots checks tests track hooks
+#     bash scripts/gpu/run.sh [PART...]      PART: bench history snapshots checks tests track hooks fit
 #                                           (default: all of them, in that order)
 set -uo pipefail
-PARTS="${*:-bench history snapshots checks tests track hooks}"
+PARTS="${*:-bench history snapshots checks tests track hooks fit}"
 want() { [[ " $PARTS " == *" $1 "* ]]; }
 OUT="${OUT:-$PWD/gpu-out}"
 mkdir -p "$OUT"
@@ -108,4 +108,14 @@ for l in sys.stdin:
     echo "== per-cell hook overhead (kernel/tests/overhead.rs)"
     "$B/kernel-overhead" --ignored --nocapture hook_overhead 2>&1 | grep '^{' | tee "$OUT/hook_overhead.json"
   fi
+fi
+
+if want fit && [ -x "$B/gpumem-replay" ]; then
+  echo "== PyTorch snapshots recorded here (scripts/gpu/record_snapshots.py), replayed by gpumem-replay to PyTorch's peaks,"
+  echo "   and --fit at PyTorch's reserved peak and 256 MiB under its allocated peak (default and compact)"
+  python3 scripts/gpu/record_snapshots.py "$OUT/snapshots" --scale small --replay "$B/gpumem-replay"
+  echo "record_snapshots small exit status $?"
+  python3 scripts/gpu/record_snapshots.py "$OUT/snapshots-full" --scale full --only convnet_varbatch --replay "$B/gpumem-replay"
+  echo "record_snapshots full exit status $?"
+  find "$OUT/snapshots-full" -name '*.pickle' -size +50M -delete  # too large to bring back; the JSON keeps PyTorch's numbers
 fi
