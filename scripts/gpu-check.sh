@@ -20,9 +20,11 @@ for l in sys.stdin:
 }
 cp "$(executable alloc bench --bench alloc)" .gpu-bundle/alloc-bench
 cp "$(executable history bench --bench history)" .gpu-bundle/history-bench
-cargo build --release --example snapshot_demo --example gpu_probe --example gpu_check --bin gpumem-replay
+cargo build --release --example snapshot_demo --example gpu_probe --example gpu_check --example alloc_pairs \
+    --bin gpumem-replay
 cp "$CARGO_TARGET_DIR/release/examples/snapshot_demo" "$CARGO_TARGET_DIR/release/examples/gpu_probe" \
-   "$CARGO_TARGET_DIR/release/examples/gpu_check" .gpu-bundle/
+   "$CARGO_TARGET_DIR/release/examples/gpu_check" "$CARGO_TARGET_DIR/release/examples/alloc_pairs" \
+   "$CARGO_TARGET_DIR/release/gpumem-replay" .gpu-bundle/
 # Every allocation of the process tracked on the GPU (issue 11): cudarc, cuMemAlloc, cuBLAS, VMM,
 # pinned host; and tracking's cost per allocation at several stack depths.
 cargo build --release --example track_check --features cublas
@@ -43,7 +45,7 @@ cargo install --quiet inferno --version 0.12.8 --no-default-features --features 
 cp "$CARGO_TARGET_DIR/inferno/bin/inferno-flamegraph" .gpu-bundle/
 rm -f .gpu-bundle/gpumem-nb-lib-tests-probe
 strip .gpu-bundle/hook_path .gpu-bundle/kernel-overhead .gpu-bundle/inferno-flamegraph 2>/dev/null || true
-strip .gpu-bundle/alloc-bench .gpu-bundle/history-bench 2>/dev/null || true  # the tests and snapshot_demo keep their symbols (frame names)
+strip .gpu-bundle/alloc-bench .gpu-bundle/history-bench .gpu-bundle/alloc_pairs .gpu-bundle/gpumem-replay 2>/dev/null || true  # the tests and snapshot_demo keep their symbols (frame names)
 # Those keep their line tables too (stacks show file:line), compressed: 30 MB binaries become 8.
 for f in gpu_check gpu_probe gpumem-nb-lib-tests snapshot_demo track_check; do
   objcopy --compress-debug-sections=zlib ".gpu-bundle/$f"

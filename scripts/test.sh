@@ -79,12 +79,12 @@ done
 # directory between runs; the committed seeds and dictionaries start it. A crash stops the
 # script with the failing input written under fuzz/artifacts/.
 fuzz_seconds="${GPUMEM_FUZZ_SECONDS:-30}"
-step "fuzzing: allocator config, trace reader, control protocol, %gpumem magics (${fuzz_seconds} s each)"
+step "fuzzing: allocator config, trace reader, control protocol, %gpumem magics, snapshot pickles (${fuzz_seconds} s each)"
 if cargo +nightly --version >/dev/null 2>&1; then
     if ! cargo fuzz --version >/dev/null 2>&1; then
         cargo install --locked cargo-fuzz --version 0.13.2
     fi
-    for t in alloc_conf trace control magic; do
+    for t in alloc_conf trace control magic pickle; do
         corpus="$CARGO_TARGET_DIR/fuzz-corpus/$t"
         log="$CARGO_TARGET_DIR/fuzz-$t.log"
         mkdir -p "$corpus"

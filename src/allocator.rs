@@ -103,6 +103,14 @@ impl<B: Backend> CachingAllocator<B> {
         self.with_state(|s, _| s.allowed_bytes())
     }
 
+    /// Where the reserved bytes are: what the program asked for, rounding, frees waiting for
+    /// streams, free cached blocks by pool and size class, and what [`Self::empty_cache`] would
+    /// return now; the parts add up to [`Self::memory_reserved`] ([`ReservedParts`]). Walks
+    /// every block and copies the state once (without its history): for reports, not hot loops.
+    pub fn reserved_parts(&self) -> crate::ReservedParts {
+        self.with_state(|s, _| s.reserved_parts())
+    }
+
     /// The CUDA stream-ordered pool of this device (cudarc's `CudaSlice` and candle allocate
     /// there): used and reserved bytes with their high-water marks. `None` without one.
     pub fn pool_usage(&self) -> Option<PoolUsage> {

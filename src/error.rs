@@ -31,6 +31,9 @@ pub enum Error {
     /// The operation needs another backend (e.g. a cudarc view of a simulated buffer).
     #[error("{0}")]
     Unsupported(String),
+    /// A fit could not be planned (nothing recorded, a recording that cannot be replayed).
+    #[error("{0}")]
+    Plan(String),
 }
 
 /// `Result` with this crate's [`Error`].

@@ -37,6 +37,8 @@
 //!    [`notebook::protocol`], the out-of-memory watch ([`notebook::oom`]), the per-cell
 //!    [`notebook::report`] both kernels show and the stock evcxr kernel's hooks that show it
 //!    ([`notebook::stock`]), [`scope`]s and the [`mem`] helpers.
+//! 10. [`plan`] — will it fit: a session's recorded allocations replayed on a device of any size
+//!     under each policy, and every reserved byte explained.
 //!
 //! Units: bytes everywhere in data; [`units`] formats them for people.
 #![deny(unsafe_code)]
@@ -61,6 +63,7 @@ pub mod render;
 mod buffer;
 pub mod notebook;
 mod pinned;
+pub mod plan;
 pub mod replay;
 
 pub use notebook::{mem, scope, tracking};
@@ -72,7 +75,9 @@ pub use device::{Backend, BackendKind, DeviceError, Element, PoolUsage, ProcessM
 pub use error::{AllocError, Error, OomReport, Result};
 pub use notebook::registry::{DeviceSelection, current, device};
 pub use policy::config::AllocatorConfig;
-pub use policy::{Allocation, BlockId, BlockView, InvariantViolation, PoolKind, SegmentView};
+pub use policy::{
+    Allocation, BlockId, BlockView, CachedClass, InvariantViolation, PoolKind, ReservedParts, SegmentView,
+};
 pub use stats::{DeviceStats, SlotPeaks, Stat};
 
 /// The allocator of a device picked at run time (CUDA or simulated): what [`device`] and
@@ -80,6 +85,7 @@ pub use stats::{DeviceStats, SlotPeaks, Stat};
 pub type Allocator = CachingAllocator<AnyBackend>;
 
 // History and snapshots.
+pub use record::frames::Frame;
 pub use record::frames::set_depth as set_stack_depth;
 pub use record::history::{HistoryOptions, RecordMode, StackContext, TraceAction, TraceEntry};
 pub use render::SnapshotFiles;

@@ -2,7 +2,8 @@
 //! `check_invariants()` after every step — blocks tile each segment exactly and in order, free
 //! blocks are exactly the pool entries, no two mergeable neighbours are left apart, segments
 //! never overlap, and every current statistic equals a recount from the blocks. The same
-//! sequences run under PyTorch's policies and under our `compact` one.
+//! sequences run under PyTorch's policies and under our `compact` one. After every step the
+//! reserved bytes' explanation adds up, and what it says `empty_cache` returns is what it does.
 
 use gpumem_nb::device::sim::SimBackend;
 use gpumem_nb::{AllocError, AllocatorConfig, BlockId, CachingAllocator, StreamId};
@@ -60,13 +61,23 @@ fn run(conf: &str, ops: &[Op]) -> Result<(), TestCaseError> {
                 alloc.record_stream(b, streams[stream as usize]).unwrap();
             }
             Op::SetBusy { stream, busy } => alloc.with_backend(|d| d.set_stream_busy(streams[stream as usize], busy)),
-            Op::EmptyCache => alloc.empty_cache().unwrap(),
+            Op::EmptyCache => {
+                // What the explanation said empty_cache would return is what it returns.
+                let (parts, before) = (alloc.reserved_parts(), alloc.memory_reserved());
+                alloc.empty_cache().unwrap();
+                prop_assert_eq!(before - alloc.memory_reserved(), parts.releasable, "{:?}", parts);
+            }
             Op::DeviceRefuses { n } => alloc.with_backend(|d| d.fail_next_reserves(n as u32)),
             Op::Fraction { percent } => alloc.set_per_process_memory_fraction(percent as f64 / 100.0).unwrap(),
             Op::ResetPeaks => alloc.reset_peak_memory_stats(),
             _ => {}
         }
         alloc.check_invariants().map_err(|e| TestCaseError::fail(format!("after {op:?}: {e}")))?;
+        // Every reserved byte is in exactly one part of the explanation.
+        let parts = alloc.reserved_parts();
+        parts.check().map_err(|e| TestCaseError::fail(format!("after {op:?}: {e}")))?;
+        prop_assert_eq!(parts.reserved, alloc.memory_reserved());
+        prop_assert_eq!(parts.allocated(), alloc.memory_allocated());
         // Live blocks never overlap one another.
         let mut spans: Vec<(u64, u64)> =
             live.iter().map(|(b, a)| (*a, alloc.block(*b).map(|v| v.size).unwrap_or(0))).collect();

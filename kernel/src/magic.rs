@@ -78,6 +78,11 @@ pub enum Magic {
     },
     /// `%gpumem budget SIZE|off`.
     Budget(Option<u64>),
+    /// `%gpumem fit SIZE`: would the session's recorded allocations fit on a device of SIZE
+    /// bytes, per policy and per cell, and the smallest device per policy.
+    Fit(u64),
+    /// `%gpumem explain`: every reserved byte of device 0, in parts that add up.
+    Explain,
     /// `%gpumem export FILE.csv|FILE.json`.
     Export(PathBuf, ExportFormat),
     /// `%gpumem reset`: forget this session's history (not the allocator's state).
@@ -106,7 +111,14 @@ impl Magic {
     pub fn runs_after_code(&self) -> bool {
         matches!(
             self,
-            Magic::History | Magic::Plot | Magic::Summary | Magic::Snapshot(_) | Magic::Export(..) | Magic::Diff(..)
+            Magic::History
+                | Magic::Plot
+                | Magic::Summary
+                | Magic::Snapshot(_)
+                | Magic::Export(..)
+                | Magic::Diff(..)
+                | Magic::Fit(_)
+                | Magic::Explain
         )
     }
 }
@@ -144,6 +156,19 @@ pub const COMMANDS: &[Command] = &[
         args: "A B",
         what: "compare two states allocation by allocation, by cell and owner; A, B: snapshot directories, `now`, or \
                cell numbers (what was live after that cell: needs `record on --stacks` from before it)",
+    },
+    Command {
+        verb: "fit",
+        args: "SIZE",
+        what: "would this session's recorded allocations (every source) fit on a device of SIZE (e.g. 24GiB)? per \
+               policy (default, expandable, compact) and per cell, with the first request that fails and the smallest \
+               device per policy (needs `record on` from the first cell)",
+    },
+    Command {
+        verb: "explain",
+        args: "",
+        what: "every reserved byte of device 0: requested, rounding, pending frees, cached free blocks by pool and \
+               size class, what empty_cache() returns, the largest free blocks, the CUDA pool beside it",
     },
     Command {
         verb: "record",
@@ -184,7 +209,7 @@ pub fn help_text() -> String {
     }
     out.push_str(
         "\nSettings (on, off, record, budget, reset, snapshot --on-oom) take effect before the cell's code runs; \
-         history, plot, summary, snapshot, diff and export run after it, so they include that cell.\n\
+         history, plot, summary, snapshot, diff, export, fit and explain run after it, so they include that cell.\n\
          A magic line that cannot be understood fails the cell (a UsageError naming the line, with the \
          usage) before anything of it runs, so Run All stops there as at a compile error.\n\
          Magic lines become `// %gpumem …` comments, so compiler line numbers stay right; \
@@ -274,6 +299,19 @@ fn parse_line_magic(args: &str) -> Result<Magic, String> {
         "on" => no_args(Magic::On),
         "off" => no_args(Magic::Off),
         "history" => no_args(Magic::History),
+        "explain" => no_args(Magic::Explain),
+        "fit" => match rest {
+            [] => Err("`fit` needs a device size (e.g. 24GiB, 80GiB, 16000000000)".into()),
+            words => {
+                // Allow a space between number and unit: `fit 24 GiB`.
+                let joined = words.join("");
+                match gpumem_nb::units::parse_size(&joined) {
+                    Some(0) => Err("`fit` needs a device of more than 0 bytes".into()),
+                    Some(b) => Ok(Magic::Fit(b)),
+                    None => Err(format!("bad size {joined:?} (write e.g. 24GiB, 512MiB, 1.5G or a number of bytes)")),
+                }
+            }
+        },
         "plot" => no_args(Magic::Plot),
         "summary" => no_args(Magic::Summary),
         "reset" => no_args(Magic::Reset),
@@ -447,6 +485,10 @@ mod tests {
             ("%gpumem budget 1.5G", Magic::Budget(Some(3 << 29))),
             ("%gpumem budget 512 MiB", Magic::Budget(Some(512 << 20))),
             ("%gpumem budget off", Magic::Budget(None)),
+            ("%gpumem fit 24GiB", Magic::Fit(24 << 30)),
+            ("%gpumem fit 24 GiB", Magic::Fit(24 << 30)),
+            ("%gpumem fit 1000000", Magic::Fit(1_000_000)),
+            ("%gpumem explain", Magic::Explain),
             ("%gpumem export h.csv", Magic::Export(PathBuf::from("h.csv"), ExportFormat::Csv)),
             ("%gpumem export dir/H.JSON", Magic::Export(PathBuf::from("dir/H.JSON"), ExportFormat::Json)),
             ("%gpumem record on", Magic::Record { on: true, max_entries: None, stacks: false }),
@@ -491,6 +533,10 @@ mod tests {
             ("%gpumem snapshot --on-oom a b", "one directory"),
             ("%gpumem snapshot --on-oomx a", "`--on-oom DIR|off`"),
             ("%gpumem diff 3", "two states"),
+            ("%gpumem fit", "needs a device size"),
+            ("%gpumem fit big", "bad size \"big\""),
+            ("%gpumem fit 0", "more than 0 bytes"),
+            ("%gpumem explain now", "takes no arguments"),
             ("%%gpumem --fast", "unknown option `--fast`"),
             ("%%gpumem --snapshot", "needs a directory"),
         ];
@@ -550,6 +596,7 @@ mod tests {
         assert!(Magic::History.runs_after_code());
         assert!(Magic::Snapshot(None).runs_after_code());
         assert!(Magic::Diff(DiffSide::Now, DiffSide::Cell(1)).runs_after_code());
+        assert!(Magic::Fit(1).runs_after_code() && Magic::Explain.runs_after_code());
         assert!(!Magic::OnOom(None).runs_after_code());
         assert!(!Magic::Budget(None).runs_after_code());
         assert!(!Magic::Record { on: true, max_entries: None, stacks: false }.runs_after_code());

@@ -380,3 +380,90 @@ fn diffs_and_out_of_memory_snapshots() {
     assert_eq!(result_text(&out, 7), (16u64 << 20).to_string(), "the kernel carries on");
     assert!(records(&out, 7)[0].get("oom").is_none(), "a later cell has no failure of its own");
 }
+
+/// The tour itself (notebooks/tour.ipynb, as users run it) on the simulated device: its
+/// `%gpumem explain` adds up to the allocator's reserved bytes and says what the next cell's
+/// `empty_cache()` returns; its `%gpumem fit 1GiB` fits under every policy with the numbers
+/// the session's allocations imply, and `gpumem_nb::plan::fit(512 MiB)` names the cell that fails.
+#[test]
+fn the_tour_explains_reserved_memory_and_plans_a_fit() {
+    let root = repo_root();
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("nb-tour");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("tour.ipynb");
+    let o = Command::new(env!("CARGO_BIN_EXE_gpumem-kernel"))
+        .args(["run", root.join("notebooks/tour.ipynb").to_str().unwrap(), "--output", out.to_str().unwrap()])
+        .env("GPUMEM_NB_DEVICE", "sim:8GiB")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{stderr}");
+    let nb: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let cells = nb["cells"].as_array().unwrap();
+    let find = |src: &str| cells.iter().position(|c| c["source"].as_str().is_some_and(|s| s.starts_with(src))).unwrap();
+    let json_of = |i: usize| -> Value {
+        outputs(&nb, i)
+            .iter()
+            .find_map(|o| o["data"].get("application/json").cloned())
+            .unwrap_or_else(|| panic!("cell {i} shows no JSON: {:?}", outputs(&nb, i)))
+    };
+    let mib = 1u64 << 20;
+
+    // %gpumem explain: the parts add up to the reserved bytes of the cell before's record.
+    let e = find("%gpumem explain");
+    let parts = &json_of(e)["parts"];
+    let n = |k: &str| parts[k].as_u64().unwrap();
+    let cached: u64 = parts["cached"].as_array().unwrap().iter().map(|c| c["bytes"].as_u64().unwrap()).sum();
+    assert_eq!(n("requested") + n("rounding") + n("pending_free") + cached, n("reserved"), "{parts}");
+    let temporary = records(&nb, find("// A temporary"))[0];
+    assert_eq!(n("reserved"), temporary["allocator"]["reserved"]["after"].as_u64().unwrap());
+    assert_eq!(n("requested") + n("rounding"), temporary["allocator"]["allocated"]["after"].as_u64().unwrap());
+    assert_eq!(temporary["allocator"]["explain"], *parts, "the temporary cell's record has the same split");
+    // x (256 MiB) and y (32 MiB) from sections 3 and 4, keep (1 + 2 + 3 + 4 MiB) from section 7.
+    assert_eq!(n("requested"), (256 + 32 + 10) * mib);
+    assert!(n("releasable") >= 256 * mib, "the temporary's segment is whole and free: {parts}");
+    let text = outputs(&nb, e).iter().find_map(|o| o["data"]["text/plain"].as_str()).unwrap();
+    assert!(text.contains("empty_cache() returns") && text.contains("= reserved"), "{text}");
+    // The next cell's empty_cache() returns what explain said, and its record agrees.
+    let ec = find("let before = alloc.memory_reserved();");
+    assert_eq!(result_text(&nb, ec), n("releasable").to_string());
+    let rec = records(&nb, ec)[0];
+    let delta = rec["allocator"]["reserved"]["after"].as_i64().unwrap()
+        - rec["allocator"]["reserved"]["before"].as_i64().unwrap();
+    assert_eq!(-delta, n("releasable") as i64);
+    // Every cell's record carries the split too.
+    let ex = &rec["allocator"]["explain"];
+    assert_eq!(ex["reserved"], rec["allocator"]["reserved"]["after"], "{ex}");
+    assert_eq!(ex["releasable"], 0, "just emptied");
+
+    // %gpumem fit 1GiB: fits under every policy; the live peak is what the session held at
+    // once: x and y (made before recording: placed first), keep, and the 256 MiB temporary.
+    let plan = json_of(find("%gpumem fit 1GiB"));
+    assert_eq!(plan["device_bytes"], 1024 * mib);
+    assert_eq!(plan["live_peak"], (256 + 32 + 10 + 256) * mib, "{plan}");
+    assert_eq!(plan["before_recording"], serde_json::json!([2, (256 + 32) * mib]));
+    let policies = plan["policies"].as_array().unwrap();
+    let names: Vec<&str> = policies.iter().map(|p| p["policy"].as_str().unwrap()).collect();
+    assert_eq!(names, ["default", "expandable", "compact"]);
+    for p in policies {
+        assert_eq!(p["fits"], true, "{p}");
+        let min = p["min_device_bytes"].as_u64().unwrap();
+        assert!(min >= (256 + 32 + 10 + 256) * mib && min <= 1024 * mib && min % (2 * mib) == 0, "{p}");
+    }
+    let label_of = |src: &str| format!("cell {}", cells[find(src)]["execution_count"]);
+    let (timeline_label, temp_label) = (label_of("%%gpumem --timeline"), label_of("// A temporary"));
+    let labels: Vec<&str> = plan["cells"].as_array().unwrap().iter().map(|c| c["label"].as_str().unwrap()).collect();
+    for l in ["before recording", timeline_label.as_str(), temp_label.as_str()] {
+        assert!(labels.contains(&l), "{l}: {labels:?}");
+    }
+    // gpumem_nb::plan::fit from code, on 512 MiB: the temporary's cell is where it fails.
+    let lib = find("gpumem_nb::plan::fit(512 << 20)?");
+    let text = outputs(&nb, lib)
+        .iter()
+        .find_map(|o| o["data"]["text/plain"].as_str())
+        .unwrap_or_else(|| panic!("{:?}", outputs(&nb, lib)));
+    assert!(text.contains(&format!("{temp_label}: ")) && text.contains("no ("), "{text}");
+    assert!(!text.contains("yes"), "no policy fits 512 MiB: {text}");
+    assert!(text.contains("Not modelled: the CUDA context"), "{text}");
+}

@@ -2,10 +2,10 @@
 # Runs on the GPU machine, in the repository root, with the bundle from scripts/gpu-check.sh in
 # .gpu-bundle/. Writes results under $OUT (default ./gpu-out).
 #
-#     bash scripts/gpu/run.sh [PART...]      PART: bench history snapshots checks tests track hooks
+#     bash scripts/gpu/run.sh [PART...]      PART: bench history snapshots checks tests track hooks fit
 #                                           (default: all of them, in that order)
 set -uo pipefail
-PARTS="${*:-bench history snapshots checks tests track hooks}"
+PARTS="${*:-bench history snapshots checks tests track hooks fit}"
 want() { [[ " $PARTS " == *" $1 "* ]]; }
 OUT="${OUT:-$PWD/gpu-out}"
 mkdir -p "$OUT"
@@ -21,16 +21,20 @@ echo "parts: $PARTS"
 CUDA_HOME="${CUDA_HOME:-$(ls -d /usr/local/cuda* 2>/dev/null | head -1)}"
 
 if want bench; then
-echo "== gpumem-nb criterion benchmark (simulated device: policy + front, CPU only)"
-"$B/alloc-bench" --bench --warm-up-time 1 --measurement-time 3 2>&1 | grep -E "^(hot|mixed)|time:" | grep -v "%" | tee "$OUT/gpumem_bench.txt"
-
-echo "== PyTorch C++ allocator and CUDA driver, same workloads"
+echo "== allocator benchmarks, three runs: PyTorch's C++ allocator and the CUDA driver, gpumem-nb timed the"
+echo "   same way (examples/alloc_pairs.rs), gpumem-nb's criterion benchmark; medians by scripts/gpu/bench_median.py"
 TORCH=$(python3 -c 'import torch, os; print(os.path.dirname(torch.__file__))')
 g++ -O2 -std=c++17 -D_GLIBCXX_USE_CXX11_ABI=1 scripts/gpu/alloc_bench.cpp \
     -I"$TORCH/include" -I"$CUDA_HOME/include" \
     -L"$TORCH/lib" -lc10 -lc10_cuda -L"$CUDA_HOME/lib64" -L"$CUDA_HOME/lib64/stubs" -lcudart -lcuda \
-    -Wl,-rpath,"$TORCH/lib" -o /tmp/alloc_bench && \
-  LD_LIBRARY_PATH="$TORCH/lib:${LD_LIBRARY_PATH:-}" /tmp/alloc_bench 200000 7 | tee "$OUT/torch_driver_bench.jsonl"
+    -Wl,-rpath,"$TORCH/lib" -o /tmp/alloc_bench
+for run in 1 2 3; do
+  echo "-- run $run"
+  LD_LIBRARY_PATH="$TORCH/lib:${LD_LIBRARY_PATH:-}" /tmp/alloc_bench 200000 7 | tee "$OUT/torch_driver_bench_run$run.jsonl"
+  "$B/alloc_pairs" 200000 7 | tee "$OUT/gpumem_pairs_run$run.jsonl"
+  "$B/alloc-bench" --bench --warm-up-time 1 --measurement-time 3 2>&1 | grep -E "^(hot|mixed)|time:" | grep -v "%" | tee "$OUT/gpumem_bench_run$run.txt"
+done
+python3 scripts/gpu/bench_median.py "$OUT" | tee "$OUT/bench_median.txt"
 fi
 
 if want history && [ -x "$B/history-bench" ]; then
@@ -104,4 +108,14 @@ for l in sys.stdin:
     echo "== per-cell hook overhead (kernel/tests/overhead.rs)"
     "$B/kernel-overhead" --ignored --nocapture hook_overhead 2>&1 | grep '^{' | tee "$OUT/hook_overhead.json"
   fi
+fi
+
+if want fit && [ -x "$B/gpumem-replay" ]; then
+  echo "== PyTorch snapshots recorded here (scripts/gpu/record_snapshots.py), replayed by gpumem-replay to PyTorch's peaks,"
+  echo "   and --fit at PyTorch's reserved peak and 256 MiB under its allocated peak (default and compact)"
+  python3 scripts/gpu/record_snapshots.py "$OUT/snapshots" --scale small --replay "$B/gpumem-replay"
+  echo "record_snapshots small exit status $?"
+  python3 scripts/gpu/record_snapshots.py "$OUT/snapshots-full" --scale full --only convnet_varbatch --replay "$B/gpumem-replay"
+  echo "record_snapshots full exit status $?"
+  find "$OUT/snapshots-full" -name '*.pickle' -size +50M -delete  # too large to bring back; the JSON keeps PyTorch's numbers
 fi

@@ -1,32 +1,43 @@
-//! `gpumem-replay TRACE [--alloc-conf STR] [--device-total BYTES] [--sequence] [--json] [--snapshot DIR]`
+//! `gpumem-replay TRACE [--alloc-conf STR] [--device-total SIZE] [--sequence] [--json]
+//! [--snapshot DIR] [--fit SIZE] [--explain]`
 //!
-//! Replays a recorded PyTorch allocator trace (`.tsv` / `.tsv.gz`, see `shared/traces`)
-//! through gpumem-nb's caching policy on the replay device, and prints the peaks, device
-//! counters, the sizes of every new segment in order, and the full `memory_stats()`.
+//! TRACE is a recorded PyTorch allocator trace (`.tsv` / `.tsv.gz`, see `shared/traces`), a
+//! snapshot pickle written by `torch.cuda.memory._dump_snapshot` after
+//! `_record_memory_history(enabled="all")`, or one of gpumem-nb's own snapshots (a directory
+//! written by `Snapshot::save`, its `snapshot.pickle` or `snapshot.json`): the format is told by
+//! the content. Every device of a snapshot is replayed.
 //!
-//! Under `compact:True` (our policy) only the trace's allocations and frees are replayed, on a
-//! simulated device of the trace's memory (`total_memory` in the sidecar, else
-//! `--device-total`, else 80 GiB): PyTorch's segment events do not apply. The output adds the
-//! requested peak, PyTorch's reserved peak in the trace and the ratio of ours to it.
-//! `--sequence` replays that way under any policy (e.g. PyTorch's expandable segments for a
-//! trace recorded without them).
+//! It replays the trace through gpumem-nb's caching policy on the replay device and prints the
+//! peaks, device counters, the sizes of every new segment in order, and the full
+//! `memory_stats()`. Under `compact:True` (our policy), or with `--sequence`, only the trace's
+//! allocations and frees are replayed, on a simulated device of the trace's memory.
 //!
-//! The allocator configuration is, in order: `--alloc-conf`, the trace's sidecar
-//! `<name>.json` (`alloc_conf`), `GPUMEM_NB_ALLOC_CONF`, the default.
-//! `--snapshot DIR` also writes `snapshot.pickle` (for pytorch.org/memory_viz and
-//! `python -m torch.cuda._memory_viz`), `snapshot.json` and `trace_plot.html` (offline) for the
-//! replayed trace.
+//! `--fit SIZE` (bytes, or `24GiB`) replays the program on a device of SIZE under the policy
+//! of `--alloc-conf` (default: the recorded one) with PyTorch's out-of-memory path, and says
+//! whether it fits, which request fails first (with its site when a stack was recorded), the
+//! smallest device it fits on under that policy and under each of default, expandable segments
+//! and compact (`gpumem_nb::replay::fit`). `--explain` splits the reserved bytes at the
+//! reserved peak and at the end into parts that add up (`gpumem_nb::ReservedParts`).
 //!
-//! Bad input is one line on stderr naming the file and line, and exit status 2.
+//! The recorded allocator configuration is, in order: the trace's sidecar `<name>.json`
+//! (`alloc_conf`), a snapshot's `allocator_settings`, `GPUMEM_NB_ALLOC_CONF`, the default;
+//! `--alloc-conf` replaces it (for `--fit`: it is the policy planned under).
+//! `--snapshot DIR` also writes `snapshot.pickle`, `snapshot.json` and `trace_plot.html`.
+//!
+//! Bad input is one line on stderr naming the file (and line or event), and exit status 2.
 
-use gpumem_nb::AllocatorConfig;
-use gpumem_nb::replay::{ReplayOptions, read_trace, replay, replay_sequence, trace_reserved_peak};
+use gpumem_nb::replay::fit::{self, Program, RunOptions};
+use gpumem_nb::replay::{
+    DeviceTrace, Recording, ReplayOptions, TraceError, read_recording, replay, replay_sequence, trace_reserved_peak,
+};
 use gpumem_nb::units::iec;
+use gpumem_nb::{AllocatorConfig, ReservedParts};
+use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-const USAGE: &str =
-    "usage: gpumem-replay TRACE [--alloc-conf STR] [--device-total BYTES] [--sequence] [--json] [--snapshot DIR]";
+const USAGE: &str = "usage: gpumem-replay TRACE [--alloc-conf STR] [--device-total SIZE] [--sequence] [--json] \
+                     [--snapshot DIR] [--fit SIZE] [--explain]";
 
 struct Args {
     trace: PathBuf,
@@ -35,26 +46,37 @@ struct Args {
     json: bool,
     sequence: bool,
     snapshot: Option<PathBuf>,
+    fit: Option<u64>,
+    explain: bool,
+}
+
+fn size_arg(it: &mut impl Iterator<Item = String>, opt: &str) -> Result<u64, String> {
+    let v = it.next().ok_or(format!("{opt} needs a size (bytes, or e.g. 24GiB)"))?;
+    gpumem_nb::units::parse_size(&v).ok_or(format!("{opt}: bad size '{v}' (bytes, or e.g. 24GiB, 512MiB)"))
 }
 
 fn parse_args() -> Result<Args, String> {
+    let mut a = Args {
+        trace: PathBuf::new(),
+        alloc_conf: None,
+        device_total: None,
+        json: false,
+        sequence: false,
+        snapshot: None,
+        fit: None,
+        explain: false,
+    };
     let mut trace = None;
-    let mut alloc_conf = None;
-    let mut device_total = None;
-    let mut json = false;
-    let mut sequence = false;
-    let mut snapshot = None;
     let mut it = std::env::args().skip(1);
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--json" => json = true,
-            "--sequence" => sequence = true,
-            "--snapshot" => snapshot = Some(PathBuf::from(it.next().ok_or("--snapshot needs a directory")?)),
-            "--alloc-conf" => alloc_conf = Some(it.next().ok_or("--alloc-conf needs a value")?),
-            "--device-total" => {
-                let v = it.next().ok_or("--device-total needs a value")?;
-                device_total = Some(gpumem_nb::units::parse_size(&v).ok_or(format!("--device-total: bad size '{v}'"))?);
-            }
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--json" => a.json = true,
+            "--sequence" => a.sequence = true,
+            "--explain" => a.explain = true,
+            "--snapshot" => a.snapshot = Some(PathBuf::from(it.next().ok_or("--snapshot needs a directory")?)),
+            "--alloc-conf" => a.alloc_conf = Some(it.next().ok_or("--alloc-conf needs a value")?),
+            "--device-total" => a.device_total = Some(size_arg(&mut it, "--device-total")?),
+            "--fit" => a.fit = Some(size_arg(&mut it, "--fit")?),
             "-h" | "--help" => return Err(String::new()),
             s if s.starts_with('-') => return Err(format!("unknown option '{s}'")),
             s => {
@@ -64,162 +86,404 @@ fn parse_args() -> Result<Args, String> {
             }
         }
     }
-    let trace = trace.ok_or("missing TRACE")?;
-    Ok(Args { trace, alloc_conf, device_total, json, sequence, snapshot })
+    a.trace = trace.ok_or("missing TRACE")?;
+    Ok(a)
 }
 
-/// The `<name>.json` beside `<name>.trace.tsv[.gz]`, if any.
-fn sidecar(trace: &Path) -> Option<serde_json::Value> {
+/// The `<name>.json` beside `<name>.trace.tsv[.gz]` (or `<name>.pickle`), if any.
+fn sidecar(trace: &Path) -> Option<Value> {
     let name = trace.file_name()?.to_str()?;
     let stem = name.split(".trace.").next().filter(|s| *s != name).or_else(|| name.split('.').next())?;
-    let text = std::fs::read_to_string(trace.with_file_name(format!("{stem}.json"))).ok()?;
-    serde_json::from_str(&text).ok()
+    let path = trace.with_file_name(format!("{stem}.json"));
+    if path == trace {
+        return None;
+    }
+    serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
 }
 
-fn run(args: Args) -> Result<(), String> {
-    let side = sidecar(&args.trace);
-    let (conf, source) = if let Some(c) = args.alloc_conf.clone() {
-        (c, "--alloc-conf")
-    } else if let Some(c) = side.as_ref().and_then(|s| s["alloc_conf"].as_str()) {
+/// Everything read before replaying.
+struct Input {
+    rec: Recording,
+    path: String,
+    /// The configuration the program was recorded under, and where it came from.
+    recorded: (String, &'static str),
+    /// The configuration to replay (or plan) under, and where it came from.
+    conf: (String, &'static str),
+    device_total: u64,
+}
+
+fn load(args: &Args) -> Result<Input, String> {
+    let rec = read_recording(&args.trace).map_err(|e| e.to_string())?;
+    let side =
+        if rec.kind == gpumem_nb::replay::InputKind::Tsv || args.trace.is_file() { sidecar(&args.trace) } else { None };
+    let recorded = if let Some(c) = side.as_ref().and_then(|s| s["alloc_conf"].as_str()) {
         (c.to_string(), "trace sidecar .json")
-    } else if let Ok(c) = std::env::var(gpumem_nb::AllocatorConfig::ENV_VAR) {
+    } else if let Some(c) = &rec.alloc_conf {
+        (c.clone(), "snapshot allocator_settings")
+    } else if let Ok(c) = std::env::var(AllocatorConfig::ENV_VAR) {
         (c, "GPUMEM_NB_ALLOC_CONF")
     } else {
         (String::new(), "default")
     };
-    let config = AllocatorConfig::parse(&conf).map_err(|e| format!("{source}: {e}"))?;
+    let conf = match &args.alloc_conf {
+        Some(c) => (c.clone(), "--alloc-conf"),
+        None => recorded.clone(),
+    };
     let device_total = args
         .device_total
         .or_else(|| side.as_ref().and_then(|s| s["total_memory"].as_u64()))
         .unwrap_or(ReplayOptions::default().device_total);
-    let events = read_trace(&args.trace).map_err(|e| e.to_string())?;
-    let path = args.trace.display().to_string();
-    let keep_history = args.snapshot.is_some();
-    let opts = ReplayOptions { config, device_total, keep_history };
-    if opts.config.compact || args.sequence {
-        return run_sequence(&args, &events, &opts, &path, &conf, source);
+    Ok(Input { path: args.trace.display().to_string(), rec, recorded, conf, device_total })
+}
+
+fn config(conf: &(String, &'static str)) -> Result<AllocatorConfig, String> {
+    AllocatorConfig::parse(&conf.0).map_err(|e| format!("{}: {e}", conf.1))
+}
+
+fn run(args: Args) -> Result<(), String> {
+    let input = load(&args)?;
+    let mut devices = Vec::new();
+    let mut text = Vec::new();
+    for trace in &input.rec.devices {
+        let (j, t) = device(&args, &input, trace)?;
+        devices.push(j);
+        text.push(t);
     }
-    let r = replay(&events, &opts, &path).map_err(|e| e.to_string())?;
-    let files = write_snapshot(&args, || r.snapshot())?;
-    let pytorch_peak = trace_reserved_peak(&events);
     if args.json {
-        let out = serde_json::json!({
-            "trace": path, "alloc_conf": conf, "alloc_conf_source": source,
-            "device": "replay",
-            "events": r.events,
-            "allocated_peak": r.allocated_peak,
-            "reserved_peak": r.reserved_peak,
-            "requested_peak": r.stats["requested_bytes.all.peak"],
-            "pytorch_reserved_peak": pytorch_peak,
-            "reserved_ratio": r.reserved_peak as f64 / pytorch_peak.max(1) as f64,
-            "num_device_alloc": r.num_device_alloc,
-            "num_device_free": r.num_device_free,
-            "segment_sizes": r.segment_sizes,
-            "segment_sizes_match_trace": r.segment_sizes == r.trace_segment_sizes,
-            "divergences": r.divergences,
-            "first_divergence": r.first_divergence,
-            "address_mismatches": r.address_mismatches,
-            "releases_explained_by": {"malloc": r.strategies[0], "oom_path": r.strategies[1], "empty_cache": r.strategies[2]},
-            "stats": r.stats,
-            "snapshot": files_json(files.as_ref()),
+        // The first device's numbers at the top (the fixed interface), every device in `devices`.
+        let mut out = json!({
+            "trace": input.path,
+            "input": input.rec.kind.name(),
+            "alloc_conf": input.conf.0,
+            "alloc_conf_source": input.conf.1,
         });
+        if let (Value::Object(top), Some(Value::Object(first))) = (&mut out, devices.first()) {
+            for (k, v) in first {
+                top.insert(k.clone(), v.clone());
+            }
+        }
+        out["devices"] = Value::Array(devices);
         println!("{out}");
     } else {
-        println!("trace           {path} ({} events)", r.events);
-        println!("alloc conf      {:?} ({source})", conf);
-        println!("allocated peak  {} ({} bytes)", iec(r.allocated_peak as u64), r.allocated_peak);
-        println!("reserved peak   {} ({} bytes)", iec(r.reserved_peak as u64), r.reserved_peak);
-        println!("device allocs   {}   device frees {}", r.num_device_alloc, r.num_device_free);
-        println!(
-            "segments        {} new, {} the trace's sizes in order",
-            r.segment_sizes.len(),
-            if r.segment_sizes == r.trace_segment_sizes { "matching" } else { "NOT matching" }
-        );
-        match &r.first_divergence {
-            None => println!("divergences     none: every device event matches the trace"),
-            Some(d) => println!("divergences     {} (first: {d})", r.divergences),
-        }
-        if let Some(f) = &files {
-            println!("snapshot        {}", f.pickle.display());
-            println!("                {}", f.json.display());
-            println!("                {}", f.html.display());
+        println!("trace           {} ({}, {} device(s))", input.path, input.rec.kind.name(), input.rec.devices.len());
+        println!("alloc conf      {:?} ({})", input.conf.0, input.conf.1);
+        for (trace, t) in input.rec.devices.iter().zip(text) {
+            if input.rec.devices.len() > 1 {
+                println!("-- device {}", trace.device);
+            }
+            print!("{t}");
         }
     }
     Ok(())
 }
 
-/// Writes `--snapshot DIR`'s files, when asked for.
-fn write_snapshot(
-    args: &Args,
-    snapshot: impl FnOnce() -> gpumem_nb::Snapshot,
-) -> Result<Option<gpumem_nb::SnapshotFiles>, String> {
-    args.snapshot.as_ref().map(|dir| snapshot().save(dir).map_err(|e| e.to_string())).transpose()
-}
-
-/// The snapshot's files as JSON, if one was written.
-fn files_json(files: Option<&gpumem_nb::SnapshotFiles>) -> serde_json::Value {
-    files.map_or(serde_json::Value::Null, |f| serde_json::json!({"pickle": f.pickle, "json": f.json, "html": f.html}))
-}
-
-/// Under `compact:True` or with `--sequence`: the trace's allocations and frees on a simulated
-/// device.
-fn run_sequence(
-    args: &Args,
-    events: &[gpumem_nb::replay::TraceLine],
-    opts: &ReplayOptions,
-    path: &str,
-    conf: &str,
-    source: &str,
-) -> Result<(), String> {
-    let r = replay_sequence(events, opts, path).map_err(|e| e.to_string())?;
-    let files = write_snapshot(args, || r.snapshot())?;
-    if args.json {
-        let out = serde_json::json!({
-            "trace": path, "alloc_conf": conf, "alloc_conf_source": source,
-            "device": "simulated",
-            "device_total": opts.device_total,
-            "replay": "sequence",
-            "events": r.events,
-            "allocated_peak": r.allocated_peak,
-            "reserved_peak": r.reserved_peak,
-            "requested_peak": r.requested_peak,
-            "pytorch_reserved_peak": r.pytorch_reserved_peak,
-            "reserved_ratio": r.reserved_ratio(),
-            "num_device_alloc": r.num_device_alloc,
-            "num_device_free": r.num_device_free,
-            "segment_sizes": r.segment_sizes,
-            "failed_allocs": r.failed_allocs,
-            "skipped_ooms": r.skipped_ooms,
-            "stats": r.stats,
-            "snapshot": files_json(files.as_ref()),
-        });
-        println!("{out}");
+/// Replays (and plans, explains) one device; its JSON object and its text.
+fn device(args: &Args, input: &Input, trace: &DeviceTrace) -> Result<(Value, String), String> {
+    let recorded = config(&input.recorded)?;
+    let conf = config(&input.conf)?;
+    let events = &trace.events;
+    let opts =
+        ReplayOptions { config: conf.clone(), device_total: input.device_total, keep_history: args.snapshot.is_some() };
+    let mut out = json!({"device_index": trace.device});
+    let snap_input = input.rec.kind != gpumem_nb::replay::InputKind::Tsv;
+    let err = |e: gpumem_nb::replay::TraceError| {
+        let e = gpumem_nb::replay::TraceError { path: input.path.clone(), ..e };
+        if snap_input { e.on_device(trace.device).to_string() } else { e.to_string() }
+    };
+    let mut text = String::new();
+    let sequence = conf.compact || args.sequence;
+    // The exact replay, under the recorded policy (unless that is not PyTorch's): it says where
+    // the program called empty_cache().
+    let exact = if recorded.compact || (sequence && !args.explain && args.fit.is_none()) {
+        None
     } else {
+        let o =
+            ReplayOptions { config: recorded.clone(), keep_history: opts.keep_history && !sequence, ..opts.clone() };
+        Some(replay(events, &o, &input.path).map_err(err)?)
+    };
+    if sequence {
+        let r = replay_sequence(events, &opts, &input.path).map_err(err)?;
+        let files = write_snapshot(args, trace.device, || r.snapshot())?;
+        merge(
+            &mut out,
+            json!({
+                "device": "simulated",
+                "device_total": opts.device_total,
+                "replay": "sequence",
+                "events": r.events,
+                "allocated_peak": r.allocated_peak,
+                "reserved_peak": r.reserved_peak,
+                "requested_peak": r.requested_peak,
+                "pytorch_reserved_peak": r.pytorch_reserved_peak,
+                "reserved_ratio": r.reserved_ratio(),
+                "num_device_alloc": r.num_device_alloc,
+                "num_device_free": r.num_device_free,
+                "segment_sizes": r.segment_sizes,
+                "failed_allocs": r.failed_allocs,
+                "skipped_ooms": r.skipped_ooms,
+                "stats": r.stats,
+                "snapshot": files_json(files.as_ref()),
+            }),
+        );
         let pct = |x: i64, of: u64| 100.0 * (x as f64 / of.max(1) as f64 - 1.0);
-        println!("trace           {path} ({} events, allocations and frees only)", r.events);
-        println!("alloc conf      {conf:?} ({source}), simulated device of {}", iec(opts.device_total));
-        println!("requested peak  {} ({} bytes)", iec(r.requested_peak as u64), r.requested_peak);
-        println!("allocated peak  {} ({} bytes)", iec(r.allocated_peak as u64), r.allocated_peak);
-        println!(
-            "reserved peak   {} ({} bytes, {:+.2} % over requested)",
+        text += &format!("events          {} (allocations and frees only)\n", r.events);
+        text += &format!("device          simulated, {}\n", iec(opts.device_total));
+        text += &format!("requested peak  {} ({} bytes)\n", iec(r.requested_peak as u64), r.requested_peak);
+        text += &format!("allocated peak  {} ({} bytes)\n", iec(r.allocated_peak as u64), r.allocated_peak);
+        text += &format!(
+            "reserved peak   {} ({} bytes, {:+.2} % over requested)\n",
             iec(r.reserved_peak as u64),
             r.reserved_peak,
             pct(r.reserved_peak, r.requested_peak as u64)
         );
-        println!(
-            "PyTorch         {} reserved in the trace; ours is {:.4} of it",
+        text += &format!(
+            "PyTorch         {} reserved in the trace; ours is {:.4} of it\n",
             iec(r.pytorch_reserved_peak),
             r.reserved_ratio()
         );
-        println!("device maps     {}   unmaps {}", r.num_device_alloc, r.num_device_free);
+        text += &format!("device maps     {}   unmaps {}\n", r.num_device_alloc, r.num_device_free);
         if r.failed_allocs + r.skipped_ooms > 0 {
-            println!("not placed      {} (and {} oom lines skipped)", r.failed_allocs, r.skipped_ooms);
+            text += &format!("not placed      {} (and {} oom lines skipped)\n", r.failed_allocs, r.skipped_ooms);
         }
         if let Some(f) = &files {
-            println!("snapshot        {}", f.pickle.display());
+            text += &format!("snapshot        {}\n", f.pickle.display());
+        }
+    } else if let Some(r) = &exact {
+        let files = write_snapshot(args, trace.device, || r.snapshot())?;
+        let pytorch_peak = trace_reserved_peak(events);
+        merge(
+            &mut out,
+            json!({
+                "device": "replay",
+                "events": r.events,
+                "allocated_peak": r.allocated_peak,
+                "reserved_peak": r.reserved_peak,
+                "requested_peak": r.stats["requested_bytes.all.peak"],
+                "pytorch_reserved_peak": pytorch_peak,
+                "reserved_ratio": r.reserved_peak as f64 / pytorch_peak.max(1) as f64,
+                "num_device_alloc": r.num_device_alloc,
+                "num_device_free": r.num_device_free,
+                "segment_sizes": r.segment_sizes,
+                "segment_sizes_match_trace": r.segment_sizes == r.trace_segment_sizes,
+                "divergences": r.divergences,
+                "first_divergence": r.first_divergence,
+                "address_mismatches": r.address_mismatches,
+                "releases_explained_by": {"malloc": r.strategies[0], "oom_path": r.strategies[1], "empty_cache": r.strategies[2]},
+                "stats": r.stats,
+                "snapshot": files_json(files.as_ref()),
+            }),
+        );
+        text += &format!("events          {}\n", r.events);
+        text += &format!("allocated peak  {} ({} bytes)\n", iec(r.allocated_peak as u64), r.allocated_peak);
+        text += &format!("reserved peak   {} ({} bytes)\n", iec(r.reserved_peak as u64), r.reserved_peak);
+        text += &format!("device allocs   {}   device frees {}\n", r.num_device_alloc, r.num_device_free);
+        text += &format!(
+            "segments        {} new, {} the trace's sizes in order\n",
+            r.segment_sizes.len(),
+            if r.segment_sizes == r.trace_segment_sizes { "matching" } else { "NOT matching" }
+        );
+        match &r.first_divergence {
+            None => text += "divergences     none: every device event matches the trace\n",
+            Some(d) => text += &format!("divergences     {} (first: {d})\n", r.divergences),
+        }
+        if let Some(f) = &files {
+            text += &format!(
+                "snapshot        {}\n                {}\n                {}\n",
+                f.pickle.display(),
+                f.json.display(),
+                f.html.display()
+            );
         }
     }
-    Ok(())
+    if !trace.foreign.is_empty() {
+        let p = trace.source_peaks();
+        out["sources"] = json!({"allocator_reserved_peak": p.allocator, "others_peak": p.others, "all_peak": p.all});
+        let others: Vec<String> = p.others.iter().map(|(k, v)| format!("{k} {}", iec(*v))).collect();
+        text += &format!(
+            "other sources   {} (peaks, as recorded); all sources together peaked at {}\n",
+            others.join(", "),
+            iec(p.all)
+        );
+    }
+    if trace.skipped > 0 {
+        out["skipped_entries"] = json!(trace.skipped);
+    }
+    let program = Program::new(
+        trace,
+        exact.as_ref().map(|r| r.empty_cache_before.clone()).unwrap_or_default(),
+        input.device_total,
+    );
+    if args.explain {
+        let (j, t) = explain(&program, &conf).map_err(err)?;
+        out["explain"] = j;
+        text += &t;
+    }
+    if let Some(size) = args.fit {
+        let (j, t) =
+            plan(&program, &conf, &input.conf.0, size, if snap_input { "event" } else { "line" }).map_err(err)?;
+        merge(&mut out, j);
+        text += &t;
+    }
+    Ok((out, text))
+}
+
+fn merge(out: &mut Value, add: Value) {
+    if let (Value::Object(o), Value::Object(a)) = (out, add) {
+        o.extend(a);
+    }
+}
+
+/// `--explain`: the reserved bytes' parts at the reserved peak and at the end.
+fn explain(program: &Program<'_>, conf: &AllocatorConfig) -> Result<(Value, String), TraceError> {
+    let events = &program.trace().events;
+    let first = fit::run(program, conf, None)?;
+    let peak = first.reserved_peak_event.unwrap_or(0);
+    let r = fit::run_with(program, conf, &RunOptions { capacity: None, explain_at: vec![peak, events.len()] })?;
+    // The next large (> 1 MiB) request after the peak: can the cache serve it?
+    let next = events[peak + 1..].iter().find(|e| e.action == gpumem_nb::TraceAction::Alloc && e.size > 1 << 20);
+    let mut j = json!({});
+    let mut text = String::new();
+    for (at, parts) in &r.explained {
+        let (key, title) = if *at == peak {
+            ("at_reserved_peak", format!("at the reserved peak (after event {})", events[*at].line))
+        } else {
+            ("at_end", "at the end".to_string())
+        };
+        let mut o =
+            json!({"event": events.get(*at).map(|e| e.line), "parts": parts, "kept_by_live_segments": parts.kept()});
+        text += &format!("explained       {title}\n{}", parts_text(parts));
+        if *at == peak
+            && let Some(n) = next
+        {
+            o["next_large_request"] =
+                json!({"event": n.line, "size": n.size, "served_from_cache": parts.serves(n.size)});
+            text += &format!(
+                "                next large request: {} (event {}), {} from the cache (largest free block {})\n",
+                iec(n.size),
+                n.line,
+                if parts.serves(n.size) { "can be served" } else { "cannot be served" },
+                iec(parts.largest_free_large)
+            );
+        }
+        j[key] = o;
+    }
+    j["policy"] = json!(if conf.compact {
+        "compact"
+    } else if conf.expandable_segments {
+        "expandable"
+    } else {
+        "default"
+    });
+    Ok((j, text))
+}
+
+fn parts_text(p: &ReservedParts) -> String {
+    let mut t = format!(
+        "                reserved {} = requested {} + rounding {} + pending frees {} + cached free {}\n",
+        iec(p.reserved),
+        iec(p.requested),
+        iec(p.rounding),
+        iec(p.pending_free),
+        iec(p.cached_bytes())
+    );
+    for c in &p.cached {
+        t += &format!(
+            "                  cached {} pool {:<22} {:>6} blocks {:>12}\n",
+            c.pool,
+            c.label(),
+            c.blocks,
+            iec(c.bytes)
+        );
+    }
+    t += &format!(
+        "                empty_cache() would return {}; {} stays (free space in segments with live blocks)\n",
+        iec(p.releasable),
+        iec(p.kept())
+    );
+    t
+}
+
+/// `--fit SIZE`: the run on SIZE, the smallest device under the chosen policy, and the smallest
+/// under each of the three policies.
+fn plan(
+    program: &Program<'_>,
+    conf: &AllocatorConfig,
+    conf_text: &str,
+    size: u64,
+    event_word: &str,
+) -> Result<(Value, String), TraceError> {
+    let r = fit::run(program, conf, Some(size))?;
+    let search = fit::min_device(program, conf)?;
+    let mut by_policy = serde_json::Map::new();
+    let mut table = String::new();
+    for (name, c) in fit::POLICIES {
+        let pc = AllocatorConfig::parse(c).map_err(|e| TraceError::file("", e.to_string()))?;
+        let s = if c == conf_text { search.clone() } else { fit::min_device(program, &pc)? };
+        table += &format!(
+            "                {name:<11} {:>12} smallest device   (on a larger device it reserves {} at its peak)\n",
+            iec(s.min_device_bytes),
+            iec(s.unconstrained.reserved_peak)
+        );
+        by_policy.insert(
+            name.to_string(),
+            json!({"alloc_conf": c, "min_device_bytes": s.min_device_bytes, "unconstrained_reserved_peak": s.unconstrained.reserved_peak}),
+        );
+    }
+    let j = json!({
+        "fit": {"device_bytes": size, "policy": conf_text, "device_peak": r.device_peak, "allocated_peak": r.allocated_peak,
+                "requested_peak": r.requested_peak, "failures": r.failures, "num_alloc_retries": r.num_alloc_retries,
+                "skipped_ooms": r.skipped_ooms, "search": {"does_not_fit": search.does_not_fit, "live_peak": search.live_peak,
+                "granularity": fit::GRANULARITY, "probes": search.probes, "assumes": "fitting is monotone in the device size"},
+                "min_device_by_policy": by_policy,
+                "modelled": "the program's allocations and frees, its empty_cache() calls, other sources' tracked allocations at 2 MiB granularity, PyTorch's out-of-memory path",
+                "not_modelled": "the CUDA context, other processes, NCCL and other untracked library memory, the CUDA pool's own caching, CUDA graphs"},
+        "fits": r.fits,
+        "first_failure": r.first_failure,
+        "min_device_bytes": search.min_device_bytes,
+        "reserved_peak": r.reserved_peak,
+    });
+    let mut text = format!(
+        "fit             on {}: {} (reserved peak {}, device peak {})\n",
+        iec(size),
+        if r.fits { "fits".to_string() } else { format!("does NOT fit, {} request(s) fail", r.failures) },
+        iec(r.reserved_peak),
+        iec(r.device_peak)
+    );
+    if let Some(f) = &r.first_failure {
+        text += &format!(
+            "first failure   {event_word} {}: {} on stream {} ({}){}\n",
+            f.event,
+            iec(f.size),
+            f.stream,
+            f.source,
+            f.site.as_ref().or(f.label.as_ref()).map_or(String::new(), |s| format!(" at {s}"))
+        );
+    }
+    text += &format!(
+        "smallest device {} under {:?} (2 MiB less does not fit; {} sizes replayed)\n",
+        iec(search.min_device_bytes),
+        conf_text,
+        search.probes.len()
+    );
+    text += "by policy\n";
+    text += &table;
+    text += "                not modelled: the CUDA context, other processes, NCCL and untracked library memory\n";
+    Ok((j, text))
+}
+
+/// Writes `--snapshot DIR`'s files (`DIR/device-N` for devices other than 0), when asked for.
+fn write_snapshot(
+    args: &Args,
+    device: i32,
+    snapshot: impl FnOnce() -> gpumem_nb::Snapshot,
+) -> Result<Option<gpumem_nb::SnapshotFiles>, String> {
+    let dir = args.snapshot.as_ref().map(|d| if device == 0 { d.clone() } else { d.join(format!("device-{device}")) });
+    dir.map(|dir| snapshot().save(&dir).map_err(|e| e.to_string())).transpose()
+}
+
+/// The snapshot's files as JSON, if one was written.
+fn files_json(files: Option<&gpumem_nb::SnapshotFiles>) -> Value {
+    files.map_or(Value::Null, |f| json!({"pickle": f.pickle, "json": f.json, "html": f.html}))
 }
 
 fn main() -> ExitCode {

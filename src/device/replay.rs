@@ -5,6 +5,12 @@
 //! ([`crate::replay`]) queues the trace's segment addresses here; the backend hands them out in
 //! order, fails a reservation when told to (the trace shows the device was full), and completes
 //! stream events when the trace says the block came back (`free_completed`).
+//!
+//! For fit planning (`crate::replay::fit`) it is also a device of a given capacity: a
+//! reservation or page map that would take the memory in use past it fails with out-of-memory,
+//! segments land at the trace's address for their size when that address is free (so an
+//! unconstrained run makes the trace's decisions), and other libraries' allocations take their
+//! share of the capacity ([`ReplayBackend::take_external`]).
 #![forbid(unsafe_code)]
 
 use super::{Backend, BackendKind, DeviceError, EventId, StreamId};
@@ -26,6 +32,10 @@ pub struct ReplayBackend {
     recorded: Vec<EventId>,
     /// Live segments: address → size.
     live: BTreeMap<u64, u64>,
+    /// Memory the device has; reservations and maps past it fail with out-of-memory.
+    capacity: u64,
+    /// Addresses to give a segment of a size when none is queued: the trace's, in order.
+    by_size: HashMap<u64, VecDeque<u64>>,
 }
 
 impl ReplayBackend {
@@ -44,7 +54,46 @@ impl ReplayBackend {
             next_event: 1,
             recorded: Vec::new(),
             live: BTreeMap::new(),
+            capacity: u64::MAX,
+            by_size: HashMap::new(),
         }
+    }
+    /// A device that reports `total` bytes and holds at most `capacity` (reservations, mapped
+    /// pages and [`ReplayBackend::take_external`] together).
+    pub fn with_capacity(total: u64, capacity: u64) -> Self {
+        ReplayBackend { capacity, ..ReplayBackend::new(total) }
+    }
+    /// Bytes in use: segments, mapped pages and external allocations.
+    pub fn used(&self) -> u64 {
+        self.used
+    }
+    /// Gives each new segment of a size, when no address is queued, the next of `addrs` of
+    /// that size (the trace's `segment_alloc`s, in order) that does not overlap a live one.
+    pub fn set_addresses_by_size(&mut self, addrs: impl IntoIterator<Item = (u64, u64)>) {
+        self.by_size.clear();
+        for (size, addr) in addrs {
+            self.by_size.entry(size).or_default().push_back(addr);
+        }
+    }
+    /// Takes `bytes` of capacity for another library's allocation (a driver, pool or VMM
+    /// allocation of a recorded session). `Err(OutOfMemory)` when they do not fit.
+    pub fn take_external(&mut self, bytes: u64) -> Result<(), DeviceError> {
+        if self.used.saturating_add(bytes) > self.capacity {
+            return Err(DeviceError::OutOfMemory);
+        }
+        self.used += bytes;
+        Ok(())
+    }
+    /// Returns capacity taken by [`ReplayBackend::take_external`].
+    pub fn release_external(&mut self, bytes: u64) {
+        self.used = self.used.saturating_sub(bytes);
+    }
+    fn overlaps_live(&self, a: u64, size: u64) -> bool {
+        let end = a.saturating_add(size);
+        self.live.range(..end).next_back().is_some_and(|(&b, &s)| b.saturating_add(s) > a)
+    }
+    fn has_room(&self, bytes: u64) -> Result<(), DeviceError> {
+        if self.used.saturating_add(bytes) > self.capacity { Err(DeviceError::OutOfMemory) } else { Ok(()) }
     }
     /// Queues the address the next segment reservation returns.
     pub fn push_segment_address(&mut self, addr: u64) {
@@ -81,11 +130,23 @@ impl ReplayBackend {
     }
     fn next_address(&mut self, queue_is_ranges: bool, size: u64) -> u64 {
         let q = if queue_is_ranges { &mut self.range_bases } else { &mut self.addresses };
-        q.pop_front().unwrap_or_else(|| {
+        if let Some(a) = q.pop_front() {
+            return a;
+        }
+        if !queue_is_ranges {
+            while let Some(a) = self.by_size.get_mut(&size).and_then(VecDeque::pop_front) {
+                if !self.overlaps_live(a, size) {
+                    return a;
+                }
+            }
+        }
+        loop {
             let a = self.fallback_next;
             self.fallback_next += size.div_ceil(1 << 21) * (1 << 21) + (1 << 21);
-            a
-        })
+            if queue_is_ranges || !self.overlaps_live(a, size) {
+                return a;
+            }
+        }
     }
     fn check_fail(&mut self) -> Result<(), DeviceError> {
         if self.fail > 0 {
@@ -111,6 +172,7 @@ impl Backend for ReplayBackend {
     }
     fn reserve(&mut self, size: u64, _stream: StreamId) -> Result<u64, DeviceError> {
         self.check_fail()?;
+        self.has_room(size)?;
         let a = self.next_address(false, size);
         // A garbled trace can name an address inside a live segment: refuse it rather than
         // let two segments overlap.
@@ -156,6 +218,7 @@ impl Backend for ReplayBackend {
     }
     fn map_pages(&mut self, _addr: u64, page_size: u64, pages: u64) -> Result<(), DeviceError> {
         self.check_fail()?;
+        self.has_room(page_size * pages)?;
         self.used += page_size * pages;
         Ok(())
     }

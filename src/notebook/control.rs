@@ -96,11 +96,13 @@ pub(crate) struct Session {
     oom: Arc<super::oom::OomWatch>,
 }
 
-/// One device's numbers now; peaks since `slot` was opened when there is one.
-pub(crate) fn reading(alloc: &Allocator, slot: Option<SlotId>) -> DeviceReading {
-    let (stats, peaks, pool, info, uuid) = alloc.with_state(|s, b| {
+/// One device's numbers now; peaks since `slot` was opened when there is one; with `explain`,
+/// where its reserved bytes are.
+pub(crate) fn reading(alloc: &Allocator, slot: Option<SlotId>, explain: bool) -> DeviceReading {
+    let (stats, peaks, pool, info, uuid, parts) = alloc.with_state(|s, b| {
         let peaks = slot.and_then(|id| s.slot_peaks(id));
-        (s.stats().clone(), peaks, b.pool_usage(), b.mem_get_info().ok(), device_uuid(b))
+        let parts = explain.then(|| s.reserved_parts());
+        (s.stats().clone(), peaks, b.pool_usage(), b.mem_get_info().ok(), device_uuid(b), parts)
     });
     let (peak_allocated, peak_reserved) = match peaks {
         Some(p) => (p.allocated, p.reserved),
@@ -124,6 +126,7 @@ pub(crate) fn reading(alloc: &Allocator, slot: Option<SlotId>) -> DeviceReading 
         pool_reserved_high: pool.map(|p| p.reserved_high),
         num_ooms: count(stats.num_ooms),
         uuid,
+        explain: parts,
     }
 }
 
@@ -143,10 +146,10 @@ fn device0() -> Result<Arc<Allocator>, String> {
 
 impl Session {
     /// Every open device's reading and the tracked places (with their top owners when
-    /// `owners`), peaks since `pre`.
-    fn readings(&self, id: u64, owners: bool) -> Reply {
-        let devices =
-            super::registry::opened().iter().map(|a| reading(a, self.slots.get(&a.device()).copied())).collect();
+    /// `owners`), peaks since `pre`; the reserved bytes explained when `explain`.
+    fn readings(&self, id: u64, owners: bool, explain: bool) -> Reply {
+        let slot = |a: &Allocator| self.slots.get(&a.device()).copied();
+        let devices = super::registry::opened().iter().map(|a| reading(a, slot(a), explain)).collect();
         let status = tracking::status();
         let tracked = status.is_on().then(|| tracking::readings(self.tracked, owners));
         Reply { devices: Some(devices), tracking: Some(status.label()), tracked, ..Reply::ok(id) }
@@ -176,10 +179,10 @@ impl Session {
                 self.oom.begin(*cell);
                 // Nothing reads owners before a cell (the record's `top` is what is live after
                 // it), and naming them symbolises stacks: only `post` does.
-                Ok(self.readings(id, false))
+                Ok(self.readings(id, false, false))
             }
             Op::Post { .. } => {
-                let r = Reply { oom: self.oom.end(), ..self.readings(id, true) };
+                let r = Reply { oom: self.oom.end(), ..self.readings(id, true, true) };
                 for a in super::registry::opened() {
                     if let Some(slot) = self.slots.remove(&a.device()) {
                         a.with_state(|s, _| s.close_slot(slot));
@@ -192,8 +195,8 @@ impl Session {
                 tracking::set_label(None);
                 Ok(r)
             }
-            Op::Read => Ok(self.readings(id, true)),
-            Op::Live => Ok(self.readings(id, false)),
+            Op::Read => Ok(self.readings(id, true, true)),
+            Op::Live => Ok(self.readings(id, false, false)),
             Op::Record(RecordRequest { enabled, max_entries, stacks }) => {
                 let max_entries = max_entries.map_or(usize::MAX, |m| m.min(usize::MAX as u64) as usize);
                 let context = if *stacks { StackContext::All } else { StackContext::None };

@@ -204,6 +204,9 @@ pub struct DeviceReading {
     /// The device's UUID in NVML's form (`GPU-…`), to find the NVML device.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uuid: Option<String>,
+    /// Where the reserved bytes are (`post` and `read` only: not the live line's readings).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub explain: Option<crate::ReservedParts>,
 }
 
 impl DeviceReading {

@@ -12,10 +12,12 @@
 //!   memory fraction, expandable segments; stats and trace updated in one place.
 //! - `invariants`: the recount behind `DeviceState::check_invariants`.
 //! - [`oom`]: how an allocation fails ([`AllocError`], [`OomReport`]).
+//! - [`explain`]: every reserved byte in named parts ([`ReservedParts`]).
 #![forbid(unsafe_code)]
 
 pub(crate) mod config;
 pub(crate) mod constants;
+pub(crate) mod explain;
 pub(crate) mod oom;
 pub(crate) mod rounding;
 
@@ -25,6 +27,7 @@ mod invariants;
 mod state;
 
 pub use block::BlockId;
+pub use explain::{CachedClass, ReservedParts};
 pub use invariants::InvariantViolation;
 pub(crate) use oom::AllocError;
 pub use rounding::PoolKind;

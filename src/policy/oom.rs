@@ -2,6 +2,7 @@
 //! prints PyTorch's sentence with them.
 #![forbid(unsafe_code)]
 
+use super::explain::ReservedParts;
 use crate::device::{BackendKind, DeviceError, ProcessMemory};
 use crate::units::format_size;
 use std::fmt;
@@ -29,6 +30,34 @@ pub struct OomReport {
     pub reserved: u64,
     /// Per-process device memory from NVML (empty without NVML).
     pub processes: Vec<ProcessMemory>,
+    /// Where the reserved bytes were when it failed (after the out-of-memory path released
+    /// what it could), when the state was asked to explain its failures (the default).
+    pub parts: Option<ReservedParts>,
+}
+
+impl OomReport {
+    /// The reserved bytes at the failure in one line: what the program held, rounding, frees
+    /// waiting for streams, the free cache and its largest blocks, and what `empty_cache()`
+    /// would still return. `None` without [`OomReport::parts`].
+    pub fn explain(&self) -> Option<String> {
+        let p = self.parts.as_ref()?;
+        Some(format!(
+            "reserved {} = requested {} + rounding {} + pending frees {} + cached free {} (small pool {}, largest \
+             block {}; large pool {}, largest block {}); empty_cache() would return {}; a {} request {} from the cache",
+            format_size(p.reserved),
+            format_size(p.requested),
+            format_size(p.rounding),
+            format_size(p.pending_free),
+            format_size(p.cached_bytes()),
+            format_size(p.cached_in("small")),
+            format_size(p.largest_free_small),
+            format_size(p.cached_in("large")),
+            format_size(p.largest_free_large),
+            format_size(p.releasable),
+            format_size(self.requested),
+            if p.serves(self.requested) { "could be served" } else { "cannot be served" },
+        ))
+    }
 }
 
 impl fmt::Display for OomReport {

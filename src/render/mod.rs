@@ -11,6 +11,7 @@
 
 pub mod chart;
 mod diff;
+pub mod explain;
 mod files;
 pub mod reports;
 pub mod trace_plot;

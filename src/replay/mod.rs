@@ -34,7 +34,13 @@ use std::fmt;
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 
+pub mod fit;
+mod input;
 mod sequence;
+pub use input::{
+    DeviceTrace, EventInfo, Foreign, InputKind, Recording, SourcePeaks, TraceStart, check_start, from_snapshot,
+    read_recording, settings_conf,
+};
 pub use sequence::{SequenceReport, replay_sequence, trace_reserved_peak};
 
 /// One line of a trace.
@@ -59,17 +65,35 @@ pub struct TraceLine {
 pub struct TraceError {
     /// The file.
     pub path: String,
-    /// 1-based line, when the problem is on a line.
+    /// 1-based line (of a TSV trace), or event number (in a snapshot's device trace), when
+    /// the problem is at one.
     pub line: Option<usize>,
+    /// The device whose trace it is, for a snapshot (`None` for a TSV trace).
+    pub device: Option<i32>,
     /// What was wrong.
     pub message: String,
 }
 
+impl TraceError {
+    /// An error about the file as a whole.
+    pub fn file(path: &str, message: impl Into<String>) -> Self {
+        TraceError { path: path.to_string(), line: None, device: None, message: message.into() }
+    }
+
+    /// The same error, about `device`'s trace of a snapshot.
+    pub fn on_device(mut self, device: i32) -> Self {
+        self.device = Some(device);
+        self
+    }
+}
+
 impl fmt::Display for TraceError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.line {
-            Some(l) => write!(f, "{}:{}: {}", self.path, l, self.message),
-            None => write!(f, "{}: {}", self.path, self.message),
+        match (self.device, self.line) {
+            (Some(d), Some(l)) => write!(f, "{}: device {d}, event {l}: {}", self.path, self.message),
+            (Some(d), None) => write!(f, "{}: device {d}: {}", self.path, self.message),
+            (None, Some(l)) => write!(f, "{}:{}: {}", self.path, l, self.message),
+            (None, None) => write!(f, "{}: {}", self.path, self.message),
         }
     }
 }
@@ -79,7 +103,7 @@ impl std::error::Error for TraceError {}
 /// Reads a `.tsv` or `.tsv.gz` trace (gzip is detected by its magic bytes).
 pub fn read_trace(path: &Path) -> Result<Vec<TraceLine>, TraceError> {
     let name = path.display().to_string();
-    let err = |line: Option<usize>, message: String| TraceError { path: name.clone(), line, message };
+    let err = |line: Option<usize>, message: String| TraceError { path: name.clone(), line, device: None, message };
     let mut file = std::fs::File::open(path).map_err(|e| err(None, format!("cannot open: {e}")))?;
     let mut magic = [0u8; 2];
     let n = file.read(&mut magic).map_err(|e| err(None, format!("cannot read: {e}")))?;
@@ -95,7 +119,8 @@ pub fn read_trace(path: &Path) -> Result<Vec<TraceLine>, TraceError> {
 /// Parses trace lines from any reader; `name` labels errors.
 pub fn parse_trace(reader: impl BufRead, name: &str) -> Result<Vec<TraceLine>, TraceError> {
     let mut out = Vec::new();
-    let err = |line: usize, message: String| TraceError { path: name.to_string(), line: Some(line), message };
+    let err =
+        |line: usize, message: String| TraceError { path: name.to_string(), line: Some(line), device: None, message };
     for (i, line) in reader.lines().enumerate() {
         let lineno = i + 1;
         let line = line.map_err(|e| {
@@ -165,6 +190,9 @@ pub struct ReplayReport {
     pub address_mismatches: usize,
     /// How releases were explained: (plain, oom-path, empty_cache) counts.
     pub strategies: [usize; 3],
+    /// Indices into the trace's events before which the program called `empty_cache` (the
+    /// length of the trace: at its end), as the releases were explained.
+    pub empty_cache_before: Vec<usize>,
     /// The final state (for snapshots and the invariant check).
     pub(crate) state: DeviceState,
     /// Every replayed event, when `keep_history` was set; timestamps are the trace's.
@@ -245,6 +273,8 @@ struct Replayer<'a> {
     kept: Option<Vec<TraceEntry>>,
     /// Lines of `free_requested` events whose `free_completed` comes later.
     deferred: std::collections::HashSet<usize>,
+    /// Indices of the events before which the program called `empty_cache`.
+    empty_cache_before: Vec<usize>,
 }
 
 fn seg_key(e: &TraceEntry) -> (TraceAction, u64, u64) {
@@ -253,7 +283,7 @@ fn seg_key(e: &TraceEntry) -> (TraceAction, u64, u64) {
 
 impl Replayer<'_> {
     fn fail(&self, line: usize, message: String) -> TraceError {
-        TraceError { path: self.path.to_string(), line: Some(line), message }
+        TraceError { path: self.path.to_string(), line: Some(line), device: None, message }
     }
 
     fn note_divergence(&mut self, line: usize, what: String) {
@@ -313,10 +343,9 @@ impl Replayer<'_> {
         &mut self,
         group: &[&TraceLine],
         ev: Option<&TraceLine>,
-        future: &[TraceLine],
+        index: usize,
+        lookahead: Vec<u64>,
     ) -> Result<(), TraceError> {
-        let lookahead: Vec<u64> =
-            future.iter().filter(|f| f.action == TraceAction::SegmentMap).take(32).map(|f| f.addr).collect();
         let segs: Vec<&TraceLine> = group.iter().copied().filter(|e| e.action.is_segment()).collect();
         let want: Vec<(TraceAction, u64, u64)> = segs.iter().map(|s| (s.action, s.addr, s.size)).collect();
         let want_done: Vec<u64> =
@@ -372,6 +401,9 @@ impl Replayer<'_> {
         }
         let (strategy, pre) = chosen;
         self.strategies[strategy as usize] += 1;
+        if strategy == Strategy::EmptyCache {
+            self.empty_cache_before.push(index);
+        }
         Self::queue_addresses(&mut self.dev, &segs);
         self.dev.set_lookahead_range_bases(lookahead);
         let mut dev = std::mem::replace(&mut self.dev, ReplayBackend::new(0));
@@ -538,6 +570,14 @@ pub fn replay(events: &[TraceLine], opts: &ReplayOptions, path: &str) -> Result<
         segment_sizes: Vec::new(),
         kept: opts.keep_history.then(Vec::new),
         deferred,
+        empty_cache_before: Vec::new(),
+    };
+    // Where the expandable maps are, for the look-ahead of range bases (see `caller_event`).
+    let maps: Vec<usize> =
+        events.iter().enumerate().filter(|(_, e)| e.action == TraceAction::SegmentMap).map(|(i, _)| i).collect();
+    let lookahead = |from: usize| -> Vec<u64> {
+        let k = maps.partition_point(|&m| m < from);
+        maps[k..].iter().take(32).map(|&m| events[m].addr).collect()
     };
     let trace_segment_sizes = events
         .iter()
@@ -547,6 +587,7 @@ pub fn replay(events: &[TraceLine], opts: &ReplayOptions, path: &str) -> Result<
     let mut group: Vec<&TraceLine> = Vec::new();
     let mut i = 0;
     while i < events.len() {
+        let idx = i;
         let ev = &events[i];
         i += 1;
         let deferred_completion = ev.action == TraceAction::FreeCompleted && r.pending.contains_key(&ev.addr);
@@ -559,12 +600,12 @@ pub fn replay(events: &[TraceLine], opts: &ReplayOptions, path: &str) -> Result<
             TraceAction::FreeRequested if !r.deferred.contains(&ev.line) => i += 1, // with its completion
             _ => {}
         }
-        r.caller_event(&group, Some(ev), &events[i..])?;
+        r.caller_event(&group, Some(ev), idx, lookahead(i))?;
         group.clear();
     }
     if !group.is_empty() {
         // Trailing releases: an empty_cache at the end of the run.
-        r.caller_event(&group, None, &[])?;
+        r.caller_event(&group, None, events.len(), Vec::new())?;
     }
     let stats = r.state.stats().memory_stats();
     Ok(ReplayReport {
@@ -580,6 +621,7 @@ pub fn replay(events: &[TraceLine], opts: &ReplayOptions, path: &str) -> Result<
         first_divergence: r.first_divergence,
         address_mismatches: r.address_mismatches,
         strategies: r.strategies,
+        empty_cache_before: r.empty_cache_before,
         state: r.state,
         history: r.kept.unwrap_or_default(),
     })

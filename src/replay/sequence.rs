@@ -85,7 +85,8 @@ pub fn replay_sequence(
     opts: &super::ReplayOptions,
     path: &str,
 ) -> Result<SequenceReport, TraceError> {
-    let fail = |line: usize, message: String| TraceError { path: path.to_string(), line: Some(line), message };
+    let fail =
+        |line: usize, message: String| TraceError { path: path.to_string(), line: Some(line), device: None, message };
     let mut state = DeviceState::new(0, opts.config.clone());
     state.history.set_mode(RecordMode::All, usize::MAX);
     let mut dev = SimBackend::new(0, opts.device_total);

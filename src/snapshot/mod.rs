@@ -5,6 +5,8 @@
 //! - [`pickle`]: pickle protocol 4 using only the opcodes `MemoryViz.js` understands, so the
 //!   file drags into pytorch.org/memory_viz and `python -m torch.cuda._memory_viz` reads it.
 //! - [`json`]: the same structure as JSON (the newest viewer accepts it too).
+//! - [`unpickle`]: a reader for the pickles PyTorch's `_dump_snapshot` (and ours) write;
+//!   [`read`] takes any snapshot file or directory.
 //! - [`timeline`]: the running totals after every event, rebuilt from a trace.
 //! - [`diff`]: two states compared allocation by allocation ([`diff()`], [`SnapshotDiff`]).
 //!
@@ -19,6 +21,8 @@ pub mod json;
 mod model;
 pub mod pickle;
 mod timeline;
+mod tree;
+pub mod unpickle;
 
 pub use diff::{SnapshotDiff, diff};
 pub use model::{AllocatorSettings, BlockSnap, Segment, Snapshot, TraceSnap};
@@ -60,4 +64,36 @@ impl RawSnapshot {
         state.record_snapshot_event();
         raw
     }
+}
+
+/// Reads a snapshot from a file or directory, whatever wrote it: a pickle (PyTorch's
+/// `torch.cuda.memory._dump_snapshot`, or ours), its JSON form, or a directory written by
+/// `Snapshot::save` (its `snapshot.pickle`, else `snapshot.json`). The format is told by the
+/// content, not the name. Errors are one line naming the file.
+pub fn read(path: &std::path::Path) -> Result<Snapshot, String> {
+    let file = if path.is_dir() {
+        let p = path.join("snapshot.pickle");
+        if p.is_file() { p } else { path.join("snapshot.json") }
+    } else {
+        path.to_path_buf()
+    };
+    let name = file.display();
+    let bytes = std::fs::read(&file).map_err(|e| format!("{name}: cannot read: {e}"))?;
+    from_bytes(&bytes).map_err(|e| format!("{name}: {e}"))
+}
+
+/// Reads a snapshot from a file's bytes: a pickle or JSON (see [`read`]).
+/// (A pickle of `torch.cuda.memory_snapshot()`'s list alone is its segments, with no trace, as
+/// `_memory_viz` reads it.)
+pub fn from_bytes(bytes: &[u8]) -> Result<Snapshot, String> {
+    if unpickle::looks_like_pickle(bytes) {
+        // Straight from the pickle's objects: no intermediate tree of values.
+        let parsed = unpickle::parse(bytes).map_err(|e| e.to_string())?;
+        return tree::snapshot(parsed.root());
+    }
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()).is_some_and(|b| *b == b'{' || *b == b'[') {
+        let v: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| format!("not JSON ({e})"))?;
+        return tree::snapshot(&v);
+    }
+    Err("not a memory snapshot: neither a pickle (protocol 2-5) nor JSON".into())
 }

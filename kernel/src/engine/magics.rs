@@ -1,5 +1,6 @@
 //! What the magics do: settings before the cell's code, `%%gpumem`'s timeline and snapshot
-//! after it, the output magics (history, plot, summary, snapshot, export) last.
+//! after it, the output magics (history, plot, summary, snapshot, diff, export, fit, explain)
+//! last.
 
 use super::{Engine, SLOW_TIMEOUT};
 use crate::hooks::HOOK_TIMEOUT;
@@ -7,6 +8,7 @@ use crate::magic::{self, ExportFormat, Magic};
 use gpumem_nb::RecordMode;
 use gpumem_nb::notebook::protocol::{Op, RecordRequest};
 use gpumem_nb::render::escape;
+use gpumem_nb::render::explain::ReservedView;
 use gpumem_nb::units::iec;
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
@@ -185,6 +187,8 @@ impl Engine {
                 }
             }
             Magic::Snapshot(dir) => self.snapshot(count, dir.as_deref()),
+            Magic::Explain => self.explain(count),
+            Magic::Fit(size) => self.fit(count, *size),
             Magic::Diff(a, b) => self.diff(count, a, b),
             Magic::Export(path, format) => {
                 let body = match format {
@@ -200,6 +204,68 @@ impl Engine {
                 }
             }
             _ => {}
+        }
+    }
+
+    /// `%gpumem explain`: device 0's reserved bytes after this cell, from the crate's reading.
+    fn explain(&mut self, count: u64) {
+        let pid = self.child_pid();
+        self.hooks.poll(pid);
+        if self.hooks.control().connected().is_none() {
+            self.magic_error("explain: gpumem-nb is not loaded in this notebook (no allocator to explain)");
+            return;
+        }
+        let reply = self.hooks.control().request(Op::Read, SLOW_TIMEOUT);
+        let reading = match reply {
+            Ok(r) => r.devices.unwrap_or_default().into_iter().find(|d| d.device == 0),
+            Err(e) => return self.magic_error(&format!("explain: {e}")),
+        };
+        let Some((d, parts)) = reading.and_then(|d| d.explain.clone().map(|p| (d, p))) else {
+            return self.magic_error("explain: device 0 is not open in the notebook");
+        };
+        let pool = d.pool_used.zip(d.pool_reserved).map(|(used, reserved)| gpumem_nb::PoolUsage {
+            used,
+            reserved,
+            used_high: d.pool_used_high.unwrap_or(used),
+            reserved_high: d.pool_reserved_high.unwrap_or(reserved),
+        });
+        let view =
+            ReservedView { device: d.device, backend: d.backend, when: format!("after cell {count}"), parts, pool };
+        let b = view.bundle();
+        let mut m = Map::new();
+        m.insert("text/plain".into(), Value::String(b.text));
+        m.insert("text/html".into(), Value::String(b.html.unwrap_or_default()));
+        let data = serde_json::json!({"device": view.device, "parts": view.parts, "pool_held": view.pool_held()});
+        m.insert("application/json".into(), data);
+        self.display(m);
+    }
+
+    /// `%gpumem fit SIZE`: the session's recording (a snapshot of device 0 with every tracked
+    /// allocation, written by the crate) planned here, in the kernel.
+    fn fit(&mut self, count: u64, size: u64) {
+        let pid = self.child_pid();
+        self.hooks.poll(pid);
+        if self.hooks.control().connected().is_none() {
+            self.magic_error("fit: gpumem-nb is not loaded in this notebook (nothing recorded to plan from)");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("gpumem-fit-{}-{count}", std::process::id()));
+        let reply = self.hooks.control().request(Op::Snapshot { dir: dir.display().to_string() }, SLOW_TIMEOUT);
+        let planned = match reply {
+            Ok(_) => gpumem_nb::snapshot::read(&dir).and_then(|snap| gpumem_nb::plan::fit_snapshot(&snap, size)),
+            Err(e) => Err(e.to_string()),
+        };
+        let _ = std::fs::remove_dir_all(&dir);
+        match planned {
+            Ok(plan) => {
+                let b = plan.bundle();
+                let mut m = Map::new();
+                m.insert("text/plain".into(), Value::String(b.text));
+                m.insert("text/html".into(), Value::String(b.html.unwrap_or_default()));
+                m.insert("application/json".into(), plan.to_json());
+                self.display(m);
+            }
+            Err(e) => self.magic_error(&format!("fit: {e}")),
         }
     }
 

@@ -150,6 +150,25 @@ impl CellRecord {
                 iec(a.peak_reserved),
                 self.sources.allocator.clone(),
             ]);
+            if let Some(p) = &a.explain {
+                t.row([
+                    "  reserved, explained".into(),
+                    "–".into(),
+                    iec(p.reserved),
+                    "–".into(),
+                    "–".into(),
+                    format!(
+                        "requested {} + rounding {} + pending frees {} + cached free {}; empty_cache() returns {}, \
+                         largest free block {} (%gpumem explain)",
+                        iec(p.requested),
+                        iec(p.rounding),
+                        iec(p.pending_free),
+                        iec(p.cached_bytes()),
+                        iec(p.releasable),
+                        iec(p.largest_free_small.max(p.largest_free_large))
+                    ),
+                ]);
+            }
         } else {
             t.row([
                 "allocator".to_string(),

@@ -50,6 +50,10 @@ pub struct AllocatorPart {
     pub peak_is_cell: bool,
     /// Allocation failures during the cell.
     pub ooms: u64,
+    /// Where the reserved bytes are after the cell: requested, rounding, pending frees, cached
+    /// free blocks by pool and size class, what `empty_cache()` would return (they add up).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub explain: Option<crate::ReservedParts>,
 }
 
 /// The CUDA stream-ordered pool (cudarc's `CudaSlice` allocations).
@@ -398,6 +402,7 @@ pub fn build_record(cell: u64, r: &Readings<'_>) -> CellRecord {
             // peaks since it loaded are the cell's.
             peak_is_cell: (r.slot_opened && before0.is_some()) || !rec.crate_loaded.before || rec.restarted,
             ooms: a.num_ooms.saturating_sub(before0.map_or(0, |b| b.num_ooms)),
+            explain: a.explain.clone(),
         });
         if !a.is_simulated() || a.pool_used.is_some() {
             rec.pool = Some(PoolPart {

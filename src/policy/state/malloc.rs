@@ -68,6 +68,7 @@ impl DeviceState {
         let frames = self.ctx_for_alloc_event();
         self.trace(TraceAction::Oom, free, size, stream, frames);
         self.stats.num_ooms += 1;
+        let parts = self.explain_ooms.then(|| self.reserved_parts());
         AllocError::OutOfMemory(Box::new(OomReport {
             device: self.device,
             backend: dev.kind(),
@@ -79,6 +80,7 @@ impl DeviceState {
             allocated: self.stats.allocated_bytes[0].current as u64,
             reserved: self.stats.reserved_bytes[0].current as u64,
             processes: dev.process_memory(),
+            parts,
         }))
     }
 

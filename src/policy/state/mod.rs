@@ -145,6 +145,9 @@ pub struct DeviceState {
     block_ctx: HashMap<u32, Frames>,
     /// Stacks of segment creation, by segment address.
     seg_ctx: HashMap<u64, Frames>,
+    /// Whether an out-of-memory report carries the reserved bytes' parts (a copy of the state
+    /// per failure; fit planning, which fails often on purpose, turns it off).
+    explain_ooms: bool,
 }
 
 #[inline]
@@ -191,7 +194,13 @@ impl DeviceState {
             op_ctx: None,
             block_ctx: HashMap::new(),
             seg_ctx: HashMap::new(),
+            explain_ooms: true,
         }
+    }
+
+    /// Whether out-of-memory reports carry [`crate::ReservedParts`] (on by default).
+    pub fn set_explain_ooms(&mut self, on: bool) {
+        self.explain_ooms = on;
     }
 
     /// The configuration.

@@ -2,6 +2,9 @@
 //! frees, and the parts the invariant checker recounts.
 use super::*;
 
+/// The recorded stacks of a state: the operation's, the live blocks', the segments'.
+pub(crate) type Contexts = (Option<Frames>, HashMap<u32, Frames>, HashMap<u64, Frames>);
+
 impl DeviceState {
     /// Information about an allocated block.
     pub fn block(&self, id: BlockId) -> Option<BlockView> {
@@ -72,6 +75,16 @@ impl DeviceState {
     /// Number of blocks waiting on stream events.
     pub fn pending_frees(&self) -> usize {
         self.pending.iter().map(|(_, q)| q.len()).sum()
+    }
+
+    /// Takes the recorded stacks out (to copy the state cheaply); see `restore_contexts`.
+    pub(crate) fn take_contexts(&mut self) -> Contexts {
+        (self.op_ctx.take(), std::mem::take(&mut self.block_ctx), std::mem::take(&mut self.seg_ctx))
+    }
+
+    /// Puts back what `take_contexts` took.
+    pub(crate) fn restore_contexts(&mut self, (op, blocks, segs): Contexts) {
+        (self.op_ctx, self.block_ctx, self.seg_ctx) = (op, blocks, segs);
     }
 
     // Accessors for the invariant checker.

@@ -1,0 +1,258 @@
+//! Will this session fit on a device of a given size: its recorded allocations of every source,
+//! replayed per policy, with each cell's verdict and the smallest device per policy.
+
+use crate::replay::fit::{self, BEFORE_TRACE, Failure, POLICIES, Program};
+use crate::replay::{DeviceTrace, ReplayOptions, TraceStart, from_snapshot, replay, settings_conf};
+use crate::units::iec;
+use crate::{AllocatorConfig, Snapshot};
+use serde::Serialize;
+use std::fmt;
+
+/// What a fit plan replays, in its own words (shown under every plan).
+pub const MODELLED: &str = "this session's recorded allocations and frees (allocator blocks under each policy with \
+    its out-of-memory path; CUDA pool, driver and VMM allocations at their sizes, rounded to the driver's 2 MiB), \
+    replayed on a simulated device of that size";
+
+/// What it does not (leave room for it).
+pub const NOT_MODELLED: &str = "the CUDA context (300-600 MiB per process), other processes on the device, NCCL \
+    and other library memory that was not tracked, the CUDA pool's own caching beyond its live bytes, CUDA graphs' \
+    private pools";
+
+/// One policy's answer.
+#[derive(Clone, Debug, Serialize)]
+pub struct PolicyFit {
+    /// `default`, `expandable` or `compact`.
+    pub policy: String,
+    /// Its configuration (`GPUMEM_NB_ALLOC_CONF`).
+    pub alloc_conf: String,
+    /// Whether every request is placed on the device of the plan's size.
+    pub fits: bool,
+    /// How many are not.
+    pub failures: usize,
+    /// The first that is not, with its cell and site.
+    pub first_failure: Option<Failure>,
+    /// The smallest device it fits on (a multiple of 2 MiB; see `replay::fit` for the search).
+    pub min_device_bytes: u64,
+    /// The allocator's reserved peak on the device of the plan's size.
+    pub reserved_peak: u64,
+    /// Everything on the device at its highest, on the device of the plan's size.
+    pub device_peak: u64,
+}
+
+/// One cell's verdict under each policy.
+#[derive(Clone, Debug, Serialize)]
+pub struct CellFit {
+    /// `cell 5` (or `before recording` for allocations made before the history began).
+    pub label: String,
+    /// The device's peak during the cell under PyTorch's default policy, on a device with room
+    /// to spare: what the cell needed with the cells before it.
+    pub peak: u64,
+    /// Per policy (in [`PolicyFit`] order): the cell's first failure on the plan's device, or
+    /// `None` when all of it fits.
+    pub failures: Vec<Option<Failure>>,
+}
+
+/// Will it fit: the plan for one device of a session (or snapshot).
+#[derive(Clone, Debug, Serialize)]
+pub struct FitPlan {
+    /// The device size asked about.
+    pub device_bytes: u64,
+    /// The device whose recording was replayed.
+    pub device: i32,
+    /// Per policy: default, expandable segments, compact.
+    pub policies: Vec<PolicyFit>,
+    /// Per cell, in the order they ran.
+    pub cells: Vec<CellFit>,
+    /// Allocations made before recording began (placed first), and their bytes.
+    pub before_recording: (usize, u64),
+    /// The program's live peak: no device below it can run it.
+    pub live_peak: u64,
+    /// What is modelled.
+    pub modelled: &'static str,
+    /// What is not.
+    pub not_modelled: &'static str,
+}
+
+/// Plans a fit from a snapshot with its trace (gpumem-nb's own, with tracked allocations, or
+/// PyTorch's): its first device with events. A trace that began after the first allocation is
+/// taken with what it shows of the earlier ones ([`TraceStart::Prologue`]).
+pub fn fit_snapshot(snap: &Snapshot, device_bytes: u64) -> Result<FitPlan, String> {
+    let rec = from_snapshot(snap, "the session's recording", TraceStart::Prologue).map_err(|e| e.to_string())?;
+    let trace = rec.devices.first().ok_or("nothing recorded")?;
+    let recorded = AllocatorConfig::parse(&settings_conf(snap)).unwrap_or_default();
+    plan(trace, &recorded, device_bytes)
+}
+
+/// Plans a fit for one device's trace, recorded under `recorded`.
+pub fn plan(trace: &DeviceTrace, recorded: &AllocatorConfig, device_bytes: u64) -> Result<FitPlan, String> {
+    // Where the program called empty_cache(): known from an exact replay of a complete trace.
+    let markers = if trace.prologue.is_empty() && !recorded.compact {
+        let opts = ReplayOptions { config: recorded.clone(), ..ReplayOptions::default() };
+        replay(&trace.events, &opts, "").map(|r| r.empty_cache_before).unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    let program = Program::new(trace, markers, ReplayOptions::default().device_total);
+    let err = |e: crate::replay::TraceError| e.to_string();
+    let mut policies = Vec::new();
+    let mut runs = Vec::new();
+    for (name, conf) in POLICIES {
+        let config = AllocatorConfig::parse(conf).map_err(|e| e.to_string())?;
+        let r = fit::run(&program, &config, Some(device_bytes)).map_err(err)?;
+        let s = fit::min_device(&program, &config).map_err(err)?;
+        policies.push(PolicyFit {
+            policy: name.to_string(),
+            alloc_conf: conf.to_string(),
+            fits: r.fits,
+            failures: r.failures,
+            first_failure: r.first_failure.clone(),
+            min_device_bytes: s.min_device_bytes,
+            reserved_peak: r.reserved_peak,
+            device_peak: r.device_peak,
+        });
+        runs.push((r, s));
+    }
+    // Cells in the order they first appear.
+    let mut labels: Vec<String> = Vec::new();
+    if !trace.prologue.is_empty() {
+        labels.push(BEFORE_TRACE.to_string());
+    }
+    let mut fi = trace.foreign.iter().peekable();
+    for i in 0..=trace.events.len() {
+        while let Some(f) = fi.next_if(|f| f.before <= i) {
+            if let Some(l) = f.info.as_ref().map(|x| &x.label).filter(|l| !l.is_empty() && !labels.contains(l)) {
+                labels.push(l.clone());
+            }
+        }
+        if let Some(l) = trace.info_of(i).map(|x| &x.label).filter(|l| !l.is_empty() && !labels.contains(l)) {
+            labels.push(l.clone());
+        }
+    }
+    let peaks = &runs[0].1.unconstrained.device_peak_by_label;
+    let cells = labels
+        .into_iter()
+        .map(|label| CellFit {
+            peak: peaks.get(&label).copied().unwrap_or(0),
+            failures: runs.iter().map(|(r, _)| r.first_failure_by_label.get(&label).cloned()).collect(),
+            label,
+        })
+        .collect();
+    let prologue = &trace.prologue;
+    Ok(FitPlan {
+        device_bytes,
+        device: trace.device,
+        policies,
+        cells,
+        before_recording: (prologue.len(), prologue.iter().map(|e| e.size).sum()),
+        live_peak: program.live_peak(),
+        modelled: MODELLED,
+        not_modelled: NOT_MODELLED,
+    })
+}
+
+impl FitPlan {
+    /// Whether it fits under at least one policy.
+    pub fn fits_somehow(&self) -> bool {
+        self.policies.iter().any(|p| p.fits)
+    }
+
+    fn failure_text(f: &Failure) -> String {
+        // `function (file:line)` with the file's name only, the function's last two path parts.
+        let at = f.frames.first().filter(|_| f.site.is_some()).map_or(String::new(), |_| {
+            let site = f.site.as_deref().unwrap_or("");
+            let (func, place) = site.rsplit_once(" (").unwrap_or((site, ""));
+            let short: Vec<&str> = func.rsplit("::").take(2).collect();
+            let func = short.into_iter().rev().collect::<Vec<_>>().join("::");
+            let place = place.trim_end_matches(')');
+            let file = place.rsplit(['/', '\\']).next().unwrap_or(place);
+            format!(" at {func} ({file})")
+        });
+        let source = if f.source == "allocator" { String::new() } else { format!(" ({})", f.source) };
+        format!("{}{source}{at}", iec(f.size))
+    }
+
+    /// The policies' table.
+    pub fn policy_table(&self) -> crate::render::Table {
+        let on = format!("reserved peak on {}", iec(self.device_bytes));
+        let mut t = crate::render::Table::new(["policy", "fits", "smallest device", on.as_str(), "first failure"])
+            .right_align([2, 3]);
+        for p in &self.policies {
+            let first = p.first_failure.as_ref().map_or("—".to_string(), |f| {
+                format!("{}{}", f.label.as_ref().map_or(String::new(), |l| format!("{l}: ")), Self::failure_text(f))
+            });
+            t.row([
+                format!(
+                    "{} {}",
+                    p.policy,
+                    if p.alloc_conf.is_empty() { String::new() } else { format!("({})", p.alloc_conf) }
+                ),
+                if p.fits { "yes".into() } else { format!("no ({} failed)", p.failures) },
+                iec(p.min_device_bytes),
+                iec(p.reserved_peak),
+                first,
+            ]);
+        }
+        t.caption(format!(
+            "will it fit on {} (device {})? Modelled: {}. Not modelled: {}.",
+            iec(self.device_bytes),
+            self.device,
+            self.modelled,
+            self.not_modelled
+        ))
+    }
+
+    /// The cells' table.
+    pub fn cell_table(&self) -> crate::render::Table {
+        let mut header = vec!["cell".to_string(), "peak (default)".to_string()];
+        header.extend(self.policies.iter().map(|p| p.policy.clone()));
+        let mut t = crate::render::Table::new(header).right_align([1]);
+        for c in &self.cells {
+            let mut row = vec![c.label.clone(), iec(c.peak)];
+            row.extend(
+                c.failures
+                    .iter()
+                    .map(|f| f.as_ref().map_or("fits".to_string(), |f| format!("fails: {}", Self::failure_text(f)))),
+            );
+            t.row(row);
+        }
+        let (n, bytes) = self.before_recording;
+        let before = if n > 0 {
+            format!(
+                "; {n} allocation{} ({}) made before recording began {} placed first (record from the first cell for \
+                 their order)",
+                if n == 1 { "" } else { "s" },
+                iec(bytes),
+                if n == 1 { "is" } else { "are" }
+            )
+        } else {
+            String::new()
+        };
+        t.caption(format!(
+            "each cell on {}: fits, or its first request that would fail, with the cells before it{before}",
+            iec(self.device_bytes)
+        ))
+    }
+
+    /// Text, HTML and the plan as JSON (`application/json`).
+    pub fn bundle(&self) -> crate::render::MimeBundle {
+        let (a, b) = (self.policy_table(), self.cell_table());
+        crate::render::MimeBundle::text(format!("{}\n\n{}", a.to_text(), b.to_text())).with_html(format!(
+            "{}<br>{}",
+            a.to_html(),
+            b.to_html()
+        ))
+    }
+
+    /// The plan as JSON.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+impl fmt::Display for FitPlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}\n\n{}", self.policy_table().to_text(), self.cell_table().to_text())
+    }
+}
+
+crate::render::evcxr_display!(FitPlan);
