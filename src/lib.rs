@@ -64,6 +64,7 @@ mod pinned;
 pub mod replay;
 
 pub use notebook::{mem, scope, tracking};
+pub use notebook::tracking::top;
 
 // The allocator and its PyTorch-named API.
 pub use allocator::{CachingAllocator, OomObserver, PeakSlot};

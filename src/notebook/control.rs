@@ -174,7 +174,8 @@ impl Session {
                     tracking::close_slot(old);
                 }
                 self.oom.begin(*cell);
-                Ok(self.readings(id, true))
+                // The record's `top` is the one after the cell: none to name here.
+                Ok(self.readings(id, false))
             }
             Op::Post { .. } => {
                 let r = Reply { oom: self.oom.end(), ..self.readings(id, true) };
@@ -221,6 +222,11 @@ impl Session {
                 Ok(Reply { svg: Some(chart.svg), text: Some(chart.text), ..Reply::ok(id) })
             }
             Op::Summary => Ok(Reply { text: Some(device0()?.memory_summary(false)), ..Reply::ok(id) }),
+            Op::CellCode { cell, code } => {
+                tracking::set_cell_code(*cell, code);
+                Ok(Reply::ok(id))
+            }
+            Op::Top { n } => Ok(Reply { top: Some(tracking::top(*n)), ..Reply::ok(id) }),
         }
     }
 }
