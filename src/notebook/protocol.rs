@@ -373,6 +373,9 @@ pub struct OomEvent {
     /// Why no snapshot could be written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot_error: Option<String>,
+    /// The sites holding the most of the device's memory when the allocation failed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub top: Vec<OwnerBytes>,
 }
 
 impl OomEvent {

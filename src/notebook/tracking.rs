@@ -358,9 +358,13 @@ pub(crate) fn set_cell_code(cell: u64, code: &str) {
 /// segment of one block (its stack and label kept), and, while recording, their events in the
 /// device's trace: what PyTorch's viewer and the offline page then show side by side.
 pub fn snapshot(alloc: &crate::Allocator) -> Snapshot {
-    let mut snap = alloc.snapshot();
-    let device = alloc.device();
     let t = state();
+    let mut snap = {
+        let mut owners = lock(&t.owners);
+        let owners = owners.get_or_insert_with(Owners::new);
+        alloc.snapshot_with(&mut |f| owners.frames(f))
+    };
+    let device = alloc.device();
     let (foreign, events, labels) = {
         let tr = lock(&t.tracker);
         let foreign: Vec<TrackedAlloc> =

@@ -153,8 +153,14 @@ impl Engine {
                 cmd.env("LD_LIBRARY_PATH", joined);
             }
         }
-        let (eval, outputs) = evcxr::EvalContext::with_subprocess_command(cmd)
+        let (mut eval, outputs) = evcxr::EvalContext::with_subprocess_command(cmd)
             .map_err(|e| anyhow::anyhow!("evcxr failed to start: {e}"))?;
+        // Cells keep line tables, so that sites name their cell lines (README, "Which line holds
+        // my memory"); evcxr's own profile strips them.
+        if cell_lines() {
+            eval.set_build_env("CARGO_PROFILE_DEV_DEBUG", "line-tables-only");
+            eval.set_build_env("CARGO_PROFILE_DEV_STRIP", "none");
+        }
         let mut ctx = evcxr::CommandContext::with_eval_context(eval);
         let child = ctx.process_handle();
         let pump = StreamPump::start(outputs, sink.clone());
@@ -270,6 +276,8 @@ impl Engine {
         cell_magic: Option<&(bool, Option<PathBuf>)>,
     ) -> (Option<ErrorInfo>, Option<CellRecord>) {
         // ---- pre hooks
+        self.hooks.poll(self.child_pid());
+        self.hooks.note_code(count, run_code);
         let before = self.hooks.before(count, self.child_pid());
         if let Some((_, snap)) = cell_magic {
             let setting = RecordSetting { on: true, max_entries: None, stacks: snap.is_some() };
@@ -452,6 +460,15 @@ impl Engine {
         }
     }
 }
+
+/// Whether cells are built with line tables (`GPUMEM_NB_CELL_LINES=off` builds them as evcxr
+/// does, without: sites then name functions and cells but no lines).
+pub fn cell_lines() -> bool {
+    !std::env::var(CELL_LINES_VAR).is_ok_and(|v| v.trim().eq_ignore_ascii_case("off"))
+}
+
+/// See [`cell_lines`].
+pub const CELL_LINES_VAR: &str = "GPUMEM_NB_CELL_LINES";
 
 fn char_to_byte(s: &str, chars: usize) -> usize {
     s.char_indices().nth(chars).map_or(s.len(), |(i, _)| i)

@@ -22,6 +22,9 @@ impl CellRecord {
                 all.delta().map_or("n/a".into(), iec_delta),
                 all.peak.map_or("n/a".into(), iec)
             ));
+            if let Some(top) = all.top.first() {
+                parts.push(format!("top {} {}", top.site(), iec(top.bytes)));
+            }
         }
         match &self.allocator {
             Some(a) => {
@@ -128,8 +131,10 @@ impl CellRecord {
                     ]);
                 }
                 if !p.top.is_empty() {
-                    let top: Vec<String> = p.top.iter().map(|o| format!("{} {}", o.owner, iec(o.bytes))).collect();
-                    t.row(["  top owners".into(), "–".into(), "–".into(), "–".into(), "–".into(), top.join(", ")]);
+                    for (i, o) in p.top.iter().enumerate() {
+                        let head = if i == 0 { "  top sites" } else { "" };
+                        t.row([head.into(), "–".into(), iec(o.bytes), "–".into(), "–".into(), format!("{} ({})", o.site(), o.owner)]);
+                    }
                 }
             }
             if !all.is_tracked() {

@@ -12,6 +12,7 @@
 
 mod line;
 mod record;
+mod top;
 
 pub use line::format_ms;
 pub use record::{
