@@ -76,6 +76,15 @@ impl Executed {
             .collect()
     }
 
+    /// The reports' one-line text forms.
+    fn reports_text(&self) -> String {
+        self.report_messages()
+            .into_iter()
+            .map(|(_, m)| serde_json::to_value(&m.content).unwrap()["data"]["text/plain"].as_str().unwrap_or("").to_string())
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     fn reports(&self) -> Vec<serde_json::Value> {
         self.report_messages()
             .into_iter()
@@ -471,5 +480,64 @@ async fn live_line_and_usage() {
     assert_eq!(sim["allocated"], 64u64 << 20, "{u}");
     assert_eq!(sim["total"], 8u64 << 30, "{u}");
 
+    k.shutdown().await;
+}
+
+/// Sites (issue 19), through a real client: a cell whose line 2 calls a function an earlier
+/// cell defined (48 MiB from the driver) and whose line 3 allocates 40 MiB itself; a
+/// DeviceBuffer from the allocator; `%gpumem top`; the line names the top site.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sites_name_functions_cells_and_lines() {
+    let evcxr_tmp = std::env::var_os("EVCXR_TMPDIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_TARGET_TMPDIR")).join("evcxr-live"));
+    let mut k = Kernel::start_in("sites", &evcxr_tmp).await;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let t = std::time::Instant::now();
+    let e = k.execute(&format!(":dep gpumem-nb = {{ path = {:?} }}", root.to_str().unwrap())).await;
+    assert_eq!(e.status(), ReplyStatus::Ok, "{:?}", e.json());
+    let e = k
+        .execute(
+            "// a helper the next cell calls\nfn alloc48() -> gpumem_nb::mem::DriverBuffer {\n    gpumem_nb::mem::driver_alloc_mib(48).unwrap()\n}",
+        )
+        .await;
+    assert_eq!(e.status(), ReplyStatus::Ok, "{:?}", e.json());
+    let e = k.execute("// two allocations\nlet a = alloc48();\nlet b = gpumem_nb::mem::driver_alloc_mib(40)?;").await;
+    assert_eq!(e.status(), ReplyStatus::Ok, "{:?}", e.json());
+    eprintln!("three cells, the crate compiled in them: {:?}", t.elapsed());
+    let rec = &e.reports()[0];
+    let cell = rec["cell"].as_u64().unwrap();
+    let top = rec["all_allocations"]["top"].as_array().unwrap_or_else(|| panic!("{rec}"));
+    let mib = |n: u64| serde_json::json!(n << 20);
+    let of48 = top.iter().find(|s| s["bytes"] == mib(48)).unwrap_or_else(|| panic!("no 48 MiB site: {top:?}"));
+    assert_eq!(of48["function"], "alloc48", "{of48}");
+    assert_eq!((&of48["cell"], &of48["line"]), (&serde_json::json!(cell - 1), &serde_json::json!(3)), "{of48}");
+    assert_eq!(of48["called_from"], serde_json::json!([cell, 2]), "{of48}");
+    let of40 = top.iter().find(|s| s["bytes"] == mib(40)).unwrap_or_else(|| panic!("no 40 MiB site: {top:?}"));
+    assert_eq!((&of40["cell"], &of40["line"]), (&serde_json::json!(cell), &serde_json::json!(3)), "{of40}");
+    assert_eq!(of40["function"], serde_json::Value::Null, "the cell's own code: {of40}");
+    assert_eq!(of40["owner"], "notebook cell");
+    let line = e.reports_text();
+    assert!(line.contains(&format!("top alloc48 (cell {}:3) ← cell {cell}:2 48.00 MiB", cell - 1)), "{line}");
+
+    // The allocator's buffers: a 64 MiB DeviceBuffer on line 2 (its segment holds the bytes).
+    let e = k
+        .execute(
+            "use gpumem_nb::{DeviceBuffer, StreamId};\nlet big = DeviceBuffer::<u8>::zeros(&gpumem_nb::current()?, 64 << 20, StreamId::DEFAULT)?;",
+        )
+        .await;
+    assert_eq!(e.status(), ReplyStatus::Ok, "{:?}", e.json());
+    let rec = &e.reports()[0];
+    let cell = rec["cell"].as_u64().unwrap();
+    let top = rec["all_allocations"]["top"].as_array().unwrap();
+    let buf = top.iter().find(|s| s["bytes"] == mib(64)).unwrap_or_else(|| panic!("no 64 MiB site: {top:?}"));
+    assert_eq!((&buf["cell"], &buf["line"]), (&serde_json::json!(cell), &serde_json::json!(2)), "{buf}");
+
+    // %gpumem top: live now and at the session's peak, with their sites.
+    let e = k.execute("drop(a);\n%gpumem top 3").await;
+    let text = e.of_type("display_data").iter().filter_map(|d| d["data"]["text/plain"].as_str()).collect::<Vec<_>>().join("\n");
+    assert!(text.contains("live now") && text.contains("at the session's peak"), "{text}");
+    assert!(text.contains(&format!("cell {cell}:2")), "the buffer's site: {text}");
+    assert!(text.contains("alloc48"), "gone now, but held memory at the peak: {text}");
     k.shutdown().await;
 }
