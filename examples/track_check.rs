@@ -123,7 +123,7 @@ fn pool_split_ns(stream: &Arc<cudarc::driver::CudaStream>, bytes: usize, n: usiz
         stream.synchronize().expect("sync");
         (a, f)
     }
-    drop(nest(stream, bytes, n.min(1000), depth));
+    let _warm = nest(stream, bytes, n.min(1000), depth);
     (0..3).map(|_| nest(stream, bytes, n, depth)).fold((f64::MAX, f64::MAX), |b, x| (b.0.min(x.0), b.1.min(x.1)))
 }
 
@@ -163,17 +163,15 @@ fn main() {
     }
     // Allocation and release apart, 40 frames of the program's own below (every depth walked in
     // full), as a table beside the untracked numbers.
-    println!("stack depth | alloc ns | release ns | alloc overhead ns | release overhead ns   (cuMemAllocAsync/cuMemFreeAsync, 4 KiB)");
+    println!(
+        "stack depth | alloc ns | release ns | alloc overhead ns | release overhead ns   (cuMemAllocAsync/cuMemFreeAsync, 4 KiB)"
+    );
     println!("untracked   | {:8.0} | {:10.0} |                 – |                   –", base_split.0, base_split.1);
     let mut split = serde_json::Map::new();
     for depth in [0, 8, 16, STACK_DEPTH] {
         tracking::set_stack_depth(depth);
         let (a, f) = pool_split_ns(&stream, 4096, n, 40);
-        println!(
-            "{depth:>11} | {a:8.0} | {f:10.0} | {:17.0} | {:19.0}",
-            a - base_split.0,
-            f - base_split.1
-        );
+        println!("{depth:>11} | {a:8.0} | {f:10.0} | {:17.0} | {:19.0}", a - base_split.0, f - base_split.1);
         split.insert(
             depth.to_string(),
             json!({"alloc_ns": a, "free_ns": f, "alloc_overhead_ns": a - base_split.0, "free_overhead_ns": f - base_split.1}),

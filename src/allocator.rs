@@ -271,7 +271,10 @@ impl<B: Backend> CachingAllocator<B> {
     }
 
     /// [`Self::snapshot`] with stacks named by `symbolize`.
-    pub(crate) fn snapshot_with(&self, symbolize: &mut dyn FnMut(&[usize]) -> Vec<crate::record::frames::Frame>) -> Snapshot {
+    pub(crate) fn snapshot_with(
+        &self,
+        symbolize: &mut dyn FnMut(&[usize]) -> Vec<crate::record::frames::Frame>,
+    ) -> Snapshot {
         let mut raw = self.with_state(|s, _| RawSnapshot::take(s, self.device));
         raw.backend = Some(self.kind);
         Snapshot::from_raw_with(&raw, symbolize)

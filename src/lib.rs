@@ -65,8 +65,8 @@ pub mod notebook;
 mod pinned;
 pub mod replay;
 
-pub use notebook::{mem, scope, tracking};
 pub use notebook::tracking::top;
+pub use notebook::{mem, scope, tracking};
 
 // The allocator and its PyTorch-named API.
 pub use allocator::{CachingAllocator, OomObserver, PeakSlot};

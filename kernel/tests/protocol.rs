@@ -80,7 +80,9 @@ impl Executed {
     fn reports_text(&self) -> String {
         self.report_messages()
             .into_iter()
-            .map(|(_, m)| serde_json::to_value(&m.content).unwrap()["data"]["text/plain"].as_str().unwrap_or("").to_string())
+            .map(|(_, m)| {
+                serde_json::to_value(&m.content).unwrap()["data"]["text/plain"].as_str().unwrap_or("").to_string()
+            })
             .collect::<Vec<_>>()
             .join("\n")
     }
@@ -535,7 +537,12 @@ async fn sites_name_functions_cells_and_lines() {
 
     // %gpumem top: live now and at the session's peak, with their sites.
     let e = k.execute("drop(a);\n%gpumem top 3").await;
-    let text = e.of_type("display_data").iter().filter_map(|d| d["data"]["text/plain"].as_str()).collect::<Vec<_>>().join("\n");
+    let text = e
+        .of_type("display_data")
+        .iter()
+        .filter_map(|d| d["data"]["text/plain"].as_str())
+        .collect::<Vec<_>>()
+        .join("\n");
     assert!(text.contains("live now") && text.contains("at the session's peak"), "{text}");
     assert!(text.contains(&format!("cell {cell}:2")), "the buffer's site: {text}");
     assert!(text.contains("alloc48"), "gone now, but held memory at the peak: {text}");

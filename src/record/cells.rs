@@ -73,7 +73,7 @@ impl LineMap {
         let genl: Vec<&str> = lib_rs.lines().collect();
         let mut cells: Vec<(u64, Vec<&str>)> = cells.iter().map(|(n, c)| (*n, c.lines().collect())).collect();
         // Newest first: the first candidate found is the newest.
-        cells.sort_by(|a, b| b.0.cmp(&a.0));
+        cells.sort_by_key(|c| std::cmp::Reverse(c.0));
         let mut exact: HashMap<&str, Vec<(usize, usize)>> = HashMap::new();
         for (ci, (_, lines)) in cells.iter().enumerate() {
             for (li, l) in lines.iter().enumerate() {
@@ -109,9 +109,8 @@ impl LineMap {
             let (mut g, mut u) = (gi + 1, li);
             while g < genl.len() {
                 let next = genl[g];
-                if next.trim().is_empty() && u + 1 < lines.len() && lines[u + 1].trim().is_empty() {
-                    u += 1;
-                } else if u + 1 < lines.len() && fits(next, lines[u + 1]) {
+                let blank_in_both = next.trim().is_empty() && u + 1 < lines.len() && lines[u + 1].trim().is_empty();
+                if blank_in_both || (u + 1 < lines.len() && fits(next, lines[u + 1])) {
                     u += 1;
                 } else if fits(next, lines[u]) && lines[u].trim() != next.trim() {
                     // The rest of a line split between two statements.
@@ -209,7 +208,8 @@ evcxr_variable_store
     #[test]
     fn lib_rs_lines_map_to_the_cells_that_wrote_them() {
         let cell2 = ":dep gpumem-nb = { path = \"..\" }\n// helpers\nfn alloc48() -> gpumem_nb::mem::DriverAlloc {\n    // the caller keeps it\n    gpumem_nb::mem::driver_alloc_mib(48).unwrap()\n}\n";
-        let cell3 = "// two allocations\nlet a = alloc48();\nlet b = gpumem_nb::mem::driver_alloc_mib(40)?; let c = 1;\n";
+        let cell3 =
+            "// two allocations\nlet a = alloc48();\nlet b = gpumem_nb::mem::driver_alloc_mib(40)?; let c = 1;\n";
         let map = LineMap::build(LIB_RS, &[(2, cell2), (3, cell3)]);
         // The function's body: cell 2, lines 3-6.
         assert_eq!(map.lookup(2), Some((2, 3)));

@@ -101,12 +101,8 @@ fn note_unknown(addrs: &[u64]) {
     unknown.extend_from_slice(addrs);
     unknown.sort_unstable();
     unknown.dedup();
-    let known = Known {
-        unwinder: old.unwinder.clone(),
-        ranges: old.ranges.clone(),
-        loaded: old.loaded.clone(),
-        unknown,
-    };
+    let known =
+        Known { unwinder: old.unwinder.clone(), ranges: old.ranges.clone(), loaded: old.loaded.clone(), unknown };
     *KNOWN.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(known));
     GENERATION.fetch_add(1, Ordering::Release);
 }
@@ -181,7 +177,8 @@ fn base_of<'d, R: object::ReadRef<'d>>(obj: &object::File<'d, R>, m: &ExecMappin
     use object::{Object, ObjectSegment, SegmentFlags};
     // The executable load segment the mapping starts in: its file offset is rounded down to a
     // page by the loader (up to 64 KiB pages).
-    let exec = |s: &object::Segment<'d, '_, R>| matches!(s.flags(), SegmentFlags::Elf { p_flags, .. } if p_flags.0 & 1 != 0);
+    let exec =
+        |s: &object::Segment<'d, '_, R>| matches!(s.flags(), SegmentFlags::Elf { p_flags, .. } if p_flags.0 & 1 != 0);
     let holds = |s: &object::Segment<'d, '_, R>| {
         let (off, size) = s.file_range();
         off & !0xffff <= m.offset && m.offset < off + size.max(1)
@@ -341,4 +338,3 @@ mod tests {
         assert_eq!((m[0].start, m[0].end, m[0].offset), (0x400000, 0x452000, 0x1000));
     }
 }
-

@@ -55,6 +55,9 @@ impl Site {
     }
 }
 
+/// A cell library's run number (`run_user_code_N`) and the line map of its `lib.rs`.
+type Library = (u64, Option<Arc<LineMap>>);
+
 /// Names sites; keeps its caches between calls.
 #[derive(Default)]
 pub(crate) struct Owners {
@@ -64,7 +67,7 @@ pub(crate) struct Owners {
     /// The notebook's cells (execution count → code).
     cells: BTreeMap<u64, String>,
     /// Cell library path → its run number and line map.
-    libraries: HashMap<Arc<str>, Option<(u64, Option<Arc<LineMap>>)>>,
+    libraries: HashMap<Arc<str>, Option<Library>>,
 }
 
 /// CUDA's own layers: never an owner.
@@ -86,19 +89,9 @@ fn is_wrapper(sym: &str) -> bool {
     // that forwards to it (cudarc's dynamic loading defines them).
     let cuda_shim = s.strip_prefix("cu").is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_uppercase()));
     cuda_shim
-        || [
-            "cudarc::",
-            "gpumem_nb::",
-            "core::",
-            "std::",
-            "alloc::",
-            "backtrace::",
-            "framehop::",
-            "__rust",
-            "_Unwind",
-        ]
-        .iter()
-        .any(|p| s.starts_with(p))
+        || ["cudarc::", "gpumem_nb::", "core::", "std::", "alloc::", "backtrace::", "framehop::", "__rust", "_Unwind"]
+            .iter()
+            .any(|p| s.starts_with(p))
 }
 
 /// Whether a symbol is the notebook's own code (evcxr's cell crate).
@@ -166,7 +159,7 @@ impl Owners {
 
     /// The run number and line map of a cell library (read once; the map only while the
     /// library's `lib.rs` is still the one it was built from).
-    fn library(&mut self, path: &Arc<str>) -> Option<(u64, Option<Arc<LineMap>>)> {
+    fn library(&mut self, path: &Arc<str>) -> Option<Library> {
         if let Some(v) = self.libraries.get(path) {
             return v.clone();
         }
@@ -337,7 +330,9 @@ mod tests {
         assert!(is_wrapper("cuMemAlloc_v2") && is_wrapper("cuMemAllocAsync") && !is_wrapper("cublas_helper"));
         assert!(is_cuda_layer("libcuda.so.1") && is_cuda_layer("libcupti.so.13") && !is_cuda_layer("libcublas.so.13"));
         assert!(is_system("libc.so.6") && is_system("ld-linux-x86-64.so.2") && !is_system("libcublasLt.so.13"));
-        assert!(is_cell_code("ctx::alloc48") && is_cell_code("<ctx::Model as ctx::Run>::go") && !is_cell_code("ctxx::a"));
+        assert!(
+            is_cell_code("ctx::alloc48") && is_cell_code("<ctx::Model as ctx::Run>::go") && !is_cell_code("ctxx::a")
+        );
         assert!(is_cell_body("ctx::run_user_code_12::{{closure}}") && !is_cell_body("ctx::alloc48"));
         assert_eq!(notebook_name("<ctx::Model as ctx::Run>::go"), "<Model as Run>::go");
     }

@@ -133,7 +133,14 @@ impl CellRecord {
                 if !p.top.is_empty() {
                     for (i, o) in p.top.iter().enumerate() {
                         let head = if i == 0 { "  top sites" } else { "" };
-                        t.row([head.into(), "–".into(), iec(o.bytes), "–".into(), "–".into(), format!("{} ({})", o.site(), o.owner)]);
+                        t.row([
+                            head.into(),
+                            "–".into(),
+                            iec(o.bytes),
+                            "–".into(),
+                            "–".into(),
+                            format!("{} ({})", o.site(), o.owner),
+                        ]);
                     }
                 }
             }

@@ -13,7 +13,11 @@ impl TopReport {
             let place = p.device.map_or("host pinned".to_string(), |d| format!("device {d}"));
             let mut part = |what: String, total: u64, sites: &[OwnerBytes]| {
                 for (i, s) in sites.iter().enumerate() {
-                    let share = if total == 0 { "–".into() } else { format!("{:.0} %", 100.0 * s.bytes as f64 / total as f64) };
+                    let share = if total == 0 {
+                        "–".into()
+                    } else {
+                        format!("{:.0} %", 100.0 * s.bytes as f64 / total as f64)
+                    };
                     let head = if i == 0 { what.clone() } else { String::new() };
                     t.row([head, s.site(), s.owner.clone(), iec(s.bytes), share]);
                 }

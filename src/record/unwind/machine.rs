@@ -102,7 +102,7 @@ impl Stack {
     /// The aligned word at `addr`, when it lies inside the stack; `Err` otherwise.
     #[inline]
     pub(crate) fn read(&self, addr: u64) -> Result<u64, ()> {
-        if addr % 8 != 0 || addr < self.start || addr.checked_add(8).is_none_or(|e| e > self.end) {
+        if !addr.is_multiple_of(8) || addr < self.start || addr.checked_add(8).is_none_or(|e| e > self.end) {
             return Err(());
         }
         // SAFETY: `addr` is 8-aligned and its 8 bytes lie inside the readable mapping that held
