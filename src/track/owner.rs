@@ -206,8 +206,17 @@ impl Owners {
                 break;
             }
             in_cell |= module.starts_with("libcode_");
-            let named = r.frames.iter().map(|f| f.name.as_str()).find(|n| !is_wrapper(n) && !n.starts_with("0x"));
-            if let Some(name) = named {
+            // Inlined frames carry only their short name (`zeros`): one is only trusted when it
+            // is the notebook's own code (a cell library's `lib.rs`), and named as the notebook.
+            let named = r.frames.iter().find_map(|f| {
+                let n = f.name.as_str();
+                if n.contains("::") {
+                    (!is_wrapper(n) && !n.starts_with("0x")).then(|| n.to_string())
+                } else {
+                    notebook_short(r, f).then(|| format!("{CELL_CRATE}::{n}"))
+                }
+            });
+            if let Some(name) = named.as_deref() {
                 site.owner = owner_of_symbol(name);
                 site.function = if is_cell_code(name) {
                     (!is_cell_body(name)).then(|| notebook_name(name))
@@ -230,7 +239,7 @@ impl Owners {
             }
             let map = self.library(&r.path).and_then(|(_, m)| m);
             for f in &r.frames {
-                if !is_cell_code(&f.name) {
+                if !is_cell_code(&f.name) && !notebook_short(r, f) {
                     continue;
                 }
                 let mapped = map.as_ref().filter(|_| f.filename.ends_with("lib.rs")).and_then(|m| m.lookup(f.line));
@@ -294,6 +303,11 @@ impl Owners {
         let s = self.compute(frames, 0);
         (!s.owner.starts_with("unknown")).then_some(s.owner)
     }
+}
+
+/// An inlined frame of the notebook's own code: a short name in a cell library's `lib.rs`.
+fn notebook_short(r: &Resolved, f: &crate::record::frames::Frame) -> bool {
+    !f.name.contains("::") && r.module.starts_with("libcode_") && f.filename.ends_with("lib.rs")
 }
 
 /// Index of the first frame after the first run of CUDA-layer frames (the API's caller), or 0
