@@ -99,3 +99,12 @@ pub use scope::{MemoryScope, ScopeReport, SnapshotError, SnapshotScope, measure,
 // What a notebook shows.
 pub use render::chart::{Chart, ChartOptions, Series};
 pub use render::reports::{MemoryStatsTable, MemorySummary, SegmentTable, SnapshotSummary};
+
+/// This crate's version (gpumem-kernel checks that a notebook's `:dep gpumem-nb` matches it).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The cudarc this crate is built with (with its `driver` and `nvrtc` modules), for cells that
+/// launch kernels on gpumem-nb buffers: its types are the ones `DeviceBuffer::cuda()` lends, so
+/// no second `:dep cudarc` (and no version or feature mismatch) is needed.
+#[cfg(feature = "cuda")]
+pub use cudarc;

@@ -1,41 +1,108 @@
 //! Where evcxr compiles a notebook's cells: a persistent directory, so the crates a notebook
 //! loads (gpumem-nb and its dependencies) are compiled once, not at every kernel start.
 //!
-//! `EVCXR_TMPDIR` wins when it is set. Otherwise a kernel binary inside a cargo target
-//! directory (`…/target/release/gpumem-kernel`) uses `…/target/evcxr`, so the README's main
-//! command and the test script share one build; an installed kernel uses
-//! `$XDG_CACHE_HOME/gpumem-kernel/evcxr` (`~/.cache/…`). A kernel locks the directory while it
-//! uses it; a second kernel started meanwhile (two notebooks open at once) gets evcxr's own
-//! private temporary directory instead, since two builds cannot share one directory.
+//! evcxr writes the cells' crate (`Cargo.toml`, `src/lib.rs`) into that directory and runs
+//! cargo there. Cargo looks for a workspace above every package it builds: if a `Cargo.toml`
+//! with `[workspace]` encloses the directory (a clone's own `target/`, say) and does not exclude
+//! it, cargo refuses the cells' crate ("current package believes it's in a workspace when it's
+//! not"). So the directory is never chosen inside a workspace:
+//!
+//! - `EVCXR_TMPDIR` wins when it is set and no workspace claims it;
+//! - otherwise `$XDG_CACHE_HOME/gpumem-kernel/evcxr` (`~/.cache/gpumem-kernel/evcxr`), the same
+//!   for every clone and every way the kernel is started (the README's main command, Jupyter,
+//!   the tests), so the first build is shared;
+//! - when that one is claimed by a workspace, cannot be created, or is held by another kernel
+//!   (two notebooks open at once: two builds cannot share a directory), a private temporary
+//!   directory, removed when the kernel exits.
+//!
+//! Every fallback is said once ([`Choice::notice`]): on the console and in the first cell.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
-/// A build directory this kernel holds (locked until dropped).
+/// The notice of this process's choice, until the first cell shows it.
+static NOTICE: Mutex<Option<String>> = Mutex::new(None);
+
+/// Keeps `notice` for the first cell ([`take_notice`]).
+pub fn keep_notice(notice: Option<String>) {
+    if let Ok(mut n) = NOTICE.lock() {
+        *n = notice;
+    }
+}
+
+/// The notice kept by [`keep_notice`], once.
+pub fn take_notice() -> Option<String> {
+    NOTICE.lock().ok().and_then(|mut n| n.take())
+}
+
+/// A build directory this kernel holds until it is dropped: locked, or private to it.
 #[derive(Debug)]
 pub struct BuildDir {
-    /// The directory.
+    /// The directory (evcxr's `EVCXR_TMPDIR`: the cells' crate is written here).
     pub path: PathBuf,
-    _lock: File,
+    _lock: Option<File>,
+    _private: Option<tempfile::TempDir>,
 }
 
-/// The cargo target directory an executable at `exe` was built into, if it was.
-fn target_dir_of(exe: &Path) -> Option<PathBuf> {
-    let target = exe.parent()?.parent()?;
-    let marked = target.join("CACHEDIR.TAG").is_file() || target.join(".rustc_info.json").is_file();
-    marked.then(|| target.to_path_buf())
+/// The directory picked for this kernel, and why it is not the usual one (when it is not).
+#[derive(Debug)]
+pub struct Choice {
+    /// The directory; `None` only when not even a temporary directory could be made (then
+    /// evcxr picks its own).
+    pub dir: Option<BuildDir>,
+    /// A one-line explanation when the kernel had to fall back, for the console and the first
+    /// cell.
+    pub notice: Option<String>,
 }
 
-/// The directory to use when `EVCXR_TMPDIR` is not set.
+/// The shared directory when `EVCXR_TMPDIR` is not set: `$XDG_CACHE_HOME/gpumem-kernel/evcxr`,
+/// or `$HOME/.cache/gpumem-kernel/evcxr`.
 pub fn default_path() -> Option<PathBuf> {
-    if let Some(target) = std::env::current_exe().ok().and_then(|e| target_dir_of(&e)) {
-        return Some(target.join("evcxr"));
-    }
     let cache = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .filter(|p| p.is_absolute())
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+        .or_else(|| std::env::var_os("HOME").filter(|h| !h.is_empty()).map(|h| PathBuf::from(h).join(".cache")))?;
     Some(cache.join("gpumem-kernel").join("evcxr"))
+}
+
+/// The manifest of the cargo workspace that would claim a package at `dir` (its `Cargo.toml`
+/// in `dir` itself), if any: the nearest `Cargo.toml` above `dir` with a `[workspace]` table
+/// whose `exclude` does not cover `dir`, as cargo searches. A manifest that cannot be read or
+/// parsed is skipped (cargo would fail on it too, with its own message).
+pub fn claiming_workspace(dir: &Path) -> Option<PathBuf> {
+    let dir = absolute(dir);
+    for ancestor in dir.ancestors().skip(1) {
+        let manifest = ancestor.join("Cargo.toml");
+        let Ok(text) = std::fs::read_to_string(&manifest) else { continue };
+        let Ok(doc) = text.parse::<toml::Table>() else { continue };
+        let Some(ws) = doc.get("workspace").and_then(toml::Value::as_table) else { continue };
+        let excluded = ws
+            .get("exclude")
+            .and_then(toml::Value::as_array)
+            .is_some_and(|ex| ex.iter().filter_map(toml::Value::as_str).any(|e| dir.starts_with(ancestor.join(e))));
+        if !excluded {
+            return Some(manifest);
+        }
+    }
+    None
+}
+
+/// `p` made absolute against the working directory, with `.` and `..` resolved textually
+/// (the directory may not exist yet).
+fn absolute(p: &Path) -> PathBuf {
+    let joined = if p.is_absolute() { p.to_path_buf() } else { std::env::current_dir().unwrap_or_default().join(p) };
+    let mut out = PathBuf::new();
+    for c in joined.components() {
+        match c {
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            std::path::Component::CurDir => {}
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// Creates and locks `path`; `None` when it cannot be created or another kernel holds it.
@@ -43,16 +110,48 @@ pub fn lock(path: &Path) -> Option<BuildDir> {
     std::fs::create_dir_all(path).ok()?;
     let lock = File::options().create(true).truncate(false).write(true).open(path.join(".gpumem-kernel.lock")).ok()?;
     lock.try_lock().ok()?;
-    Some(BuildDir { path: path.to_path_buf(), _lock: lock })
+    Some(BuildDir { path: path.to_path_buf(), _lock: Some(lock), _private: None })
 }
 
-/// The build directory for this kernel, or `None` (then evcxr picks: `EVCXR_TMPDIR`, or a
-/// private temporary directory).
-pub fn choose() -> Option<BuildDir> {
-    if std::env::var_os("EVCXR_TMPDIR").is_some() {
+/// A private directory under the system's temporary directory, removed when dropped.
+fn private() -> Option<BuildDir> {
+    let tmp = tempfile::Builder::new().prefix("gpumem-kernel-evcxr-").tempdir().ok()?;
+    if claiming_workspace(tmp.path()).is_some() {
         return None;
     }
-    lock(&default_path()?)
+    Some(BuildDir { path: tmp.path().to_path_buf(), _lock: None, _private: Some(tmp) })
+}
+
+/// Picks the build directory for this kernel (see the module's documentation).
+pub fn choose() -> Choice {
+    choose_from(std::env::var_os("EVCXR_TMPDIR").map(PathBuf::from), default_path())
+}
+
+fn choose_from(requested: Option<PathBuf>, default: Option<PathBuf>) -> Choice {
+    let (wanted, what) = match requested {
+        Some(dir) if !dir.as_os_str().is_empty() => (Some(dir), "EVCXR_TMPDIR"),
+        _ => (default, "the build directory"),
+    };
+    let why = match &wanted {
+        None => "there is no home or cache directory to keep notebook builds in".to_string(),
+        Some(dir) => {
+            let dir_shown = dir.display();
+            match claiming_workspace(dir) {
+                Some(ws) => format!(
+                    "{what} {dir_shown} is inside the cargo workspace of {}, where cargo refuses the cells' crate",
+                    ws.display()
+                ),
+                None => match lock(dir) {
+                    Some(held) => return Choice { dir: Some(held), notice: None },
+                    None if dir.is_dir() => format!("{what} {dir_shown} is in use by another gpumem kernel"),
+                    None => format!("{what} {dir_shown} cannot be created"),
+                },
+            }
+        }
+    };
+    let notice =
+        format!("{why}: compiling notebook cells in a private temporary directory instead (built from scratch)");
+    Choice { dir: private(), notice: Some(notice) }
 }
 
 #[cfg(test)]
@@ -60,19 +159,56 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_cargo_target_dir_is_recognised_and_a_held_dir_is_refused() {
+    fn a_workspace_above_the_directory_claims_it_unless_it_excludes_it() {
         let base = tempfile::tempdir().unwrap();
-        let target = base.path().join("target");
-        std::fs::create_dir_all(target.join("release")).unwrap();
-        let exe = target.join("release").join("gpumem-kernel");
-        assert_eq!(target_dir_of(&exe), None, "no cargo marker yet");
-        std::fs::write(target.join("CACHEDIR.TAG"), "Signature: 8a477f597d28d172789f06886806bc55").unwrap();
-        assert_eq!(target_dir_of(&exe), Some(target.clone()));
-        let dir = target.join("evcxr");
-        let held = lock(&dir).expect("the first kernel gets it");
-        assert!(dir.is_dir());
-        assert!(lock(&dir).is_none(), "a second kernel must not share it");
-        drop(held);
-        assert!(lock(&dir).is_some(), "free again once the first kernel is gone");
+        let clone = base.path().join("clone");
+        std::fs::create_dir_all(clone.join("target")).unwrap();
+        let cells = clone.join("target").join("evcxr");
+        assert_eq!(claiming_workspace(&cells), None, "no manifest yet");
+        // A package without [workspace] does not claim anything.
+        std::fs::write(clone.join("Cargo.toml"), "[package]\nname = \"x\"\nversion = \"0.1.0\"\n").unwrap();
+        assert_eq!(claiming_workspace(&cells), None);
+        std::fs::write(clone.join("Cargo.toml"), "[workspace]\nmembers = [\".\"]\n[package]\nname = \"x\"\n").unwrap();
+        assert_eq!(claiming_workspace(&cells), Some(clone.join("Cargo.toml")));
+        // Relative paths and `..` are resolved as cargo would.
+        assert_eq!(claiming_workspace(&cells.join("..").join("evcxr")), Some(clone.join("Cargo.toml")));
+        std::fs::write(clone.join("Cargo.toml"), "[workspace]\nexclude = [\"target\"]\n").unwrap();
+        assert_eq!(claiming_workspace(&cells), None, "excluded");
+        // The directory's own Cargo.toml (the cells' crate) is not an enclosing workspace.
+        std::fs::create_dir_all(&cells).unwrap();
+        std::fs::write(cells.join("Cargo.toml"), "[workspace]\n").unwrap();
+        assert_eq!(claiming_workspace(&cells), None);
+    }
+
+    #[test]
+    fn a_claimed_or_held_directory_falls_back_to_a_private_one_with_a_notice() {
+        let base = tempfile::tempdir().unwrap();
+        let clone = base.path().join("clone");
+        std::fs::create_dir_all(&clone).unwrap();
+        std::fs::write(clone.join("Cargo.toml"), "[workspace]\nmembers = [\".\"]\n").unwrap();
+
+        // EVCXR_TMPDIR inside the workspace: refused, said, and a private directory used.
+        let inside = clone.join("target").join("evcxr");
+        let c = choose_from(Some(inside.clone()), None);
+        let dir = c.dir.expect("a private directory");
+        assert!(dir.path.is_dir() && !dir.path.starts_with(&clone));
+        let notice = c.notice.expect("the fallback is said");
+        assert!(notice.contains("EVCXR_TMPDIR") && notice.contains(&inside.display().to_string()), "{notice}");
+        assert!(notice.contains(&clone.join("Cargo.toml").display().to_string()), "{notice}");
+        let private_path = dir.path.clone();
+        drop(dir);
+        assert!(!private_path.exists(), "a private directory goes with the kernel");
+
+        // The default directory, free: used and locked; a second kernel falls back.
+        let shared = base.path().join("cache").join("gpumem-kernel").join("evcxr");
+        let first = choose_from(None, Some(shared.clone()));
+        assert!(first.notice.is_none());
+        assert_eq!(first.dir.as_ref().map(|d| d.path.clone()), Some(shared.clone()));
+        let second = choose_from(None, Some(shared.clone()));
+        assert!(second.notice.expect("said").contains("in use by another gpumem kernel"));
+        assert_ne!(second.dir.as_ref().map(|d| d.path.clone()), Some(shared.clone()));
+        drop(first);
+        let third = choose_from(Some(PathBuf::new()), Some(shared.clone()));
+        assert_eq!(third.dir.map(|d| d.path), Some(shared), "free again; an empty EVCXR_TMPDIR is unset");
     }
 }

@@ -10,14 +10,18 @@
 //! - [`report`]: per-cell records, the report line, history, chart, export.
 //! - [`nvml`]: kernel-side NVML; [`install`]: the kernelspec; [`run`]: headless notebooks.
 //! - [`usage`]: the answer to Jupyter's `usage_request` (CPU, memory, GPU memory).
-//! - [`build_dir`]: where evcxr compiles the cells (kept between kernel starts);
-//!   [`toolchain`]: what the kernel needs from the Rust toolchain (std, `rust-src`).
+//! - [`build_dir`]: where evcxr compiles the cells (kept between kernel starts, outside any
+//!   cargo workspace); [`compile`]: how far a cell's build has come; [`dep`]: `:dep gpumem-nb`
+//!   is the crate the kernel was built with; [`toolchain`]: what the kernel needs from the Rust
+//!   toolchain (std, `rust-src`).
 
 #![forbid(unsafe_code)]
 
 pub mod build_dir;
+pub mod compile;
 pub mod complete;
 pub mod control;
+pub mod dep;
 pub mod engine;
 pub mod hooks;
 pub mod install;

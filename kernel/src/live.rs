@@ -10,6 +10,7 @@
 //! What it costs is measured on the sampler's own thread (its CPU time, [`LiveCost`]) and kept
 //! in the cell's record; `tests/overhead.rs` measures a long cell (BENCHMARKS.md).
 
+use crate::compile::{Progress, Watch};
 use crate::engine::{Output, Sink};
 use crate::hooks::{self, SharedControl};
 use crate::nvml::{self, NvmlSnapshot};
@@ -18,8 +19,8 @@ use gpumem_nb::notebook::protocol::Op;
 use gpumem_nb::render::escape;
 use gpumem_nb::units::iec;
 use serde_json::{Map, Value};
-use std::sync::Arc;
 use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -94,6 +95,12 @@ pub fn line(cell: u64, elapsed: Duration, r: &LiveReading, pid: Option<u32>) -> 
     parts.join(" · ")
 }
 
+/// The line while cell `cell` builds dependencies: the build's progress (on a first `:dep` the
+/// crate is not loaded yet, and nothing of the cell runs meanwhile).
+pub fn compile_line(cell: u64, progress: &Progress) -> String {
+    format!("[{cell}] {}", progress.describe())
+}
+
 /// The line as a `display_data` bundle (text and the same words in HTML).
 pub fn bundle(line: &str) -> Map<String, Value> {
     let html = format!(
@@ -125,12 +132,14 @@ pub struct Finished {
 
 impl Sampler {
     /// Starts sampling cell `cell`, which began at `started`, of child `pid`; its lines go to
-    /// `sink` under a display id of their own.
+    /// `sink` under a display id of their own. While `compile` sees the cell's dependencies
+    /// being built, the line shows the build's progress instead.
     pub fn start(
         cell: u64,
         started: Instant,
         pid: Option<u32>,
         control: SharedControl,
+        compile: Option<Arc<Mutex<Watch>>>,
         sink: Arc<dyn Sink>,
     ) -> std::io::Result<Sampler> {
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
@@ -145,7 +154,13 @@ impl Sampler {
             while let Err(RecvTimeoutError::Timeout) =
                 stopped.recv_timeout(next.saturating_duration_since(Instant::now()))
             {
-                let data = bundle(&line(cell, started.elapsed(), &read(&control), pid));
+                let building =
+                    compile.as_ref().and_then(|w| w.lock().ok()?.poll()).filter(Progress::building_dependencies);
+                let text = match building {
+                    Some(p) => compile_line(cell, &p),
+                    None => line(cell, started.elapsed(), &read(&control), pid),
+                };
+                let data = bundle(&text);
                 let id = shown_id.clone();
                 sink.emit(if cost.updates == 0 { Output::Updatable { id, data } } else { Output::Update { id, data } });
                 cost.updates += 1;

@@ -2,7 +2,7 @@
 //! every cell, `%gpumem` magics, and headless notebook runs.
 //!
 //! ```text
-//! gpumem-kernel install [--user | --prefix DIR]
+//! gpumem-kernel install [--user | --prefix DIR] [--no-prebuild]
 //! gpumem-kernel --connection-file FILE          (how Jupyter starts it)
 //! gpumem-kernel run NOTEBOOK.ipynb [--output OUT.ipynb] [--html OUT.html] [--allow-errors]
 //! ```
@@ -14,9 +14,11 @@ const HELP: &str = "\
 gpumem-kernel — a Jupyter kernel for Rust (evcxr) with a GPU memory report after every cell
 
 USAGE:
-    gpumem-kernel install [--user | --prefix DIR]
+    gpumem-kernel install [--user | --prefix DIR] [--no-prebuild]
         Write the kernelspec `gpumem` (display name \"Rust (gpumem)\"): with --user (the default)
         into the user's Jupyter data dir, with --prefix into DIR/share/jupyter/kernels/gpumem.
+        Then build gpumem-nb and its dependencies where the kernel compiles cells
+        (~/.cache/gpumem-kernel/evcxr), so a new session's first `:dep gpumem-nb` starts warm.
     gpumem-kernel --connection-file FILE
         Run as a Jupyter kernel (this is how Jupyter starts it).
     gpumem-kernel run NOTEBOOK.ipynb [--output OUT.ipynb] [--html OUT.html] [--allow-errors]
@@ -33,12 +35,20 @@ fn main() {
     // First: the same binary is also evcxr's child process and its rustc wrapper.
     evcxr::runtime_hook();
     let args: Vec<String> = std::env::args().skip(1).collect();
-    // Where evcxr compiles cells: a directory kept between kernel starts (see `build_dir`),
-    // held for the kernel's whole life. Set before any thread exists.
-    let _build_dir = match args.first().map(String::as_str) {
-        Some("--connection-file" | "--control_file" | "-f" | "run") => build_dir::choose(),
+    // Where evcxr compiles cells: a directory kept between kernel starts, outside any cargo
+    // workspace (see `build_dir`), held for the kernel's whole life. Set before any thread
+    // exists.
+    let choice = match args.first().map(String::as_str) {
+        Some("--connection-file" | "--control_file" | "-f" | "run" | "install") => Some(build_dir::choose()),
         _ => None,
     };
+    let _build_dir = choice.and_then(|c| {
+        if let Some(notice) = &c.notice {
+            eprintln!("gpumem-kernel: {notice}");
+        }
+        build_dir::keep_notice(c.notice);
+        c.dir
+    });
     if let Some(dir) = &_build_dir {
         // SAFETY: `set_var` races with concurrent readers of the environment; this is the
         // first thing `main` does after `runtime_hook` (which returns only in the kernel
@@ -52,6 +62,8 @@ fn main() {
             2
         }
     };
+    // `exit` runs no destructors: a private build directory goes now.
+    drop(_build_dir);
     std::process::exit(code);
 }
 
@@ -67,14 +79,25 @@ fn real_main(args: &[String]) -> anyhow::Result<i32> {
             Ok(0)
         }
         Some("install") => {
-            let target = match &args[1..] {
-                [] => install::Target::User,
-                [u] if u == "--user" => install::Target::User,
-                [p, dir] if p == "--prefix" => install::Target::Prefix(PathBuf::from(dir)),
+            let mut rest: Vec<&str> = args[1..].iter().map(String::as_str).collect();
+            let no_prebuild = rest.contains(&"--no-prebuild");
+            rest.retain(|a| *a != "--no-prebuild");
+            let target = match rest.as_slice() {
+                [] | ["--user"] => install::Target::User,
+                ["--prefix", dir] => install::Target::Prefix(PathBuf::from(dir)),
                 other => anyhow::bail!("install: unexpected arguments {other:?}\n\n{HELP}"),
             };
             let dir = install::install(&target)?;
             println!("Installed kernelspec {} in {}", install::KERNEL_NAME, dir.display());
+            if !no_prebuild {
+                let cells = std::env::var_os("EVCXR_TMPDIR").map(PathBuf::from).unwrap_or_default();
+                println!(
+                    "Building gpumem-nb for notebook cells in {} (once: a new session's first `:dep gpumem-nb` then starts warm)…",
+                    cells.display()
+                );
+                let took = run::prebuild()?;
+                println!("Built in {:.0} s.", took.as_secs_f64());
+            }
             Ok(0)
         }
         Some("--connection-file" | "--control_file" | "-f") => {

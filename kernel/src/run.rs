@@ -32,7 +32,12 @@ pub struct RunOptions {
 #[derive(Default)]
 struct Collect {
     outputs: Mutex<Vec<Output>>,
+    /// When the build's progress was last printed (a line every few seconds).
+    progress_shown: Mutex<Option<std::time::Instant>>,
 }
+
+/// Time between two progress lines on the console.
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Sink for Collect {
     fn emit(&self, out: Output) {
@@ -44,6 +49,19 @@ impl Sink for Collect {
     fn input(&self, prompt: &str, _password: bool) -> String {
         eprintln!("gpumem-kernel run: the notebook asked for input ({prompt:?}); answering with an empty line");
         String::new()
+    }
+
+    fn compiling(&self, cell: u64, progress: &crate::compile::Progress) {
+        let Ok(mut shown) = self.progress_shown.lock() else { return };
+        // The first line after two seconds (a short cell build says nothing), then every five.
+        let due = match *shown {
+            None => progress.elapsed >= std::time::Duration::from_secs(2),
+            Some(at) => at.elapsed() >= PROGRESS_EVERY,
+        };
+        if due {
+            eprintln!("      [{cell}] {}", progress.describe());
+            *shown = Some(std::time::Instant::now());
+        }
     }
 }
 
@@ -148,6 +166,7 @@ pub fn run(opts: &RunOptions) -> anyhow::Result<i32> {
         let code = source_of(cell);
         let outcome = engine.execute(&code, false);
         let outputs = std::mem::take(&mut *sink.outputs.lock().unwrap_or_else(|e| e.into_inner()));
+        *sink.progress_shown.lock().unwrap_or_else(|e| e.into_inner()) = None;
         let expected_error = tags_of(cell).iter().any(|t| t == "raises-exception");
         let panicked = outcome.record.as_ref().is_some_and(|r| r.status == "panicked");
         let failed = outcome.error.is_some() || panicked;
@@ -208,6 +227,26 @@ pub fn run(opts: &RunOptions) -> anyhow::Result<i32> {
         eprintln!("  {f}");
     }
     Ok(if failures.is_empty() { 0 } else { 1 })
+}
+
+/// The cell a new session starts with, built ahead by [`prebuild`].
+pub const PREBUILD_CELL: &str = ":dep gpumem-nb\ngpumem_nb::VERSION";
+
+/// Builds gpumem-nb and its dependencies in the directory the kernel's cells use, exactly as a
+/// new session's first `:dep gpumem-nb` cell does, so that cell finds them built (`install`
+/// runs it). The build's progress goes to the console; returns how long it took.
+pub fn prebuild() -> anyhow::Result<std::time::Duration> {
+    let started = std::time::Instant::now();
+    let sink = Arc::new(Collect::default());
+    let mut engine = Engine::new(sink.clone(), Arc::new(AtomicBool::new(false)))?;
+    let outcome = engine.execute(PREBUILD_CELL, false);
+    engine.kill_child();
+    drop(engine);
+    if let Some(e) = outcome.error {
+        let detail = e.traceback.iter().map(|l| strip_ansi(l)).collect::<Vec<_>>().join("\n");
+        anyhow::bail!("building gpumem-nb for notebook cells failed: {}: {}\n{detail}", e.ename, e.evalue);
+    }
+    Ok(started.elapsed())
 }
 
 /// Removes ANSI colour escapes (tracebacks carry them).

@@ -1,8 +1,9 @@
 //! `gpumem-kernel run` on small notebooks: real evcxr, the real gpumem-nb crate loaded with
 //! `:dep`, the control channel, per-cell reports and magics.
 //!
-//! These tests compile gpumem-nb inside evcxr the first time (minutes); evcxr's build
-//! directory is kept under the target directory (`EVCXR_TMPDIR`), so later runs are fast.
+//! They run the kernel as a user does: no `EVCXR_TMPDIR`, so evcxr builds in the kernel's own
+//! directory (`~/.cache/gpumem-kernel/evcxr`, outside any workspace); gpumem-nb compiles there
+//! the first time (minutes) and later runs reuse it.
 
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
@@ -12,17 +13,6 @@ const CELL_MIME: &str = "application/vnd.gpumem.cell+json";
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
-}
-
-/// evcxr's build directory: the one the test script gives (`EVCXR_TMPDIR`, shared by every test
-/// so the crate compiles once), else one per test.
-fn evcxr_tmpdir(name: &str) -> PathBuf {
-    if let Some(d) = std::env::var_os("EVCXR_TMPDIR") {
-        return PathBuf::from(d);
-    }
-    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
 
 fn notebook(cells: &[(&str, &[&str])]) -> Value {
@@ -46,7 +36,6 @@ fn run(name: &str, nb: &Value, extra_env: &[(&str, &str)]) -> (i32, Value, Strin
     let html = dir.join("out.html");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpumem-kernel"));
     cmd.args(["run", path.to_str().unwrap(), "--output", out.to_str().unwrap(), "--html", html.to_str().unwrap()])
-        .env("EVCXR_TMPDIR", evcxr_tmpdir(&format!("evcxr-{name}")))
         .env("GPUMEM_NB_DEVICE", "sim:8GiB");
     for (k, v) in extra_env {
         cmd.env(k, v);
@@ -80,10 +69,8 @@ fn result_text(nb: &Value, i: usize) -> String {
 /// a GPU) shows as `all_allocations` after − before, and a temporary one as the cell's peak.
 #[test]
 fn every_allocation_is_in_the_cell_record() {
-    let root = repo_root();
-    let dep = format!(":dep gpumem-nb = {{ path = {:?} }}", root.to_str().unwrap());
     let nb = notebook(&[
-        (&dep, &[]),
+        (":dep gpumem-nb", &[]),
         ("let d = gpumem_nb::mem::driver_alloc_mib(100)?;", &[]),
         ("let t = gpumem_nb::mem::driver_alloc_mib(300)?;\ndrop(t);", &[]),
         (
@@ -186,10 +173,8 @@ fn one_allocator_state_across_cells_and_exact_reports() {
 /// budget; bad magics; a panic; an abort followed by a working cell.
 #[test]
 fn magics_snapshots_and_restarts() {
-    let root = repo_root();
-    let dep = format!(":dep gpumem-nb = {{ path = {:?} }}", root.to_str().unwrap());
     let nb = notebook(&[
-        (&dep, &[]),
+        (":dep gpumem-nb = \"0.1\"", &[]),
         ("use gpumem_nb::{DeviceBuffer, StreamId};\nlet alloc = gpumem_nb::current()?;\nalloc.memory_allocated()", &[]),
         (
             "%gpumem record on --max-entries 1000\n%gpumem budget 16MiB\nlet a = DeviceBuffer::<u8>::zeros(&alloc, 32 << 20, StreamId::DEFAULT)?;",
@@ -282,15 +267,59 @@ fn unexpected_error_fails_the_run() {
     assert!(stderr.contains("1 failed"), "{stderr}");
 }
 
+/// `:dep gpumem-nb` is the crate the kernel was built with: a version it does not satisfy is one
+/// error line naming both (the cell fails, the kernel carries on), a bare one loads it.
+#[test]
+fn dep_gpumem_nb_is_the_kernels_own() {
+    let nb = notebook(&[
+        (":dep gpumem-nb = \"0.2\"", &["raises-exception"]),
+        (":dep gpumem-nb", &[]),
+        ("gpumem_nb::VERSION", &[]),
+    ]);
+    let (code, out, stderr) = run("dep", &nb, &[]);
+    assert_eq!(code, 0, "{stderr}");
+    let err = outputs(&out, 0).iter().find(|o| o["output_type"] == "error").expect("an error output");
+    assert_eq!(err["ename"], "DependencyError");
+    let evalue = err["evalue"].as_str().unwrap();
+    let own = env!("CARGO_PKG_VERSION");
+    assert!(
+        evalue.contains("\"0.2\"") && evalue.contains(&format!("gpumem-nb {own}")) && !evalue.contains('\n'),
+        "{evalue}"
+    );
+    assert_eq!(result_text(&out, 2), format!("\"{own}\""));
+}
+
+/// A cell that compiles dependencies says how far it has come on `run`'s console: here a fresh
+/// build directory (outside any workspace) and a dependency of a few crates, built from scratch.
+#[test]
+fn compile_progress_on_the_console() {
+    let fresh = tempfile::Builder::new().prefix("gpumem-kernel-test-progress-").tempdir().unwrap();
+    let nb = notebook(&[(":dep serde_json = \"1\"\nserde_json::json!({\"a\": 1}).to_string()", &[])]);
+    let (code, out, stderr) = run("progress", &nb, &[("EVCXR_TMPDIR", fresh.path().to_str().unwrap())]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(result_text(&out, 0), "\"{\\\"a\\\":1}\"");
+    let lines: Vec<&str> = stderr.lines().filter(|l| l.contains("[1] compiling")).collect();
+    assert!(!lines.is_empty(), "no progress line:\n{stderr}");
+    let counts: Vec<(usize, usize)> = lines
+        .iter()
+        .filter_map(|l| {
+            let rest = l.split("compiling dependencies: ").nth(1)?;
+            let (built, rest) = rest.split_once(" of ")?;
+            Some((built.parse().ok()?, rest.split(' ').next()?.parse().ok()?))
+        })
+        .collect();
+    assert!(!counts.is_empty(), "{lines:?}");
+    assert!(counts.iter().all(|&(b, t)| b < t && t >= 3 && t == counts[0].1), "{counts:?}");
+    assert!(counts.windows(2).all(|w| w[0].0 <= w[1].0), "never backwards: {counts:?}");
+}
+
 /// `%gpumem diff` of two snapshot directories and of two cells' states (rebuilt from the
 /// recorded history), a refused cell diff that history does not cover, and `%gpumem snapshot
 /// --on-oom`: a cell running out of memory writes a snapshot then, and its report says why.
 #[test]
 fn diffs_and_out_of_memory_snapshots() {
-    let root = repo_root();
-    let dep = format!(":dep gpumem-nb = {{ path = {:?} }}", root.to_str().unwrap());
     let nb = notebook(&[
-        (&dep, &[]),
+        (":dep gpumem-nb", &[]),
         (
             "%gpumem record on --stacks\n%gpumem snapshot --on-oom oom\nuse gpumem_nb::{DeviceBuffer, StreamId};\nlet alloc = gpumem_nb::current()?;",
             &[],

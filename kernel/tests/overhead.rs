@@ -141,7 +141,7 @@ fn live_line_overhead() {
     let (control, serve_cpu) = serving(&base.path().join("cell"));
     let sink = Arc::new(Lines::default());
     let started = Instant::now();
-    let sampler = live::Sampler::start(1, started, me, control.clone(), sink.clone()).unwrap();
+    let sampler = live::Sampler::start(1, started, me, control.clone(), None, sink.clone()).unwrap();
     std::thread::sleep(Duration::from_secs(secs));
     let finished = sampler.stop();
     let cell_s = started.elapsed().as_secs_f64();

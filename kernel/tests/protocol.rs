@@ -96,13 +96,14 @@ impl Executed {
 }
 
 impl Kernel {
+    /// A kernel started as Jupyter starts it: evcxr compiles cells in the kernel's own build
+    /// directory (no `EVCXR_TMPDIR`).
     async fn start(name: &str) -> Kernel {
-        let evcxr_tmp = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("evcxr-{name}"));
-        Kernel::start_in(name, &evcxr_tmp).await
+        Kernel::start_in(name, None).await
     }
 
-    /// A kernel whose evcxr compiles cells in `evcxr_tmp`.
-    async fn start_in(name: &str, evcxr_tmp: &Path) -> Kernel {
+    /// A kernel whose evcxr compiles cells in `evcxr_tmp` when given.
+    async fn start_in(name: &str, evcxr_tmp: Option<&Path>) -> Kernel {
         let ip = "127.0.0.1".parse().unwrap();
         let (ports, listeners) = peek_ports_with_listeners(ip, 5).await.unwrap();
         let key = format!(
@@ -125,16 +126,14 @@ impl Kernel {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("connection.json");
         std::fs::write(&file, serde_json::to_string(&info).unwrap()).unwrap();
-        std::fs::create_dir_all(evcxr_tmp).unwrap();
         drop(listeners);
-        let process = std::process::Command::new(env!("CARGO_BIN_EXE_gpumem-kernel"))
-            .arg("--connection-file")
-            .arg(&file)
-            .env("EVCXR_TMPDIR", evcxr_tmp)
-            .env("GPUMEM_NB_DEVICE", "sim:8GiB")
-            .current_dir(dir.path())
-            .spawn()
-            .unwrap();
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_gpumem-kernel"));
+        command.arg("--connection-file").arg(&file).env("GPUMEM_NB_DEVICE", "sim:8GiB").current_dir(dir.path());
+        match evcxr_tmp {
+            Some(d) => command.env("EVCXR_TMPDIR", d),
+            None => command.env_remove("EVCXR_TMPDIR"),
+        };
+        let process = command.spawn().unwrap();
         let session = format!("test-{name}-{}", std::process::id());
         let identity = peer_identity_for_session(&session).unwrap();
         let iopub = create_client_iopub_connection(&info, "", &session).await.unwrap();
@@ -417,13 +416,9 @@ async fn protocol() {
 /// `usage_request` on the control channel: ipykernel's fields and GPU memory per device.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn live_line_and_usage() {
-    // The crate compiles inside evcxr once (minutes): in the test script's shared directory.
-    let evcxr_tmp = std::env::var_os("EVCXR_TMPDIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_TARGET_TMPDIR")).join("evcxr-live"));
-    let mut k = Kernel::start_in("live", &evcxr_tmp).await;
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-    let e = k.execute(&format!(":dep gpumem-nb = {{ path = {:?} }}", root.to_str().unwrap())).await;
+    // The crate compiles inside evcxr once (minutes), in the kernel's own build directory.
+    let mut k = Kernel::start("live").await;
+    let e = k.execute(":dep gpumem-nb").await;
     assert_eq!(e.status(), ReplyStatus::Ok, "{:?}", e.json());
     let e = k
         .execute(
@@ -490,13 +485,9 @@ async fn live_line_and_usage() {
 /// DeviceBuffer from the allocator; `%gpumem top`; the line names the top site.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sites_name_functions_cells_and_lines() {
-    let evcxr_tmp = std::env::var_os("EVCXR_TMPDIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_TARGET_TMPDIR")).join("evcxr-live"));
-    let mut k = Kernel::start_in("sites", &evcxr_tmp).await;
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let mut k = Kernel::start("sites").await;
     let t = std::time::Instant::now();
-    let e = k.execute(&format!(":dep gpumem-nb = {{ path = {:?} }}", root.to_str().unwrap())).await;
+    let e = k.execute(":dep gpumem-nb").await;
     assert_eq!(e.status(), ReplyStatus::Ok, "{:?}", e.json());
     let e = k
         .execute(
@@ -546,5 +537,41 @@ async fn sites_name_functions_cells_and_lines() {
     assert!(text.contains("live now") && text.contains("at the session's peak"), "{text}");
     assert!(text.contains(&format!("cell {cell}:2")), "the buffer's site: {text}");
     assert!(text.contains("alloc48"), "gone now, but held memory at the peak: {text}");
+    k.shutdown().await;
+}
+
+/// The first build of a dependency, seen through Jupyter: the live line says it is compiling,
+/// with the crates built of the total, updated in place as cargo goes, and the cell's report
+/// takes its place. A fresh build directory (outside any workspace) so the build is real.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compile_progress_on_the_live_line() {
+    let fresh = tempfile::Builder::new().prefix("gpumem-kernel-test-live-progress-").tempdir().unwrap();
+    let mut k = Kernel::start_in("progress", Some(fresh.path())).await;
+    let e = k.execute(":dep serde_json = \"1\"\nserde_json::json!([1, 2]).to_string()").await;
+    assert_eq!(e.status(), ReplyStatus::Ok, "{:?}", e.json());
+    assert_eq!(e.result_text().as_deref(), Some("\"[1,2]\""));
+    let json: Vec<(String, serde_json::Value)> =
+        e.iopub.iter().map(|m| (m.header.msg_type.clone(), serde_json::to_value(&m.content).unwrap())).collect();
+    let lines: Vec<(&str, &str)> = json
+        .iter()
+        .filter(|(t, _)| t == "display_data" || t == "update_display_data")
+        .filter_map(|(_, c)| Some((c["transient"]["display_id"].as_str()?, c["data"]["text/plain"].as_str()?)))
+        .collect();
+    let building: Vec<(usize, usize)> = lines
+        .iter()
+        .filter_map(|(_, l)| {
+            let rest = l.strip_prefix("[1] compiling dependencies: ")?;
+            let (built, rest) = rest.split_once(" of ")?;
+            Some((built.parse().ok()?, rest.split(' ').next()?.parse().ok()?))
+        })
+        .collect();
+    assert!(building.len() >= 2, "the live line showed the build at least twice: {lines:?}");
+    let total = building[0].1;
+    assert!(total >= 3 && building.iter().all(|&(b, t)| t == total && b < t), "{building:?}");
+    assert!(building.windows(2).all(|w| w[0].0 <= w[1].0), "never backwards: {building:?}");
+    let id = lines[0].0;
+    assert!(lines.iter().all(|(i, _)| *i == id), "one line, updated in place: {lines:?}");
+    let last = json.iter().rfind(|(t, _)| t == "update_display_data").expect("the report replaces it");
+    assert!(last.1["data"].get(CELL_MIME).is_some(), "{last:?}");
     k.shutdown().await;
 }

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs notebooks/tour.ipynb through jupyter_client/nbclient against the gpumem kernel.
 #   kernel/tests/run_tour.sh [release|debug]
-# Needs network access once (pip). evcxr's build directory and the virtualenv live under the
-# target directory, so reruns are fast.
+# Needs network access once (pip). The virtualenv lives under the target directory; evcxr builds
+# cells in the kernel's own directory (~/.cache/gpumem-kernel/evcxr), so reruns are fast.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 profile="${1:-release}"
@@ -13,6 +13,4 @@ if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
   "$venv/bin/pip" install --quiet jupyter_client nbclient nbformat
 fi
-export EVCXR_TMPDIR="${EVCXR_TMPDIR:-$target/evcxr}"
-mkdir -p "$EVCXR_TMPDIR"
 exec "$venv/bin/python" "$repo/kernel/tests/tour_nbclient.py" "$target/$profile/gpumem-kernel" "$target/tour-out"

@@ -7,8 +7,6 @@ repo="$(cd "$(dirname "$0")/../.." && pwd)"
 target="${CARGO_TARGET_DIR:-$repo/target}"
 out="$target/tour-html"
 mkdir -p "$out"
-export EVCXR_TMPDIR="${EVCXR_TMPDIR:-$target/evcxr}"
-mkdir -p "$EVCXR_TMPDIR"
 cargo run --quiet --release -p gpumem-kernel -- run "$repo/notebooks/tour.ipynb" --output "$out/tour.ipynb" --html "$out/tour.html"
 chrome="${CHROMIUM:-/usr/bin/chromium}"
 flags=(--headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking

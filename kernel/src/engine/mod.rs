@@ -16,7 +16,9 @@ mod pump;
 
 pub use errors::ErrorInfo;
 
+use crate::compile;
 use crate::control::{CONTROL_VAR, ControlServer};
+use crate::dep;
 use crate::hooks::{self, HOOK_TIMEOUT, Hooks};
 use crate::live;
 use crate::magic::{self, Magic};
@@ -96,6 +98,9 @@ pub trait Sink: Send + Sync {
     fn updates_in_place(&self) -> bool {
         false
     }
+    /// How the build of cell `cell`'s dependencies is coming along, every half second while
+    /// cargo builds them, for a sink without a live line (`run`'s console).
+    fn compiling(&self, _cell: u64, _progress: &compile::Progress) {}
 }
 
 /// What an execution ended with.
@@ -123,8 +128,13 @@ pub struct Engine {
     interrupted: Arc<AtomicBool>,
     /// Hook timings of the last cell (pre, post), microseconds.
     pub last_hook_us: (u64, u64),
-    /// Said once, on `stderr` of the first cell (a toolchain without `rust-src`).
+    /// Said once, on `stderr` of the first cell (a fallback build directory, a toolchain
+    /// without `rust-src`).
     notice: Option<String>,
+    /// The cells' build, watched for the live line and the console.
+    compile: Option<Arc<Mutex<compile::Watch>>>,
+    /// The gpumem-nb this kernel was built with (what `:dep gpumem-nb` loads).
+    own: dep::Own,
     /// When each cell that ran code ended (the child's pid then, µs since the epoch), for
     /// `%gpumem diff` of cells.
     cell_ends: std::collections::HashMap<u64, (Option<u32>, i64)>,
@@ -157,9 +167,15 @@ impl Engine {
             .map_err(|e| anyhow::anyhow!("evcxr failed to start: {e}"))?;
         // Cells keep line tables, so that sites name their cell lines (README, "Which line holds
         // my memory"); evcxr's own profile strips them.
+        // Set as evcxr's `:build_env` does: the same environment for `install`'s prebuild and
+        // every session's `:dep`, so both share one build of the dependencies.
         if cell_lines() {
-            eval.set_build_env("CARGO_PROFILE_DEV_DEBUG", "line-tables-only");
-            eval.set_build_env("CARGO_PROFILE_DEV_STRIP", "none");
+            let mut state = eval.state();
+            for (key, value) in LINE_TABLES_ENV {
+                state.set_build_env(key, value);
+            }
+            // No code: evcxr only takes the new state (nothing is compiled).
+            eval.eval_with_state("", state).map_err(|e| anyhow::anyhow!("evcxr refused the build environment: {e}"))?;
         }
         let mut ctx = evcxr::CommandContext::with_eval_context(eval);
         let child = ctx.process_handle();
@@ -179,7 +195,13 @@ impl Engine {
             record: RecordSetting::default(),
             interrupted,
             last_hook_us: (0, 0),
-            notice: sysroot.as_deref().and_then(toolchain::rust_src_notice),
+            notice: notices([
+                crate::build_dir::take_notice().map(|n| format!("gpumem-kernel: {n}")),
+                sysroot.as_deref().and_then(toolchain::rust_src_notice),
+            ]),
+            compile: std::env::var_os("EVCXR_TMPDIR")
+                .map(|d| Arc::new(Mutex::new(compile::Watch::new(std::path::Path::new(&d))))),
+            own: dep::Own::of_this_build(),
             cell_ends: Default::default(),
         })
     }
@@ -241,6 +263,15 @@ impl Engine {
             self.stream("stderr", notice);
         }
         let (magics, run_code) = magic::parse(code);
+        // `:dep gpumem-nb` is the crate this kernel was built with.
+        let run_code = match dep::resolve(&run_code, &self.own) {
+            Ok(resolved) => resolved,
+            Err(why) => {
+                let info = ErrorInfo { ename: "DependencyError".into(), evalue: why.clone(), traceback: vec![why] };
+                self.sink.emit(Output::Error(info.clone()));
+                return Outcome { count, error: Some(info), record: None };
+            }
+        };
         let mut cell_magic: Option<(bool, Option<PathBuf>)> = None;
         for m in &magics {
             match m {
@@ -319,9 +350,22 @@ impl Engine {
         let sampler = (self.show && self.sink.updates_in_place() && magic::has_code(run_code))
             .then(|| {
                 let control = self.hooks.shared_control();
-                live::Sampler::start(count, t0, self.child_pid(), control, self.sink.clone()).ok()
+                live::Sampler::start(count, t0, self.child_pid(), control, self.compile.clone(), self.sink.clone()).ok()
             })
             .flatten();
+        // Without a live line (`run`), the build's progress goes to the sink as it comes.
+        let ticker = match (&sampler, &self.compile) {
+            (None, Some(watch)) if magic::has_code(run_code) => {
+                let sink = self.sink.clone();
+                let each = move |p: &compile::Progress| {
+                    if p.building_dependencies() {
+                        sink.compiling(count, p);
+                    }
+                };
+                compile::Ticker::start(watch.clone(), live::PERIOD, each).ok()
+            }
+            _ => None,
+        };
         let result = if magic::has_code(run_code) {
             self.ctx.execute_with_callbacks(
                 run_code,
@@ -332,6 +376,9 @@ impl Engine {
         };
         let wall = t0.elapsed();
         let live = sampler.map(live::Sampler::stop);
+        if let Some(t) = ticker {
+            t.stop();
+        }
         self.pump.flush();
 
         // ---- post hooks
@@ -469,6 +516,17 @@ pub fn cell_lines() -> bool {
 
 /// See [`cell_lines`].
 pub const CELL_LINES_VAR: &str = "GPUMEM_NB_CELL_LINES";
+
+/// The cargo settings that keep line tables in the cells' libraries (evcxr's own profile says
+/// `debug = false`, `strip = "debuginfo"`); cargo's configuration overrides a manifest's profile.
+pub const LINE_TABLES_ENV: [(&str, &str); 2] =
+    [("CARGO_PROFILE_DEV_DEBUG", "line-tables-only"), ("CARGO_PROFILE_DEV_STRIP", "none")];
+
+/// The notices that are there, one paragraph each.
+fn notices<const N: usize>(all: [Option<String>; N]) -> Option<String> {
+    let all: Vec<String> = all.into_iter().flatten().collect();
+    (!all.is_empty()).then(|| all.join("\n"))
+}
 
 fn char_to_byte(s: &str, chars: usize) -> usize {
     s.char_indices().nth(chars).map_or(s.len(), |(i, _)| i)

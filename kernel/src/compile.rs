@@ -1,0 +1,469 @@
+//! What evcxr's compile of a cell is doing, for the live line and `run`'s console.
+//!
+//! The first `:dep gpumem-nb` cell builds the crate and every dependency (a minute on two
+//! cores); evcxr runs that cargo build silently. A [`Watch`] sees it from outside: a `cargo
+//! build` child of this process is running, and its `rustc` children say which crates it is
+//! compiling (a build compiles dependencies while one of them is not the cells' own crate);
+//! the packages it has to build are the ones in the cells' crate's resolved graph for the host
+//! (`cargo metadata --filter-platform`, asked once per `Cargo.toml`), and a package is built
+//! once cargo has written the fingerprint of its library
+//! (`target/…/.fingerprint/<name>-<hash>/lib-*`, written after a unit succeeds).
+//! Packages built by an earlier session count as built: that is what makes a warm start fast.
+//! The resolved graph can hold a few packages cargo never builds on this host (dependencies
+//! behind a `cfg` that a build script sets): once a build of the crate has succeeded, the graph
+//! is narrowed to what it built, so a later cell of the same crate does not look unfinished.
+//!
+//! Only Linux has `/proc` to find the build by; elsewhere [`Watch::poll`] says nothing.
+
+use serde_json::Value;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime};
+
+/// How far a cell's build has come.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Progress {
+    /// Packages of the graph whose library is built (earlier builds included).
+    pub built: usize,
+    /// Packages to build (the cells' own crate not counted); `None` while unknown.
+    pub total: Option<usize>,
+    /// Since the build was first seen.
+    pub elapsed: Duration,
+    /// This build has compiled a dependency and has not reached the cells' own crate yet.
+    pub dependencies: bool,
+}
+
+impl Progress {
+    /// Whether dependencies are still being built (a first `:dep`), not only the cell itself:
+    /// what the live line and the console show.
+    pub fn building_dependencies(&self) -> bool {
+        self.dependencies
+    }
+
+    /// In words: "compiling dependencies: 37 of 112 crates built · 41 s", or "compiling the
+    /// cell · 2 s" once every dependency is built.
+    pub fn describe(&self) -> String {
+        let secs = format!("{} s", self.elapsed.as_secs());
+        match self.total {
+            Some(total) if self.built < total => {
+                format!("compiling dependencies: {} of {total} crates built · {secs}", self.built)
+            }
+            Some(_) => format!("compiling the cell · {secs}"),
+            None => format!("compiling · {secs}"),
+        }
+    }
+}
+
+/// Watches one build directory (evcxr's `EVCXR_TMPDIR`, where the cells' crate is).
+#[derive(Debug)]
+pub struct Watch {
+    crate_dir: PathBuf,
+    host: Option<String>,
+    /// The running build.
+    build: Option<Build>,
+    /// The graph of the last `Cargo.toml` seen.
+    graph: Option<Graph>,
+}
+
+/// A running `cargo build`, as seen so far.
+#[derive(Debug)]
+struct Build {
+    pid: u32,
+    /// When it was first seen.
+    seen: Instant,
+    began: SystemTime,
+    /// It has compiled a crate other than the cells' own.
+    dependency_seen: bool,
+    /// It has started on the cells' own crate.
+    root_seen: bool,
+}
+
+/// The packages a `Cargo.toml` builds.
+#[derive(Debug)]
+struct Graph {
+    /// The manifest's text (a new one asks cargo again).
+    manifest: String,
+    /// The crate itself (the cells' crate).
+    root: String,
+    /// Name → number of versions, the root not counted.
+    packages: HashMap<String, usize>,
+}
+
+impl Watch {
+    /// A watch on the cells' crate in `crate_dir`.
+    pub fn new(crate_dir: &Path) -> Watch {
+        Watch { crate_dir: crate_dir.to_path_buf(), host: host_triple(), build: None, graph: None }
+    }
+
+    /// The build's progress while a `cargo build` child of this process runs; `None` otherwise.
+    pub fn poll(&mut self) -> Option<Progress> {
+        let Some((pid, compiling)) = cargo_build() else {
+            if let Some(b) = self.build.take() {
+                self.settle(b.began);
+            }
+            return None;
+        };
+        if self.build.as_ref().is_none_or(|b| b.pid != pid) {
+            // A new build: the one before it (if this watch missed its end) is over.
+            if let Some(b) = self.build.take() {
+                self.settle(b.began);
+            }
+            let build =
+                Build { pid, seen: Instant::now(), began: SystemTime::now(), dependency_seen: false, root_seen: false };
+            self.build = Some(build);
+        }
+        let dir = self.crate_dir.clone();
+        let (built, total, root) = match self.graph() {
+            Some(g) => (
+                count_built(&g.packages, &built_libraries(&dir)),
+                Some(g.packages.values().sum::<usize>()),
+                g.root.replace('-', "_"),
+            ),
+            None => (0, None, "ctx".to_string()),
+        };
+        let build = self.build.as_mut()?;
+        for name in &compiling {
+            if *name == root {
+                build.root_seen = true;
+            } else {
+                build.dependency_seen = true;
+            }
+        }
+        let dependencies = build.dependency_seen && !build.root_seen;
+        Some(Progress { built, total, elapsed: build.seen.elapsed(), dependencies })
+    }
+
+    /// After a build that began at `began`: when it built the crate itself, every package it
+    /// needed is built, so the graph becomes those (and loses what this host never builds).
+    fn settle(&mut self, began: SystemTime) {
+        let dir = self.crate_dir.clone();
+        let Some(graph) = self.graph.as_mut() else { return };
+        let libs = built_libraries(&dir);
+        if libs.get(&graph.root).is_none_or(|(_, newest)| *newest < began) {
+            return;
+        }
+        graph.packages = graph
+            .packages
+            .iter()
+            .filter_map(|(name, versions)| {
+                let built = libs.get(name).map_or(0, |(n, _)| (*n).min(*versions));
+                (built > 0).then(|| (name.clone(), built))
+            })
+            .collect();
+    }
+
+    /// The packages of the cells' crate's graph (asked of cargo again when `Cargo.toml`
+    /// changed; `None` when cargo could not say).
+    fn graph(&mut self) -> Option<&Graph> {
+        let manifest = std::fs::read_to_string(self.crate_dir.join("Cargo.toml")).ok()?;
+        if self.graph.as_ref().is_none_or(|g| g.manifest != manifest) {
+            let (root, packages) = metadata_packages(&self.crate_dir, self.host.as_deref())?;
+            self.graph = Some(Graph { manifest, root, packages });
+        }
+        self.graph.as_ref()
+    }
+}
+
+/// Calls `each` with the progress every `period` while a build runs, on a thread of its own,
+/// until [`Ticker::stop`].
+pub struct Ticker {
+    stop: mpsc::Sender<()>,
+    thread: JoinHandle<()>,
+}
+
+impl Ticker {
+    /// Starts ticking on `watch`.
+    pub fn start(
+        watch: Arc<Mutex<Watch>>,
+        period: Duration,
+        each: impl Fn(&Progress) + Send + 'static,
+    ) -> std::io::Result<Ticker> {
+        let (stop, stopped) = mpsc::channel::<()>();
+        let thread = std::thread::Builder::new().name("gpumem-compile".into()).spawn(move || {
+            while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(period) {
+                let progress = watch.lock().ok().and_then(|mut w| w.poll());
+                if let Some(p) = progress {
+                    each(&p);
+                }
+            }
+        })?;
+        Ok(Ticker { stop, thread })
+    }
+
+    /// Stops and waits for the thread.
+    pub fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.thread.join();
+    }
+}
+
+/// The host's target triple (`rustc -vV`), the platform evcxr builds cells for.
+fn host_triple() -> Option<String> {
+    let out = Command::new("rustc").arg("-vV").stderr(Stdio::null()).output().ok()?;
+    String::from_utf8(out.stdout).ok()?.lines().find_map(|l| l.strip_prefix("host: ").map(str::to_string))
+}
+
+/// A running `cargo build` whose parent is this process (Linux `/proc`): its pid, and the crates
+/// its `rustc` children compile now (`--crate-name`; a build script's run counts as its crate).
+fn cargo_build() -> Option<(u32, Vec<String>)> {
+    let me = std::process::id();
+    let mut processes: Vec<(u32, String, u32)> = Vec::new();
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+        if let Some((comm, ppid)) = parse_stat(&stat) {
+            processes.push((pid, comm.to_string(), ppid));
+        }
+    }
+    let cmdline = |pid: u32| std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let cargo = processes
+        .iter()
+        .find(|(pid, comm, ppid)| {
+            *ppid == me && comm == "cargo" && cmdline(*pid).split(|&b| b == 0).any(|a| a == b"build")
+        })?
+        .0;
+    let compiling = processes
+        .iter()
+        .filter(|(_, _, ppid)| *ppid == cargo)
+        .filter_map(|(pid, comm, _)| {
+            if comm.starts_with("build-script") {
+                return Some(String::from("build script"));
+            }
+            crate_name(&cmdline(*pid))
+        })
+        .collect();
+    Some((cargo, compiling))
+}
+
+/// The `--crate-name` of a `rustc` command line (NUL-separated, as in `/proc/PID/cmdline`).
+fn crate_name(cmdline: &[u8]) -> Option<String> {
+    let mut args = cmdline.split(|&b| b == 0);
+    args.by_ref().find(|a| *a == b"--crate-name")?;
+    args.next().and_then(|n| std::str::from_utf8(n).ok()).map(str::to_string)
+}
+
+/// `comm` and the parent pid from a `/proc/PID/stat` line (`pid (comm) state ppid …`; `comm`
+/// may itself hold spaces and parentheses, so it ends at the last `)`).
+fn parse_stat(stat: &str) -> Option<(&str, u32)> {
+    let open = stat.find('(')?;
+    let close = stat.rfind(')')?;
+    let comm = stat.get(open + 1..close)?;
+    let mut rest = stat.get(close + 1..)?.split_whitespace();
+    let _state = rest.next()?;
+    Some((comm, rest.next()?.parse().ok()?))
+}
+
+/// The crate in `dir`'s name, and package name → number of versions for every package it builds
+/// on `host` (its normal and build dependencies, transitively; the crate itself not counted).
+fn metadata_packages(dir: &Path, host: Option<&str>) -> Option<(String, HashMap<String, usize>)> {
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.args(["metadata", "--format-version", "1", "--offline"]).current_dir(dir);
+    if let Some(h) = host {
+        cmd.args(["--filter-platform", h]);
+    }
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::null()).spawn().ok()?;
+    let mut stdout = child.stdout.take()?;
+    let reader = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        std::io::Read::read_to_end(&mut stdout, &mut buf).map(|_| buf)
+    });
+    // Bounded: a wedged cargo must not hold the live line.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) if status.success() => break,
+            Ok(Some(_)) | Err(_) => return None,
+            Ok(None) if Instant::now() > deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+    let json: Value = serde_json::from_slice(&reader.join().ok()?.ok()?).ok()?;
+    graph_packages(&json)
+}
+
+/// The root's name, and the packages reachable from it through normal and build dependencies,
+/// by name with their number of versions (the root not counted).
+fn graph_packages(metadata: &Value) -> Option<(String, HashMap<String, usize>)> {
+    let resolve = metadata.get("resolve")?;
+    let root = resolve.get("root")?.as_str()?;
+    let nodes: HashMap<&str, &Value> =
+        resolve.get("nodes")?.as_array()?.iter().filter_map(|n| Some((n.get("id")?.as_str()?, n))).collect();
+    let names: HashMap<&str, &str> = metadata
+        .get("packages")?
+        .as_array()?
+        .iter()
+        .filter_map(|p| Some((p.get("id")?.as_str()?, p.get("name")?.as_str()?)))
+        .collect();
+    let mut seen = std::collections::HashSet::from([root]);
+    let mut todo = vec![root];
+    while let Some(id) = todo.pop() {
+        let deps = nodes.get(id).and_then(|n| n.get("deps")).and_then(Value::as_array);
+        for dep in deps.into_iter().flatten() {
+            let kinds = dep.get("dep_kinds").and_then(Value::as_array);
+            let needed = kinds.is_none_or(|ks| {
+                ks.iter().any(|k| matches!(k.get("kind"), None | Some(Value::Null)) || k["kind"] == "build")
+            });
+            if let Some(pkg) = dep.get("pkg").and_then(Value::as_str)
+                && needed
+                && seen.insert(pkg)
+            {
+                todo.push(pkg);
+            }
+        }
+    }
+    let mut out = HashMap::new();
+    for id in seen.into_iter().filter(|id| *id != root) {
+        *out.entry(names.get(id).copied().unwrap_or(id).to_string()).or_insert(0) += 1;
+    }
+    Some((names.get(root).copied().unwrap_or(root).to_string(), out))
+}
+
+/// Package name → (how many built libraries, the newest one's time) in the crate's target
+/// directory: for the target, and for the host (build scripts and proc macros are built there).
+/// A library is built once cargo has written its fingerprint (`lib-<name>`).
+fn built_libraries(crate_dir: &Path) -> HashMap<String, (usize, SystemTime)> {
+    let target = crate_dir.join("target");
+    let mut dirs = vec![target.join("debug").join(".fingerprint")];
+    if let Ok(rd) = std::fs::read_dir(&target) {
+        dirs.extend(rd.flatten().map(|e| e.path().join("debug").join(".fingerprint")));
+    }
+    let mut libs: HashMap<String, (usize, SystemTime)> = HashMap::new();
+    for dir in dirs {
+        for unit in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let name = unit.file_name();
+            let Some((package, _hash)) = name.to_str().and_then(|n| n.rsplit_once('-')) else { continue };
+            let written = std::fs::read_dir(unit.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|f| f.file_name().to_str().is_some_and(|n| n.starts_with("lib-") && !n.ends_with(".timestamp")))
+                .filter_map(|f| f.metadata().and_then(|m| m.modified()).ok())
+                .max();
+            if let Some(at) = written {
+                let e = libs.entry(package.to_string()).or_insert((0, at));
+                e.0 += 1;
+                e.1 = e.1.max(at);
+            }
+        }
+    }
+    libs
+}
+
+/// How many of `graph`'s packages are built (a package built for the host and for the target
+/// counts once per version).
+fn count_built(graph: &HashMap<String, usize>, libs: &HashMap<String, (usize, SystemTime)>) -> usize {
+    graph.iter().map(|(name, versions)| libs.get(name).map_or(0, |(n, _)| (*n).min(*versions))).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn stat_lines_with_odd_names() {
+        assert_eq!(parse_stat("123 (cargo) S 77 123 77 0"), Some(("cargo", 77)));
+        assert_eq!(parse_stat("9 (a) b (c)) R 1 2"), Some(("a) b (c)", 1)));
+        assert_eq!(parse_stat("garbage"), None);
+        assert_eq!(crate_name(b"rustc\0--crate-name\0serde_json\0--edition=2021"), Some("serde_json".into()));
+        assert_eq!(crate_name(b"rustc\0-vV"), None);
+    }
+
+    #[test]
+    fn the_graph_is_what_the_root_builds() {
+        let dep = |pkg: &str, kind: Value| json!({"pkg": pkg, "dep_kinds": [{"kind": kind}]});
+        let m = json!({
+            "packages": [
+                {"id": "root", "name": "ctx"}, {"id": "a1", "name": "a"}, {"id": "a2", "name": "a"},
+                {"id": "b", "name": "b"}, {"id": "cc", "name": "cc"}, {"id": "t", "name": "test-only"},
+            ],
+            "resolve": {"root": "root", "nodes": [
+                {"id": "root", "deps": [dep("a1", Value::Null), dep("t", json!("dev"))]},
+                {"id": "a1", "deps": [dep("a2", Value::Null), dep("cc", json!("build"))]},
+                {"id": "a2", "deps": [dep("b", Value::Null)]},
+                {"id": "b", "deps": []}, {"id": "cc", "deps": []}, {"id": "t", "deps": []},
+            ]}
+        });
+        let (root, g) = graph_packages(&m).unwrap();
+        assert_eq!(root, "ctx");
+        assert_eq!(g.len(), 3, "{g:?}");
+        assert_eq!((g["a"], g["b"], g["cc"]), (2, 1, 1));
+        assert!(!g.contains_key("test-only") && !g.contains_key("ctx"));
+    }
+
+    #[test]
+    fn built_libraries_are_counted_once_per_version() {
+        let d = tempfile::tempdir().unwrap();
+        let fp = |triple: Option<&str>, unit: &str, file: &str| {
+            let mut dir = d.path().join("target");
+            if let Some(t) = triple {
+                dir = dir.join(t);
+            }
+            let dir = dir.join("debug").join(".fingerprint").join(unit);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join(file), "").unwrap();
+        };
+        let graph: HashMap<String, usize> = [("a".to_string(), 2), ("serde-json".into(), 1), ("cc".into(), 1)].into();
+        assert_eq!(count_built(&graph, &built_libraries(d.path())), 0);
+        fp(Some("x86_64-unknown-linux-gnu"), "a-0123456789abcdef", "lib-a");
+        fp(Some("x86_64-unknown-linux-gnu"), "serde-json-00000000000000aa", "invoked.timestamp");
+        assert_eq!(count_built(&graph, &built_libraries(d.path())), 1, "started is not built");
+        fp(Some("x86_64-unknown-linux-gnu"), "serde-json-00000000000000aa", "lib-serde_json");
+        fp(None, "serde-json-00000000000000bb", "lib-serde_json");
+        assert_eq!(count_built(&graph, &built_libraries(d.path())), 2, "host and target copies are one package");
+        fp(None, "a-fedcba9876543210", "lib-a.json");
+        fp(None, "cc-1111111111111111", "build-script-build-script-build");
+        assert_eq!(
+            count_built(&graph, &built_libraries(d.path())),
+            3,
+            "a's two versions; cc's build script alone is not its lib"
+        );
+        let p = Progress { built: 3, total: Some(4), elapsed: Duration::from_millis(41_500), dependencies: true };
+        assert_eq!(p.describe(), "compiling dependencies: 3 of 4 crates built · 41 s");
+        assert!(p.building_dependencies());
+        assert!(!Progress { dependencies: false, ..p.clone() }.building_dependencies());
+        assert_eq!(Progress { built: 4, ..p.clone() }.describe(), "compiling the cell · 41 s");
+        assert_eq!(Progress { total: None, ..p }.describe(), "compiling · 41 s");
+    }
+
+    #[test]
+    fn a_successful_build_narrows_the_graph_to_what_it_built() {
+        let d = tempfile::tempdir().unwrap();
+        let lib = |unit: &str, file: &str| {
+            let dir =
+                d.path().join("target").join("x86_64-unknown-linux-gnu").join("debug").join(".fingerprint").join(unit);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join(file), "").unwrap();
+        };
+        let packages: HashMap<String, usize> = [("a".to_string(), 1), ("errno".into(), 1)].into();
+        let mut w = Watch {
+            crate_dir: d.path().to_path_buf(),
+            host: None,
+            build: None,
+            graph: Some(Graph { manifest: String::new(), root: "ctx".into(), packages: packages.clone() }),
+        };
+        let before = SystemTime::now() - Duration::from_secs(60);
+        lib("a-0000000000000001", "lib-a");
+        // The crate itself not built (a failed cell): nothing is concluded.
+        w.settle(before);
+        assert_eq!(w.graph.as_ref().unwrap().packages, packages);
+        // Built, but before this build began: not this build's doing.
+        lib("ctx-0000000000000002", "lib-ctx");
+        w.settle(SystemTime::now() + Duration::from_secs(60));
+        assert_eq!(w.graph.as_ref().unwrap().packages, packages);
+        w.settle(before);
+        assert_eq!(
+            w.graph.as_ref().unwrap().packages,
+            HashMap::from([("a".to_string(), 1)]),
+            "errno was never built here"
+        );
+    }
+}
