@@ -102,7 +102,7 @@ fn reports_in_the_child() {
     let r2 = run(2);
     let line = report(&r2).unwrap_or_else(|| panic!("{r1:?} {r2:?}"));
     assert!(
-        line.starts_with("[2] sim:0 (simulated) · all allocations +64.00 MiB (peak 64.00 MiB) · allocated +64.00 MiB (peak 64.00 MiB) · reserved +64.00 MiB · process n/a (simulated device) · device free "),
+        line.starts_with("[2] sim:0 (simulated) · all allocations +64.00 MiB (peak 64.00 MiB) · top stock::cell 64.00 MiB · allocated +64.00 MiB (peak 64.00 MiB) · reserved +64.00 MiB · process n/a (simulated device) · device free "),
         "{line}"
     );
     assert_eq!(r2.last(), Some(&line), "the report is the run's last line");
@@ -115,7 +115,7 @@ fn reports_in_the_child() {
     assert_eq!(r3[at..at + 4], own, "{r3:?}");
     let line = &r3[at + 4];
     // The allocator keeps the freed 32 MiB cached: reserved, so allocated by the driver.
-    let expect = "[3] sim:0 (simulated) · all allocations +32.00 MiB (peak 96.00 MiB) · allocated 0 B (peak 96.00 MiB) · reserved +32.00 MiB";
+    let expect = "[3] sim:0 (simulated) · all allocations +32.00 MiB (peak 96.00 MiB) · top stock::cell 96.00 MiB · allocated 0 B (peak 96.00 MiB) · reserved +32.00 MiB";
     assert!(line.starts_with(expect), "{line}");
     assert_eq!(r3[at + 5], "EVCXR_BEGIN_CONTENT application/vnd.gpumem.cell+json");
     assert_eq!(r3[at + 7], "EVCXR_END_CONTENT");
@@ -133,10 +133,12 @@ fn reports_in_the_child() {
         let r = run(n);
         assert_eq!(report(&r), None, "run {n}: {r:?}");
     }
+    let r8 = report(&run(8)).unwrap();
     assert!(
-        report(&run(8)).unwrap().starts_with(
-            "[8] sim:0 (simulated) · all allocations 0 B (peak 96.00 MiB) · allocated 0 B (peak 64.00 MiB)"
-        )
+        r8.starts_with(
+            "[8] sim:0 (simulated) · all allocations 0 B (peak 96.00 MiB) · top stock::cell 96.00 MiB · allocated 0 B (peak 64.00 MiB)"
+        ),
+        "{r8}"
     );
 
     // evcxr closes stdin to stop the child: it exits.
