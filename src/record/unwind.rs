@@ -12,8 +12,9 @@
 //! cell; CUDA loads its libraries late). Only the raw return addresses are kept; naming them is
 //! [`super::frames::Symbolizer`]'s job, later.
 //!
-//! Where no register reader exists for the architecture (see `machine`), or `/proc` cannot be
-//! read, [`capture`] falls back to the portable unwinder of the `backtrace` crate.
+//! Where no register reader exists for the architecture (see `machine`), the thread's stack
+//! bounds are unknown, or `/proc` cannot be read, [`capture`] falls back to the portable
+//! unwinder of the `backtrace` crate.
 
 #[allow(unsafe_code)]
 mod machine;
@@ -47,7 +48,8 @@ static REFRESH: Mutex<()> = Mutex::new(());
 struct ThreadState {
     known: Option<(u64, Arc<Known>)>,
     cache: Cache,
-    stack: Option<machine::Stack>,
+    /// This thread's stack, once asked (`Some(None)`: its bounds cannot be known here).
+    stack: Option<Option<machine::Stack>>,
 }
 
 thread_local! {
@@ -247,12 +249,15 @@ fn walk(limit: usize, out: &mut Vec<usize>) -> bool {
                 let g = GENERATION.load(Ordering::Acquire);
                 t.known = current_known().map(|k| (g, k));
             }
-            if t.stack.is_none_or(|s| !s.holds(regs.sp)) {
-                t.stack = machine::Stack::current();
-            }
-            let (Some((_, known)), Some(stack)) = (&t.known, t.stack) else { return None };
+            let stack = *t.stack.get_or_insert_with(machine::Stack::current);
+            // Reads stay between the walk's stack pointer and the top of this thread's stack;
+            // a stack pointer elsewhere (a signal or coroutine stack) takes the portable path.
+            let (Some((_, known)), Some(live)) = (&t.known, stack.as_ref().and_then(|s| s.live_from(regs.sp)))
+            else {
+                return None;
+            };
             out.clear();
-            let mut read = |addr: u64| stack.read(addr);
+            let mut read = |addr: u64| live.read(addr);
             #[cfg(target_arch = "aarch64")]
             let start = framehop::UnwindRegsNative::new(regs.lr, regs.sp, regs.fp);
             #[cfg(not(target_arch = "aarch64"))]
@@ -319,6 +324,9 @@ mod tests {
             true
         });
         assert!(fast.len() > 8, "{fast:x?}");
+        // The fast path itself, not the portable fallback, walked it.
+        let mut own = Vec::new();
+        assert!(walk(64, &mut own) && own.len() > 4, "framehop's walk ran: {own:x?}");
         // Beyond the first two frames (the two walks start in different functions), every
         // return address of the test thread's bottom is found by both.
         let tail = &slow[slow.len().saturating_sub(4)..];
