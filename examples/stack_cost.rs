@@ -1,9 +1,8 @@
 //! What a stack costs per tracked allocation, on any machine (the simulated device's driver
 //! feeds the same tracker CUPTI does): allocations and releases through
-//! `gpumem_nb::mem::driver_alloc_mib`, untracked (`GPUMEM_NB_TRACK=off`, a second process),
-//! tracked without a stack, and with stacks of 8, 16 and 32 frames; then the walk alone, the
-//! portable unwinder (`backtrace`, what gpumem-nb used before) beside framehop's; and naming
-//! the sites of a report. Prints one JSON object per line.
+//! `gpumem_nb::mem::driver_alloc_mib`, untracked (`GPUMEM_NB_TRACK=off`, in a second process run
+//! before and after the tracked loops), then tracked without a stack and with stacks of 8, 16
+//! and 32 frames; and naming the sites of a report. Prints one JSON object per line.
 //!
 //! `cargo run --release --example stack_cost` (BENCHMARKS.md, "Sites").
 
@@ -40,14 +39,9 @@ fn best_of(runs: usize, f: impl Fn() -> (f64, f64)) -> (f64, f64) {
     (0..runs).map(|_| f()).fold((f64::MAX, f64::MAX), |b, x| (b.0.min(x.0), b.1.min(x.1)))
 }
 
-fn main() {
-    // SAFETY: set before any other thread exists.
-    unsafe { std::env::set_var("GPUMEM_NB_DEVICE", "sim:80GiB") };
-    if std::env::args().any(|a| a == "--untracked") {
-        let (a, f) = best_of(5, || alloc_free_ns(N, 40));
-        println!("{}", json!({"alloc_ns": a, "free_ns": f}));
-        return;
-    }
+/// The untracked numbers: the same loop in a second process with `GPUMEM_NB_TRACK=off` (the
+/// simulated driver then reports to nobody), best of 5 there.
+fn untracked() -> (f64, f64) {
     let exe = std::env::current_exe().expect("exe");
     let out = std::process::Command::new(exe)
         .arg("--untracked")
@@ -55,17 +49,38 @@ fn main() {
         .output()
         .expect("untracked run");
     let base: serde_json::Value = serde_json::from_slice(&out.stdout).expect("untracked numbers");
-    let (base_a, base_f) = (base["alloc_ns"].as_f64().unwrap(), base["free_ns"].as_f64().unwrap());
+    (base["alloc_ns"].as_f64().unwrap(), base["free_ns"].as_f64().unwrap())
+}
+
+fn main() {
+    // SAFETY: set before any other thread exists.
+    unsafe { std::env::set_var("GPUMEM_NB_DEVICE", "sim:80GiB") };
+    if std::env::args().any(|a| a == "--untracked") {
+        gpumem_nb::current().expect("device");
+        assert_eq!(gpumem_nb::tracking::status(), gpumem_nb::tracking::TrackingStatus::Off);
+        let (a, f) = best_of(5, || alloc_free_ns(N, 40));
+        assert!(gpumem_nb::top(1).places.is_empty(), "the untracked run tracked nothing");
+        println!("{}", json!({"alloc_ns": a, "free_ns": f}));
+        return;
+    }
     gpumem_nb::current().expect("device");
-    println!(
-        "{}",
-        json!({"machine": machine(), "pairs": N, "untracked_alloc_ns": base_a, "untracked_free_ns": base_f,
-               "tracking": gpumem_nb::tracking::status().to_string()})
-    );
+    // The untracked loop before and after the tracked ones (the machine is shared: both are
+    // shown, the faster is the baseline).
+    let before = untracked();
+    let mut rows = Vec::new();
     for depth in [0usize, 8, 16, 32] {
         gpumem_nb::tracking::set_stack_depth(depth);
         // 40 frames of the program's own below the loop: every depth is walked in full.
-        let (a, f) = best_of(5, || alloc_free_ns(N, 40));
+        rows.push((depth, best_of(5, || alloc_free_ns(N, 40))));
+    }
+    let after = untracked();
+    let (base_a, base_f) = (before.0.min(after.0), before.1.min(after.1));
+    println!(
+        "{}",
+        json!({"machine": machine(), "pairs": N, "untracked_alloc_ns": base_a, "untracked_free_ns": base_f,
+               "untracked_runs": [before, after], "tracking": gpumem_nb::tracking::status().to_string()})
+    );
+    for (depth, (a, f)) in rows {
         println!(
             "{}",
             json!({"stack_depth": depth, "alloc_ns": a, "free_ns": f,
