@@ -248,9 +248,15 @@ pub(crate) fn readings(slot: Option<TrackSlot>, owners: bool) -> Vec<PlaceReadin
             None => tr.totals().clone(),
         };
         let live = if owners { live_by_stack(&tr) } else { HashMap::new() };
-        (totals, live)
+        let peak = if owners { peak_by_stack(&tr) } else { HashMap::new() };
+        (totals, (live, peak))
     };
+    let (live, peak) = live;
     let tops = top_sites(&live, TOP);
+    // What held the session's peak is named now too (cached per stack), while the cell's
+    // library and its `lib.rs` are the ones its code was built from: `%gpumem top` asked later,
+    // after other cells rewrote `lib.rs`, still gives those sites their lines.
+    top_sites(&peak, 0);
     totals
         .iter()
         .filter(|(_, t)| t.total.peak > 0 || t.total.live > 0)

@@ -97,9 +97,44 @@ impl std::fmt::Debug for Symbolizer {
 }
 
 /// Frames that belong to the allocator or the unwinder, never to the user.
-fn is_internal(name: &str) -> bool {
+fn is_internal(f: &Frame) -> bool {
     const PREFIXES: [&str; 4] = ["gpumem_nb::", "<gpumem_nb::", "backtrace::", "<backtrace::"];
-    PREFIXES.iter().any(|p| name.starts_with(p))
+    PREFIXES.iter().any(|p| f.name.starts_with(p)) || (short(f) && f.filename.starts_with(OWN_SOURCE))
+}
+
+/// Where gpumem-nb's own sources are (what its line tables name, in this build and in every
+/// notebook cell that links this same copy).
+const OWN_SOURCE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src/");
+
+/// A frame named by line tables alone: an inlined function's last path segment (`zeros`,
+/// `try_with<core::cell::RefCell<…>, …>`).
+fn short(f: &Frame) -> bool {
+    !is_path(&f.name)
+}
+
+/// Whether a function name is a full path (`candle_core::tensor::Tensor::zeros`,
+/// `<ctx::Model as ctx::Run>::go`), not a last segment whose generic arguments hold paths.
+pub(crate) fn is_path(name: &str) -> bool {
+    name.starts_with('<') || name.split('<').next().is_some_and(|head| head.contains("::"))
+}
+
+/// The crate an inlined frame's source file belongs to, by its path: the standard library
+/// (`/rustc/<hash>/library/core/src/…`), gpumem-nb itself, or the directory holding `src/`
+/// (`…/registry/src/…/candle-core-0.9.1/src/tensor.rs` → `candle_core`; a version suffix is
+/// dropped). `None` when the path says nothing.
+pub(crate) fn source_crate(file: &str) -> Option<String> {
+    if file.starts_with(OWN_SOURCE) {
+        return Some("gpumem_nb".into());
+    }
+    if let Some(rest) = file.split("/library/").nth(1).filter(|_| file.starts_with("/rustc/")) {
+        return rest.split('/').next().filter(|c| !c.is_empty()).map(str::to_string);
+    }
+    let (dir, _) = file.rsplit_once("/src/")?;
+    let name = dir.rsplit('/').next().filter(|n| !n.is_empty())?;
+    // `candle-core-0.9.1`, `foo-1.0.0-alpha.2`: the name before the first `-<digit>`.
+    let cut = name.match_indices('-').find(|(i, _)| name[i + 1..].starts_with(|c: char| c.is_ascii_digit()));
+    let name = cut.map_or(name, |(i, _)| &name[..i]);
+    Some(name.replace('-', "_"))
 }
 
 /// Runtime frames below `main` (or below a test harness or a thread's start) that say nothing
@@ -168,12 +203,13 @@ impl Symbolizer {
                         frames.push(Frame { name: name.unwrap_or_default(), filename, line });
                     }
                 }
-                // Without debug info for the address: the symbol table's name.
-                if frames.iter().all(|f| f.name.is_empty())
-                    && let Some(sym) = loader.find_symbol(probe)
-                {
+                // The function the address lies in (the outermost frame) is named by the symbol
+                // table, with its full path: line tables alone (`debug = "line-tables-only"`,
+                // how notebook cells and release builds are made) name every function by its
+                // last segment (`zeros`). Inlined frames keep the names the line tables give.
+                if let Some(sym) = loader.find_symbol(probe) {
                     let name = addr2line::demangle_auto(sym.into(), None).into_owned();
-                    match frames.first_mut() {
+                    match frames.last_mut() {
                         Some(f) => f.name = name,
                         None => frames.push(Frame { name, filename: "??".into(), line: 0 }),
                     }
@@ -210,15 +246,16 @@ impl Symbolizer {
 }
 
 /// Standard-library frames (closure shims, iterator adapters) that can sit between our own.
-fn is_std(name: &str) -> bool {
+fn is_std(f: &Frame) -> bool {
     const PREFIXES: [&str; 6] = ["core::", "<core::", "std::", "<std::", "alloc::", "<alloc::"];
-    PREFIXES.iter().any(|p| name.starts_with(p))
+    PREFIXES.iter().any(|p| f.name.starts_with(p))
+        || (short(f) && source_crate(&f.filename).is_some_and(|c| matches!(c.as_str(), "core" | "std" | "alloc")))
 }
 
 /// Drops the leading (innermost) frames of gpumem-nb, the unwinder and the standard library
 /// glue between them, and the trailing runtime frames below the program's own code.
 pub(crate) fn keep_user(mut all: Vec<Frame>) -> Vec<Frame> {
-    let start = all.iter().position(|f| !is_internal(&f.name) && !is_std(&f.name)).unwrap_or(all.len());
+    let start = all.iter().position(|f| !is_internal(f) && !is_std(f)).unwrap_or(all.len());
     let mut user = all.split_off(start);
     while user.last().is_some_and(|f| is_runtime(&f.name)) {
         user.pop();
@@ -249,6 +286,28 @@ mod tests {
         ];
         let names: Vec<String> = keep_user(all).into_iter().map(|f| f.name).collect();
         assert_eq!(names, ["my_notebook::train_step", "gpumem_nb::scope::scope", "my_notebook::main"]);
+    }
+
+    #[test]
+    fn inlined_frames_belong_to_the_crate_of_their_source() {
+        let c = |p: &str| source_crate(p);
+        assert_eq!(c("/root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/candle-core-0.9.1/src/tensor.rs").as_deref(), Some("candle_core"));
+        assert_eq!(c("/home/u/.cargo/git/checkouts/candle-0a1b/4c5d/candle-nn/src/ops.rs").as_deref(), Some("candle_nn"));
+        assert_eq!(c("/r/registry/src/x/foo-bar-1.0.0-alpha.2/src/a/b.rs").as_deref(), Some("foo_bar"));
+        assert_eq!(c("/rustc/59807616e1fa/library/core/src/ops/function.rs").as_deref(), Some("core"));
+        assert_eq!(c(&format!("{OWN_SOURCE}record/unwind/machine.rs")).as_deref(), Some("gpumem_nb"));
+        assert_eq!(c("??"), None);
+        assert_eq!(
+            c("/root/.rustup/toolchains/stable-x86_64-unknown-linux-gnu/lib/rustlib/src/rust/library/std/src/thread/local.rs")
+                .as_deref(),
+            Some("std")
+        );
+        assert!(is_path("candle_core::tensor::Tensor::zeros") && is_path("<ctx::M as ctx::R>::go"));
+        assert!(!is_path("try_with<core::cell::RefCell<u8>, gpumem_nb::F>") && !is_path("zeros"));
+        // gpumem-nb's own inlined frames (`registers`, the unwinder's) are never the user's.
+        let own = Frame { name: "registers".into(), filename: format!("{OWN_SOURCE}record/unwind/machine.rs"), line: 30 };
+        let user = Frame { name: "step".into(), filename: "/w/nb/src/lib.rs".into(), line: 3 };
+        assert_eq!(keep_user(vec![own, user.clone()]), vec![user]);
     }
 
     #[test]

@@ -21,7 +21,7 @@
 #![forbid(unsafe_code)]
 
 use crate::record::cells::{LineMap, run_number};
-use crate::record::frames::{Frames, Resolved, Symbolizer};
+use crate::record::frames::{Frames, Resolved, Symbolizer, is_path, source_crate};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
@@ -55,8 +55,13 @@ impl Site {
     }
 }
 
-/// A cell library's run number (`run_user_code_N`) and the line map of its `lib.rs`.
-type Library = (u64, Option<Arc<LineMap>>);
+/// A cell library: its run number (`run_user_code_N`), the line map of the `lib.rs` it was
+/// built from, and that file's path (what its line tables call the notebook's own source).
+#[derive(Clone, Debug)]
+struct Library {
+    map: Option<Arc<LineMap>>,
+    lib_rs: Option<Arc<str>>,
+}
 
 /// Names sites; keeps its caches between calls.
 #[derive(Default)]
@@ -66,8 +71,8 @@ pub(crate) struct Owners {
     by_stack: HashMap<(Frames, u64), Site>,
     /// The notebook's cells (execution count → code).
     cells: BTreeMap<u64, String>,
-    /// Cell library path → its run number and line map.
-    libraries: HashMap<Arc<str>, Option<Library>>,
+    /// Cell library path → what is known of it.
+    libraries: HashMap<Arc<str>, Library>,
 }
 
 /// CUDA's own layers: never an owner.
@@ -148,7 +153,7 @@ impl Owners {
     pub(crate) fn set_cell_code(&mut self, cell: u64, code: &str) {
         self.cells.insert(cell, code.to_string());
         // Line maps built without this cell may miss its functions: build them again.
-        self.libraries.retain(|_, v| v.as_ref().is_some_and(|(_, m)| m.is_some()));
+        self.libraries.retain(|_, v| v.map.is_some());
         self.by_stack.retain(|_, s| s.line.is_some() || s.cell.is_none());
     }
 
@@ -157,25 +162,39 @@ impl Owners {
         Some(module) == self.exe.as_deref() || module.starts_with("libcode_")
     }
 
-    /// The run number and line map of a cell library (read once; the map only while the
-    /// library's `lib.rs` is still the one it was built from).
-    fn library(&mut self, path: &Arc<str>) -> Option<Library> {
+    /// What is known of a cell library (read once; the line map only while the library's
+    /// `lib.rs` is still the one it was built from).
+    fn library(&mut self, path: &Arc<str>) -> Library {
         if let Some(v) = self.libraries.get(path) {
             return v.clone();
         }
         let p = Path::new(&**path);
-        let v = exported_run(p).map(|run| {
-            let map = crate_dir(p)
-                .and_then(|d| std::fs::read_to_string(d.join("src").join("lib.rs")).ok())
-                .filter(|lib| run_number(lib) == Some(run) && !self.cells.is_empty())
-                .map(|lib| {
-                    let cells: Vec<(u64, &str)> = self.cells.iter().map(|(n, c)| (*n, c.as_str())).collect();
-                    Arc::new(LineMap::build(&lib, &cells))
-                });
-            (run, map)
+        let lib_rs = crate_dir(p).map(|d| d.join("src").join("lib.rs"));
+        let map = exported_run(p).and_then(|run| {
+            let lib = std::fs::read_to_string(lib_rs.as_ref()?).ok()?;
+            (run_number(&lib) == Some(run) && !self.cells.is_empty()).then(|| {
+                let cells: Vec<(u64, &str)> = self.cells.iter().map(|(n, c)| (*n, c.as_str())).collect();
+                Arc::new(LineMap::build(&lib, &cells))
+            })
         });
+        let v = Library { map, lib_rs: lib_rs.and_then(|l| l.to_str().map(Arc::from)) };
         self.libraries.insert(path.clone(), v.clone());
         v
+    }
+
+    /// Whether a frame is the notebook's own source: a line of the `lib.rs` evcxr generated for
+    /// the cell library it lies in (not a `lib.rs` of a crate the notebook depends on, which is
+    /// linked into the same library).
+    fn in_cell_source(&mut self, r: &Resolved, f: &crate::record::frames::Frame) -> bool {
+        if !r.module.starts_with("libcode_") || !f.filename.ends_with("lib.rs") {
+            return false;
+        }
+        let Some(lib_rs) = self.library(&r.path).lib_rs else { return false };
+        // The same file, also when the build directory was named through a symbolic link
+        // (the library's path comes from `/proc/self/maps`, resolved; the line tables keep the
+        // directory cargo ran in).
+        *lib_rs == *f.filename
+            || std::fs::canonicalize(&f.filename).is_ok_and(|a| std::fs::canonicalize(&*lib_rs).is_ok_and(|b| a == b))
     }
 
     /// The site of an allocation with this stack (innermost frame first), made while the
@@ -206,16 +225,30 @@ impl Owners {
                 break;
             }
             in_cell |= module.starts_with("libcode_");
-            // Inlined frames carry only their short name (`zeros`): one is only trusted when it
-            // is the notebook's own code (a cell library's `lib.rs`), and named as the notebook.
-            let named = r.frames.iter().find_map(|f| {
+            // The function an address lies in carries its symbol's full path; the frames inlined
+            // into it carry only their last segment (`zeros`, from line tables) and are known by
+            // their source file: the notebook's own `lib.rs`, or a crate's sources.
+            let mut named = None;
+            for f in &r.frames {
                 let n = f.name.as_str();
-                if n.contains("::") {
-                    (!is_wrapper(n) && !n.starts_with("0x")).then(|| n.to_string())
-                } else {
-                    notebook_short(r, f).then(|| format!("{CELL_CRATE}::{n}"))
+                if n.starts_with("{{closure") || n.starts_with("{closure") {
+                    // A closure is its enclosing function's code: the next frame out names it.
+                    continue;
                 }
-            });
+                if is_path(n) {
+                    if !is_wrapper(n) && !n.starts_with("0x") {
+                        named = Some(n.to_string());
+                        break;
+                    }
+                } else if self.in_cell_source(r, f) {
+                    named = Some(format!("{CELL_CRATE}::{n}"));
+                    break;
+                } else if let Some(krate) = source_crate(&f.filename).filter(|c| !is_wrapper(&format!("{c}::"))) {
+                    // Its crate and name; the path between is not in the line tables.
+                    named = Some(format!("{krate}::…::{n}"));
+                    break;
+                }
+            }
             if let Some(name) = named.as_deref() {
                 site.owner = owner_of_symbol(name);
                 site.function = if is_cell_code(name) {
@@ -237,12 +270,13 @@ impl Owners {
             if !r.module.starts_with("libcode_") {
                 continue;
             }
-            let map = self.library(&r.path).and_then(|(_, m)| m);
+            let map = self.library(&r.path).map;
             for f in &r.frames {
-                if !is_cell_code(&f.name) && !notebook_short(r, f) {
+                let own_source = self.in_cell_source(r, f);
+                if !is_cell_code(&f.name) && !own_source {
                     continue;
                 }
-                let mapped = map.as_ref().filter(|_| f.filename.ends_with("lib.rs")).and_then(|m| m.lookup(f.line));
+                let mapped = map.as_ref().filter(|_| own_source).and_then(|m| m.lookup(f.line));
                 let place = match mapped {
                     Some((c, l)) => (Some(c), Some(l)),
                     None if is_cell_body(&f.name) && label_cell > 0 => (Some(label_cell), None),
@@ -278,12 +312,11 @@ impl Owners {
         let mut out = Vec::new();
         for &ip in &frames[start..] {
             let r = self.symbols.resolve(ip);
-            let map = if r.module.starts_with("libcode_") { self.library(&r.path).and_then(|(_, m)| m) } else { None };
+            let map = if r.module.starts_with("libcode_") { self.library(&r.path).map } else { None };
             for f in &r.frames {
+                let own_source = self.in_cell_source(&r, f);
                 let mut f = f.clone();
-                if let Some((cell, line)) =
-                    map.as_ref().filter(|_| f.filename.ends_with("lib.rs")).and_then(|m| m.lookup(f.line))
-                {
+                if let Some((cell, line)) = map.as_ref().filter(|_| own_source).and_then(|m| m.lookup(f.line)) {
                     f.filename = format!("cell {cell}");
                     f.line = line;
                 }
@@ -303,11 +336,6 @@ impl Owners {
         let s = self.compute(frames, 0);
         (!s.owner.starts_with("unknown")).then_some(s.owner)
     }
-}
-
-/// An inlined frame of the notebook's own code: a short name in a cell library's `lib.rs`.
-fn notebook_short(r: &Resolved, f: &crate::record::frames::Frame) -> bool {
-    !f.name.contains("::") && r.module.starts_with("libcode_") && f.filename.ends_with("lib.rs")
 }
 
 /// Index of the first frame after the first run of CUDA-layer frames (the API's caller), or 0
