@@ -32,7 +32,9 @@ the device of the gpumem-nb crate (without a GPU: a simulated 80 GiB device).
 ";
 
 fn main() {
-    // First: the same binary is also evcxr's child process and its rustc wrapper.
+    // First: the same binary is also the cell crate's rustc wrapper (line tables), evcxr's
+    // child process and evcxr's rustc wrapper.
+    gpumem_kernel::cell_lines::wrap_if_asked();
     evcxr::runtime_hook();
     let args: Vec<String> = std::env::args().skip(1).collect();
     // Where evcxr compiles cells: a directory kept between kernel starts, outside any cargo

@@ -501,6 +501,7 @@ async fn sites_name_functions_cells_and_lines() {
     let rec = &e.reports()[0];
     let cell = rec["cell"].as_u64().unwrap();
     let top = rec["all_allocations"]["top"].as_array().unwrap_or_else(|| panic!("{rec}"));
+    eprintln!("cell {cell}: {}\ntop: {}", e.reports_text(), serde_json::to_string(top).unwrap());
     let mib = |n: u64| serde_json::json!(n << 20);
     let of48 = top.iter().find(|s| s["bytes"] == mib(48)).unwrap_or_else(|| panic!("no 48 MiB site: {top:?}"));
     assert_eq!(of48["function"], "alloc48", "{of48}");
@@ -523,6 +524,7 @@ async fn sites_name_functions_cells_and_lines() {
     let rec = &e.reports()[0];
     let cell = rec["cell"].as_u64().unwrap();
     let top = rec["all_allocations"]["top"].as_array().unwrap();
+    eprintln!("cell {cell}: top: {}", serde_json::to_string(top).unwrap());
     let buf = top.iter().find(|s| s["bytes"] == mib(64)).unwrap_or_else(|| panic!("no 64 MiB site: {top:?}"));
     assert_eq!((&buf["cell"], &buf["line"]), (&serde_json::json!(cell), &serde_json::json!(2)), "{buf}");
 
@@ -537,6 +539,58 @@ async fn sites_name_functions_cells_and_lines() {
     assert!(text.contains("live now") && text.contains("at the session's peak"), "{text}");
     assert!(text.contains(&format!("cell {cell}:2")), "the buffer's site: {text}");
     assert!(text.contains("alloc48"), "gone now, but held memory at the peak: {text}");
+
+    // An allocator block's stack in a snapshot: its frame in the cell reads `cell N`, line 2.
+    let e = k.execute("%gpumem record on --stacks").await;
+    assert_eq!(e.status(), ReplyStatus::Ok, "{:?}", e.json());
+    let e = k.execute("// a block while recording\nlet rec_buf = DeviceBuffer::<u8>::zeros(&gpumem_nb::current()?, 8 << 20, StreamId::DEFAULT)?;").await;
+    assert_eq!(e.status(), ReplyStatus::Ok, "{:?}", e.json());
+    let cell = e.reports()[0]["cell"].as_u64().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let e = k.execute(&format!("%gpumem snapshot {}", dir.path().display())).await;
+    assert_eq!(e.status(), ReplyStatus::Ok, "{:?}", e.json());
+    let snap: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("snapshot.json")).unwrap()).unwrap();
+    let frames_of_8mib: Vec<&serde_json::Value> = snap["segments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["blocks"].as_array().unwrap())
+        .filter(|b| b["requested_size"] == serde_json::json!(8 << 20))
+        .flat_map(|b| b["frames"].as_array().unwrap())
+        .collect();
+    let here = serde_json::json!(format!("cell {cell}"));
+    assert!(
+        frames_of_8mib.iter().any(|f| f["filename"] == here && f["line"] == serde_json::json!(2)),
+        "the block's frames: {frames_of_8mib:?}"
+    );
+
+    let e = k.execute("%gpumem record off").await;
+    assert_eq!(e.status(), ReplyStatus::Ok, "{:?}", e.json());
+
+    // What naming costs the report: the hooks' time (pre + post: the record's hook_us) of cells
+    // allocating in loops, printed for BENCHMARKS.md (speed is never asserted in a test).
+    let loops = [
+        (
+            "10,000 DeviceBuffer allocations and frees, the cache emptied every 100",
+            "let dev = gpumem_nb::current()?;\nfor i in 0..10_000usize {\n    let b = DeviceBuffer::<u8>::alloc(&dev, ((i % 64) + 1) << 20, StreamId::DEFAULT)?;\n    drop(b);\n    if i % 100 == 99 {\n        dev.empty_cache()?;\n    }\n}",
+        ),
+        (
+            "2,000 driver allocations kept",
+            "let kept: Vec<gpumem_nb::mem::DriverBuffer> = (0..2_000).map(|_| gpumem_nb::mem::driver_alloc_mib(1)).collect::<Result<_, _>>()?;",
+        ),
+    ];
+    for round in 0..3 {
+        for (what, code) in loops {
+            let e = k.execute(code).await;
+            assert_eq!(e.status(), ReplyStatus::Ok, "{:?}", e.json());
+            let rec = &e.reports()[0];
+            eprintln!(
+                "hooks {{\"round\": {round}, \"cell\": {:?}, \"hook_us\": {}, \"wall_ms\": {}, \"top\": {}}}",
+                what, rec["hook_us"], rec["wall_ms"], rec["all_allocations"]["top"][0]
+            );
+        }
+    }
     k.shutdown().await;
 }
 

@@ -165,14 +165,13 @@ impl Engine {
         }
         let (mut eval, outputs) = evcxr::EvalContext::with_subprocess_command(cmd)
             .map_err(|e| anyhow::anyhow!("evcxr failed to start: {e}"))?;
-        // Cells keep line tables, so that sites name their cell lines (README, "Which line holds
-        // my memory"); evcxr's own profile strips them.
-        // Set as evcxr's `:build_env` does: the same environment for `install`'s prebuild and
-        // every session's `:dep`, so both share one build of the dependencies.
-        if cell_lines() {
+        // Cells keep line tables for their own code (`crate::cell_lines`): sites then name
+        // their cell lines. Set as evcxr's `:build_env` does, so `install`'s prebuild and every
+        // session build alike.
+        if crate::cell_lines::enabled() {
             let mut state = eval.state();
-            for (key, value) in LINE_TABLES_ENV {
-                state.set_build_env(key, value);
+            for (key, value) in crate::cell_lines::build_envs(&std::env::current_exe()?) {
+                state.set_build_env(&key, &value);
             }
             // No code: evcxr only takes the new state (nothing is compiled).
             eval.eval_with_state("", state).map_err(|e| anyhow::anyhow!("evcxr refused the build environment: {e}"))?;
@@ -507,20 +506,6 @@ impl Engine {
         }
     }
 }
-
-/// Whether cells are built with line tables (`GPUMEM_NB_CELL_LINES=off` builds them as evcxr
-/// does, without: sites then name functions and cells but no lines).
-pub fn cell_lines() -> bool {
-    !std::env::var(CELL_LINES_VAR).is_ok_and(|v| v.trim().eq_ignore_ascii_case("off"))
-}
-
-/// See [`cell_lines`].
-pub const CELL_LINES_VAR: &str = "GPUMEM_NB_CELL_LINES";
-
-/// The cargo settings that keep line tables in the cells' libraries (evcxr's own profile says
-/// `debug = false`, `strip = "debuginfo"`); cargo's configuration overrides a manifest's profile.
-pub const LINE_TABLES_ENV: [(&str, &str); 2] =
-    [("CARGO_PROFILE_DEV_DEBUG", "line-tables-only"), ("CARGO_PROFILE_DEV_STRIP", "none")];
 
 /// The notices that are there, one paragraph each.
 fn notices<const N: usize>(all: [Option<String>; N]) -> Option<String> {
