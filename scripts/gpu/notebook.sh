@@ -101,6 +101,9 @@ PY
     (cd "$sysroot" && tar cf - bin/rustc bin/cargo lib/librustc_driver-*.so lib/libLLVM* \
         --exclude='*san.a' --exclude='*profiler*' lib/rustlib/x86_64-unknown-linux-gnu/lib \
         lib/rustlib/x86_64-unknown-linux-gnu/bin lib/rustlib/src) | (cd "$work/payload/rust" && tar xf -)
+    # A bare `:dep gpumem-nb` loads the checkout the kernel was built from (its path is compiled
+    # into the kernel): `setup` points that path at the repo on the GPU machine.
+    echo "$repo" > "$work/payload/kernel-source.txt"
     step "one xz stream, split in three"
     (cd "$work/payload" && tar cf - .) | xz -T0 -6 > "$work/payload.tar.xz"
     local size
@@ -137,6 +140,14 @@ directory = "$root/vendor"
 offline = true
 EOF
     env_file
+    # The kernel's bare `:dep gpumem-nb` is the checkout it was built from: when that path does
+    # not exist here, it becomes a link to this repo (the same sources, carried by the device tool).
+    local built_from
+    built_from="$(cat "$root/kernel-source.txt" 2>/dev/null || true)"
+    if [ -n "$built_from" ] && [ ! -e "$built_from" ]; then
+        mkdir -p "$(dirname "$built_from")" && ln -s "$repo" "$built_from"
+        echo "bare :dep gpumem-nb: $built_from -> $repo"
+    fi
     # shellcheck disable=SC1091
     . "$root/env.sh"
     rustc --version && cargo --version && nvcc --version | tail -1
@@ -224,9 +235,15 @@ stock_nb() {
         python3 - "$nb" "$out/$name.ipynb" <<'PY'
 import sys, nbformat
 from nbclient import NotebookClient
+import os, re
 nb = nbformat.read(sys.argv[1], as_version=4)
-# gpumem-kernel's magics are not the stock kernel's: those cells go.
+# gpumem-kernel's magics are not the stock kernel's: those cells go. A bare `:dep gpumem-nb`
+# (gpumem-kernel's: the crate it was built with) is this repo's path for the stock kernel.
 nb.cells = [c for c in nb.cells if not (c.cell_type == "code" and c.source.lstrip().startswith("%"))]
+repo = os.path.abspath(os.path.join(os.path.dirname(sys.argv[1]), ".."))
+for c in nb.cells:
+    if c.cell_type == "code":
+        c.source = re.sub(r"(?m)^(\s*):dep gpumem-nb\s*$", lambda m: f'{m.group(1)}:dep gpumem-nb = {{ path = "{repo}" }}', c.source)
 NotebookClient(nb, kernel_name="rust", timeout=900, resources={"metadata": {"path": "notebooks"}}).execute()
 nbformat.write(nb, sys.argv[2])
 print("executed", sys.argv[1])
