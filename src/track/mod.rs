@@ -188,8 +188,9 @@ struct Handle {
 /// The books. See the module docs.
 #[derive(Debug, Default)]
 pub(crate) struct Tracker {
-    live: HashMap<u64, TrackedAlloc>,
-    handles: HashMap<u64, Handle>,
+    // Keyed by address with the fast word hasher (SipHash cost a tenth of a tracked allocation).
+    live: HashMap<u64, TrackedAlloc, stacks::Fast>,
+    handles: HashMap<u64, Handle, stacks::Fast>,
     /// VMM mappings: address → (size, handle).
     maps: BTreeMap<u64, (u64, u64)>,
     totals: BTreeMap<Place, PlaceTotals>,

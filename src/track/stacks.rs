@@ -40,11 +40,13 @@ impl Hasher for WordHasher {
     }
     #[inline]
     fn finish(&self) -> u64 {
-        self.0
+        // The product's best-mixed bits are its high ones; hash tables index by the low ones
+        // (2 MiB-aligned addresses would otherwise all land in one bucket).
+        self.0.rotate_left(26)
     }
 }
 
-type Fast = BuildHasherDefault<WordHasher>;
+pub(crate) type Fast = BuildHasherDefault<WordHasher>;
 
 /// A stack's id (0: no stack).
 pub(crate) type StackId = u32;
@@ -132,6 +134,14 @@ impl StackBooks {
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    #[test]
+    fn aligned_addresses_spread_over_the_low_bits() {
+        use std::hash::BuildHasher;
+        let low: std::collections::HashSet<u64> =
+            (1..=64u64).map(|k| Fast::default().hash_one(k << 21) & 63).collect();
+        assert!(low.len() > 32, "64 addresses 2 MiB apart fill {} of 64 buckets", low.len());
+    }
 
     #[test]
     fn stacks_are_interned_and_the_peak_composition_is_kept() {
