@@ -100,6 +100,33 @@ fn pool_pair_ns(stream: &Arc<cudarc::driver::CudaStream>, bytes: usize, n: usize
     t.elapsed().as_nanos() as f64 / n as f64
 }
 
+/// Nanoseconds per `cuMemAllocAsync` and per `cuMemFreeAsync` of `bytes`, `n` of each, with
+/// `depth` of the program's own frames below (so a deep stack is walked in full).
+fn pool_split_ns(stream: &Arc<cudarc::driver::CudaStream>, bytes: usize, n: usize, depth: usize) -> (f64, f64) {
+    #[inline(never)]
+    fn nest(stream: &Arc<cudarc::driver::CudaStream>, bytes: usize, n: usize, depth: usize) -> (f64, f64) {
+        if depth > 0 {
+            let r = nest(stream, bytes, n, depth - 1);
+            std::hint::black_box(depth);
+            return r;
+        }
+        let mut keep = Vec::with_capacity(n);
+        let t = Instant::now();
+        for _ in 0..n {
+            // SAFETY: never read; freed (stream-ordered) below.
+            keep.push(unsafe { stream.alloc::<u8>(bytes) }.expect("alloc"));
+        }
+        let a = t.elapsed().as_nanos() as f64 / n as f64;
+        let t = Instant::now();
+        drop(keep);
+        let f = t.elapsed().as_nanos() as f64 / n as f64;
+        stream.synchronize().expect("sync");
+        (a, f)
+    }
+    let _warm = nest(stream, bytes, n.min(1000), depth);
+    (0..3).map(|_| nest(stream, bytes, n, depth)).fold((f64::MAX, f64::MAX), |b, x| (b.0.min(x.0), b.1.min(x.1)))
+}
+
 fn main() {
     let expect_gpu = std::env::var_os("GPUMEM_NB_EXPECT_GPU").is_some();
     // SAFETY: set before any other thread exists.
@@ -117,6 +144,7 @@ fn main() {
     let stream = ctx.new_stream().expect("stream");
     let n = 20_000;
     let base_ns = pool_pair_ns(&stream, 4096, n);
+    let base_split = pool_split_ns(&stream, 4096, n, 40);
 
     let alloc = gpumem_nb::current().unwrap_or_else(|e| skip(e.to_string()));
     let status = tracking::status();
@@ -133,6 +161,27 @@ fn main() {
         let ns = pool_pair_ns(&stream, 4096, n);
         per_depth.insert(depth.to_string(), json!({"pair_ns": ns, "pair_overhead_ns": ns - base_ns}));
     }
+    // Allocation and release apart, 40 frames of the program's own below (every depth walked in
+    // full), as a table beside the untracked numbers.
+    println!(
+        "stack depth | alloc ns | release ns | alloc overhead ns | release overhead ns   (cuMemAllocAsync/cuMemFreeAsync, 4 KiB)"
+    );
+    println!("untracked   | {:8.0} | {:10.0} |                 – |                   –", base_split.0, base_split.1);
+    let mut split = serde_json::Map::new();
+    for depth in [0, 8, 16, STACK_DEPTH] {
+        tracking::set_stack_depth(depth);
+        let (a, f) = pool_split_ns(&stream, 4096, n, 40);
+        println!("{depth:>11} | {a:8.0} | {f:10.0} | {:17.0} | {:19.0}", a - base_split.0, f - base_split.1);
+        split.insert(
+            depth.to_string(),
+            json!({"alloc_ns": a, "free_ns": f, "alloc_overhead_ns": a - base_split.0, "free_overhead_ns": f - base_split.1}),
+        );
+    }
+    c.check(
+        "overhead per allocation and per release, apart (targets: ≤ 1000 ns and ≤ 500 ns at depth 32)",
+        true,
+        json!({"untracked_alloc_ns": base_split.0, "untracked_free_ns": base_split.1, "by_stack_depth": split}),
+    );
     tracking::set_stack_depth(STACK_DEPTH);
     let over = |d: usize| per_depth[&d.to_string()]["pair_overhead_ns"].as_f64().unwrap_or(f64::NAN);
     c.check(
@@ -168,6 +217,13 @@ fn main() {
         "cuMemAlloc 100 MiB: exact, and NVML agrees within 2 MiB",
         d == (100 * MIB) as i64 && nv.is_none_or(|nv| (nv - d).unsigned_abs() <= 2 * MIB),
         json!({"tracked_delta": d, "nvml_delta": nv, "top": x.after.top}),
+    );
+
+    let site = x.after.top.iter().find(|o| o.bytes == 100 * MIB).cloned().unwrap_or_default();
+    c.check(
+        "sites: the 100 MiB cuMemAlloc is this program's, named by function (not cudarc's, not CUDA's)",
+        site.function.as_deref().is_some_and(|f| f.starts_with("track_check::")),
+        json!({"site": site.site(), "entry": site}),
     );
 
     // 3. A temporary: made and dropped, the cell's peak is exact.

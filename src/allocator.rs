@@ -278,6 +278,16 @@ impl<B: Backend> CachingAllocator<B> {
         Snapshot::from_raw(&raw)
     }
 
+    /// [`Self::snapshot`] with stacks named by `symbolize`.
+    pub(crate) fn snapshot_with(
+        &self,
+        symbolize: &mut dyn FnMut(&[usize]) -> Vec<crate::record::frames::Frame>,
+    ) -> Snapshot {
+        let mut raw = self.with_state(|s, _| RawSnapshot::take(s, self.device));
+        raw.backend = Some(self.kind);
+        Snapshot::from_raw_with(&raw, symbolize)
+    }
+
     /// The recorded events, oldest first.
     pub fn history(&self) -> Vec<TraceEntry> {
         self.with_state(|s, _| s.history.entries().iter().cloned().collect())

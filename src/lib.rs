@@ -16,8 +16,9 @@
 //!    [`DeviceError`], [`Element`]), [`device::cuda`] (cudarc, feature `cuda`), `device::sim`
 //!    (simulated), `device::replay` (a trace's addresses), `device::nvml`.
 //! 3. `record`, `stats` — what the policy writes as it runs: the event ring and stacks
-//!    ([`TraceEntry`], [`RecordMode`]); the 122 `memory_stats()` counters, peak slots and the
-//!    `memory_summary()` text.
+//!    ([`TraceEntry`], [`RecordMode`]; stacks walked by framehop, symbolised late; evcxr's
+//!    generated lines mapped to cell lines); the 122 `memory_stats()` counters, peak slots and
+//!    the `memory_summary()` text.
 //! 4. `policy`, `track` — PyTorch's caching policy as pure code: config
 //!    ([`AllocatorConfig`]), rounding, pools, best fit, split and merge, events, release, GC,
 //!    fraction, expandable segments, out-of-memory ([`AllocError`], [`OomReport`]), and our
@@ -32,7 +33,8 @@
 //!    data in, text/HTML/SVG out); [`DeviceBuffer`]; PyTorch traces replayed through the policy
 //!    (exactly, or only their allocations and frees under any policy).
 //! 8. `pinned` — [`PinnedBuffer`] and the caching [`HostAllocator`].
-//! 9. [`notebook`] — the per-process anchor (with `device::cuda`, the only `unsafe` code), the
+//! 9. [`notebook`] — the per-process anchor (with `device::cuda` and the unwinder's register and
+//!    stack reads, the only `unsafe` code), the
 //!    device registry ([`current`], [`device()`]), the kernel's control channel and its
 //!    [`notebook::protocol`], the out-of-memory watch ([`notebook::oom`]), the per-cell
 //!    [`notebook::report`] both kernels show and the stock evcxr kernel's hooks that show it
@@ -66,6 +68,7 @@ mod pinned;
 pub mod plan;
 pub mod replay;
 
+pub use notebook::tracking::top;
 pub use notebook::{mem, scope, tracking};
 
 // The allocator and its PyTorch-named API.

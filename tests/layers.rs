@@ -160,7 +160,7 @@ fn the_root_holds_at_most_eight_files_and_no_file_is_long() {
 }
 
 #[test]
-fn unsafe_code_is_denied_except_in_the_two_marked_modules() {
+fn unsafe_code_is_denied_except_in_the_three_marked_modules() {
     let lib = std::fs::read_to_string(src().join("lib.rs")).unwrap();
     assert!(lib.contains("#![deny(unsafe_code)]"));
     let mut allowed = Vec::new();
@@ -177,5 +177,8 @@ fn unsafe_code_is_denied_except_in_the_two_marked_modules() {
         }
     }
     allowed.sort();
-    assert_eq!(allowed, ["device/mod.rs: pub mod cuda;", "notebook/mod.rs: pub(crate) mod anchor;"]);
+    assert_eq!(
+        allowed,
+        ["device/mod.rs: pub mod cuda;", "notebook/mod.rs: pub(crate) mod anchor;", "record/unwind.rs: mod machine;"]
+    );
 }

@@ -104,7 +104,7 @@ fn reports_in_the_child() {
     assert!(line.starts_with("[2] sim:0 (simulated) · "), "{line}");
     assert!(
         line.contains(
-            " · all allocations now 64.00 MiB (Δ +64.00 MiB, peak 64.00 MiB) · allocated now 64.00 MiB (Δ +64.00 MiB, \
+            " · all allocations now 64.00 MiB (Δ +64.00 MiB, peak 64.00 MiB) · top stock::cell 64.00 MiB · allocated now 64.00 MiB (Δ +64.00 MiB, \
              peak 64.00 MiB) · reserved now 64.00 MiB (Δ +64.00 MiB, peak 64.00 MiB) · device free "
         ),
         "{line}"
@@ -119,7 +119,7 @@ fn reports_in_the_child() {
     assert_eq!(r3[at..at + 4], own, "{r3:?}");
     let line = &r3[at + 4];
     // The allocator keeps the freed 32 MiB cached: reserved, so allocated by the driver.
-    let expect = " · all allocations now 96.00 MiB (Δ +32.00 MiB, peak 96.00 MiB) · allocated now 64.00 MiB (Δ 0 B, peak \
+    let expect = " · all allocations now 96.00 MiB (Δ +32.00 MiB, peak 96.00 MiB) · top stock::cell 96.00 MiB · allocated now 64.00 MiB (Δ 0 B, peak \
                   96.00 MiB) · reserved now 96.00 MiB (Δ +32.00 MiB, peak 96.00 MiB) · ";
     assert!(line.starts_with("[3] sim:0 (simulated) · ") && line.contains(expect), "{line}");
     assert_eq!(r3[at + 5], "EVCXR_BEGIN_CONTENT application/vnd.gpumem.cell+json");
@@ -140,7 +140,7 @@ fn reports_in_the_child() {
     }
     let line = report(&run(8)).unwrap();
     assert!(line.starts_with("[8] sim:0 (simulated) · "), "{line}");
-    assert!(line.contains(" · all allocations now 96.00 MiB (Δ 0 B, peak 96.00 MiB) · allocated now 64.00 MiB (Δ 0 B, peak 64.00 MiB) · "), "{line}");
+    assert!(line.contains(" · all allocations now 96.00 MiB (Δ 0 B, peak 96.00 MiB) · top stock::cell 96.00 MiB · allocated now 64.00 MiB (Δ 0 B, peak 64.00 MiB) · "), "{line}");
 
     // evcxr closes stdin to stop the child: it exits.
     drop(to_child);

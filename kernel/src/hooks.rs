@@ -74,12 +74,21 @@ pub struct Hooks {
     oom_on_connect: Option<Op>,
     /// The child recording history, and since when (µs since the epoch).
     recording: Option<(u32, i64)>,
+    /// Every cell's code so far, as the user sees it: sent to each child as it connects (and
+    /// each new cell's before it runs), so that sites get their cell lines.
+    codes: std::collections::BTreeMap<u64, String>,
 }
 
 impl Hooks {
     /// Hooks over `control`.
     pub fn new(control: ControlServer) -> Hooks {
-        Hooks { control: Arc::new(Mutex::new(control)), on_connect: None, oom_on_connect: None, recording: None }
+        Hooks {
+            control: Arc::new(Mutex::new(control)),
+            on_connect: None,
+            oom_on_connect: None,
+            recording: None,
+            codes: Default::default(),
+        }
     }
 
     /// The control channel to the crate in the child, locked. Keep the guard for one request:
@@ -123,7 +132,22 @@ impl Hooks {
         {
             let _ = control.request(req.clone(), HOOK_TIMEOUT);
         }
+        if r.connected.is_some() {
+            for (cell, code) in &self.codes {
+                // An older crate does not know the request: its sites simply have no lines.
+                let _ = control.request(Op::CellCode { cell: *cell, code: code.clone() }, HOOK_TIMEOUT);
+            }
+        }
         r.connected.is_some()
+    }
+
+    /// Notes a cell's code (before it runs) and sends it to the connected child.
+    pub fn note_code(&mut self, cell: u64, code: &str) {
+        self.codes.insert(cell, code.to_string());
+        let mut control = lock(&self.control);
+        if control.connected().is_some() {
+            let _ = control.request(Op::CellCode { cell, code: code.to_string() }, HOOK_TIMEOUT);
+        }
     }
 
     /// Notes a `record` request the connected child accepted: recording (`on`) since now, unless

@@ -14,11 +14,12 @@
 //! - [`build_dir`]: where evcxr compiles the cells (kept between kernel starts, outside any
 //!   cargo workspace); [`compile`]: how far a cell's build has come; [`dep`]: `:dep gpumem-nb`
 //!   is the crate the kernel was built with; [`toolchain`]: what the kernel needs from the Rust
-//!   toolchain (std, `rust-src`).
+//!   toolchain (std, `rust-src`); [`cell_lines`]: line tables in the cells' own code.
 
 #![forbid(unsafe_code)]
 
 pub mod build_dir;
+pub mod cell_lines;
 pub mod compile;
 pub mod complete;
 pub mod control;

@@ -60,6 +60,8 @@ pub enum Magic {
     Plot,
     /// `%gpumem summary`: the allocator's `memory_summary()`.
     Summary,
+    /// `%gpumem top [N]`: the N sites holding the most memory now and at the session's peak.
+    Top(usize),
     /// `%gpumem snapshot [DIR]`: write snapshot.pickle/.json/trace_plot.html.
     Snapshot(Option<PathBuf>),
     /// `%gpumem snapshot --on-oom DIR|off`: write a snapshot into `DIR/cell-N` when a cell runs
@@ -114,6 +116,7 @@ impl Magic {
             Magic::History
                 | Magic::Plot
                 | Magic::Summary
+                | Magic::Top(_)
                 | Magic::Snapshot(_)
                 | Magic::Export(..)
                 | Magic::Diff(..)
@@ -141,6 +144,11 @@ pub const COMMANDS: &[Command] = &[
     Command { verb: "history", args: "", what: "a table of every cell run in this session" },
     Command { verb: "plot", args: "", what: "peak memory per cell as a chart, with the budget line" },
     Command { verb: "summary", args: "", what: "the allocator's memory_summary() (needs gpumem-nb loaded)" },
+    Command {
+        verb: "top",
+        args: "[N]",
+        what: "the N sites (function, cell:line) holding the most memory now and at the session's peak (default 5)",
+    },
     Command {
         verb: "snapshot",
         args: "[DIR]",
@@ -314,6 +322,14 @@ fn parse_line_magic(args: &str) -> Result<Magic, String> {
         },
         "plot" => no_args(Magic::Plot),
         "summary" => no_args(Magic::Summary),
+        "top" => match rest {
+            [] => Ok(Magic::Top(5)),
+            [n] => match n.parse::<usize>() {
+                Ok(n) if (1..=1000).contains(&n) => Ok(Magic::Top(n)),
+                _ => Err(format!("bad count {n:?} (a number from 1 to 1000)")),
+            },
+            _ => Err("top takes at most one argument: N".into()),
+        },
         "reset" => no_args(Magic::Reset),
         "snapshot" => match rest {
             [] => Ok(Magic::Snapshot(None)),

@@ -32,8 +32,10 @@ the device of the gpumem-nb crate (without a GPU: a simulated 80 GiB device).
 ";
 
 fn main() {
-    // First: the same binary is also evcxr's child process and its rustc wrapper. As the child,
-    // it answers the kernel's stderr sync requests on a thread of its own (`stderr_sync`).
+    // First: the same binary is also the cell crate's rustc wrapper (line tables), evcxr's
+    // child process and evcxr's rustc wrapper. As the child, it answers the kernel's stderr
+    // sync requests on a thread of its own (`stderr_sync`).
+    gpumem_kernel::cell_lines::wrap_if_asked();
     gpumem_kernel::stderr_sync::serve_in_child();
     evcxr::runtime_hook();
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -76,6 +76,17 @@ impl Executed {
             .collect()
     }
 
+    /// The reports' one-line text forms.
+    fn reports_text(&self) -> String {
+        self.report_messages()
+            .into_iter()
+            .map(|(_, m)| {
+                serde_json::to_value(&m.content).unwrap()["data"]["text/plain"].as_str().unwrap_or("").to_string()
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     fn reports(&self) -> Vec<serde_json::Value> {
         self.report_messages()
             .into_iter()
@@ -581,6 +592,120 @@ async fn live_line_and_usage() {
     assert_eq!(sim["allocated"], 64u64 << 20, "{u}");
     assert_eq!(sim["total"], 8u64 << 30, "{u}");
 
+    k.shutdown().await;
+}
+
+/// Sites (issue 19), through a real client: a cell whose line 2 calls a function an earlier
+/// cell defined (48 MiB from the driver) and whose line 3 allocates 40 MiB itself; a
+/// DeviceBuffer from the allocator; `%gpumem top`; the line names the top site.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sites_name_functions_cells_and_lines() {
+    let mut k = Kernel::start("sites").await;
+    let t = std::time::Instant::now();
+    let e = k.execute(":dep gpumem-nb").await;
+    assert_eq!(e.status(), ReplyStatus::Ok, "{:?}", e.json());
+    let e = k
+        .execute(
+            "// a helper the next cell calls\nfn alloc48() -> gpumem_nb::mem::DriverBuffer {\n    gpumem_nb::mem::driver_alloc_mib(48).unwrap()\n}",
+        )
+        .await;
+    assert_eq!(e.status(), ReplyStatus::Ok, "{:?}", e.json());
+    let e = k.execute("// two allocations\nlet a = alloc48();\nlet b = gpumem_nb::mem::driver_alloc_mib(40)?;").await;
+    assert_eq!(e.status(), ReplyStatus::Ok, "{:?}", e.json());
+    eprintln!("three cells, the crate compiled in them: {:?}", t.elapsed());
+    let rec = &e.reports()[0];
+    let cell = rec["cell"].as_u64().unwrap();
+    let top = rec["all_allocations"]["top"].as_array().unwrap_or_else(|| panic!("{rec}"));
+    eprintln!("cell {cell}: {}\ntop: {}", e.reports_text(), serde_json::to_string(top).unwrap());
+    let mib = |n: u64| serde_json::json!(n << 20);
+    let of48 = top.iter().find(|s| s["bytes"] == mib(48)).unwrap_or_else(|| panic!("no 48 MiB site: {top:?}"));
+    assert_eq!(of48["function"], "alloc48", "{of48}");
+    assert_eq!((&of48["cell"], &of48["line"]), (&serde_json::json!(cell - 1), &serde_json::json!(3)), "{of48}");
+    assert_eq!(of48["called_from"], serde_json::json!([cell, 2]), "{of48}");
+    let of40 = top.iter().find(|s| s["bytes"] == mib(40)).unwrap_or_else(|| panic!("no 40 MiB site: {top:?}"));
+    assert_eq!((&of40["cell"], &of40["line"]), (&serde_json::json!(cell), &serde_json::json!(3)), "{of40}");
+    assert_eq!(of40["function"], serde_json::Value::Null, "the cell's own code: {of40}");
+    assert_eq!(of40["owner"], "notebook cell");
+    let line = e.reports_text();
+    assert!(line.contains(&format!("top alloc48 (cell {}:3) ← cell {cell}:2 48.00 MiB", cell - 1)), "{line}");
+
+    // The allocator's buffers: a 64 MiB DeviceBuffer on line 2 (its segment holds the bytes).
+    let e = k
+        .execute(
+            "use gpumem_nb::{DeviceBuffer, StreamId};\nlet big = DeviceBuffer::<u8>::zeros(&gpumem_nb::current()?, 64 << 20, StreamId::DEFAULT)?;",
+        )
+        .await;
+    assert_eq!(e.status(), ReplyStatus::Ok, "{:?}", e.json());
+    let rec = &e.reports()[0];
+    let cell = rec["cell"].as_u64().unwrap();
+    let top = rec["all_allocations"]["top"].as_array().unwrap();
+    eprintln!("cell {cell}: top: {}", serde_json::to_string(top).unwrap());
+    let buf = top.iter().find(|s| s["bytes"] == mib(64)).unwrap_or_else(|| panic!("no 64 MiB site: {top:?}"));
+    assert_eq!((&buf["cell"], &buf["line"]), (&serde_json::json!(cell), &serde_json::json!(2)), "{buf}");
+
+    // %gpumem top: live now and at the session's peak, with their sites.
+    let e = k.execute("drop(a);\n%gpumem top 3").await;
+    let text = e
+        .of_type("display_data")
+        .iter()
+        .filter_map(|d| d["data"]["text/plain"].as_str())
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(text.contains("live now") && text.contains("at the session's peak"), "{text}");
+    assert!(text.contains(&format!("cell {cell}:2")), "the buffer's site: {text}");
+    assert!(text.contains("alloc48"), "gone now, but held memory at the peak: {text}");
+
+    // An allocator block's stack in a snapshot: its frame in the cell reads `cell N`, line 2.
+    let e = k.execute("%gpumem record on --stacks").await;
+    assert_eq!(e.status(), ReplyStatus::Ok, "{:?}", e.json());
+    let e = k.execute("// a block while recording\nlet rec_buf = DeviceBuffer::<u8>::zeros(&gpumem_nb::current()?, 8 << 20, StreamId::DEFAULT)?;").await;
+    assert_eq!(e.status(), ReplyStatus::Ok, "{:?}", e.json());
+    let cell = e.reports()[0]["cell"].as_u64().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let e = k.execute(&format!("%gpumem snapshot {}", dir.path().display())).await;
+    assert_eq!(e.status(), ReplyStatus::Ok, "{:?}", e.json());
+    let snap: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("snapshot.json")).unwrap()).unwrap();
+    let frames_of_8mib: Vec<&serde_json::Value> = snap["segments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["blocks"].as_array().unwrap())
+        .filter(|b| b["requested_size"] == serde_json::json!(8 << 20))
+        .flat_map(|b| b["frames"].as_array().unwrap())
+        .collect();
+    let here = serde_json::json!(format!("cell {cell}"));
+    assert!(
+        frames_of_8mib.iter().any(|f| f["filename"] == here && f["line"] == serde_json::json!(2)),
+        "the block's frames: {frames_of_8mib:?}"
+    );
+
+    let e = k.execute("%gpumem record off").await;
+    assert_eq!(e.status(), ReplyStatus::Ok, "{:?}", e.json());
+
+    // What naming costs the report: the hooks' time (pre + post: the record's hook_us) of cells
+    // allocating in loops, printed for BENCHMARKS.md (speed is never asserted in a test).
+    let loops = [
+        (
+            "10,000 DeviceBuffer allocations and frees, the cache emptied every 100",
+            "let dev = gpumem_nb::current()?;\nfor i in 0..10_000usize {\n    let b = DeviceBuffer::<u8>::alloc(&dev, ((i % 64) + 1) << 20, StreamId::DEFAULT)?;\n    drop(b);\n    if i % 100 == 99 {\n        dev.empty_cache()?;\n    }\n}",
+        ),
+        (
+            "2,000 driver allocations kept",
+            "let kept: Vec<gpumem_nb::mem::DriverBuffer> = (0..2_000).map(|_| gpumem_nb::mem::driver_alloc_mib(1)).collect::<Result<_, _>>()?;",
+        ),
+    ];
+    for round in 0..3 {
+        for (what, code) in loops {
+            let e = k.execute(code).await;
+            assert_eq!(e.status(), ReplyStatus::Ok, "{:?}", e.json());
+            let rec = &e.reports()[0];
+            eprintln!(
+                "hooks {{\"round\": {round}, \"cell\": {:?}, \"hook_us\": {}, \"wall_ms\": {}, \"top\": {}}}",
+                what, rec["hook_us"], rec["wall_ms"], rec["all_allocations"]["top"][0]
+            );
+        }
+    }
     k.shutdown().await;
 }
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks an executed notebook's per-cell reports against the crate's own numbers and NVML.
 
-    check_notebook.py EXECUTED.ipynb [--require-tracking cupti] [--json OUT.json]
+    check_notebook.py EXECUTED.ipynb [--require-tracking cupti] [--json OUT.json] [--no-lines]
 
 For every code cell it prints the report line and, where the record has them, the allocator's
 reserved delta, the CUDA pool's reserved delta, the tracked ("all allocations") delta, NVML's
@@ -13,6 +13,10 @@ Assertions (exit 1 when one fails):
 - with --require-tracking, every report after the crate loaded says that tracking mode;
 - cells tagged `returns-allocated` / `returns-reserved` / `returns-pool-used` / `returns-ooms`:
   the value the cell returned (the crate asked directly) equals the report's number;
+- cells tagged `site=FUNCTION[@LINE]` (issue 19): the record's `top` has an entry whose
+  function is FUNCTION (or starts with it when it ends in `::`), in this cell at LINE when given;
+  with --no-lines (the stock kernel, which cannot know cell lines) only the function is checked;
+- cells tagged `top-names=A,B`: the cell's value (`gpumem_nb::top(n)`) names each of A, B;
 - cells tagged `nvml-matches`: NVML's per-process delta equals what the process reserved
   according to the crate (allocator reserved delta + CUDA pool reserved delta + tracked driver,
   VMM and managed allocations) within the driver's 2 MiB granularity.
@@ -42,6 +46,7 @@ def main():
     path = args[0]
     require = args[args.index("--require-tracking") + 1] if "--require-tracking" in args else None
     out_json = args[args.index("--json") + 1] if "--json" in args else None
+    no_lines = "--no-lines" in args
     nb = json.load(open(path))
     failures, rows = [], []
     for i, cell in enumerate(nb["cells"]):
@@ -59,6 +64,10 @@ def main():
         magic_only = all(l.strip().startswith("%gpumem") or not l.strip() for l in src.splitlines())
         if errors and "raises-exception" not in tags:
             failures.append(f"cell {i} ({first}): error {errors[0].get('ename')}: {errors[0].get('evalue', '')[:200]}")
+        for tag in (t for t in tags if t.startswith("top-names=")):
+            for name in tag[len("top-names="):].split(","):
+                if name not in (result or ""):
+                    failures.append(f"cell {i} ({first}): {name!r} not in the top table: {(result or '')[:300]}")
         if magic_only:
             continue
         if len(recs) != 1:
@@ -108,6 +117,19 @@ def main():
             got = (result or "").strip().removeprefix("Some(").removesuffix(")")
             if str(value) != got:
                 failures.append(f"cell {i} ({first}): the cell returned {got}, the report says {value}")
+        for tag in (t for t in tags if t.startswith("site=")):
+            spec = tag[len("site="):]
+            func, _, line = spec.partition("@")
+            def matches(e):
+                f = e.get("function") or ""
+                if not (f.startswith(func) if func.endswith("::") else f == func):
+                    return False
+                if line and not no_lines:
+                    return e.get("cell") == r["cell"] and e.get("line") == int(line)
+                return True
+            top = alla.get("top") or []
+            if not any(matches(e) for e in top):
+                failures.append(f"cell {i} ({first}): no site {spec!r} in the record's top: {top}")
         if "nvml-matches" in tags and row["unexplained_by_tracking"] is not None:
             if abs(row["unexplained_by_tracking"]) > 2 * MIB:
                 failures.append(

@@ -17,6 +17,9 @@
 #                      && bash scripts/gpu/notebook.sh run notebooks/tour.ipynb notebooks/gpu_cublas.ipynb
 # then, still warm:   bash scripts/gpu/notebook.sh run notebooks/gpu_candle.ipynb
 #                     bash scripts/gpu/notebook.sh jupyter notebooks/gpu_cublas.ipynb
+#                     bash scripts/gpu/notebook.sh run notebooks/gpu_sites.ipynb      (issue 19: sites)
+#                     bash scripts/gpu/notebook.sh jupyter notebooks/gpu_sites.ipynb
+#                     bash scripts/gpu/notebook.sh stock notebooks/gpu_sites.ipynb    (the stock kernel)
 # Results (executed notebooks, HTML pages, check reports, timings) go to $OUT.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -35,6 +38,12 @@ pack() {
     cargo build --release -p gpumem-kernel
     cp "$CARGO_TARGET_DIR/release/gpumem-kernel" "$work/payload/bin/"
     strip "$work/payload/bin/gpumem-kernel"
+    step "the stock evcxr kernel, evcxr_jupyter 0.22.0 (tests/stock_kernel.sh installs it once)"
+    local stock="$CARGO_TARGET_DIR/evcxr_jupyter/bin/evcxr_jupyter"
+    if [ ! -x "$stock" ]; then
+        cargo install --locked --quiet evcxr_jupyter --version 0.22.0 --root "$CARGO_TARGET_DIR/evcxr_jupyter"
+    fi
+    cp "$stock" "$work/payload/bin/" && strip "$work/payload/bin/evcxr_jupyter"
     step "vendored crates for the notebooks' :dep lines"
     local deps="$work/nbdeps"
     mkdir -p "$deps/src" && echo 'fn main() {}' > "$deps/src/main.rs"
@@ -92,6 +101,9 @@ PY
     (cd "$sysroot" && tar cf - bin/rustc bin/cargo lib/librustc_driver-*.so lib/libLLVM* \
         --exclude='*san.a' --exclude='*profiler*' lib/rustlib/x86_64-unknown-linux-gnu/lib \
         lib/rustlib/x86_64-unknown-linux-gnu/bin lib/rustlib/src) | (cd "$work/payload/rust" && tar xf -)
+    # A bare `:dep gpumem-nb` loads the checkout the kernel was built from (its path is compiled
+    # into the kernel): `setup` points that path at the repo on the GPU machine.
+    echo "$repo" > "$work/payload/kernel-source.txt"
     step "one xz stream, split in three"
     (cd "$work/payload" && tar cf - .) | xz -T0 -6 > "$work/payload.tar.xz"
     local size
@@ -128,6 +140,14 @@ directory = "$root/vendor"
 offline = true
 EOF
     env_file
+    # The kernel's bare `:dep gpumem-nb` is the checkout it was built from: when that path does
+    # not exist here, it becomes a link to this repo (the same sources, carried by the device tool).
+    local built_from
+    built_from="$(cat "$root/kernel-source.txt" 2>/dev/null || true)"
+    if [ -n "$built_from" ] && [ ! -e "$built_from" ]; then
+        mkdir -p "$(dirname "$built_from")" && ln -s "$repo" "$built_from"
+        echo "bare :dep gpumem-nb: $built_from -> $repo"
+    fi
     # shellcheck disable=SC1091
     . "$root/env.sh"
     rustc --version && cargo --version && nvcc --version | tail -1
@@ -192,11 +212,73 @@ PY
     done
 }
 
+stock_nb() {
+    # The same notebooks in the stock evcxr kernel ("Rust"), gpumem-nb hooking itself into the
+    # child: sites name functions and cells there, not lines (the child never sees a cell's
+    # text), hence --no-lines.
+    # shellcheck disable=SC1091
+    . "$root/env.sh"
+    mkdir -p "$out"
+    export JUPYTER_PATH="$root/stock-jupyter" JUPYTER_DATA_DIR="$root/stock-jupyter"
+    evcxr_jupyter --install > /dev/null
+    export EVCXR_TMPDIR="$root/evcxr-stock"
+    mkdir -p "$EVCXR_TMPDIR"
+    # The build directory and the toolchain share /opt/gpumem: evcxr's relative rpath to libstd
+    # climbs one level too far (README, the stock kernel's known limits).
+    local std_dir
+    std_dir="$(rustc --print sysroot)/lib/rustlib/x86_64-unknown-linux-gnu/lib"
+    export LD_LIBRARY_PATH="$std_dir:$LD_LIBRARY_PATH"
+    for nb in "$@"; do
+        local name t0=$SECONDS
+        name="$(basename "$nb" .ipynb)-stock"
+        step "jupyter_client/nbclient, stock kernel rust: $nb"
+        python3 - "$nb" "$out/$name.ipynb" <<'PY'
+import sys, nbformat
+from nbclient import NotebookClient
+import os, re
+nb = nbformat.read(sys.argv[1], as_version=4)
+# gpumem-kernel's magics are not the stock kernel's: those cells go. A bare `:dep gpumem-nb`
+# (gpumem-kernel's: the crate it was built with) is this repo's path for the stock kernel.
+nb.cells = [c for c in nb.cells if not (c.cell_type == "code" and c.source.lstrip().startswith("%"))]
+repo = os.path.abspath(os.path.join(os.path.dirname(sys.argv[1]), ".."))
+for c in nb.cells:
+    if c.cell_type == "code":
+        c.source = re.sub(r"(?m)^(\s*):dep gpumem-nb\s*$", lambda m: f'{m.group(1)}:dep gpumem-nb = {{ path = "{repo}" }}', c.source)
+NotebookClient(nb, kernel_name="rust", timeout=900, resources={"metadata": {"path": "notebooks"}}).execute()
+nbformat.write(nb, sys.argv[2])
+print("executed", sys.argv[1])
+PY
+        echo "$name: $((SECONDS - t0)) s" | tee -a "$out/timings.txt"
+        python3 - "$out/$name.ipynb" <<'PY' | tee "$out/$name.check.txt"
+import json, sys
+nb = json.load(open(sys.argv[1]))
+fails = 0
+for c in nb["cells"]:
+    if c["cell_type"] != "code":
+        continue
+    outs = c.get("outputs", [])
+    text = "".join("".join(o.get("text", "")) if o.get("output_type") == "stream" else "".join(o.get("data", {}).get("text/plain", "")) for o in outs)
+    for tag in c.get("metadata", {}).get("tags", []):
+        if tag.startswith("top-names="):
+            for name in tag[len("top-names="):].split(","):
+                ok = name in text
+                fails += not ok
+                print(("ok  " if ok else "FAIL"), repr(name), "in the cell's top table")
+    errs = [o for o in outs if o.get("output_type") == "error"]
+    if errs:
+        fails += 1
+        print("FAIL", errs[0].get("ename"), errs[0].get("evalue", "")[:200])
+print(f"{sys.argv[1]}: {fails} failures")
+PY
+    done
+}
+
 case "${1:-}" in
     pack) pack ;;
     stash) stash "$2" ;;
     setup) setup ;;
     run) shift; run_nb "$@" ;;
     jupyter) shift; jupyter_nb "$@" ;;
-    *) echo "usage: $0 pack | stash N | setup | run NB... | jupyter NB..." >&2; exit 2 ;;
+    stock) shift; stock_nb "$@" ;;
+    *) echo "usage: $0 pack | stash N | setup | run NB... | jupyter NB... | stock NB..." >&2; exit 2 ;;
 esac

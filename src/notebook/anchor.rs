@@ -14,7 +14,8 @@
 //! - the pid makes sure a child process, which inherits the environment but not the memory,
 //!   never does.
 //!
-//! This file and `backend/cuda.rs` are the only places with `unsafe` code.
+//! This file, `device/cuda/` and `record/unwind/machine.rs` are the only places with `unsafe`
+//! code.
 
 use crate::notebook::registry::Registry;
 use std::sync::{Mutex, OnceLock};

@@ -226,6 +226,11 @@ impl Session {
                 Ok(Reply { svg: Some(chart.svg), text: Some(chart.text), ..Reply::ok(id) })
             }
             Op::Summary => Ok(Reply { text: Some(device0()?.memory_summary(false)), ..Reply::ok(id) }),
+            Op::CellCode { cell, code } => {
+                tracking::set_cell_code(*cell, code);
+                Ok(Reply::ok(id))
+            }
+            Op::Top { n } => Ok(Reply { top: Some(tracking::top(*n)), ..Reply::ok(id) }),
         }
     }
 }

@@ -26,4 +26,7 @@ pub mod scope;
 pub mod stock;
 pub mod tracking;
 
+/// Which cell and line a line of evcxr's generated `lib.rs` is ([`cells::LineMap`]): what sites
+/// and snapshots name, and what a kernel maps panic frames with.
+pub use crate::record::cells;
 pub use stock::set_reports;

@@ -82,6 +82,17 @@ impl OomWatch {
         let dir = dir.join(st.cell.map_or_else(|| "oom".to_string(), |c| format!("cell-{c}")));
         st.event = Some(describe(report, &alloc.segments()));
         drop(st);
+        // The sites holding the device's memory as it failed (named outside the watch's lock).
+        if super::tracking::status().is_on() {
+            let top = super::tracking::top(3).places.into_iter().find(|p| p.device == Some(report.device));
+            if let (Some(p), Some(e)) = (top, &mut self.lock().event) {
+                if !p.now.is_empty() {
+                    let held: Vec<String> = p.now.iter().map(|s| format!("{} {}", s.site(), iec(s.bytes))).collect();
+                    e.why = format!("{}; held by {}", e.why, held.join(", "));
+                }
+                e.top = p.now;
+            }
+        }
         // Written outside the watch's lock: another thread's failure meanwhile is counted.
         let written = super::tracking::snapshot(alloc).save(&dir);
         if let Some(e) = &mut self.lock().event {

@@ -97,6 +97,24 @@ pub enum Op {
     HistorySvg,
     /// Device 0's `memory_summary()`.
     Summary,
+    /// The code of a cell as its user sees it (sent before the cell runs), so that sites in it
+    /// get their lines.
+    CellCode {
+        /// The cell's execution count.
+        cell: u64,
+        /// Its code (magic lines replaced by comments, so lines keep their numbers).
+        code: String,
+    },
+    /// The `n` sites holding the most memory now and at the session's peak.
+    Top {
+        /// How many per place.
+        #[serde(default = "five")]
+        n: usize,
+    },
+}
+
+fn five() -> usize {
+    5
 }
 
 impl Op {
@@ -112,6 +130,8 @@ impl Op {
             Op::OnOom { .. } => "on_oom",
             Op::HistorySvg => "history_svg",
             Op::Summary => "summary",
+            Op::CellCode { .. } => "cell_code",
+            Op::Top { .. } => "top",
         }
     }
 }
@@ -242,13 +262,74 @@ pub struct SourceReading {
     pub peak: u64,
 }
 
-/// Live bytes of one owner.
+/// Live bytes of one site: the allocations made at one place.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct OwnerBytes {
-    /// The library or code that made the allocations (`libcublasLt.so.13`, `candle_core::…`).
+    /// The library or code that made the allocations (`libcublasLt.so.13`, `candle_core::…`,
+    /// `notebook cell`).
     pub owner: String,
     /// Their live bytes.
     pub bytes: u64,
+    /// Full path of the innermost function outside CUDA, cudarc, gpumem-nb and std
+    /// (`candle_core::tensor::Tensor::zeros`, `libcublasLt.so.13`, a function the notebook
+    /// defined); `null` for the cell's own code or when unknown.
+    #[serde(default)]
+    pub function: Option<String>,
+    /// The cell of the innermost notebook frame (its execution count); `null` when unknown.
+    #[serde(default)]
+    pub cell: Option<u64>,
+    /// Its line, 1 = the cell's first line; `null` when unknown.
+    #[serde(default)]
+    pub line: Option<u32>,
+    /// The running cell's line that called into a function an earlier cell defined (where
+    /// `cell`/`line` point), as `[cell, line]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub called_from: Option<(u64, u32)>,
+}
+
+impl OwnerBytes {
+    /// The site in words: `candle_core::tensor::Tensor::zeros ← cell 5:3`, `cell 5:3`,
+    /// `alloc48 (cell 4:2) ← cell 5:2`, or the owner when nothing more is known.
+    pub fn site(&self) -> String {
+        let at = match (self.cell, self.line) {
+            (Some(c), Some(l)) => Some(format!("cell {c}:{l}")),
+            (Some(c), None) => Some(format!("cell {c}")),
+            _ => None,
+        };
+        let from = self.called_from.map(|(c, l)| format!("cell {c}:{l}"));
+        match (&self.function, at, from) {
+            (Some(f), Some(at), Some(from)) => format!("{f} ({at}) ← {from}"),
+            (Some(f), Some(at), None) => format!("{f} ← {at}"),
+            (Some(f), None, _) => f.clone(),
+            (None, Some(at), _) => at,
+            (None, None, _) => self.owner.clone(),
+        }
+    }
+}
+
+/// The sites holding the most memory now and at the session's peak (`%gpumem top`,
+/// `gpumem_nb::top`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TopReport {
+    /// `cupti`, `simulated`, `unavailable: …`.
+    pub tracking: String,
+    /// Every place that held memory.
+    pub places: Vec<PlaceTop>,
+}
+
+/// One place's top sites.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PlaceTop {
+    /// CUDA device, or `None` for pinned host memory.
+    pub device: Option<i32>,
+    /// Bytes live now, every source.
+    pub live: u64,
+    /// The highest since tracking began (the session's peak).
+    pub peak: u64,
+    /// The sites holding the most of `live`, largest first.
+    pub now: Vec<OwnerBytes>,
+    /// The sites that held the most at the peak, largest first.
+    pub at_peak: Vec<OwnerBytes>,
 }
 
 /// Paths of a written snapshot.
@@ -295,6 +376,9 @@ pub struct OomEvent {
     /// Why no snapshot could be written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot_error: Option<String>,
+    /// The sites holding the most of the device's memory when the allocation failed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub top: Vec<OwnerBytes>,
 }
 
 impl OomEvent {
@@ -340,6 +424,9 @@ pub struct Reply {
     /// The cell's first out-of-memory failure, when `on_oom` watches (`post`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oom: Option<OomEvent>,
+    /// The top sites (`top`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top: Option<TopReport>,
 }
 
 impl Reply {

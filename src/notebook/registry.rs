@@ -205,7 +205,11 @@ pub fn device(index: usize) -> Result<Arc<Allocator>> {
     // device reports through its own driver, a GPU through CUPTI (see `notebook::tracking`).
     super::tracking::start(matches!(reg.resolved, Resolved::Simulated { .. }));
     let mut backend = open_backend(&reg.resolved, index)?;
-    crate::Backend::set_driver_sink(&mut backend, super::tracking::sink);
+    // Tracking off (`GPUMEM_NB_TRACK=off`) or unavailable: the backend reports to nobody, so an
+    // untracked allocation costs what it costs without gpumem-nb's books.
+    if super::tracking::status().is_on() {
+        crate::Backend::set_driver_sink(&mut backend, super::tracking::sink);
+    }
     let alloc = Arc::new(CachingAllocator::new(backend, reg.config.clone()));
     reg.devices[index] = Some(Arc::clone(&alloc));
     drop(guard);

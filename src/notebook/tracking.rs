@@ -14,9 +14,9 @@
 
 use super::protocol::{OwnerBytes, PlaceReading, SourceReading};
 use crate::device::DriverEvent;
-use crate::record::frames::{self, Frames, Symbolizer};
+use crate::record::frames::{self, Frames};
 use crate::snapshot::{BlockSnap, Segment, Snapshot, TraceSnap};
-use crate::track::owner::Owners;
+use crate::track::owner::{Owners, Site};
 use crate::track::{Place, PlaceTotals, Source, TrackSlot, TrackedAlloc, Tracker};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -238,7 +238,7 @@ fn place_reading(place: Place, t: &PlaceTotals, top: Vec<OwnerBytes>) -> PlaceRe
 }
 
 /// Every place's tracked bytes: peaks since `slot` opened (or since tracking began), with the
-/// top owners of what is live when `owners` (which symbolises their stacks).
+/// top sites of what is live when `owners` (which symbolises their stacks).
 pub(crate) fn readings(slot: Option<TrackSlot>, owners: bool) -> Vec<PlaceReading> {
     let t = state();
     let (totals, live) = {
@@ -247,11 +247,16 @@ pub(crate) fn readings(slot: Option<TrackSlot>, owners: bool) -> Vec<PlaceReadin
             Some(s) => s,
             None => tr.totals().clone(),
         };
-        let live: Vec<(Place, u64, Option<Frames>)> =
-            if owners { tr.live().map(|a| (a.device, a.size, a.frames.clone())).collect() } else { Vec::new() };
-        (totals, live)
+        let live = if owners { live_by_stack(&tr) } else { HashMap::new() };
+        let peak = if owners { peak_by_stack(&tr) } else { HashMap::new() };
+        (totals, (live, peak))
     };
-    let tops = top_owners(&live);
+    let (live, peak) = live;
+    let tops = top_sites(&live, TOP);
+    // What held the session's peak is named now too (cached per stack), while the cell's
+    // library and its `lib.rs` are the ones its code was built from: `%gpumem top` asked later,
+    // after other cells rewrote `lib.rs`, still gives those sites their lines.
+    top_sites(&peak, 0);
     totals
         .iter()
         .filter(|(_, t)| t.total.peak > 0 || t.total.live > 0)
@@ -259,35 +264,113 @@ pub(crate) fn readings(slot: Option<TrackSlot>, owners: bool) -> Vec<PlaceReadin
         .collect()
 }
 
-/// The largest owners of live bytes per place (symbolising outside the tracker's lock).
-fn top_owners(live: &[(Place, u64, Option<Frames>)]) -> HashMap<Place, Vec<OwnerBytes>> {
+/// How many sites a record's `top` lists.
+const TOP: usize = 5;
+
+/// Live bytes by place, stack and cell (the label's number): what sites are named from.
+type ByStack = HashMap<(Place, Option<Frames>, u64), u64>;
+
+/// The live allocations summed by place, stack and cell (under the tracker's lock: no symbols).
+fn live_by_stack(tr: &Tracker) -> ByStack {
+    by_stack(tr, tr.stack_books().live())
+}
+
+/// What was live at each place's peak, summed the same way.
+fn peak_by_stack(tr: &Tracker) -> ByStack {
+    by_stack(tr, tr.stack_books().at_peak())
+}
+
+fn by_stack(tr: &Tracker, groups: impl Iterator<Item = (Place, crate::track::stacks::Key, u64)>) -> ByStack {
+    let mut cells: HashMap<u32, u64> = HashMap::new();
+    let mut out = ByStack::new();
+    for (place, (stack, label), bytes) in groups {
+        let cell = *cells.entry(label).or_insert_with(|| label_cell(tr.label_name(label)));
+        *out.entry((place, tr.stack_books().stack(stack).cloned(), cell)).or_default() += bytes;
+    }
+    out
+}
+
+/// The sites holding the most memory now, and those that held the most at the session's peak
+/// (since tracking began), per device: what `%gpumem top` shows (`gpumem_nb::top(n)` in the
+/// stock kernel).
+pub fn top(n: usize) -> crate::notebook::protocol::TopReport {
+    let t = state();
+    let status = status();
+    let (live, peak, totals) = {
+        let tr = lock(&t.tracker);
+        (live_by_stack(&tr), peak_by_stack(&tr), tr.totals().clone())
+    };
+    let (mut now, mut at_peak) = (top_sites(&live, n), top_sites(&peak, n));
+    let places = totals
+        .iter()
+        .filter(|(_, t)| t.total.peak > 0)
+        .map(|(place, tot)| crate::notebook::protocol::PlaceTop {
+            device: *place,
+            live: tot.total.live,
+            peak: tot.total.peak,
+            now: now.remove(place).unwrap_or_default(),
+            at_peak: at_peak.remove(place).unwrap_or_default(),
+        })
+        .collect();
+    crate::notebook::protocol::TopReport { tracking: status.label(), places }
+}
+
+/// The `N` of a label "cell N" (0 for any other label).
+fn label_cell(label: &str) -> u64 {
+    label.strip_prefix("cell ").and_then(|n| n.parse().ok()).unwrap_or(0)
+}
+
+/// The `n` largest sites per place (symbolising outside the tracker's lock, each distinct stack
+/// once).
+fn top_sites(live: &ByStack, n: usize) -> HashMap<Place, Vec<OwnerBytes>> {
     let mut owners = lock(&state().owners);
     let owners = owners.get_or_insert_with(Owners::new);
-    let mut sums: HashMap<Place, HashMap<String, u64>> = HashMap::new();
-    for (place, size, frames) in live {
-        let name = match frames {
-            Some(f) => owners.owner(f).unwrap_or_else(|| "unknown (stack too short)".into()),
-            None => "unknown (no stack)".into(),
+    let mut sums: HashMap<Place, HashMap<Site, u64>> = HashMap::new();
+    for ((place, frames, cell), size) in live {
+        let site = match frames {
+            Some(f) => owners.site(f, *cell),
+            None => Site::unknown("unknown (no stack)"),
         };
-        *sums.entry(*place).or_default().entry(name).or_default() += size;
+        *sums.entry(*place).or_default().entry(site).or_default() += size;
     }
     sums.into_iter()
         .map(|(place, m)| {
-            let mut v: Vec<OwnerBytes> = m.into_iter().map(|(owner, bytes)| OwnerBytes { owner, bytes }).collect();
-            v.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.owner.cmp(&b.owner)));
-            v.truncate(5);
+            let mut v: Vec<OwnerBytes> = m.into_iter().map(|(site, bytes)| owner_bytes(site, bytes)).collect();
+            v.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.owner.cmp(&b.owner)).then(a.line.cmp(&b.line)));
+            v.truncate(n);
             (place, v)
         })
         .collect()
+}
+
+fn owner_bytes(site: Site, bytes: u64) -> OwnerBytes {
+    OwnerBytes {
+        owner: site.owner,
+        bytes,
+        function: site.function,
+        cell: site.cell,
+        line: site.line,
+        called_from: site.called_from,
+    }
+}
+
+/// Notes a cell's code as its user sees it (`pre` carries it in gpumem-kernel), so that sites in
+/// it and in the functions it defines get their lines.
+pub(crate) fn set_cell_code(cell: u64, code: &str) {
+    lock(&state().owners).get_or_insert_with(Owners::new).set_cell_code(cell, code);
 }
 
 /// The allocator's snapshot of `device` with every other live allocation on it added as a
 /// segment of one block (its stack and label kept), and, while recording, their events in the
 /// device's trace: what PyTorch's viewer and the offline page then show side by side.
 pub fn snapshot(alloc: &crate::Allocator) -> Snapshot {
-    let mut snap = alloc.snapshot();
-    let device = alloc.device();
     let t = state();
+    let mut snap = {
+        let mut owners = lock(&t.owners);
+        let owners = owners.get_or_insert_with(Owners::new);
+        alloc.snapshot_with(&mut |f| owners.frames(f))
+    };
+    let device = alloc.device();
     let (foreign, events, labels) = {
         let tr = lock(&t.tracker);
         let foreign: Vec<TrackedAlloc> =
@@ -305,11 +388,11 @@ pub fn snapshot(alloc: &crate::Allocator) -> Snapshot {
             .collect();
         (foreign, events, labels)
     };
-    let mut sym = Symbolizer::new();
     let mut owners = lock(&t.owners);
     let owners = owners.get_or_insert_with(Owners::new);
+    let mut memo: HashMap<usize, Vec<crate::record::frames::Frame>> = HashMap::new();
     let mut frames_of = |f: &Option<Frames>| match f {
-        Some(f) => sym.symbolize(&f[owners.caller_index(f)..]),
+        Some(f) => memo.entry(f.as_ptr() as usize).or_insert_with(|| owners.frames(f)).clone(),
         None => Vec::new(),
     };
     let round = |n: u64| n.div_ceil(512) * 512;

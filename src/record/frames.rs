@@ -39,18 +39,21 @@ pub(crate) fn capture() -> Frames {
     capture_depth(depth())
 }
 
-/// Captures at most `limit` frames (clamped to 1 ..= [`MAX_FRAMES`]).
+/// Captures at most `limit` frames (clamped to 1 ..= [`MAX_FRAMES`]) with the caching unwinder
+/// ([`super::unwind`]).
 #[inline(never)]
 pub(crate) fn capture_depth(limit: usize) -> Frames {
     let limit = limit.clamp(1, MAX_FRAMES);
-    let mut ips = [0usize; MAX_FRAMES];
-    let mut n = 0;
-    backtrace::trace(|f| {
-        ips[n] = f.ip() as usize;
-        n += 1;
-        n < limit
-    });
-    Arc::from(&ips[..n])
+    SCRATCH.with(|v| {
+        let mut v = v.borrow_mut();
+        super::unwind::capture(limit, &mut v);
+        Arc::from(&v[..])
+    })
+}
+
+thread_local! {
+    /// One buffer per thread for the walk, so capturing allocates only the result.
+    static SCRATCH: std::cell::RefCell<Vec<usize>> = std::cell::RefCell::new(Vec::with_capacity(MAX_FRAMES));
 }
 
 /// One symbolised frame, PyTorch's frame dict.
@@ -64,16 +67,74 @@ pub struct Frame {
     pub line: u32,
 }
 
-/// Resolves raw frames to [`Frame`]s, caching per address.
+/// What one return address resolves to: its module and its frames (inlined ones expanded,
+/// innermost first).
+#[derive(Debug)]
+pub(crate) struct Resolved {
+    /// The module's file name (`libcuda.so.1`, `libcode_7.so`); empty when in none.
+    pub module: Arc<str>,
+    /// The module's path.
+    pub path: Arc<str>,
+    /// The frames.
+    pub frames: Vec<Frame>,
+}
+
+/// Resolves raw frames to [`Frame`]s with each module's symbol table and line tables
+/// (`addr2line`), caching per address and keeping each module's tables once read.
 #[derive(Default)]
 pub(crate) struct Symbolizer {
-    cache: HashMap<usize, Arc<[Frame]>>,
+    cache: HashMap<usize, Arc<Resolved>>,
+    modules: Vec<super::unwind::ModuleMap>,
+    loaders: HashMap<Arc<str>, Option<addr2line::Loader>>,
+    /// Addresses that sent us to `/proc/self/maps` once already.
+    looked_for: std::collections::HashSet<usize>,
+}
+
+impl std::fmt::Debug for Symbolizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Symbolizer").field("cached", &self.cache.len()).finish()
+    }
 }
 
 /// Frames that belong to the allocator or the unwinder, never to the user.
-fn is_internal(name: &str) -> bool {
+fn is_internal(f: &Frame) -> bool {
     const PREFIXES: [&str; 4] = ["gpumem_nb::", "<gpumem_nb::", "backtrace::", "<backtrace::"];
-    PREFIXES.iter().any(|p| name.starts_with(p))
+    PREFIXES.iter().any(|p| f.name.starts_with(p)) || (short(f) && f.filename.starts_with(OWN_SOURCE))
+}
+
+/// Where gpumem-nb's own sources are (what its line tables name, in this build and in every
+/// notebook cell that links this same copy).
+const OWN_SOURCE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src/");
+
+/// A frame named by line tables alone: an inlined function's last path segment (`zeros`,
+/// `try_with<core::cell::RefCell<…>, …>`).
+fn short(f: &Frame) -> bool {
+    !is_path(&f.name)
+}
+
+/// Whether a function name is a full path (`candle_core::tensor::Tensor::zeros`,
+/// `<ctx::Model as ctx::Run>::go`), not a last segment whose generic arguments hold paths.
+pub(crate) fn is_path(name: &str) -> bool {
+    name.starts_with('<') || name.split('<').next().is_some_and(|head| head.contains("::"))
+}
+
+/// The crate an inlined frame's source file belongs to, by its path: the standard library
+/// (`/rustc/<hash>/library/core/src/…`), gpumem-nb itself, or the directory holding `src/`
+/// (`…/registry/src/…/candle-core-0.9.1/src/tensor.rs` → `candle_core`; a version suffix is
+/// dropped). `None` when the path says nothing.
+pub(crate) fn source_crate(file: &str) -> Option<String> {
+    if file.starts_with(OWN_SOURCE) {
+        return Some("gpumem_nb".into());
+    }
+    if let Some(rest) = file.split("/library/").nth(1).filter(|_| file.starts_with("/rustc/")) {
+        return rest.split('/').next().filter(|c| !c.is_empty()).map(str::to_string);
+    }
+    let (dir, _) = file.rsplit_once("/src/")?;
+    let name = dir.rsplit('/').next().filter(|n| !n.is_empty())?;
+    // `candle-core-0.9.1`, `foo-1.0.0-alpha.2`: the name before the first `-<digit>`.
+    let cut = name.match_indices('-').find(|(i, _)| name[i + 1..].starts_with(|c: char| c.is_ascii_digit()));
+    let name = cut.map_or(name, |(i, _)| &name[..i]);
+    Some(name.replace('-', "_"))
 }
 
 /// Runtime frames below `main` (or below a test harness or a thread's start) that say nothing
@@ -104,50 +165,97 @@ impl Symbolizer {
         Self::default()
     }
 
-    fn resolve_ip(&mut self, ip: usize) -> Arc<[Frame]> {
-        self.cache
-            .entry(ip)
-            .or_insert_with(|| {
-                let mut out = Vec::new();
-                // Return addresses point after the call; look up the call instruction.
-                backtrace::resolve((ip.saturating_sub(1)) as *mut std::ffi::c_void, |sym| {
-                    let name = sym.name().map(|n| format!("{n:#}")).unwrap_or_else(|| format!("{ip:#x}"));
-                    let filename = sym.filename().map(|f| f.display().to_string()).unwrap_or_else(|| "??".into());
-                    out.push(Frame { name, filename, line: sym.lineno().unwrap_or(0) });
-                });
-                if out.is_empty() {
-                    out.push(Frame { name: format!("{ip:#x}"), filename: "??".into(), line: 0 });
+    /// The module holding `addr` (re-reading the process's modules once for an address in
+    /// none: evcxr loads a library per cell).
+    fn module(&mut self, addr: usize) -> Option<super::unwind::ModuleMap> {
+        let find = |mods: &[super::unwind::ModuleMap]| {
+            let i = mods.partition_point(|m| m.start <= addr as u64);
+            i.checked_sub(1).map(|i| &mods[i]).filter(|m| (addr as u64) < m.end).cloned()
+        };
+        if let Some(m) = find(&self.modules) {
+            return Some(m);
+        }
+        if self.looked_for.insert(addr) {
+            self.modules = super::unwind::module_maps();
+        }
+        find(&self.modules)
+    }
+
+    /// Everything known of one return address (the call instruction before it is looked up).
+    pub(crate) fn resolve(&mut self, ip: usize) -> Arc<Resolved> {
+        if let Some(r) = self.cache.get(&ip) {
+            return r.clone();
+        }
+        let lookup = ip.saturating_sub(1);
+        let module = self.module(lookup);
+        let mut frames = Vec::new();
+        if let Some(m) = &module {
+            let loader = self.loaders.entry(m.path.clone()).or_insert_with(|| addr2line::Loader::new(&*m.path).ok());
+            if let Some(loader) = loader {
+                let probe = (lookup as u64).wrapping_sub(m.base).wrapping_add(loader.relative_address_base());
+                if let Ok(mut it) = loader.find_frames(probe) {
+                    while let Ok(Some(f)) = it.next() {
+                        let name = f.function.as_ref().and_then(|n| n.demangle().ok()).map(|n| n.into_owned());
+                        let (filename, line) = match &f.location {
+                            Some(l) => (l.file.unwrap_or("??").to_string(), l.line.unwrap_or(0)),
+                            None => ("??".to_string(), 0),
+                        };
+                        frames.push(Frame { name: name.unwrap_or_default(), filename, line });
+                    }
                 }
-                out.into()
-            })
-            .clone()
+                // The function the address lies in (the outermost frame) is named by the symbol
+                // table, with its full path: line tables alone (`debug = "line-tables-only"`,
+                // how notebook cells and release builds are made) name every function by its
+                // last segment (`zeros`). Inlined frames keep the names the line tables give.
+                if let Some(sym) = loader.find_symbol(probe) {
+                    let name = addr2line::demangle_auto(sym.into(), None).into_owned();
+                    match frames.last_mut() {
+                        Some(f) => f.name = name,
+                        None => frames.push(Frame { name, filename: "??".into(), line: 0 }),
+                    }
+                }
+            }
+        }
+        for f in &mut frames {
+            if f.name.is_empty() {
+                f.name = format!("{ip:#x}");
+            }
+        }
+        if frames.is_empty() {
+            frames.push(Frame { name: format!("{ip:#x}"), filename: "??".into(), line: 0 });
+        }
+        let (name, path) = module.map_or_else(|| (Arc::from(""), Arc::from("")), |m| (m.name.clone(), m.path.clone()));
+        let r = Arc::new(Resolved { module: name, path, frames });
+        self.cache.insert(ip, r.clone());
+        r
+    }
+
+    fn resolve_ip(&mut self, ip: usize) -> Vec<Frame> {
+        self.resolve(ip).frames.clone()
     }
 
     /// Every frame of a captured stack, innermost first (inlined frames expanded).
     pub(crate) fn symbolize_all(&mut self, frames: &[usize]) -> Vec<Frame> {
-        frames.iter().flat_map(|&ip| self.resolve_ip(ip).iter().cloned().collect::<Vec<_>>()).collect()
+        frames.iter().flat_map(|&ip| self.resolve_ip(ip)).collect()
     }
 
     /// The user's frames of a captured stack, innermost first.
     pub(crate) fn symbolize(&mut self, frames: &[usize]) -> Vec<Frame> {
-        let mut all: Vec<Frame> = Vec::new();
-        for &ip in frames {
-            all.extend(self.resolve_ip(ip).iter().cloned());
-        }
-        keep_user(all)
+        keep_user(self.symbolize_all(frames))
     }
 }
 
 /// Standard-library frames (closure shims, iterator adapters) that can sit between our own.
-fn is_std(name: &str) -> bool {
+fn is_std(f: &Frame) -> bool {
     const PREFIXES: [&str; 6] = ["core::", "<core::", "std::", "<std::", "alloc::", "<alloc::"];
-    PREFIXES.iter().any(|p| name.starts_with(p))
+    PREFIXES.iter().any(|p| f.name.starts_with(p))
+        || (short(f) && source_crate(&f.filename).is_some_and(|c| matches!(c.as_str(), "core" | "std" | "alloc")))
 }
 
 /// Drops the leading (innermost) frames of gpumem-nb, the unwinder and the standard library
 /// glue between them, and the trailing runtime frames below the program's own code.
-fn keep_user(mut all: Vec<Frame>) -> Vec<Frame> {
-    let start = all.iter().position(|f| !is_internal(&f.name) && !is_std(&f.name)).unwrap_or(all.len());
+pub(crate) fn keep_user(mut all: Vec<Frame>) -> Vec<Frame> {
+    let start = all.iter().position(|f| !is_internal(f) && !is_std(f)).unwrap_or(all.len());
     let mut user = all.split_off(start);
     while user.last().is_some_and(|f| is_runtime(&f.name)) {
         user.pop();
@@ -181,11 +289,33 @@ mod tests {
     }
 
     #[test]
+    fn inlined_frames_belong_to_the_crate_of_their_source() {
+        let c = |p: &str| source_crate(p);
+        assert_eq!(c("/root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/candle-core-0.9.1/src/tensor.rs").as_deref(), Some("candle_core"));
+        assert_eq!(c("/home/u/.cargo/git/checkouts/candle-0a1b/4c5d/candle-nn/src/ops.rs").as_deref(), Some("candle_nn"));
+        assert_eq!(c("/r/registry/src/x/foo-bar-1.0.0-alpha.2/src/a/b.rs").as_deref(), Some("foo_bar"));
+        assert_eq!(c("/rustc/59807616e1fa/library/core/src/ops/function.rs").as_deref(), Some("core"));
+        assert_eq!(c(&format!("{OWN_SOURCE}record/unwind/machine.rs")).as_deref(), Some("gpumem_nb"));
+        assert_eq!(c("??"), None);
+        assert_eq!(
+            c("/root/.rustup/toolchains/stable-x86_64-unknown-linux-gnu/lib/rustlib/src/rust/library/std/src/thread/local.rs")
+                .as_deref(),
+            Some("std")
+        );
+        assert!(is_path("candle_core::tensor::Tensor::zeros") && is_path("<ctx::M as ctx::R>::go"));
+        assert!(!is_path("try_with<core::cell::RefCell<u8>, gpumem_nb::F>") && !is_path("zeros"));
+        // gpumem-nb's own inlined frames (`registers`, the unwinder's) are never the user's.
+        let own = Frame { name: "registers".into(), filename: format!("{OWN_SOURCE}record/unwind/machine.rs"), line: 30 };
+        let user = Frame { name: "step".into(), filename: "/w/nb/src/lib.rs".into(), line: 3 };
+        assert_eq!(keep_user(vec![own, user.clone()]), vec![user]);
+    }
+
+    #[test]
     fn capture_walks_the_stack_and_symbolizes() {
         let raw = capture();
         assert!(raw.len() >= 3, "a test runs several frames deep, got {}", raw.len());
         let mut s = Symbolizer::new();
-        let all: Vec<Frame> = raw.iter().flat_map(|&ip| s.resolve_ip(ip).to_vec()).collect();
+        let all: Vec<Frame> = s.symbolize_all(&raw);
         assert!(all.iter().any(|fr| fr.name.contains("capture_walks_the_stack")), "{all:?}");
     }
 }

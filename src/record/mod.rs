@@ -6,6 +6,8 @@
 //! The policy owns a [`history::History`] and hands it [`frames::Frames`], so this folder sits
 //! below `policy/`; snapshots, which read the recorded events back, sit above it.
 
+pub mod cells;
 pub(crate) mod frames;
 pub(crate) mod history;
 pub(crate) mod labels;
+pub(crate) mod unwind;

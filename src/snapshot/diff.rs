@@ -236,6 +236,16 @@ impl SnapshotDiff {
 /// Who made an allocation, from its stack: the first frame (gpumem-nb's own frames are already
 /// left out of recorded stacks).
 fn owner(frames: &[Frame]) -> String {
+    // A notebook's stack (its cell frames named `cell N` with their line): the site, as reports
+    // name it (`candle_core::tensor::Tensor::zeros ← cell 5:3`, `cell 5:3`).
+    if let (Some(first), Some(cell)) = (frames.first(), frames.iter().find(|f| f.filename.starts_with("cell "))) {
+        let at = format!("{}:{}", cell.filename, cell.line);
+        return if std::ptr::eq(first, cell) && first.name.starts_with("run_user_code_") {
+            at
+        } else {
+            format!("{} ← {at}", first.name)
+        };
+    }
     match frames.first() {
         Some(f) => {
             let file = f.filename.rsplit('/').next().unwrap_or(&f.filename);

@@ -132,11 +132,17 @@ impl Snapshot {
     /// Builds the snapshot from copied state, symbolising stacks.
     pub fn from_raw(raw: &RawSnapshot) -> Self {
         let mut sym = Symbolizer::new();
+        Self::from_raw_with(raw, &mut |f| sym.symbolize(f))
+    }
+
+    /// Builds the snapshot from copied state, naming each stack with `symbolize` (the
+    /// notebook's: cell frames as `cell N` and their line).
+    pub(crate) fn from_raw_with(raw: &RawSnapshot, symbolize: &mut dyn FnMut(&[usize]) -> Vec<Frame>) -> Self {
         let mut memo: HashMap<usize, Vec<Frame>> = HashMap::new();
         let mut frames_of = |f: &Option<crate::record::frames::Frames>| -> Vec<Frame> {
             match f {
                 None => Vec::new(),
-                Some(f) => memo.entry(f.as_ptr() as usize).or_insert_with(|| sym.symbolize(f)).clone(),
+                Some(f) => memo.entry(f.as_ptr() as usize).or_insert_with(|| symbolize(f)).clone(),
             }
         };
         let segments = raw

@@ -16,6 +16,7 @@
 #![forbid(unsafe_code)]
 
 pub(crate) mod owner;
+pub(crate) mod stacks;
 
 use crate::device::{DriverCall, DriverEvent, DriverKind};
 use crate::record::frames::Frames;
@@ -108,6 +109,8 @@ pub(crate) struct TrackedAlloc {
     pub label: u32,
     /// The allocating stack, when stacks were captured.
     pub frames: Option<Frames>,
+    /// Its interned id ([`stacks::StackBooks`]; 0: none).
+    pub stack: stacks::StackId,
     /// Microseconds since the Unix epoch.
     pub time_us: i64,
 }
@@ -185,8 +188,9 @@ struct Handle {
 /// The books. See the module docs.
 #[derive(Debug, Default)]
 pub(crate) struct Tracker {
-    live: HashMap<u64, TrackedAlloc>,
-    handles: HashMap<u64, Handle>,
+    // Keyed by address with the fast word hasher (SipHash cost a tenth of a tracked allocation).
+    live: HashMap<u64, TrackedAlloc, stacks::Fast>,
+    handles: HashMap<u64, Handle, stacks::Fast>,
     /// VMM mappings: address → (size, handle).
     maps: BTreeMap<u64, (u64, u64)>,
     totals: BTreeMap<Place, PlaceTotals>,
@@ -195,6 +199,7 @@ pub(crate) struct Tracker {
     label: u32,
     recording: Option<usize>,
     events: VecDeque<TrackEvent>,
+    stacks: stacks::StackBooks,
     /// Releases of memory allocated before tracking started (or by an untracked call).
     pub untracked_frees: u64,
     /// Driver events received.
@@ -246,6 +251,7 @@ impl Tracker {
             DriverCall::Alloc { size: 0, .. } | DriverCall::Alloc { addr: 0, .. } | DriverCall::Free { addr: 0 } => {}
             DriverCall::Alloc { kind, addr, size, stream } => {
                 let device = if kind.is_host() { None } else { ev.device };
+                let stack = self.stacks.intern(frames.as_ref());
                 let a = TrackedAlloc {
                     addr,
                     size,
@@ -254,23 +260,27 @@ impl Tracker {
                     stream,
                     label,
                     frames,
+                    stack,
                     time_us,
                 };
                 if let Some(old) = self.live.insert(addr, a.clone()) {
                     // A release we never saw: take the old one out first.
                     self.sub(old.device, old.source, old.size);
+                    self.stacks.sub(old.device, (old.stack, old.label), old.size);
                 }
-                self.add(device, a.source, size);
+                self.add_at(&a);
                 self.note(true, &a);
             }
             DriverCall::Free { addr } => match self.live.remove(&addr) {
                 Some(a) => {
                     self.sub(a.device, a.source, a.size);
+                    self.stacks.sub(a.device, (a.stack, a.label), a.size);
                     self.note(false, &TrackedAlloc { time_us, ..a });
                 }
                 None => self.untracked_frees += 1,
             },
             DriverCall::Create { handle, size } => {
+                let stack = self.stacks.intern(frames.as_ref());
                 let a = TrackedAlloc {
                     addr: 0,
                     size,
@@ -279,11 +289,13 @@ impl Tracker {
                     stream: 0,
                     label,
                     frames,
+                    stack,
                     time_us,
                 };
-                self.add(a.device, a.source, size);
+                self.add_at(&a);
                 if let Some(old) = self.handles.insert(handle, Handle { alloc: a, refs: 1, maps: 0 }) {
                     self.sub(old.alloc.device, old.alloc.source, old.alloc.size);
+                    self.stacks.sub(old.alloc.device, (old.alloc.stack, old.alloc.label), old.alloc.size);
                 }
             }
             DriverCall::Retain { handle } => {
@@ -352,6 +364,7 @@ impl Tracker {
         let gone = self.handles.get(&handle).is_some_and(|h| h.refs == 0 && h.maps == 0);
         if gone && let Some(h) = self.handles.remove(&handle) {
             self.sub(h.alloc.device, h.alloc.source, h.alloc.size);
+            self.stacks.sub(h.alloc.device, (h.alloc.stack, h.alloc.label), h.alloc.size);
             if h.alloc.addr != 0 {
                 self.note(false, &TrackedAlloc { time_us, ..h.alloc });
             }
@@ -367,6 +380,19 @@ impl Tracker {
             self.events.pop_front();
         }
         self.events.push_back(TrackEvent { alloc, block: a.clone() });
+    }
+
+    /// Counts a new allocation in the totals and in the books by stack.
+    fn add_at(&mut self, a: &TrackedAlloc) {
+        let peak = self.totals.get(&a.device).map_or(0, |t| t.total.peak);
+        self.add(a.device, a.source, a.size);
+        let new_peak = self.totals.get(&a.device).is_some_and(|t| t.total.peak > peak);
+        self.stacks.add(a.device, (a.stack, a.label), a.size, new_peak);
+    }
+
+    /// Live bytes by (stack, label) per place, and at each place's peak since tracking began.
+    pub(crate) fn stack_books(&self) -> &stacks::StackBooks {
+        &self.stacks
     }
 
     fn add(&mut self, place: Place, s: Source, n: u64) {

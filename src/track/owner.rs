@@ -1,41 +1,78 @@
-//! Who made an allocation, from its stack: the library or the code that called the driver.
+//! Who made an allocation, and where: its *site*, from its stack.
 //!
 //! A stack taken in a CUPTI callback starts with our own frames, then CUPTI's and the driver's
 //! (`libcupti`, `libcuda`, maybe `libcudart`). The first frame after that run is the caller of
 //! the CUDA API. If it lies in another shared library (`libcublasLt.so.13`, `libnccl.so.2`,
-//! `libtorch_cuda.so`) that library is the owner. Otherwise it is Rust code of the program or of
-//! a notebook cell: the first symbol that is not a wrapper (cudarc, gpumem-nb, the standard
-//! library) names the owner by its crate (`candle_core::…`), or the notebook cell when it is
-//! the cell's own code. Stacks without CUDA frames (the simulated driver) start at the first
-//! frame outside gpumem-nb.
+//! `libtorch_cuda.so`) that library is the owner and the site's function. Otherwise it is Rust
+//! code of the program or of a notebook cell: the first symbol that is not a wrapper (cudarc,
+//! gpumem-nb, the standard library) is the site's function (`candle_core::tensor::Tensor::zeros`)
+//! and names the owner by its crate (`candle_core::…`), or the notebook cell for the cell's own
+//! code. Stacks without CUDA frames (the simulated driver) start at the first frame outside
+//! gpumem-nb.
 //!
-//! Shared objects are found from `/proc/self/maps` (re-read when an address falls outside what
-//! is known: evcxr loads a library per cell); symbols through [`Symbolizer`], both cached, and
-//! only when a report asks, never in the callback.
+//! The notebook side of a site is the innermost frame in notebook code (evcxr's cell crate,
+//! `ctx`): its cell and line through [`LineMap`] (the cell's library's `lib.rs`, read where
+//! evcxr keeps it, against the cells' texts the kernel sent), and the function's name when it
+//! is one the notebook defined. A frame of the running cell's own body without a line map still
+//! names its cell (the allocation's label).
+//!
+//! Symbols through [`Symbolizer`]; every answer is cached (per address, per stack, per cell
+//! library), and only computed when a report asks, never in the callback.
 #![forbid(unsafe_code)]
 
-use crate::record::frames::Symbolizer;
-use std::collections::HashMap;
+use crate::record::cells::{LineMap, run_number};
+use crate::record::frames::{Frames, Resolved, Symbolizer, is_path, source_crate};
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
+use std::sync::Arc;
 
-/// An executable mapping of a file.
-#[derive(Clone, Debug)]
-struct Mapping {
-    start: usize,
-    end: usize,
-    /// File name only (`libcuda.so.1`).
-    name: String,
-    /// Whether it is the program or a notebook cell's library (code named by symbol, not file).
-    ours: bool,
+/// The crate evcxr compiles every cell into.
+const CELL_CRATE: &str = "ctx";
+
+/// Where an allocation was made.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct Site {
+    /// The library or crate that made it (`libcublasLt.so.13`, `candle_core::…`,
+    /// `notebook cell`), or why it is unknown.
+    pub owner: String,
+    /// Full path of the innermost function outside CUDA, cudarc, gpumem-nb and std (a library
+    /// without symbols: its file name; a function the notebook defined: its name); `None` for
+    /// the cell's own code.
+    pub function: Option<String>,
+    /// The cell of the innermost notebook frame.
+    pub cell: Option<u64>,
+    /// Its line (1 = the cell's first line).
+    pub line: Option<u32>,
+    /// The running cell's line that led there, when the innermost notebook frame is elsewhere
+    /// (in a function an earlier cell defined).
+    pub called_from: Option<(u64, u32)>,
 }
 
-/// Names owners; keeps its caches between calls.
+impl Site {
+    /// An unknown site, with the reason as its owner.
+    pub(crate) fn unknown(why: &str) -> Site {
+        Site { owner: why.to_string(), ..Default::default() }
+    }
+}
+
+/// A cell library: its run number (`run_user_code_N`), the line map of the `lib.rs` it was
+/// built from, and that file's path (what its line tables call the notebook's own source).
+#[derive(Clone, Debug)]
+struct Library {
+    map: Option<Arc<LineMap>>,
+    lib_rs: Option<Arc<str>>,
+}
+
+/// Names sites; keeps its caches between calls.
 #[derive(Default)]
 pub(crate) struct Owners {
-    maps: Vec<Mapping>,
     symbols: Symbolizer,
-    by_ip: HashMap<usize, Option<String>>,
     exe: Option<String>,
+    by_stack: HashMap<(Frames, u64), Site>,
+    /// The notebook's cells (execution count → code).
+    cells: BTreeMap<u64, String>,
+    /// Cell library path → what is known of it.
+    libraries: HashMap<Arc<str>, Library>,
 }
 
 /// CUDA's own layers: never an owner.
@@ -57,15 +94,32 @@ fn is_wrapper(sym: &str) -> bool {
     // that forwards to it (cudarc's dynamic loading defines them).
     let cuda_shim = s.strip_prefix("cu").is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_uppercase()));
     cuda_shim
-        || ["cudarc::", "gpumem_nb::", "core::", "std::", "alloc::", "backtrace::", "__rust", "_Unwind"]
+        || ["cudarc::", "gpumem_nb::", "core::", "std::", "alloc::", "backtrace::", "framehop::", "__rust", "_Unwind"]
             .iter()
             .any(|p| s.starts_with(p))
 }
 
-/// The owner's name from a symbol: `candle_core::…`, or `notebook cell` for evcxr's cell code.
+/// Whether a symbol is the notebook's own code (evcxr's cell crate).
+fn is_cell_code(sym: &str) -> bool {
+    let s = sym.trim_start_matches('<');
+    s.strip_prefix(CELL_CRATE).is_some_and(|r| r.starts_with("::"))
+}
+
+/// Whether a notebook symbol is a cell's body (`run_user_code_N`, its closures), not a
+/// function the notebook defined.
+fn is_cell_body(sym: &str) -> bool {
+    sym.contains("run_user_code_")
+}
+
+/// A notebook function's name as the notebook wrote it (`alloc48`, `<Model as Forward>::run`).
+fn notebook_name(sym: &str) -> String {
+    sym.replacen(&format!("{CELL_CRATE}::"), "", usize::MAX)
+}
+
+/// The owner's name from a symbol: `candle_core::…`, or `notebook cell` for the cell's code.
 fn owner_of_symbol(sym: &str) -> String {
     let s = sym.trim_start_matches('<');
-    if s.contains("run_user_code_") {
+    if is_cell_code(s) || s.contains("run_user_code_") {
         return "notebook cell".to_string();
     }
     match s.split_once("::") {
@@ -74,111 +128,222 @@ fn owner_of_symbol(sym: &str) -> String {
     }
 }
 
+/// The directory of evcxr's cell crate a cell library was built in (`…/target/<triple>/debug/
+/// libcode_N.so` → `…`).
+fn crate_dir(library: &Path) -> Option<&Path> {
+    library.ancestors().skip(1).find(|d| d.join("src").join("lib.rs").is_file() && d.join("Cargo.toml").is_file())
+}
+
+/// The `run_user_code_N` a cell library exports.
+fn exported_run(library: &Path) -> Option<u64> {
+    use object::{Object, ObjectSymbol};
+    let file = std::fs::File::open(library).ok()?;
+    let cache = object::ReadCache::new(file);
+    let obj = object::File::parse(&cache).ok()?;
+    obj.dynamic_symbols().find_map(|s| s.name().ok()?.strip_prefix("run_user_code_")?.parse().ok())
+}
+
 impl Owners {
     /// Empty caches.
     pub(crate) fn new() -> Self {
         Owners { exe: std::env::current_exe().ok().and_then(|p| file_name(&p)), ..Default::default() }
     }
 
-    fn refresh(&mut self) {
-        let Ok(text) = std::fs::read_to_string("/proc/self/maps") else { return };
-        let mut maps = Vec::new();
-        for line in text.lines() {
-            let mut f = line.split_whitespace();
-            let (Some(range), Some(perms)) = (f.next(), f.next()) else { continue };
-            let Some(path) = f.nth(3) else { continue };
-            if !perms.contains('x') || !path.starts_with('/') {
+    /// Notes the code of a cell (as its user sees it), for the lines of later sites.
+    pub(crate) fn set_cell_code(&mut self, cell: u64, code: &str) {
+        self.cells.insert(cell, code.to_string());
+        // Line maps built without this cell may miss its functions: build them again.
+        self.libraries.retain(|_, v| v.map.is_some());
+        self.by_stack.retain(|_, s| s.line.is_some() || s.cell.is_none());
+    }
+
+    /// Whether a module is the program or a notebook cell's library (code named by symbol).
+    fn ours(&self, module: &str) -> bool {
+        Some(module) == self.exe.as_deref() || module.starts_with("libcode_")
+    }
+
+    /// What is known of a cell library (read once; the line map only while the library's
+    /// `lib.rs` is still the one it was built from).
+    fn library(&mut self, path: &Arc<str>) -> Library {
+        if let Some(v) = self.libraries.get(path) {
+            return v.clone();
+        }
+        let p = Path::new(&**path);
+        let lib_rs = crate_dir(p).map(|d| d.join("src").join("lib.rs"));
+        let map = exported_run(p).and_then(|run| {
+            let lib = std::fs::read_to_string(lib_rs.as_ref()?).ok()?;
+            (run_number(&lib) == Some(run) && !self.cells.is_empty()).then(|| {
+                let cells: Vec<(u64, &str)> = self.cells.iter().map(|(n, c)| (*n, c.as_str())).collect();
+                Arc::new(LineMap::build(&lib, &cells))
+            })
+        });
+        let v = Library { map, lib_rs: lib_rs.and_then(|l| l.to_str().map(Arc::from)) };
+        self.libraries.insert(path.clone(), v.clone());
+        v
+    }
+
+    /// Whether a frame is the notebook's own source: a line of the `lib.rs` evcxr generated for
+    /// the cell library it lies in (not a `lib.rs` of a crate the notebook depends on, which is
+    /// linked into the same library).
+    fn in_cell_source(&mut self, r: &Resolved, f: &crate::record::frames::Frame) -> bool {
+        if !r.module.starts_with("libcode_") || !f.filename.ends_with("lib.rs") {
+            return false;
+        }
+        let Some(lib_rs) = self.library(&r.path).lib_rs else { return false };
+        // The same file, also when the build directory was named through a symbolic link
+        // (the library's path comes from `/proc/self/maps`, resolved; the line tables keep the
+        // directory cargo ran in).
+        *lib_rs == *f.filename
+            || std::fs::canonicalize(&f.filename).is_ok_and(|a| std::fs::canonicalize(&*lib_rs).is_ok_and(|b| a == b))
+    }
+
+    /// The site of an allocation with this stack (innermost frame first), made while the
+    /// notebook ran cell `label_cell` (0: none).
+    pub(crate) fn site(&mut self, frames: &Frames, label_cell: u64) -> Site {
+        if let Some(s) = self.by_stack.get(&(frames.clone(), label_cell)) {
+            return s.clone();
+        }
+        let s = self.compute(frames, label_cell);
+        self.by_stack.insert((frames.clone(), label_cell), s.clone());
+        s
+    }
+
+    fn compute(&mut self, frames: &[usize], label_cell: u64) -> Site {
+        let resolved: Vec<Arc<Resolved>> = frames.iter().map(|&ip| self.symbols.resolve(ip)).collect();
+        let start = caller_of(&resolved);
+        let mut site = Site::default();
+        let mut in_cell = false;
+        // Owner and function: the first frame outside CUDA, the C runtime and the wrappers.
+        for r in &resolved[start..] {
+            let module = &*r.module;
+            if is_cuda_layer(module) || is_system(module) {
                 continue;
             }
-            let Some((a, b)) = range.split_once('-') else { continue };
-            let (Ok(start), Ok(end)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) else { continue };
-            let name = file_name(Path::new(path)).unwrap_or_default();
-            let ours = Some(&name) == self.exe.as_ref() || name.starts_with("libcode_");
-            maps.push(Mapping { start, end, name, ours });
-        }
-        maps.sort_by_key(|m| m.start);
-        self.maps = maps;
-    }
-
-    fn mapping(&mut self, ip: usize) -> Option<&Mapping> {
-        let find = |maps: &[Mapping]| {
-            let i = maps.partition_point(|m| m.start <= ip);
-            i.checked_sub(1).filter(|&i| ip < maps[i].end)
-        };
-        let i = match find(&self.maps) {
-            Some(i) => i,
-            None => {
-                self.refresh();
-                find(&self.maps)?
+            if !module.is_empty() && !self.ours(module) {
+                site.owner = module.to_string();
+                site.function = Some(module.to_string());
+                break;
             }
-        };
-        self.maps.get(i)
-    }
-
-    /// The owner of a frame that lies in the program or a cell: its first non-wrapper symbol.
-    fn symbol_owner(&mut self, ip: usize) -> Option<String> {
-        if let Some(o) = self.by_ip.get(&ip) {
-            return o.clone();
+            in_cell |= module.starts_with("libcode_");
+            // The function an address lies in carries its symbol's full path; the frames inlined
+            // into it carry only their last segment (`zeros`, from line tables) and are known by
+            // their source file: the notebook's own `lib.rs`, or a crate's sources.
+            let mut named = None;
+            for f in &r.frames {
+                let n = f.name.as_str();
+                if n.starts_with("{{closure") || n.starts_with("{closure") {
+                    // A closure is its enclosing function's code: the next frame out names it.
+                    continue;
+                }
+                if is_path(n) {
+                    if !is_wrapper(n) && !n.starts_with("0x") {
+                        named = Some(n.to_string());
+                        break;
+                    }
+                } else if self.in_cell_source(r, f) {
+                    named = Some(format!("{CELL_CRATE}::{n}"));
+                    break;
+                } else if let Some(krate) = source_crate(&f.filename).filter(|c| !is_wrapper(&format!("{c}::"))) {
+                    // Its crate and name; the path between is not in the line tables.
+                    named = Some(format!("{krate}::…::{n}"));
+                    break;
+                }
+            }
+            if let Some(name) = named.as_deref() {
+                site.owner = owner_of_symbol(name);
+                site.function = if is_cell_code(name) {
+                    (!is_cell_body(name)).then(|| notebook_name(name))
+                } else {
+                    Some(name.to_string())
+                };
+                break;
+            }
         }
-        let frames = self.symbols.symbolize_all(&[ip]);
-        // An address without a symbol (`0x…`) names nobody: the next frame may.
-        let o = frames
-            .iter()
-            .map(|f| f.name.as_str())
-            .find(|n| !is_wrapper(n) && !n.starts_with("0x"))
-            .map(owner_of_symbol);
-        self.by_ip.insert(ip, o.clone());
-        o
-    }
-
-    /// For each frame: (in a CUDA layer, in the program or a cell, file name).
-    fn layers(&mut self, frames: &[usize]) -> Vec<(bool, bool, String)> {
-        frames
-            .iter()
-            .map(|&ip| match self.mapping(ip.saturating_sub(1)) {
-                Some(m) => (is_cuda_layer(&m.name), m.ours, m.name.clone()),
-                None => (false, true, String::new()),
-            })
-            .collect()
-    }
-
-    /// Index of the first frame after the first run of CUDA-layer frames (the API's caller), or
-    /// 0 when the stack has none.
-    fn caller_of(layer: &[(bool, bool, String)]) -> usize {
-        match layer.iter().position(|l| l.0) {
-            Some(first) => first + layer[first..].iter().take_while(|l| l.0).count(),
-            None => 0,
+        if site.owner.is_empty() {
+            // evcxr's cell libraries without readable symbols: still the notebook's code.
+            site.owner = if in_cell { "notebook cell".into() } else { "unknown (stack too short)".into() };
         }
+        // Cell and line: the innermost notebook frame; the outermost one too, for `called_from`.
+        let mut innermost: Option<(Option<u64>, Option<u32>)> = None;
+        let mut outermost: Option<(u64, u32)> = None;
+        for r in &resolved[start..] {
+            if !r.module.starts_with("libcode_") {
+                continue;
+            }
+            let map = self.library(&r.path).map;
+            for f in &r.frames {
+                let own_source = self.in_cell_source(r, f);
+                if !is_cell_code(&f.name) && !own_source {
+                    continue;
+                }
+                let mapped = map.as_ref().filter(|_| own_source).and_then(|m| m.lookup(f.line));
+                let place = match mapped {
+                    Some((c, l)) => (Some(c), Some(l)),
+                    None if is_cell_body(&f.name) && label_cell > 0 => (Some(label_cell), None),
+                    None => (None, None),
+                };
+                if innermost.is_none() {
+                    innermost = Some(place);
+                }
+                if let (Some(c), Some(l)) = place {
+                    outermost = Some((c, l));
+                }
+            }
+        }
+        if let Some((cell, line)) = innermost {
+            site.cell = cell;
+            site.line = line;
+            site.called_from = outermost.filter(|o| Some(*o) != cell.zip(line));
+        }
+        site
     }
 
     /// Where the caller of the CUDA API starts in a stack (frames before it are ours, CUPTI's
     /// and the driver's): what a snapshot shows of the stack.
     pub(crate) fn caller_index(&mut self, frames: &[usize]) -> usize {
-        let layer = self.layers(frames);
-        Self::caller_of(&layer)
+        let resolved: Vec<Arc<Resolved>> = frames.iter().map(|&ip| self.symbols.resolve(ip)).collect();
+        caller_of(&resolved)
+    }
+
+    /// The notebook's frames of a stack, for snapshots: each frame of a cell library mapped to
+    /// `cell N` and its line where the line map knows it, the others as symbolised.
+    pub(crate) fn frames(&mut self, frames: &[usize]) -> Vec<crate::record::frames::Frame> {
+        let start = self.caller_index(frames);
+        let mut out = Vec::new();
+        for &ip in &frames[start..] {
+            let r = self.symbols.resolve(ip);
+            let map = if r.module.starts_with("libcode_") { self.library(&r.path).map } else { None };
+            for f in &r.frames {
+                let own_source = self.in_cell_source(&r, f);
+                let mut f = f.clone();
+                if let Some((cell, line)) = map.as_ref().filter(|_| own_source).and_then(|m| m.lookup(f.line)) {
+                    f.filename = format!("cell {cell}");
+                    f.line = line;
+                }
+                if is_cell_code(&f.name) {
+                    f.name = notebook_name(&f.name);
+                }
+                out.push(f);
+            }
+        }
+        crate::record::frames::keep_user(out)
     }
 
     /// Who made the allocation with this stack (innermost frame first); `None` when the stack
     /// says nothing (empty, or it ends inside CUDA's libraries).
+    #[cfg(test)]
     pub(crate) fn owner(&mut self, frames: &[usize]) -> Option<String> {
-        let layer = self.layers(frames);
-        let start = Self::caller_of(&layer);
-        let mut in_cell = false;
-        for (i, (cuda, ours, name)) in layer.iter().enumerate().skip(start) {
-            if *cuda || is_system(name) {
-                continue;
-            }
-            if !ours {
-                return Some(name.clone());
-            }
-            if let Some(o) = self.symbol_owner(frames[i]) {
-                return Some(o);
-            }
-            in_cell |= name.starts_with("libcode_");
-        }
-        // evcxr's cell libraries can be gone from disk by the time a report asks (their
-        // symbols with them): code in one is still the notebook's.
-        in_cell.then(|| "notebook cell".to_string())
+        let s = self.compute(frames, 0);
+        (!s.owner.starts_with("unknown")).then_some(s.owner)
+    }
+}
+
+/// Index of the first frame after the first run of CUDA-layer frames (the API's caller), or 0
+/// when the stack has none.
+fn caller_of(resolved: &[Arc<Resolved>]) -> usize {
+    match resolved.iter().position(|r| is_cuda_layer(&r.module)) {
+        Some(first) => first + resolved[first..].iter().take_while(|r| is_cuda_layer(&r.module)).count(),
+        None => 0,
     }
 }
 
@@ -191,7 +356,7 @@ mod tests {
     use super::*;
 
     #[inline(never)]
-    fn caller_of_capture() -> crate::record::frames::Frames {
+    fn caller_of_capture() -> Frames {
         crate::record::frames::capture()
     }
 
@@ -200,42 +365,31 @@ mod tests {
         assert_eq!(owner_of_symbol("candle_core::tensor::Tensor::zeros"), "candle_core::…");
         assert_eq!(owner_of_symbol("<candle_core::Foo as Bar>::baz"), "candle_core::…");
         assert_eq!(owner_of_symbol("ctx::run_user_code_5"), "notebook cell");
+        assert_eq!(owner_of_symbol("ctx::alloc48"), "notebook cell");
         assert!(is_wrapper("cudarc::driver::safe::core::CudaStream::alloc_zeros"));
         assert!(is_wrapper("<alloc::vec::Vec<T>>::push"));
         assert!(!is_wrapper("candle_core::storage::Storage::zeros"));
         assert!(is_wrapper("cuMemAlloc_v2") && is_wrapper("cuMemAllocAsync") && !is_wrapper("cublas_helper"));
         assert!(is_cuda_layer("libcuda.so.1") && is_cuda_layer("libcupti.so.13") && !is_cuda_layer("libcublas.so.13"));
         assert!(is_system("libc.so.6") && is_system("ld-linux-x86-64.so.2") && !is_system("libcublasLt.so.13"));
+        assert!(
+            is_cell_code("ctx::alloc48") && is_cell_code("<ctx::Model as ctx::Run>::go") && !is_cell_code("ctxx::a")
+        );
+        assert!(is_cell_body("ctx::run_user_code_12::{{closure}}") && !is_cell_body("ctx::alloc48"));
+        assert_eq!(notebook_name("<ctx::Model as ctx::Run>::go"), "<Model as Run>::go");
     }
 
     #[test]
-    fn a_cell_library_without_symbols_is_the_notebook_cell() {
-        let mapping = |start, name: &str, ours| Mapping { start, end: start + 0x1000, name: name.into(), ours };
-        let mut o = Owners {
-            maps: vec![mapping(0x1000, "libcuda.so.1", false), mapping(0x10000, "libcode_7.so", true)],
-            ..Owners::new()
-        };
-        // The driver's frame, then two frames of a cell library whose symbols cannot be read.
-        assert_eq!(o.owner(&[0x1100, 0x10100, 0x10200]).as_deref(), Some("notebook cell"));
-        // A library of its own is named by its file, even with no symbols.
-        o.maps.push(mapping(0x20000, "libcublasLt.so.13", false));
-        assert_eq!(o.owner(&[0x1100, 0x20100, 0x10100]).as_deref(), Some("libcublasLt.so.13"));
-        // The C runtime at the bottom of the stack (a thread's start) is nobody's.
-        o.maps.push(mapping(0x30000, "libc.so.6", false));
-        assert_eq!(o.owner(&[0x1100, 0x10100, 0x30100]).as_deref(), Some("notebook cell"));
-    }
-
-    #[test]
-    fn a_stack_of_this_test_is_owned_by_this_crate() {
-        // No CUDA frames: the first frame outside the wrappers is this test module's function,
-        // in this crate (gpumem_nb's own tests are named `gpumem_nb::…`, a wrapper, so the owner
-        // is the test harness or the thread's entry: anything but None and not a CUDA layer).
+    fn a_stack_of_this_test_is_owned_by_the_test_and_cached() {
+        // No CUDA frames: the first frame outside the wrappers is the test harness's or the
+        // thread's entry (gpumem_nb's own functions are wrappers): anything but a CUDA layer.
         let frames = caller_of_capture();
         let mut o = Owners::new();
         let owner = o.owner(&frames);
         assert!(owner.as_deref().is_some_and(|s| !s.is_empty() && !is_cuda_layer(s)), "{owner:?}");
-        // Cached: asking again gives the same answer.
-        assert_eq!(o.owner(&frames), owner);
+        let site = o.site(&frames, 0);
+        assert_eq!(o.site(&frames, 0), site, "cached");
+        assert_eq!((site.cell, site.line), (None, None), "no notebook here");
         assert_eq!(o.owner(&[]), None);
     }
 }

@@ -186,6 +186,23 @@ impl Engine {
                     Err(e) => self.magic_error(&format!("summary: {e}")),
                 }
             }
+            Magic::Top(n) => {
+                let pid = self.child_pid();
+                self.hooks.poll(pid);
+                if self.hooks.control().connected().is_none() {
+                    self.stream("stdout", "gpumem: no sites yet (gpumem-nb is not loaded in this kernel's child)");
+                    return;
+                }
+                let reply = self.hooks.control().request(Op::Top { n: *n }, SLOW_TIMEOUT);
+                match reply.map(|r| r.top) {
+                    Ok(Some(top)) => {
+                        let b = top.bundle();
+                        self.display_text_html(&b.text, b.html.unwrap_or_default());
+                    }
+                    Ok(None) => self.magic_error("top: this gpumem-nb is too old to name sites"),
+                    Err(e) => self.magic_error(&format!("top: {e}")),
+                }
+            }
             Magic::Snapshot(dir) => self.snapshot(count, dir.as_deref()),
             Magic::Explain => self.explain(count),
             Magic::Fit(size) => self.fit(count, *size),

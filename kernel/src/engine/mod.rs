@@ -237,8 +237,19 @@ impl Engine {
                 cmd.env("LD_LIBRARY_PATH", joined);
             }
         }
-        let (eval, outputs) = evcxr::EvalContext::with_subprocess_command(cmd)
+        let (mut eval, outputs) = evcxr::EvalContext::with_subprocess_command(cmd)
             .map_err(|e| anyhow::anyhow!("evcxr failed to start: {e}"))?;
+        // Cells keep line tables for their own code (`crate::cell_lines`): sites then name
+        // their cell lines. Set as evcxr's `:build_env` does, so `install`'s prebuild and every
+        // session build alike.
+        if crate::cell_lines::enabled() {
+            let mut state = eval.state();
+            for (key, value) in crate::cell_lines::build_envs(&std::env::current_exe()?) {
+                state.set_build_env(&key, &value);
+            }
+            // No code: evcxr only takes the new state (nothing is compiled).
+            eval.eval_with_state("", state).map_err(|e| anyhow::anyhow!("evcxr refused the build environment: {e}"))?;
+        }
         let mut ctx = evcxr::CommandContext::with_eval_context(eval);
         let child = ctx.process_handle();
         let pump = StreamPump::start(outputs, sink.clone());
@@ -409,6 +420,8 @@ impl Engine {
         cell_magic: Option<&(bool, Option<PathBuf>)>,
     ) -> Ran {
         // ---- pre hooks
+        self.hooks.poll(self.child_pid());
+        self.hooks.note_code(count, run_code);
         let before = self.hooks.before(count, self.child_pid());
         if let Some((_, snap)) = cell_magic {
             let setting = RecordSetting { on: true, max_entries: None, stacks: snap.is_some() };

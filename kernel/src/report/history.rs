@@ -103,6 +103,18 @@ impl History {
             cols.push(("Δ process", true, Box::new(move |c: &CellRecord| optd(c.nvml.process.delta()))));
         }
         cols.push(("wall", true, Box::new(|c: &CellRecord| format_ms(c.wall_ms))));
+        if tracked {
+            cols.push((
+                "top site",
+                false,
+                Box::new(move |c: &CellRecord| {
+                    c.all_allocations
+                        .as_ref()
+                        .and_then(|x| x.top.first())
+                        .map_or("–".into(), |t| format!("{} {}", t.site(), iec(t.bytes)))
+                }),
+            ));
+        }
         cols.push((
             "notes",
             false,
@@ -170,7 +182,7 @@ impl History {
         let mut out = String::from(
             "cell,status,device,backend,tracking,all_before,all_after,all_peak,allocated_before,allocated_after,\
              peak_allocated,reserved_before,reserved_after,peak_reserved,pool_used_after,pool_reserved_high,process_before,process_after,other_processes,\
-             device_free,device_total,wall_ms,hook_us,child_pid,restarted,warnings,code\n",
+             device_free,device_total,wall_ms,hook_us,child_pid,restarted,warnings,code,top_site,top_bytes\n",
         );
         let n = |v: Option<u64>| v.map_or(String::new(), |v| v.to_string());
         for c in &self.cells {
@@ -206,6 +218,8 @@ impl History {
                 c.restarted.to_string(),
                 csv_quote(&c.warnings.join("; ")),
                 csv_quote(&c.first_line),
+                csv_quote(&all.and_then(|x| x.top.first()).map_or(String::new(), |t| t.site())),
+                n(all.and_then(|x| x.top.first()).map(|t| t.bytes)),
             ];
             out.push_str(&fields.join(","));
             out.push('\n');

@@ -20,6 +20,9 @@ impl CellRecord {
         let all = self.all_allocations.as_ref();
         if let Some(all) = all.filter(|a| a.is_tracked()) {
             parts.push(quantity("all allocations", all.after, all.delta(), all.peak, "peak"));
+            if let Some(top) = all.top.first() {
+                parts.push(format!("top {} {}", top.site(), iec(top.bytes)));
+            }
         }
         match &self.allocator {
             Some(a) => {
@@ -118,8 +121,17 @@ impl CellRecord {
                     ]);
                 }
                 if !p.top.is_empty() {
-                    let top: Vec<String> = p.top.iter().map(|o| format!("{} {}", o.owner, iec(o.bytes))).collect();
-                    t.row(["  top owners".into(), "–".into(), "–".into(), "–".into(), "–".into(), top.join(", ")]);
+                    for (i, o) in p.top.iter().enumerate() {
+                        let head = if i == 0 { "  top sites" } else { "" };
+                        t.row([
+                            head.into(),
+                            "–".into(),
+                            iec(o.bytes),
+                            "–".into(),
+                            "–".into(),
+                            format!("{} ({})", o.site(), o.owner),
+                        ]);
+                    }
                 }
             }
             if !all.is_tracked() {

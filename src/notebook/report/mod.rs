@@ -12,6 +12,7 @@
 
 mod line;
 mod record;
+mod top;
 
 pub use line::{allocator_absent, format_ms, line_html, quantity};
 pub use record::{

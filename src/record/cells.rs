@@ -1,0 +1,242 @@
+//! Notebook cells as the code that runs them: which line of which cell a line of evcxr's
+//! generated `src/lib.rs` is.
+//!
+//! evcxr compiles every cell into a crate whose `src/lib.rs` it writes itself: the items the
+//! notebook defined so far (functions, types, `use`s, each as the user wrote it), then the
+//! cell's statements inside `run_user_code_N`, with evcxr's own code around them (variable
+//! store, `catch_unwind`). Each item and statement is copied verbatim from its cell, starting
+//! where it starts (possibly mid-line) and ending where the next one starts (evcxr 0.22,
+//! `statement_splitter.rs`, `code_block.rs`). Commands (`:dep`), blank lines and comments
+//! before the first statement are not copied, so a line of `lib.rs` is a line of a cell only
+//! by its text.
+//!
+//! [`LineMap::build`] finds that text: each run of consecutive `lib.rs` lines that are
+//! consecutive lines of one cell (the first and last may be part of a line) is mapped to that
+//! cell, the newest cell winning when several hold the same text (a function redefined). A
+//! lone line that carries no code of its own (`}`, `)`, `Ok(())`) is never mapped on its own.
+//! Line numbers are 1-based on both sides: line 1 is the cell's first line as the user sees
+//! it, `:dep` lines and comments included.
+#![forbid(unsafe_code)]
+
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+
+/// Consecutive lines of `lib.rs` that are consecutive lines of one cell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LineRun {
+    /// First `lib.rs` line (1-based).
+    pub lib_line: u32,
+    /// How many lines.
+    pub len: u32,
+    /// The cell (its execution count).
+    pub cell: u64,
+    /// The cell's line for `lib_line` (1-based).
+    pub line: u32,
+}
+
+/// Where each mapped line of one generated `lib.rs` comes from.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LineMap {
+    /// The runs, by `lib_line`.
+    pub runs: Vec<LineRun>,
+}
+
+/// Whether a line carries code of its own (not only brackets, separators, `Ok(())`).
+fn substantial(line: &str) -> bool {
+    let t = line.trim().trim_end_matches([';', ',', ')', '}', ']', '{', '(', ' ']);
+    t.len() >= 2 && t != "Ok(())" && t.chars().any(|c| c.is_alphanumeric())
+}
+
+/// Whether generated line `g` can be user line `u`: the same text, or (a statement that starts
+/// or ends mid-line) its start or its end at a boundary between tokens.
+fn fits(g: &str, u: &str) -> bool {
+    let (g, u) = (g.trim(), u.trim());
+    if g.is_empty() || u.is_empty() {
+        return false;
+    }
+    if g == u {
+        return true;
+    }
+    if g.len() >= u.len() {
+        return false;
+    }
+    let boundary = |c: Option<char>| c.is_none_or(|c| c.is_whitespace() || matches!(c, ';' | '}' | '{' | ','));
+    (u.ends_with(g) && boundary(u[..u.len() - g.len()].chars().last()))
+        || (u.starts_with(g) && boundary(g.chars().last()))
+}
+
+impl LineMap {
+    /// The map of one generated `lib.rs` over the notebook's cells so far (`(execution count,
+    /// code)`, in any order; the code as the cell showed it, magic lines replaced by comments
+    /// of the same lines).
+    pub fn build(lib_rs: &str, cells: &[(u64, &str)]) -> LineMap {
+        let genl: Vec<&str> = lib_rs.lines().collect();
+        let mut cells: Vec<(u64, Vec<&str>)> = cells.iter().map(|(n, c)| (*n, c.lines().collect())).collect();
+        // Newest first: the first candidate found is the newest.
+        cells.sort_by_key(|c| std::cmp::Reverse(c.0));
+        let mut exact: HashMap<&str, Vec<(usize, usize)>> = HashMap::new();
+        for (ci, (_, lines)) in cells.iter().enumerate() {
+            for (li, l) in lines.iter().enumerate() {
+                if !l.trim().is_empty() {
+                    exact.entry(l.trim()).or_default().push((ci, li));
+                }
+            }
+        }
+        let candidates = |g: &str| -> Vec<(usize, usize)> {
+            let t = g.trim();
+            if t.is_empty() {
+                return Vec::new();
+            }
+            if let Some(v) = exact.get(t) {
+                return v.clone();
+            }
+            let mut v = Vec::new();
+            for (ci, (_, lines)) in cells.iter().enumerate() {
+                for (li, l) in lines.iter().enumerate() {
+                    if fits(g, l) {
+                        v.push((ci, li));
+                    }
+                }
+            }
+            v
+        };
+        // How far a run starting with generated line `gi` at (cell, line) goes: the next
+        // generated line is the cell's next line, or the rest of the same line (a statement
+        // split mid-line), or a blank line inside the run.
+        let run_len = |gi: usize, ci: usize, li: usize| -> (usize, Vec<usize>) {
+            let lines = &cells[ci].1;
+            let mut user = vec![li];
+            let (mut g, mut u) = (gi + 1, li);
+            while g < genl.len() {
+                let next = genl[g];
+                let blank_in_both = next.trim().is_empty() && u + 1 < lines.len() && lines[u + 1].trim().is_empty();
+                if blank_in_both || (u + 1 < lines.len() && fits(next, lines[u + 1])) {
+                    u += 1;
+                } else if fits(next, lines[u]) && lines[u].trim() != next.trim() {
+                    // The rest of a line split between two statements.
+                } else {
+                    break;
+                }
+                user.push(u);
+                g += 1;
+            }
+            (g - gi, user)
+        };
+        let mut runs: Vec<LineRun> = Vec::new();
+        let mut gi = 0;
+        while gi < genl.len() {
+            let mut best: Option<(usize, usize, Vec<usize>)> = None;
+            for (ci, li) in candidates(genl[gi]) {
+                let (len, user) = run_len(gi, ci, li);
+                if best.as_ref().is_none_or(|b| len > b.2.len()) {
+                    best = Some((ci, li, user));
+                }
+            }
+            let Some((ci, _, user)) = best else {
+                gi += 1;
+                continue;
+            };
+            let len = user.len();
+            let worth = len >= 2 && genl[gi..gi + len].iter().any(|l| substantial(l)) || substantial(genl[gi]);
+            if !worth {
+                gi += 1;
+                continue;
+            }
+            let cell = cells[ci].0;
+            // One run per stretch of consecutive user lines.
+            let mut k = 0;
+            while k < len {
+                let mut j = k + 1;
+                while j < len && user[j] == user[j - 1] + 1 {
+                    j += 1;
+                }
+                if j - k == 1 || user[k..j].windows(2).all(|w| w[1] == w[0] + 1) {
+                    runs.push(LineRun {
+                        lib_line: (gi + k + 1) as u32,
+                        len: (j - k) as u32,
+                        cell,
+                        line: (user[k] + 1) as u32,
+                    });
+                }
+                k = j;
+            }
+            gi += len;
+        }
+        LineMap { runs }
+    }
+
+    /// The cell and line of `lib.rs` line `lib_line` (1-based), if it is a cell's.
+    pub fn lookup(&self, lib_line: u32) -> Option<(u64, u32)> {
+        let i = self.runs.partition_point(|r| r.lib_line <= lib_line);
+        let r = self.runs.get(i.checked_sub(1)?)?;
+        (lib_line < r.lib_line + r.len).then(|| (r.cell, r.line + (lib_line - r.lib_line)))
+    }
+}
+
+/// The `N` of the `run_user_code_N` a generated `lib.rs` defines (what evcxr's child calls, and
+/// what the cell's library exports).
+pub fn run_number(lib_rs: &str) -> Option<u64> {
+    let at = lib_rs.find("fn run_user_code_")? + "fn run_user_code_".len();
+    let digits: String = lib_rs[at..].chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What evcxr 0.22 wrote for the cells below (abridged from a real `lib.rs`: the items, then
+    /// the cell's statements in `run_user_code_3`).
+    const LIB_RS: &str = "#![allow(unused_imports, unused_mut, dead_code)]
+fn alloc48() -> gpumem_nb::mem::DriverAlloc {
+    // the caller keeps it
+    gpumem_nb::mem::driver_alloc_mib(48).unwrap()
+}
+#[unsafe(no_mangle)]
+pub extern \"C\" fn run_user_code_3(
+evcxr_variable_store: *mut u8) -> *mut u8 {
+if std::panic::catch_unwind(||{
+let a = alloc48();
+let b = gpumem_nb::mem::driver_alloc_mib(40)?; let c = 1;
+}).is_err() {
+    println!(\"EVCXR_PANIC_NOTIFICATION\");
+}
+evcxr_variable_store
+}
+";
+
+    #[test]
+    fn lib_rs_lines_map_to_the_cells_that_wrote_them() {
+        let cell2 = ":dep gpumem-nb = { path = \"..\" }\n// helpers\nfn alloc48() -> gpumem_nb::mem::DriverAlloc {\n    // the caller keeps it\n    gpumem_nb::mem::driver_alloc_mib(48).unwrap()\n}\n";
+        let cell3 =
+            "// two allocations\nlet a = alloc48();\nlet b = gpumem_nb::mem::driver_alloc_mib(40)?; let c = 1;\n";
+        let map = LineMap::build(LIB_RS, &[(2, cell2), (3, cell3)]);
+        // The function's body: cell 2, lines 3-6.
+        assert_eq!(map.lookup(2), Some((2, 3)));
+        assert_eq!(map.lookup(4), Some((2, 5)));
+        assert_eq!(map.lookup(5), Some((2, 6)));
+        // The statements: cell 3, lines 2 and 3 (the second holds two statements).
+        assert_eq!(map.lookup(10), Some((3, 2)));
+        assert_eq!(map.lookup(11), Some((3, 3)));
+        // evcxr's own lines are nobody's.
+        for l in [1, 6, 7, 8, 9, 12, 13, 14, 15, 16, 99] {
+            assert_eq!(map.lookup(l), None, "line {l}");
+        }
+        assert_eq!(run_number(LIB_RS), Some(3));
+    }
+
+    #[test]
+    fn the_newest_cell_wins_and_lone_brackets_are_not_mapped() {
+        let lib = "fn f() {\n    work(1)\n}\nlet x = f();\n}\n";
+        let old = "fn f() {\n    work(1)\n}\n";
+        let new = "// again\nfn f() {\n    work(1)\n}\nlet x = f();\n";
+        let map = LineMap::build(lib, &[(1, old), (4, new)]);
+        assert_eq!(map.lookup(1), Some((4, 2)));
+        assert_eq!(map.lookup(2), Some((4, 3)));
+        assert_eq!(map.lookup(4), Some((4, 5)));
+        assert_eq!(map.lookup(5), None, "a lone bracket after the run");
+        // A statement split mid-line maps both parts to the same line.
+        let map = LineMap::build("let a = 1; \nlet b = a + 1;\n", &[(7, "let a = 1; let b = a + 1;\n")]);
+        assert_eq!((map.lookup(1), map.lookup(2)), (Some((7, 1)), Some((7, 1))));
+    }
+}

@@ -1,0 +1,373 @@
+//! Fast stack capture: framehop's caching DWARF unwinder over this process's own modules.
+//!
+//! A stack is walked from the registers where [`capture`] runs, with the unwind tables
+//! (`.eh_frame` / `.eh_frame_hdr`) of every executable mapping of the process: the program,
+//! libstd, CUDA's libraries (which have no frame pointers), evcxr's cell libraries. framehop
+//! keeps each unwind rule it derives in a per-thread cache keyed by address, so a walk through
+//! code seen before costs a few nanoseconds a frame instead of a table search (samply, the
+//! profiler framehop was made for, walks other processes the same way).
+//!
+//! The modules are read from `/proc/self/maps` and the files behind them (`object`), once, and
+//! again whenever a walk meets an address outside every known module (evcxr loads a library per
+//! cell; CUDA loads its libraries late). Only the raw return addresses are kept; naming them is
+//! [`super::frames::Symbolizer`]'s job, later.
+//!
+//! Where no register reader exists for the architecture (see `machine`), the thread's stack
+//! bounds are unknown, or `/proc` cannot be read, [`capture`] falls back to the portable
+//! unwinder of the `backtrace` crate.
+
+#[allow(unsafe_code)]
+mod machine;
+
+use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+type Native = framehop::UnwinderNative<Vec<u8>, framehop::MayAllocateDuringUnwind>;
+type Cache = framehop::CacheNative<framehop::MayAllocateDuringUnwind>;
+
+/// The process's modules as the unwinder knows them.
+struct Known {
+    unwinder: Native,
+    /// Executable ranges of the modules, sorted by start.
+    ranges: Vec<(u64, u64)>,
+    /// Files already read (by mapping start), so a refresh only reads new ones.
+    loaded: Vec<(u64, String)>,
+    /// Addresses found in no module even after a refresh (anonymous code, the vDSO): not
+    /// worth another refresh.
+    unknown: Vec<u64>,
+}
+
+static KNOWN: RwLock<Option<Arc<Known>>> = RwLock::new(None);
+/// Bumped on every refresh; threads compare it with the version of their copy.
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+/// Serialises refreshes (reading files is slow; two threads need not do it twice).
+static REFRESH: Mutex<()> = Mutex::new(());
+
+/// Rule caches per thread. framehop's cache is direct-mapped (509 slots by address): two return
+/// addresses of one stack that share a slot evict each other at every walk, and each eviction
+/// costs a table search in `.eh_frame` (measured: a deep walk twice as slow with one such pair).
+/// Each frame's address picks one of these caches by a hash of it, so a pair that collides in
+/// one cache almost never collides in the chosen ones.
+const CACHES: usize = 8;
+
+struct ThreadState {
+    known: Option<(u64, Arc<Known>)>,
+    caches: Box<[Cache; CACHES]>,
+    /// This thread's stack, once asked (`Some(None)`: its bounds cannot be known here).
+    stack: Option<Option<machine::Stack>>,
+}
+
+thread_local! {
+    static THREAD: RefCell<ThreadState> =
+        RefCell::new(ThreadState { known: None, caches: Box::new(std::array::from_fn(|_| Cache::new())), stack: None });
+}
+
+fn current_known() -> Option<Arc<Known>> {
+    KNOWN.read().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// Reads the modules not known yet; returns whether anything changed.
+fn refresh() -> bool {
+    let _one = REFRESH.lock().unwrap_or_else(|e| e.into_inner());
+    let old = current_known();
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return false };
+    let mut unwinder = old.as_ref().map(|k| k.unwinder.clone()).unwrap_or_default();
+    let mut ranges = old.as_ref().map(|k| k.ranges.clone()).unwrap_or_default();
+    let mut loaded = old.as_ref().map(|k| k.loaded.clone()).unwrap_or_default();
+    let unknown = old.as_ref().map(|k| k.unknown.clone()).unwrap_or_default();
+    let mut changed = false;
+    for m in exec_mappings(&maps) {
+        if loaded.iter().any(|(s, p)| *s == m.start && *p == m.path) {
+            continue;
+        }
+        // A library unloaded and another loaded at its address: forget the old one.
+        if let Some(i) = loaded.iter().position(|(s, _)| *s == m.start) {
+            unwinder.remove_module(m.start);
+            loaded.remove(i);
+            ranges.retain(|r| r.0 != m.start);
+        }
+        loaded.push((m.start, m.path.clone()));
+        if let Some(module) = module_of(&m) {
+            unwinder.add_module(module);
+            ranges.push((m.start, m.end));
+            changed = true;
+        }
+    }
+    ranges.sort_unstable();
+    let known = Known { unwinder, ranges, loaded, unknown };
+    *KNOWN.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(known));
+    GENERATION.fetch_add(1, Ordering::Release);
+    changed
+}
+
+/// Remembers addresses that no refresh could place.
+fn note_unknown(addrs: &[u64]) {
+    let _one = REFRESH.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(old) = current_known() else { return };
+    let mut unknown = old.unknown.clone();
+    unknown.extend_from_slice(addrs);
+    unknown.sort_unstable();
+    unknown.dedup();
+    let known =
+        Known { unwinder: old.unwinder.clone(), ranges: old.ranges.clone(), loaded: old.loaded.clone(), unknown };
+    *KNOWN.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(known));
+    GENERATION.fetch_add(1, Ordering::Release);
+}
+
+/// An executable mapping of a file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct ExecMapping {
+    start: u64,
+    end: u64,
+    /// File offset of the mapping.
+    offset: u64,
+    path: String,
+}
+
+/// The executable file mappings in `/proc/self/maps` text.
+fn exec_mappings(maps: &str) -> Vec<ExecMapping> {
+    maps.lines()
+        .filter_map(|line| {
+            let mut f = line.split_whitespace();
+            let (range, perms, offset) = (f.next()?, f.next()?, f.next()?);
+            let path = f.nth(2)?;
+            if !perms.contains('x') || !path.starts_with('/') || line.ends_with("(deleted)") {
+                return None;
+            }
+            let (a, b) = range.split_once('-')?;
+            Some(ExecMapping {
+                start: u64::from_str_radix(a, 16).ok()?,
+                end: u64::from_str_radix(b, 16).ok()?,
+                offset: u64::from_str_radix(offset, 16).ok()?,
+                path: path.to_string(),
+            })
+        })
+        .collect()
+}
+
+/// One executable mapping of a file, placed: what symbolisation needs of a module.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ModuleMap {
+    /// Start of the executable mapping.
+    pub start: u64,
+    /// Its end.
+    pub end: u64,
+    /// Where the file's virtual address 0 sits in memory (address − base = the address the
+    /// file's own tables use).
+    pub base: u64,
+    /// The file.
+    pub path: Arc<str>,
+    /// Its file name (`libcuda.so.1`).
+    pub name: Arc<str>,
+}
+
+/// The process's executable file mappings now, sorted by start.
+pub(crate) fn module_maps() -> Vec<ModuleMap> {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return Vec::new() };
+    let mut out: Vec<ModuleMap> = exec_mappings(&maps)
+        .into_iter()
+        .filter_map(|m| {
+            let file = std::fs::File::open(&m.path).ok()?;
+            let cache = object::ReadCache::new(file);
+            let obj = object::File::parse(&cache).ok()?;
+            let base = base_of(&obj, &m)?;
+            let name = std::path::Path::new(&m.path).file_name()?.to_str()?.into();
+            Some(ModuleMap { start: m.start, end: m.end, base, path: m.path.as_str().into(), name })
+        })
+        .collect();
+    out.sort_by_key(|m| m.start);
+    out
+}
+
+/// Where file address 0 of `obj` sits in memory, from the load segment `m` maps.
+fn base_of<'d, R: object::ReadRef<'d>>(obj: &object::File<'d, R>, m: &ExecMapping) -> Option<u64> {
+    use object::{Object, ObjectSegment, SegmentFlags};
+    // The executable load segment the mapping starts in: its file offset is rounded down to a
+    // page by the loader (up to 64 KiB pages).
+    let exec =
+        |s: &object::Segment<'d, '_, R>| matches!(s.flags(), SegmentFlags::Elf { p_flags, .. } if p_flags.0 & 1 != 0);
+    let holds = |s: &object::Segment<'d, '_, R>| {
+        let (off, size) = s.file_range();
+        off & !0xffff <= m.offset && m.offset < off + size.max(1)
+    };
+    let seg = obj.segments().find(|s| exec(s) && holds(s)).or_else(|| obj.segments().find(|s| holds(s)))?;
+    let (seg_off, _) = seg.file_range();
+    Some(m.start.wrapping_sub(seg.address()).wrapping_add(seg_off).wrapping_sub(m.offset))
+}
+
+/// The framehop module of a mapping: its file's unwind sections, placed where the mapping says.
+fn module_of(m: &ExecMapping) -> Option<Module<Vec<u8>>> {
+    use object::{Object, ObjectSection};
+    let file = std::fs::File::open(&m.path).ok()?;
+    let cache = object::ReadCache::new(file);
+    let obj = object::File::parse(&cache).ok()?;
+    let base = base_of(&obj, m)?;
+    let section = |name: &str| obj.section_by_name(name);
+    let range = |name: &str| section(name).map(|s| s.address()..s.address() + s.size());
+    let data = |name: &str| section(name).and_then(|s| s.data().ok()).map(<[u8]>::to_vec);
+    let info = ExplicitModuleSectionInfo {
+        base_svma: 0,
+        text_svma: range(".text"),
+        got_svma: range(".got"),
+        eh_frame_svma: range(".eh_frame"),
+        eh_frame: data(".eh_frame"),
+        eh_frame_hdr_svma: range(".eh_frame_hdr"),
+        eh_frame_hdr: data(".eh_frame_hdr"),
+        ..Default::default()
+    };
+    info.eh_frame.as_ref()?;
+    Some(Module::new(m.path.clone(), m.start..m.end, base, info))
+}
+
+impl Known {
+    fn holds(&self, addr: u64) -> bool {
+        let i = self.ranges.partition_point(|r| r.0 <= addr);
+        i > 0 && addr < self.ranges[i - 1].1
+    }
+}
+
+/// The raw return addresses of the caller's stack, innermost first: at most `limit` of them
+/// (the caller's own frame first, as the portable unwinder gives it).
+#[inline(never)]
+pub(crate) fn capture(limit: usize, out: &mut Vec<usize>) {
+    if !machine::SUPPORTED || !walk(limit, out) {
+        out.clear();
+        backtrace::trace(|f| {
+            out.push(f.ip() as usize);
+            out.len() < limit
+        });
+    }
+}
+
+/// Which of a thread's rule caches serves a frame at `address` (a multiplicative hash's top bits:
+/// independent of the address modulo 509, which picks the slot inside the cache).
+#[inline]
+fn cache_of(address: u64) -> usize {
+    (address.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - CACHES.trailing_zeros())) as usize
+}
+
+/// framehop's walk, frame by frame; false when it cannot run here (no `/proc`).
+#[inline(always)]
+fn walk(limit: usize, out: &mut Vec<usize>) -> bool {
+    let regs = machine::registers();
+    for attempt in 0..2 {
+        let done = THREAD.with(|t| {
+            let t = &mut *t.borrow_mut();
+            let generation = GENERATION.load(Ordering::Acquire);
+            if t.known.as_ref().is_none_or(|(g, _)| *g != generation) {
+                if generation == 0 {
+                    refresh();
+                }
+                let g = GENERATION.load(Ordering::Acquire);
+                t.known = current_known().map(|k| (g, k));
+            }
+            let stack = *t.stack.get_or_insert_with(machine::Stack::current);
+            // Reads stay between the walk's stack pointer and the top of this thread's stack;
+            // a stack pointer elsewhere (a signal or coroutine stack) takes the portable path.
+            let (Some((_, known)), Some(live)) = (&t.known, stack.as_ref().and_then(|s| s.live_from(regs.sp)))
+            else {
+                return None;
+            };
+            out.clear();
+            let mut read = |addr: u64| live.read(addr);
+            #[cfg(target_arch = "aarch64")]
+            let start = framehop::UnwindRegsNative::new(regs.lr, regs.sp, regs.fp);
+            #[cfg(not(target_arch = "aarch64"))]
+            let start = framehop::UnwindRegsNative::new(regs.pc, regs.sp, regs.fp);
+            let mut unwind_regs = start;
+            let mut address = FrameAddress::from_instruction_pointer(regs.pc);
+            let mut strange = Vec::new();
+            out.push(address.address() as usize);
+            while out.len() < limit {
+                let cache = &mut t.caches[cache_of(address.address())];
+                match known.unwinder.unwind_frame(address, &mut unwind_regs, cache, &mut read) {
+                    Ok(Some(ra)) => {
+                        let Some(next) = FrameAddress::from_return_address(ra) else { break };
+                        if !known.holds(ra) && known.unknown.binary_search(&ra).is_err() {
+                            strange.push(ra);
+                        }
+                        out.push(ra as usize);
+                        address = next;
+                    }
+                    Ok(None) | Err(_) => break,
+                }
+            }
+            Some(strange)
+        });
+        match done {
+            None => return false,
+            Some(strange) if strange.is_empty() => return true,
+            Some(strange) => {
+                // A module loaded since the last look (a new cell's library): read it and walk
+                // again; addresses still in no module are remembered as such.
+                if attempt == 0 && !refresh() {
+                    note_unknown(&strange);
+                    return true;
+                }
+                if attempt == 1 {
+                    note_unknown(&strange);
+                }
+            }
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[inline(never)]
+    fn deep(n: usize, out: &mut Vec<usize>) {
+        if n == 0 {
+            capture(64, out);
+        } else {
+            deep(n - 1, out);
+        }
+        std::hint::black_box(n);
+    }
+
+    #[test]
+    fn framehop_walks_the_same_stack_as_the_portable_unwinder() {
+        let mut fast = Vec::new();
+        deep(5, &mut fast);
+        let mut slow = Vec::new();
+        backtrace::trace(|f| {
+            if f.ip() as usize != 0 {
+                slow.push(f.ip() as usize);
+            }
+            true
+        });
+        assert!(fast.len() > 8, "{fast:x?}");
+        // The fast path itself, not the portable fallback, walked it.
+        let mut own = Vec::new();
+        assert!(walk(64, &mut own) && own.len() > 4, "framehop's walk ran: {own:x?}");
+        // Beyond the first two frames (the two walks start in different functions), every
+        // return address of the test thread's bottom is found by both.
+        let tail = &slow[slow.len().saturating_sub(4)..];
+        for ra in tail {
+            assert!(fast.contains(ra), "{ra:#x} missing from {fast:x?} (portable: {slow:x?})");
+        }
+    }
+
+    #[test]
+    fn addresses_sharing_a_slot_of_framehops_cache_spread_over_the_caches() {
+        // framehop's slot is the address modulo 509: these 64 addresses all share one slot.
+        let used: std::collections::HashSet<usize> = (0..64u64).map(|k| cache_of(0x5555_0000_0007 + k * 509)).collect();
+        assert_eq!(used.len(), CACHES, "{used:?}");
+        assert!((0..1000u64).all(|a| cache_of(a * 4099) < CACHES));
+    }
+
+    #[test]
+    fn mappings_are_read_from_proc_maps_text() {
+        let text = "00400000-00452000 r-xp 00001000 08:02 173521 /usr/bin/dbus-daemon\n\
+                    00651000-00652000 r--p 00051000 08:02 173521 /usr/bin/dbus-daemon\n\
+                    7f0000000000-7f0000001000 r-xp 00000000 00:00 0 [vdso]\n\
+                    7f0000002000-7f0000003000 r-xp 00000000 00:00 0 /gone/libx.so (deleted)\n";
+        let m = exec_mappings(text);
+        assert_eq!(m.len(), 1);
+        assert_eq!((m[0].start, m[0].end, m[0].offset), (0x400000, 0x452000, 0x1000));
+    }
+}
