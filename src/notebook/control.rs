@@ -144,12 +144,15 @@ fn device0() -> Result<Arc<Allocator>, String> {
 impl Session {
     /// Every open device's reading and the tracked places (with their top owners when
     /// `owners`), peaks since `pre`.
+    /// The watched frameworks' own numbers come with the full readings (`pre`, `post`, `read`:
+    /// `owners`), not with the live line's, which must not wait on a framework's queue.
     fn readings(&self, id: u64, owners: bool) -> Reply {
         let devices =
             super::registry::opened().iter().map(|a| reading(a, self.slots.get(&a.device()).copied())).collect();
         let status = tracking::status();
         let tracked = status.is_on().then(|| tracking::readings(self.tracked, owners));
-        Reply { devices: Some(devices), tracking: Some(status.label()), tracked, ..Reply::ok(id) }
+        let frameworks = if owners { super::frameworks::readings() } else { None };
+        Reply { devices: Some(devices), tracking: Some(status.label()), tracked, frameworks, ..Reply::ok(id) }
     }
 
     pub(crate) fn handle(&mut self, id: u64, op: &Op) -> Reply {
