@@ -41,15 +41,14 @@ impl History {
             && let Some(prev) =
                 self.cells.iter().rev().find(|c| c.source_hash == rec.source_hash && !c.source_hash.is_empty())
         {
-            let left = rec.allocator.as_ref().and_then(|a| a.allocated.delta()).filter(|&d| d > 0).or_else(|| {
-                // Without the crate: NVML, with a tolerance for driver noise.
-                rec.nvml.process.delta().filter(|&d| d > 2 << 20)
-            });
-            if let Some(d) = left {
+            // The allocator's allocated bytes, a watched framework's books (live tensors apart
+            // from pool reserve), or NVML with a tolerance for driver noise.
+            if let Some(g) = rec.growth() {
+                let detail = g.detail.map_or(String::new(), |d| format!(" ({d})"));
                 rec.warnings.push(format!(
-                    "re-run leak: same code as [{}], this run left {} more",
+                    "re-run leak: same code as [{}], this run left {} more{detail}",
                     prev.cell,
-                    iec_delta(d)
+                    iec_delta(g.bytes)
                 ));
             }
         }

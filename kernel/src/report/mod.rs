@@ -17,6 +17,7 @@ mod history;
 pub use gpumem_nb::notebook::report::{
     AllAllocations, AllocatorPart, CELL_MIME, CellRecord, CrateReading, LiveCost, NvmlPart, PlaceAll, PoolPart,
     Readings, SourceDelta, Sources, Span, TrackedReadings, all_allocations, build_record, device_name, format_ms,
+    framework_parts,
 };
 pub use history::History;
 

@@ -43,6 +43,7 @@ impl CellRecord {
         {
             parts.push(format!("CUDA pool {}", p.used.delta().map_or("n/a".into(), iec_delta)));
         }
+        parts.extend(self.frameworks.iter().map(|f| f.line()));
         parts.push(match (self.nvml.process.after, self.nvml.process.delta()) {
             (Some(after), Some(d)) => format!("process {} ({})", iec(after), iec_delta(d)),
             (Some(after), None) => format!("process {}", iec(after)),
@@ -180,6 +181,9 @@ impl CellRecord {
                 b(p.reserved_high),
                 self.sources.pool.clone(),
             ]);
+        }
+        for f in &self.frameworks {
+            f.rows(&mut t);
         }
         t.row([
             "this process (total)".into(),

@@ -8,11 +8,15 @@
 //!
 //! - `record`: the record's types ([`CellRecord`] and its parts) and [`build_record`].
 //! - `line`: the one-line report, its details table, the `display_data` bundle.
+//! - `framework`: a watched framework's own numbers in the record ([`FrameworkPart`]), and what
+//!   a re-run left behind ([`Growth`]).
 #![forbid(unsafe_code)]
 
+mod framework;
 mod line;
 mod record;
 
+pub use framework::{FRAMEWORK_GROWTH_MIN, FrameworkPart, Growth, PoolKindPart, framework_parts};
 pub use line::format_ms;
 pub use record::{
     AllAllocations, AllocatorPart, CELL_MIME, CellRecord, CrateReading, LiveCost, NvmlPart, PlaceAll, PoolPart,
