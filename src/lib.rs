@@ -37,6 +37,8 @@
 //!    [`notebook::protocol`], the out-of-memory watch ([`notebook::oom`]), the per-cell
 //!    [`notebook::report`] both kernels show and the stock evcxr kernel's hooks that show it
 //!    ([`notebook::stock`]), [`scope`]s and the [`mem`] helpers.
+//! 10. [`frameworks`] — frameworks with their own books of device memory, watched from a
+//!     notebook: cubecl's pools for burn (feature `cubecl`).
 //!
 //! Units: bytes everywhere in data; [`units`] formats them for people.
 #![deny(unsafe_code)]
@@ -62,6 +64,8 @@ mod buffer;
 pub mod notebook;
 mod pinned;
 pub mod replay;
+
+pub mod frameworks;
 
 pub use notebook::{mem, scope, tracking};
 
