@@ -21,7 +21,7 @@ use gpumem_nb::frameworks::cubecl010;
 use gpumem_nb::mem::DriverBuffer;
 use gpumem_nb::notebook::protocol::{Op, Reply};
 use gpumem_nb::notebook::report::{CellRecord, Readings, TrackedReadings, build_record, framework_parts};
-use gpumem_nb::units::MIB;
+use gpumem_nb::units::{MIB, iec_delta};
 use gpumem_nb::{Allocator, tracking};
 
 use std::collections::HashMap;
@@ -184,9 +184,19 @@ fn cubecls_books_sit_beside_its_pages_cell_by_cell() {
     let line = rec.line();
     assert!(line.contains("cubecl in use +35.00 MiB (cached "), "{line}");
     println!("{line}");
+    // The README shows this line (up to the device's free memory, which moves with the test
+    // order) and the warning below.
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let readme = readme.split_whitespace().collect::<Vec<_>>().join(" ");
+    let shown = line.split(" · device free").next().unwrap();
+    assert!(readme.contains(shown), "README lacks {shown:?}");
     let details = rec.details().to_text();
     assert!(details.contains("cubecl sim stream 0: in use (live tensors)"), "{details}");
-    assert!(rec.growth().is_none(), "no re-run, and the allocator's bytes did not grow: {:?}", rec.growth());
+    // What the cell left, split as the re-run warning splits it (a first run is not warned of).
+    let g = rec.growth().unwrap();
+    let cached = f.cached.delta().unwrap();
+    assert_eq!(g.bytes, f.reserved.delta().unwrap(), "{g:?}");
+    assert_eq!(g.detail.unwrap(), format!("cubecl: live tensors +35.00 MiB, pool reserve {}", iec_delta(cached)));
 
     // An epoch: activations made and dropped in the cell. The first run may grow the pool; the
     // re-runs find its cached pages and leave nothing behind.
@@ -214,6 +224,7 @@ fn cubecls_books_sit_beside_its_pages_cell_by_cell() {
     let detail = g.detail.clone().unwrap();
     assert!(detail.starts_with("cubecl: live tensors +16.00 MiB, pool reserve "), "{detail}");
     println!("{}", g.warning(5));
+    assert!(readme.contains(&g.warning(5)), "README lacks {:?}", g.warning(5));
 
     // Everything dropped, then cubecl's cleanup: its pages go back to the driver.
     let rec = run(&mut cells, 7, "drop", &mut || {

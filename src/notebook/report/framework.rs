@@ -161,6 +161,15 @@ pub struct Growth {
     pub detail: Option<String>,
 }
 
+impl Growth {
+    /// The re-run leak warning: `re-run leak: same code as [4], this run left +32.00 MiB more
+    /// (cubecl: live tensors +32.00 MiB, pool reserve 0 B)`, `prev` being the earlier run's cell.
+    pub fn warning(&self, prev: u64) -> String {
+        let detail = self.detail.as_ref().map_or(String::new(), |d| format!(" ({d})"));
+        format!("re-run leak: same code as [{prev}], this run left {} more{detail}", iec_delta(self.bytes))
+    }
+}
+
 impl FrameworkPart {
     /// Live bytes (in use and their padding) after − before.
     pub fn live_delta(&self) -> Option<i64> {
@@ -248,5 +257,122 @@ impl CellRecord {
             }
         }
         self.nvml.process.delta().filter(|&d| d > 2 << 20).map(|d| Growth { bytes: d, detail: None })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::units::MIB;
+
+    fn pool(kind: &str, stream: u64, in_use: u64, padding: u64, reserved: u64, pages: u64) -> FrameworkPool {
+        FrameworkPool {
+            kind: kind.into(),
+            stream,
+            page_size: (kind == "sliced").then_some(8 * MIB),
+            in_use,
+            padding,
+            reserved,
+            pages,
+            pages_peak: pages + 2,
+            largest_alloc: in_use / 2,
+            ..Default::default()
+        }
+    }
+
+    fn reading(pools: Vec<FrameworkPool>) -> FrameworkReading {
+        FrameworkReading { framework: "cubecl".into(), device: "cuda:0".into(), pools, ..Default::default() }
+    }
+
+    /// Sums and per-kind parts: two streams' sliced pools add up, kinds keep the framework's
+    /// order, and in use + padding + cached = reserved on both sides.
+    #[test]
+    fn parts_sum_pools_by_kind_and_add_up() {
+        let before = [reading(vec![pool("sliced", 0, MIB, 0, 8 * MIB, 1), pool("persistent", 0, 0, 0, 0, 0)])];
+        let after = [reading(vec![
+            pool("sliced", 0, 5 * MIB, 512, 16 * MIB, 2),
+            pool("persistent", 0, 64 * MIB, 0, 64 * MIB, 1),
+            pool("sliced", 1, 2 * MIB, 0, 8 * MIB, 1),
+        ])];
+        let parts = framework_parts(Some(&before), Some(&after));
+        let f = &parts[0];
+        assert_eq!(f.in_use, Span { before: Some(MIB), after: Some(71 * MIB) });
+        assert_eq!(f.reserved.delta(), Some(80 * MIB as i64));
+        let side = |pick: fn(&Span) -> Option<u64>| {
+            pick(&f.in_use).unwrap() + pick(&f.padding).unwrap() + pick(&f.cached).unwrap()
+        };
+        assert_eq!(side(|s| s.before), f.reserved.before.unwrap());
+        assert_eq!(side(|s| s.after), f.reserved.after.unwrap());
+        let kinds: Vec<&str> = f.kinds.iter().map(|k| k.kind.as_str()).collect();
+        assert_eq!(kinds, ["sliced", "persistent"]);
+        let sliced = &f.kinds[0];
+        assert_eq!(
+            (sliced.pools, sliced.page_size, sliced.pages),
+            (2, Some(8 * MIB), Span { before: Some(1), after: Some(3) })
+        );
+        assert_eq!((sliced.pages_peak, sliced.largest_alloc), (4 + 3, 5 * MIB / 2));
+        assert_eq!(sliced.cached.after, Some(24 * MIB - 7 * MIB - 512));
+        assert_eq!(f.live_delta(), Some(70 * MIB as i64 + 512));
+        let line = f.line();
+        assert_eq!(line, "cubecl in use +70.00 MiB (cached 17.00 MiB, reserved 88.00 MiB)");
+        let mut t = crate::render::Table::new(["", "before", "after", "Δ", "peak in cell", "source"]);
+        f.rows(&mut t);
+        let text = t.to_text();
+        assert!(text.contains("cubecl cuda:0: cached (reserved, not in use)"), "{text}");
+        assert!(
+            text.contains("sliced pools (2, page 8.00 MiB)") && text.contains("3 pages (at most 7 ever)"),
+            "{text}"
+        );
+    }
+
+    /// Watched during the cell: no `before`, absolute numbers in the line; a reader that failed
+    /// after the cell: its error, no numbers; nothing watched: no parts.
+    #[test]
+    fn first_watch_failed_reading_and_nothing_watched() {
+        let after = [reading(vec![pool("sliced", 0, 3 * MIB, 0, 8 * MIB, 1)])];
+        let f = &framework_parts(None, Some(&after))[0];
+        assert_eq!((f.in_use.before, f.in_use.delta()), (None, None));
+        assert_eq!(f.line(), "cubecl in use 3.00 MiB (cached 5.00 MiB, reserved 8.00 MiB)");
+        let failed = [FrameworkReading { error: Some("no answer in 2 s".into()), ..reading(vec![]) }];
+        let f = &framework_parts(Some(&after), Some(&failed))[0];
+        assert_eq!((f.in_use.after, f.reserved.after), (None, None));
+        assert_eq!(f.line(), "cubecl n/a (no answer in 2 s)");
+        assert!(framework_parts(Some(&after), None).is_empty());
+        assert!(framework_parts(None, Some(&[])).is_empty());
+    }
+
+    /// What a re-run left behind: the allocator first; a framework's growth split into live
+    /// tensors and pool reserve, from 1 MiB on; NVML past 2 MiB; nothing otherwise.
+    #[test]
+    fn growth_names_live_tensors_or_pool_reserve() {
+        let rec = |b: Vec<FrameworkPool>, a: Vec<FrameworkPool>| CellRecord {
+            frameworks: framework_parts(Some(&[reading(b)]), Some(&[reading(a)])),
+            ..Default::default()
+        };
+        let live = rec(vec![pool("sliced", 0, 0, 0, 64 * MIB, 8)], vec![pool("sliced", 0, 32 * MIB, 0, 64 * MIB, 8)]);
+        let g = live.growth().unwrap();
+        assert_eq!(
+            (g.bytes, g.detail.as_deref()),
+            (32 * MIB as i64, Some("cubecl: live tensors +32.00 MiB, pool reserve -32.00 MiB"))
+        );
+        let reserve = rec(vec![pool("sliced", 0, 0, 0, 8 * MIB, 1)], vec![pool("sliced", 0, 0, 0, 40 * MIB, 5)]);
+        let g = reserve.growth().unwrap();
+        assert_eq!(
+            (g.bytes, g.detail.as_deref()),
+            (32 * MIB as i64, Some("cubecl: live tensors 0 B, pool reserve +32.00 MiB"))
+        );
+        let noise = rec(vec![pool("sliced", 0, 0, 0, 8 * MIB, 1)], vec![pool("sliced", 0, 4096, 0, 8 * MIB, 1)]);
+        assert_eq!(noise.growth(), None, "a few KiB of a framework's own buffers is no leak");
+        let mut alloc = noise.clone();
+        alloc.allocator = Some(super::super::AllocatorPart {
+            allocated: Span { before: Some(0), after: Some(2 * MIB) },
+            ..Default::default()
+        });
+        assert_eq!(alloc.growth(), Some(Growth { bytes: 2 * MIB as i64, detail: None }), "the allocator speaks first");
+        let mut nvml = CellRecord::default();
+        nvml.nvml.process = Span { before: Some(100 * MIB), after: Some(102 * MIB) };
+        assert_eq!(nvml.growth(), None, "2 MiB is the driver's granularity");
+        nvml.nvml.process.after = Some(103 * MIB);
+        assert_eq!(nvml.growth(), Some(Growth { bytes: 3 * MIB as i64, detail: None }));
     }
 }
