@@ -33,6 +33,8 @@ pub struct Progress {
     pub elapsed: Duration,
     /// This build has compiled a dependency and has not reached the cells' own crate yet.
     pub dependencies: bool,
+    /// The dependencies cargo compiles now (or last did), by crate name.
+    pub compiling: Vec<String>,
 }
 
 impl Progress {
@@ -42,16 +44,17 @@ impl Progress {
         self.dependencies
     }
 
-    /// In words: "compiling dependencies: 34 of 63 crates built · 32 s", or "compiling the
-    /// cell · 2 s" once every dependency is built.
+    /// In words: "compiling dependencies: 34 of 63 crates built · 32 s" while some have never
+    /// been built; "recompiling gpumem_nb · 12 s" when all had been (a dependency changed: a
+    /// path crate edited or moved, other features); "compiling · 2 s" otherwise.
     pub fn describe(&self) -> String {
         let secs = format!("{} s", self.elapsed.as_secs());
         match self.total {
             Some(total) if self.built < total => {
                 format!("compiling dependencies: {} of {total} crates built · {secs}", self.built)
             }
-            Some(_) => format!("compiling the cell · {secs}"),
-            None => format!("compiling · {secs}"),
+            _ if !self.compiling.is_empty() => format!("recompiling {} · {secs}", self.compiling.join(", ")),
+            _ => format!("compiling · {secs}"),
         }
     }
 }
@@ -78,6 +81,8 @@ struct Build {
     dependency_seen: bool,
     /// It has started on the cells' own crate.
     root_seen: bool,
+    /// The dependencies compiling at the last look that found any.
+    compiling: Vec<String>,
 }
 
 /// The packages a `Cargo.toml` builds.
@@ -110,8 +115,14 @@ impl Watch {
             if let Some(b) = self.build.take() {
                 self.settle(b.began);
             }
-            let build =
-                Build { pid, seen: Instant::now(), began: SystemTime::now(), dependency_seen: false, root_seen: false };
+            let build = Build {
+                pid,
+                seen: Instant::now(),
+                began: SystemTime::now(),
+                dependency_seen: false,
+                root_seen: false,
+                compiling: Vec::new(),
+            };
             self.build = Some(build);
         }
         let dir = self.crate_dir.clone();
@@ -124,15 +135,26 @@ impl Watch {
             None => (0, None, "ctx".to_string()),
         };
         let build = self.build.as_mut()?;
-        for name in &compiling {
-            if *name == root {
+        let mut dependencies: Vec<String> = Vec::new();
+        for name in compiling {
+            if name == root {
                 build.root_seen = true;
-            } else {
-                build.dependency_seen = true;
+            } else if !dependencies.contains(&name) {
+                dependencies.push(name);
             }
         }
-        let dependencies = build.dependency_seen && !build.root_seen;
-        Some(Progress { built, total, elapsed: build.seen.elapsed(), dependencies })
+        if !dependencies.is_empty() {
+            dependencies.sort();
+            build.dependency_seen = true;
+            build.compiling = dependencies;
+        }
+        Some(Progress {
+            built,
+            total,
+            elapsed: build.seen.elapsed(),
+            dependencies: build.dependency_seen && !build.root_seen,
+            compiling: build.compiling.clone(),
+        })
     }
 
     /// After a build that began at `began`: when it built the crate itself, every package it
@@ -394,12 +416,18 @@ mod tests {
             3,
             "a's two versions; cc's build script alone is not its lib"
         );
-        let p = Progress { built: 3, total: Some(4), elapsed: Duration::from_millis(41_500), dependencies: true };
+        let p = Progress {
+            built: 3,
+            total: Some(4),
+            elapsed: Duration::from_millis(41_500),
+            dependencies: true,
+            compiling: vec!["gpumem_nb".into()],
+        };
         assert_eq!(p.describe(), "compiling dependencies: 3 of 4 crates built · 41 s");
         assert!(p.building_dependencies());
         assert!(!Progress { dependencies: false, ..p.clone() }.building_dependencies());
-        assert_eq!(Progress { built: 4, ..p.clone() }.describe(), "compiling the cell · 41 s");
-        assert_eq!(Progress { total: None, ..p }.describe(), "compiling · 41 s");
+        assert_eq!(Progress { built: 4, ..p.clone() }.describe(), "recompiling gpumem_nb · 41 s");
+        assert_eq!(Progress { total: None, compiling: vec![], ..p }.describe(), "compiling · 41 s");
     }
 
     #[test]
