@@ -44,7 +44,7 @@ impl SimStorage {
     fn asked(&self) -> u64 {
         self.asked.values().sum()
     }
-    fn from_driver(&self) -> u64 {
+    fn driver_bytes(&self) -> u64 {
         self.pages.values().map(|b| b.size()).sum()
     }
 }
@@ -154,7 +154,7 @@ fn cubecls_books_sit_beside_its_pages_cell_by_cell() {
     let pages = |mem: &Memory| {
         let mut g = mem.lock().unwrap();
         let s = g.storage();
-        (s.asked(), s.from_driver())
+        (s.asked(), s.driver_bytes())
     };
     // Each cell's record and how the storage's pages moved during it.
     let run = |cells: &mut Cells, n: u64, code: &str, work: &mut dyn FnMut()| {

@@ -44,12 +44,7 @@ impl History {
             // The allocator's allocated bytes, a watched framework's books (live tensors apart
             // from pool reserve), or NVML with a tolerance for driver noise.
             if let Some(g) = rec.growth() {
-                let detail = g.detail.map_or(String::new(), |d| format!(" ({d})"));
-                rec.warnings.push(format!(
-                    "re-run leak: same code as [{}], this run left {} more{detail}",
-                    prev.cell,
-                    iec_delta(g.bytes)
-                ));
+                rec.warnings.push(g.warning(prev.cell));
             }
         }
     }
