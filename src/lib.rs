@@ -41,6 +41,8 @@
 //!    ([`notebook::stock`]), [`scope`]s and the [`mem`] helpers.
 //! 10. [`plan`] — will it fit: a session's recorded allocations replayed on a device of any size
 //!     under each policy, and every reserved byte explained.
+//! 11. [`frameworks`] — frameworks with their own books of device memory, watched from a
+//!     notebook: cubecl's pools for burn (feature `cubecl`).
 //!
 //! Units: bytes everywhere in data; [`units`] formats them for people.
 #![deny(unsafe_code)]
@@ -63,6 +65,7 @@ mod error;
 pub mod render;
 
 mod buffer;
+pub mod frameworks;
 pub mod notebook;
 mod pinned;
 pub mod plan;

@@ -47,8 +47,7 @@ fn a_recorded_session_replays_with_every_source() {
     let dir = std::env::temp_dir().join(format!("gpumem-own-snapshot-{}", std::process::id()));
     let files = gpumem_nb::tracking::snapshot(&alloc).save(&dir).unwrap();
     let (allocated, reserved) = (alloc.max_memory_allocated(), alloc.max_memory_reserved());
-    for (path, input) in
-        [(&dir, "snapshot pickle"), (&files.pickle, "snapshot pickle"), (&files.json, "snapshot json")]
+    for (path, input) in [(&dir, "snapshot pickle"), (&files.pickle, "snapshot pickle"), (&files.json, "snapshot json")]
     {
         let got = replay(path, &[]).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         assert_eq!(got["input"], input);

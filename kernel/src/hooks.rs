@@ -11,8 +11,8 @@
 
 use crate::control::ControlServer;
 use crate::nvml::{self, NvmlSnapshot};
-use crate::report::{CellRecord, CrateReading, Readings, TrackedReadings, build_record};
-use gpumem_nb::notebook::protocol::{OomEvent, Op, Reply};
+use crate::report::{CellRecord, CrateReading, Readings, TrackedReadings, build_record, framework_parts};
+use gpumem_nb::notebook::protocol::{FrameworkReading, OomEvent, Op, Reply};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -29,6 +29,8 @@ pub struct Before {
     pub crate_readings: Option<Vec<CrateReading>>,
     /// Every allocation of the child (tracking), when the crate was connected.
     pub tracked: Option<TrackedReadings>,
+    /// The watched frameworks' own numbers (cubecl's pools), when one is watched.
+    pub frameworks: Option<Vec<FrameworkReading>>,
     /// Whether `pre` opened a peak slot, so that the peaks cover exactly the cell.
     pub slot_opened: bool,
     /// Time the hooks took, microseconds.
@@ -45,6 +47,8 @@ pub struct After {
     pub crate_readings: Option<Vec<CrateReading>>,
     /// Every allocation of the child (tracking), when the crate is connected.
     pub tracked: Option<TrackedReadings>,
+    /// The watched frameworks' own numbers (cubecl's pools), when one is watched.
+    pub frameworks: Option<Vec<FrameworkReading>>,
     /// The cell's first out-of-memory failure, when `%gpumem snapshot --on-oom` watches.
     pub oom: Option<OomEvent>,
     /// Time the hooks took, microseconds.
@@ -169,18 +173,20 @@ impl Hooks {
 
     /// Runs the pre-cell hooks for cell `cell` of child `pid`.
     pub fn before(&mut self, cell: u64, pid: Option<u32>) -> Before {
-        let (nvml, reply, us) = self.read(Op::Pre { cell }, pid);
+        let (nvml, mut reply, us) = self.read(Op::Pre { cell }, pid);
+        let frameworks = reply.as_mut().and_then(|r| r.frameworks.take());
         let (crate_readings, tracked) = readings(reply);
         let slot_opened = crate_readings.is_some();
-        Before { pid, nvml, crate_readings, tracked, slot_opened, us }
+        Before { pid, nvml, crate_readings, tracked, frameworks, slot_opened, us }
     }
 
     /// Runs the post-cell hooks for cell `cell`; `pid` is the child's pid now.
     pub fn after(&mut self, cell: u64, pid: Option<u32>) -> After {
         let (nvml, mut reply, us) = self.read(Op::Post { cell }, pid);
         let oom = reply.as_mut().and_then(|r| r.oom.take());
+        let frameworks = reply.as_mut().and_then(|r| r.frameworks.take());
         let (crate_readings, tracked) = readings(reply);
-        After { pid, nvml, crate_readings, tracked, oom, us }
+        After { pid, nvml, crate_readings, tracked, frameworks, oom, us }
     }
 
     /// One side of the hooks: accept a (re)connecting child, read NVML, ask the crate for `op`
@@ -230,5 +236,7 @@ pub fn record(cell: u64, before: &Before, after: &After) -> CellRecord {
     );
     rec.hook_us = before.us + after.us;
     rec.oom = after.oom.clone();
+    let frameworks_before = if before.pid == after.pid { before.frameworks.as_deref() } else { None };
+    rec.frameworks = framework_parts(frameworks_before, after.frameworks.as_deref());
     rec
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks an executed notebook's per-cell reports against the crate's own numbers and NVML.
 
-    check_notebook.py EXECUTED.ipynb [--require-tracking cupti] [--json OUT.json] [--no-lines]
+    check_notebook.py EXECUTED.ipynb [--require-tracking cupti] [--json OUT.json] [--no-lines] [--stock]
 
 For every code cell it prints the report line and, where the record has them, the allocator's
 reserved delta, the CUDA pool's reserved delta, the tracked ("all allocations") delta, NVML's
@@ -20,6 +20,17 @@ Assertions (exit 1 when one fails):
 - cells tagged `nvml-matches`: NVML's per-process delta equals what the process reserved
   according to the crate (allocator reserved delta + CUDA pool reserved delta + tracked driver,
   VMM and managed allocations) within the driver's 2 MiB granularity.
+- cells tagged `cubecl-pools` (issue 22): the record carries cubecl's own books (`frameworks`)
+  with numbers after the cell, and in use + padding + cached = reserved;
+- cells tagged `cubecl-matches-tracked`: the tracked allocations' delta from the driver and the
+  CUDA pool (cubecl 0.10 takes its pages with `cuMemAllocAsync`, falling back to `cuMemAlloc`)
+  equals cubecl's reserved delta within 2 MiB: cubecl's pages are what tracking saw;
+- cells tagged `growth=live` / `growth=reserve`: the record warns of a re-run leak that cubecl's
+  books put in live tensors / in cubecl's cached reserve; `no-growth`: no re-run leak warning.
+
+--stock (the stock evcxr kernel): a record comes only beside a cell's value, so cells without one
+are listed but not failed (tagged cells end in a value, and must have one), and the warnings
+(re-run leaks) are gpumem-kernel's: growth tags are skipped.
 """
 import json
 import sys
@@ -47,6 +58,7 @@ def main():
     require = args[args.index("--require-tracking") + 1] if "--require-tracking" in args else None
     out_json = args[args.index("--json") + 1] if "--json" in args else None
     no_lines = "--no-lines" in args
+    stock = "--stock" in args
     nb = json.load(open(path))
     failures, rows = [], []
     for i, cell in enumerate(nb["cells"]):
@@ -70,6 +82,10 @@ def main():
                     failures.append(f"cell {i} ({first}): {name!r} not in the top table: {(result or '')[:300]}")
         if magic_only:
             continue
+        checked = {"nvml-matches", "cubecl-pools", "cubecl-matches-tracked", "returns-allocated", "returns-reserved"}
+        if stock and not recs and not checked & set(tags):
+            print(json.dumps({"cell": i, "code": first[:60], "record": None}))
+            continue
         if len(recs) != 1:
             failures.append(f"cell {i} ({first}): {len(recs)} reports")
             continue
@@ -90,6 +106,14 @@ def main():
             "nvml_delta": nv,
             "top": alla.get("top"),
         }
+        cubecl = next((f for f in r.get("frameworks") or [] if f.get("framework") == "cubecl"), None)
+        if cubecl:
+            row["cubecl_in_use_delta"] = delta(cubecl.get("in_use"))
+            row["cubecl_cached_after"] = (cubecl.get("cached") or {}).get("after")
+            row["cubecl_reserved_delta"] = delta(cubecl.get("reserved"))
+            row["cubecl_error"] = cubecl.get("error")
+        warnings = r.get("warnings") or []
+        row["warnings"] = warnings
         # What the process reserved, by the crate's accounts.
         parts = [row["allocator_reserved_delta"], row["pool_reserved_delta"]]
         reserved = None if any(p is None for p in parts) else sum(parts)
@@ -130,6 +154,25 @@ def main():
             top = alla.get("top") or []
             if not any(matches(e) for e in top):
                 failures.append(f"cell {i} ({first}): no site {spec!r} in the record's top: {top}")
+        if "cubecl-pools" in tags:
+            if not cubecl or cubecl.get("error") or (cubecl.get("reserved") or {}).get("after") is None:
+                failures.append(f"cell {i} ({first}): no cubecl numbers in the record: {cubecl}")
+            else:
+                after = lambda k: (cubecl.get(k) or {}).get("after") or 0
+                if after("in_use") + after("padding") + after("cached") != after("reserved"):
+                    failures.append(f"cell {i} ({first}): cubecl's in use + padding + cached != reserved: {cubecl}")
+        if "cubecl-matches-tracked" in tags:
+            got, want = source_delta(alla, "driver") + source_delta(alla, "pool"), row.get("cubecl_reserved_delta")
+            if want is None or abs(got - want) > 2 * MIB:
+                failures.append(f"cell {i} ({first}): tracked driver + pool Δ {got} vs cubecl's reserved Δ {want}")
+        leak = [w for w in warnings if w.startswith("re-run leak")]
+        if not stock:
+            for tag in (t for t in tags if t.startswith("growth=")):
+                word = {"live": "live tensors +", "reserve": "pool reserve +"}[tag[len("growth="):]]
+                if not any("cubecl: " in w and word in w for w in leak):
+                    failures.append(f"cell {i} ({first}): no re-run leak with cubecl's {word!r}: {warnings}")
+            if "no-growth" in tags and leak:
+                failures.append(f"cell {i} ({first}): a re-run leak was flagged: {leak}")
         if "nvml-matches" in tags and row["unexplained_by_tracking"] is not None:
             if abs(row["unexplained_by_tracking"]) > 2 * MIB:
                 failures.append(

@@ -33,6 +33,8 @@ pub(crate) struct Shared {
     pub(crate) tracking: super::tracking::Tracking,
     /// The stock evcxr kernel's per-cell reports (`notebook::stock`).
     pub(crate) reports: super::stock::Switches,
+    /// The frameworks whose own books every reading includes (`notebook::frameworks`).
+    pub(crate) frameworks: super::frameworks::Watched,
 }
 
 /// The reference this copy of the crate uses.
@@ -93,6 +95,7 @@ pub(crate) fn shared() -> &'static Shared {
             control_started: Mutex::new(false),
             tracking: super::tracking::Tracking::new(),
             reports: super::stock::Switches::new(),
+            frameworks: Default::default(),
         }));
         publish(s);
         s

@@ -144,15 +144,33 @@ fn device0() -> Result<Arc<Allocator>, String> {
     super::registry::opened().into_iter().find(|a| a.device() == 0).ok_or_else(|| "no device is open".to_string())
 }
 
+/// What a reading includes beyond the devices' numbers: each is work a live line must not do.
+#[derive(Clone, Copy)]
+struct Full {
+    /// The tracked places' top owners (naming them symbolises stacks).
+    owners: bool,
+    /// The reserved bytes explained.
+    explain: bool,
+    /// The watched frameworks' own numbers (they may wait on a framework's queue).
+    frameworks: bool,
+}
+
+impl Full {
+    const ALL: Full = Full { owners: true, explain: true, frameworks: true };
+}
+
 impl Session {
     /// Every open device's reading and the tracked places (with their top owners when
-    /// `owners`), peaks since `pre`; the reserved bytes explained when `explain`.
-    fn readings(&self, id: u64, owners: bool, explain: bool) -> Reply {
+    /// `Full::owners`), peaks since `pre`; the reserved bytes explained when `Full::explain`.
+    /// The watched frameworks' own numbers come with every reading but the live line's, which
+    /// must not wait on a framework's queue.
+    fn readings(&self, id: u64, full: Full) -> Reply {
         let slot = |a: &Allocator| self.slots.get(&a.device()).copied();
-        let devices = super::registry::opened().iter().map(|a| reading(a, slot(a), explain)).collect();
+        let devices = super::registry::opened().iter().map(|a| reading(a, slot(a), full.explain)).collect();
         let status = tracking::status();
-        let tracked = status.is_on().then(|| tracking::readings(self.tracked, owners));
-        Reply { devices: Some(devices), tracking: Some(status.label()), tracked, ..Reply::ok(id) }
+        let tracked = status.is_on().then(|| tracking::readings(self.tracked, full.owners));
+        let frameworks = if full.frameworks { super::frameworks::readings() } else { None };
+        Reply { devices: Some(devices), tracking: Some(status.label()), tracked, frameworks, ..Reply::ok(id) }
     }
 
     pub(crate) fn handle(&mut self, id: u64, op: &Op) -> Reply {
@@ -179,10 +197,10 @@ impl Session {
                 self.oom.begin(*cell);
                 // Nothing reads owners before a cell (the record's `top` is what is live after
                 // it), and naming them symbolises stacks: only `post` does.
-                Ok(self.readings(id, false, false))
+                Ok(self.readings(id, Full { owners: false, explain: false, frameworks: true }))
             }
             Op::Post { .. } => {
-                let r = Reply { oom: self.oom.end(), ..self.readings(id, true, true) };
+                let r = Reply { oom: self.oom.end(), ..self.readings(id, Full::ALL) };
                 for a in super::registry::opened() {
                     if let Some(slot) = self.slots.remove(&a.device()) {
                         a.with_state(|s, _| s.close_slot(slot));
@@ -195,8 +213,8 @@ impl Session {
                 tracking::set_label(None);
                 Ok(r)
             }
-            Op::Read => Ok(self.readings(id, true, true)),
-            Op::Live => Ok(self.readings(id, false, false)),
+            Op::Read => Ok(self.readings(id, Full::ALL)),
+            Op::Live => Ok(self.readings(id, Full { owners: false, explain: false, frameworks: false })),
             Op::Record(RecordRequest { enabled, max_entries, stacks }) => {
                 let max_entries = max_entries.map_or(usize::MAX, |m| m.min(usize::MAX as u64) as usize);
                 let context = if *stacks { StackContext::All } else { StackContext::None };

@@ -9,6 +9,8 @@
 //! - [`scope`]: `measure` / `save_memory_snapshot` scopes.
 //! - [`mem`]: the ipyexperiments helpers (free/used/total, allocate, leave free, preload).
 //! - [`tracking`]: every device allocation of the process (CUPTI, or the simulated driver).
+//! - [`frameworks`]: frameworks with their own books of device memory (cubecl's pools), read
+//!   with every cell's numbers.
 //! - [`oom`]: out-of-memory failures caught as they happen (a snapshot then, and why).
 //! - [`report`]: the per-cell record and its one-line report, shared by both kernels.
 //! - [`stock`]: the same reports in the stock evcxr kernel, from hooks in the child
@@ -17,6 +19,7 @@
 #[allow(unsafe_code)]
 pub(crate) mod anchor;
 pub mod control;
+pub mod frameworks;
 pub mod mem;
 pub mod oom;
 pub mod protocol;

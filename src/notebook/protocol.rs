@@ -332,6 +332,72 @@ pub struct PlaceTop {
     pub at_peak: Vec<OwnerBytes>,
 }
 
+/// A framework's own account of the device memory it holds, read at the same moment as the
+/// other numbers (`gpumem_nb::frameworks`: cubecl's pools, which burn allocates from). What is
+/// in use and what the framework keeps cached are its numbers, not gpumem-nb's: the driver only
+/// sees its pages.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FrameworkReading {
+    /// The framework (`cubecl`).
+    pub framework: String,
+    /// What it was asked about, in its words (`cuda:0`).
+    pub device: String,
+    /// Where the numbers come from (`ComputeClient::memory_report`, device scope).
+    #[serde(default)]
+    pub source: String,
+    /// Why there are no numbers this time (the framework's reader failed or panicked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Every pool of every stream, in the framework's order.
+    #[serde(default)]
+    pub pools: Vec<FrameworkPool>,
+}
+
+/// One pool of a framework, named and counted as the framework counts it (bytes, pages).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FrameworkPool {
+    /// The pool's kind (cubecl: `sliced`, `adaptive`, `exclusive`, `direct`, `persistent`, and
+    /// `dedicated` for the allocations that are each their own device allocation).
+    pub kind: String,
+    /// The stream whose memory it is.
+    #[serde(default)]
+    pub stream: u64,
+    /// The size of its pages, when all its new pages have one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub page_size: Option<u64>,
+    /// Live allocations in it (not pages).
+    #[serde(default)]
+    pub allocations: u64,
+    /// Bytes those allocations asked for.
+    pub in_use: u64,
+    /// Padding inside them (alignment).
+    #[serde(default)]
+    pub padding: u64,
+    /// Bytes the pool holds from the device (its pages): at least `in_use + padding`; the rest
+    /// is kept cached for reuse.
+    pub reserved: u64,
+    /// Pages (device allocations) held now.
+    #[serde(default)]
+    pub pages: u64,
+    /// The most pages it ever held at once (the framework's high-water mark, since the pool was
+    /// made, not since a cell began).
+    #[serde(default)]
+    pub pages_peak: u64,
+    /// Pages planned by a dry run and never backed by device memory (counted in `pages`).
+    #[serde(default)]
+    pub pages_unmapped: u64,
+    /// The largest allocation the pool ever served, bytes asked for.
+    #[serde(default)]
+    pub largest_alloc: u64,
+}
+
+impl FrameworkPool {
+    /// Bytes the pool holds that no live allocation uses: what the framework keeps cached.
+    pub fn cached(&self) -> u64 {
+        self.reserved.saturating_sub(self.in_use + self.padding)
+    }
+}
+
 /// Paths of a written snapshot.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SnapshotPaths {
@@ -390,8 +456,8 @@ impl OomEvent {
 }
 
 /// A reply. Which fields are set depends on the request: `devices` for `pre`/`post`/`read`/`live`
-/// (and `oom` for `post`), `files` for `snapshot`, `svg` and `text` for `history_svg`, `text` for
-/// `summary`.
+/// (and `oom` for `post`, `frameworks` for `pre`/`post`/`read` when one is watched), `files` for
+/// `snapshot`, `svg` and `text` for `history_svg`, `text` for `summary`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Reply {
     /// The request's id (`None` when the request could not be read at all).
@@ -427,6 +493,11 @@ pub struct Reply {
     /// The top sites (`top`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top: Option<TopReport>,
+    /// The frameworks a notebook watches (`gpumem_nb::frameworks`), their own numbers: what
+    /// `pre`, `post` and `read` answer (not `live`, which must not wait on a framework's
+    /// queue), absent when none is watched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frameworks: Option<Vec<FrameworkReading>>,
 }
 
 impl Reply {
@@ -513,5 +584,17 @@ mod tests {
         .unwrap();
         let d = &reply.devices.unwrap()[0];
         assert_eq!((d.allocated, d.reserved, d.device_free, d.backend), (1, 2, None, BackendKind::Simulated));
+        assert_eq!(reply.frameworks, None, "no framework watched: no field");
+        // A framework's pool from an older or newer crate: missing counts are 0, unknown
+        // fields are ignored; the field is left out when nothing is watched.
+        let reply: Reply = serde_json::from_str(
+            r#"{"id":3,"ok":true,"frameworks":[{"framework":"cubecl","device":"cuda:0",
+                "pools":[{"kind":"sliced","in_use":5,"reserved":8,"future":1}]}]}"#,
+        )
+        .unwrap();
+        let f = &reply.frameworks.as_ref().unwrap()[0];
+        assert_eq!((f.framework.as_str(), f.error.as_ref(), f.pools[0].pages), ("cubecl", None, 0));
+        assert_eq!(f.pools[0].cached(), 3);
+        assert!(!to_line(&Reply::ok(1)).contains("frameworks"));
     }
 }

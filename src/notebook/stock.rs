@@ -22,8 +22,8 @@
 #![forbid(unsafe_code)]
 
 use super::control::Session;
-use super::protocol::{CONTROL_VAR, Op};
-use super::report::{CELL_MIME, CrateReading, Readings, TrackedReadings, build_record};
+use super::protocol::{CONTROL_VAR, FrameworkReading, Op};
+use super::report::{CELL_MIME, CrateReading, Readings, TrackedReadings, build_record, framework_parts};
 use crate::device::nvml::{self, NvmlSnapshot};
 use std::io::{BufRead, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -330,6 +330,7 @@ struct Pending {
     run: u64,
     devices: Vec<CrateReading>,
     tracked: Option<TrackedReadings>,
+    frameworks: Option<Vec<FrameworkReading>>,
     nvml: NvmlSnapshot,
     hook_us: u64,
     started: Instant,
@@ -343,11 +344,12 @@ impl Cells {
         }
         let t = Instant::now();
         let nvml = nvml::snapshot();
-        let reply = self.session.handle(run, &Op::Pre { cell: run });
+        let mut reply = self.session.handle(run, &Op::Pre { cell: run });
         if reply.ok {
+            let frameworks = reply.frameworks.take();
             let (devices, tracked) = TrackedReadings::of_reply(reply);
             let hook_us = t.elapsed().as_micros() as u64;
-            self.pending = Some(Pending { run, devices, tracked, nvml, hook_us, started: Instant::now() });
+            self.pending = Some(Pending { run, devices, tracked, frameworks, nvml, hook_us, started: Instant::now() });
         }
     }
 
@@ -357,10 +359,11 @@ impl Cells {
         let wall = p.started.elapsed();
         let t = Instant::now();
         // Closes the run's slots and label whether or not it is reported.
-        let reply = self.session.handle(p.run, &Op::Post { cell: p.run });
+        let mut reply = self.session.handle(p.run, &Op::Post { cell: p.run });
         if !reply.ok || run.type_changed || !switches().on.load(Ordering::SeqCst) {
             return None;
         }
+        let frameworks = reply.frameworks.take();
         let (devices, tracked) = TrackedReadings::of_reply(reply);
         let nvml = nvml::snapshot();
         let pid = Some(std::process::id());
@@ -378,6 +381,7 @@ impl Cells {
                 pid_after: pid,
             },
         );
+        rec.frameworks = framework_parts(p.frameworks.as_deref(), frameworks.as_deref());
         rec.status = if run.panicked { "panicked" } else { "ok" }.into();
         rec.wall_ms = wall.as_secs_f64() * 1e3;
         rec.hook_us = p.hook_us + t.elapsed().as_micros() as u64;

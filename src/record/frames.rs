@@ -291,8 +291,14 @@ mod tests {
     #[test]
     fn inlined_frames_belong_to_the_crate_of_their_source() {
         let c = |p: &str| source_crate(p);
-        assert_eq!(c("/root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/candle-core-0.9.1/src/tensor.rs").as_deref(), Some("candle_core"));
-        assert_eq!(c("/home/u/.cargo/git/checkouts/candle-0a1b/4c5d/candle-nn/src/ops.rs").as_deref(), Some("candle_nn"));
+        assert_eq!(
+            c("/root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/candle-core-0.9.1/src/tensor.rs").as_deref(),
+            Some("candle_core")
+        );
+        assert_eq!(
+            c("/home/u/.cargo/git/checkouts/candle-0a1b/4c5d/candle-nn/src/ops.rs").as_deref(),
+            Some("candle_nn")
+        );
         assert_eq!(c("/r/registry/src/x/foo-bar-1.0.0-alpha.2/src/a/b.rs").as_deref(), Some("foo_bar"));
         assert_eq!(c("/rustc/59807616e1fa/library/core/src/ops/function.rs").as_deref(), Some("core"));
         assert_eq!(c(&format!("{OWN_SOURCE}record/unwind/machine.rs")).as_deref(), Some("gpumem_nb"));
@@ -305,7 +311,8 @@ mod tests {
         assert!(is_path("candle_core::tensor::Tensor::zeros") && is_path("<ctx::M as ctx::R>::go"));
         assert!(!is_path("try_with<core::cell::RefCell<u8>, gpumem_nb::F>") && !is_path("zeros"));
         // gpumem-nb's own inlined frames (`registers`, the unwinder's) are never the user's.
-        let own = Frame { name: "registers".into(), filename: format!("{OWN_SOURCE}record/unwind/machine.rs"), line: 30 };
+        let own =
+            Frame { name: "registers".into(), filename: format!("{OWN_SOURCE}record/unwind/machine.rs"), line: 30 };
         let user = Frame { name: "step".into(), filename: "/w/nb/src/lib.rs".into(), line: 3 };
         assert_eq!(keep_user(vec![own, user.clone()]), vec![user]);
     }

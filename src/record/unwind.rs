@@ -266,8 +266,7 @@ fn walk(limit: usize, out: &mut Vec<usize>) -> bool {
             let stack = *t.stack.get_or_insert_with(machine::Stack::current);
             // Reads stay between the walk's stack pointer and the top of this thread's stack;
             // a stack pointer elsewhere (a signal or coroutine stack) takes the portable path.
-            let (Some((_, known)), Some(live)) = (&t.known, stack.as_ref().and_then(|s| s.live_from(regs.sp)))
-            else {
+            let (Some((_, known)), Some(live)) = (&t.known, stack.as_ref().and_then(|s| s.live_from(regs.sp))) else {
                 return None;
             };
             out.clear();

@@ -138,8 +138,7 @@ mod tests {
     #[test]
     fn aligned_addresses_spread_over_the_low_bits() {
         use std::hash::BuildHasher;
-        let low: std::collections::HashSet<u64> =
-            (1..=64u64).map(|k| Fast::default().hash_one(k << 21) & 63).collect();
+        let low: std::collections::HashSet<u64> = (1..=64u64).map(|k| Fast::default().hash_one(k << 21) & 63).collect();
         assert!(low.len() > 32, "64 addresses 2 MiB apart fill {} of 64 buckets", low.len());
     }
 

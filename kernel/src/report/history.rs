@@ -41,16 +41,10 @@ impl History {
             && let Some(prev) =
                 self.cells.iter().rev().find(|c| c.source_hash == rec.source_hash && !c.source_hash.is_empty())
         {
-            let left = rec.allocator.as_ref().and_then(|a| a.allocated.delta()).filter(|&d| d > 0).or_else(|| {
-                // Without the crate: NVML, with a tolerance for driver noise.
-                rec.nvml.process.delta().filter(|&d| d > 2 << 20)
-            });
-            if let Some(d) = left {
-                rec.warnings.push(format!(
-                    "re-run leak: same code as [{}], this run left {} more",
-                    prev.cell,
-                    iec_delta(d)
-                ));
+            // The allocator's allocated bytes, a watched framework's books (live tensors apart
+            // from pool reserve), or NVML with a tolerance for driver noise.
+            if let Some(g) = rec.growth() {
+                rec.warnings.push(g.warning(prev.cell));
             }
         }
     }

@@ -17,7 +17,7 @@ mod history;
 pub use gpumem_nb::notebook::report::{
     AllAllocations, AllocatorPart, CELL_MIME, CellRecord, CrateReading, LiveCost, NvmlPart, PlaceAll, PoolPart,
     Readings, SourceDelta, Sources, Span, TrackedReadings, all_allocations, allocator_absent, build_record,
-    device_name, format_ms, line_html, quantity,
+    device_name, format_ms, framework_parts, line_html, quantity,
 };
 pub use history::History;
 
@@ -163,6 +163,66 @@ mod tests {
         assert_eq!(json["cells"].as_array().unwrap().len(), 3);
         let plot = h.plot();
         assert!(plot.svg.as_deref().unwrap_or("").contains("<svg"));
+    }
+
+    /// burn's re-runs: the allocator saw nothing, cubecl's books say what grew.
+    #[test]
+    fn rerun_leak_of_a_watched_framework_says_live_tensors_or_pool_reserve() {
+        use gpumem_nb::notebook::protocol::{FrameworkPool, FrameworkReading};
+        let mib = 1u64 << 20;
+        let books = |in_use: u64, reserved: u64| {
+            vec![FrameworkReading {
+                framework: "cubecl".into(),
+                device: "cuda stream 0".into(),
+                pools: vec![FrameworkPool { kind: "all pools".into(), in_use, reserved, ..Default::default() }],
+                ..Default::default()
+            }]
+        };
+        let mk = |cell, before: (u64, u64), after: (u64, u64)| {
+            let r = [reading(0, 0, 0)];
+            let none = NvmlSnapshot::default();
+            let mut rec = build_record(
+                cell,
+                &Readings {
+                    crate_before: Some(&r),
+                    crate_after: Some(&r),
+                    tracked_before: None,
+                    tracked_after: None,
+                    slot_opened: true,
+                    nvml_before: &none,
+                    nvml_after: &none,
+                    pid_before: Some(1),
+                    pid_after: Some(1),
+                },
+            );
+            rec.frameworks = framework_parts(Some(&books(before.0, before.1)), Some(&books(after.0, after.1)));
+            rec.source_hash = "epoch".into();
+            rec
+        };
+        let mut h = History::default();
+        let mut first = mk(1, (0, 64 * mib), (0, 96 * mib));
+        h.warn(&mut first);
+        assert!(first.warnings.is_empty(), "a first run is no re-run: {:?}", first.warnings);
+        assert!(first.line().contains("cubecl in use 0 B (cached 96.00 MiB, reserved 96.00 MiB)"), "{}", first.line());
+        h.cells.push(first);
+        let mut kept = mk(2, (0, 96 * mib), (32 * mib, 96 * mib));
+        h.warn(&mut kept);
+        assert_eq!(
+            kept.warnings,
+            ["re-run leak: same code as [1], this run left +32.00 MiB more (cubecl: live tensors +32.00 MiB, pool \
+              reserve -32.00 MiB)"]
+        );
+        h.cells.push(kept);
+        let mut grew = mk(3, (32 * mib, 96 * mib), (32 * mib, 160 * mib));
+        h.warn(&mut grew);
+        assert_eq!(
+            grew.warnings,
+            ["re-run leak: same code as [2], this run left +64.00 MiB more (cubecl: live tensors 0 B, pool reserve \
+              +64.00 MiB)"]
+        );
+        let mut steady = mk(4, (32 * mib, 160 * mib), (32 * mib, 160 * mib));
+        h.warn(&mut steady);
+        assert!(steady.warnings.is_empty(), "{:?}", steady.warnings);
     }
 
     #[test]

@@ -37,6 +37,7 @@ impl CellRecord {
         {
             parts.push(quantity("CUDA pool", p.used.after, p.used.delta(), p.used_high, "peak"));
         }
+        parts.extend(self.frameworks.iter().map(|f| f.line()));
         // NVML's number only where NVML answered (the details table says why not, otherwise).
         if self.nvml.process.after.is_some() {
             parts.push(format!(
@@ -208,6 +209,9 @@ impl CellRecord {
                 b(p.reserved_high),
                 self.sources.pool.clone(),
             ]);
+        }
+        for f in &self.frameworks {
+            f.rows(&mut t);
         }
         t.row([
             "this process (total)".into(),

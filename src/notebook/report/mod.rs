@@ -8,12 +8,16 @@
 //!
 //! - `record`: the record's types ([`CellRecord`] and its parts) and [`build_record`].
 //! - `line`: the one-line report, its details table, the `display_data` bundle.
+//! - `framework`: a watched framework's own numbers in the record ([`FrameworkPart`]), and what
+//!   a re-run left behind ([`Growth`]).
 #![forbid(unsafe_code)]
 
+mod framework;
 mod line;
 mod record;
 mod top;
 
+pub use framework::{FRAMEWORK_GROWTH_MIN, FrameworkPart, Growth, PoolKindPart, framework_parts};
 pub use line::{allocator_absent, format_ms, line_html, quantity};
 pub use record::{
     AllAllocations, AllocatorPart, CELL_MIME, CellRecord, CrateReading, LiveCost, NvmlPart, PlaceAll, PoolPart,

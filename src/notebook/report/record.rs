@@ -263,6 +263,10 @@ pub struct CellRecord {
     pub devices_after: Vec<CrateReading>,
     /// The CUDA pool, when the backend is CUDA.
     pub pool: Option<PoolPart>,
+    /// The frameworks the notebook watches (`gpumem_nb::frameworks`: cubecl's pools), in their
+    /// own numbers: in use, cached, reserved, per pool kind.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub frameworks: Vec<super::FrameworkPart>,
     /// NVML.
     pub nvml: NvmlPart,
     /// Free/total from the crate (cuMemGetInfo or the simulated device), after the cell.

@@ -1,0 +1,168 @@
+//! Frameworks that keep their own books of device memory: cubecl's pools, which burn allocates
+//! from (`gpumem_nb::frameworks::cubecl`, feature `cubecl`). Tracking sees a framework's pages
+//! as they come from the driver, not what inside them is in use; the framework's own numbers
+//! say that. A notebook registers a reader once ([`watch`]); every cell's `pre`, `post` and
+//! `read` (both kernels) then ask each reader at the same moment as the other numbers.
+//!
+//! Readers live in the process-wide anchor: under evcxr the cell that registers one runs its
+//! own copy of this crate while the control channel's thread runs the copy that opened the
+//! device. A reader's code stays the registering cell's (evcxr never unloads a cell's library),
+//! and so does what it captured (a framework's client, which its own copy's statics found).
+//!
+//! A reader runs on a thread of its own with a time limit ([`READ_TIMEOUT`]): a framework whose
+//! queue is stuck costs its numbers in the report, never the report or the kernel. A panicking
+//! reader is an error in its reading.
+#![forbid(unsafe_code)]
+
+use super::protocol::FrameworkReading;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
+
+/// How long a cell's reading waits for one framework's answer.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A framework's reader: its numbers now.
+pub type Reader = Arc<dyn Fn() -> FrameworkReading + Send + Sync>;
+
+/// One watched framework.
+struct Watch {
+    /// `framework device` (`cubecl cuda:0`): watching the same again replaces it.
+    key: String,
+    reader: Reader,
+    /// A reading that has not answered yet (no second one is started meanwhile).
+    busy: Arc<AtomicBool>,
+}
+
+/// The frameworks watched in this process (in the anchor).
+#[derive(Default)]
+pub(crate) struct Watched {
+    list: Mutex<Vec<Watch>>,
+}
+
+fn watched() -> &'static Watched {
+    &super::anchor::shared().frameworks
+}
+
+/// Watches a framework from now on: every cell's reading asks `reader` too. `key` names what
+/// is watched (`cubecl cuda:0`); a second watch with the same key replaces the first.
+pub fn watch(key: &str, reader: Reader) {
+    let mut list = watched().list.lock().unwrap_or_else(|e| e.into_inner());
+    list.retain(|w| w.key != key);
+    list.push(Watch { key: key.to_string(), reader, busy: Arc::new(AtomicBool::new(false)) });
+}
+
+/// Stops watching what `key` names; false when it was not watched.
+pub fn unwatch(key: &str) -> bool {
+    let mut list = watched().list.lock().unwrap_or_else(|e| e.into_inner());
+    let n = list.len();
+    list.retain(|w| w.key != key);
+    list.len() != n
+}
+
+/// What is watched, by key.
+pub fn keys() -> Vec<String> {
+    watched().list.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|w| w.key.clone()).collect()
+}
+
+/// Every watched framework's numbers now, in the order they were watched; `None` when nothing
+/// is watched (the reply then has no `frameworks` field at all).
+pub fn readings() -> Option<Vec<FrameworkReading>> {
+    let list: Vec<(String, Reader, Arc<AtomicBool>)> = {
+        let list = watched().list.lock().unwrap_or_else(|e| e.into_inner());
+        list.iter().map(|w| (w.key.clone(), Arc::clone(&w.reader), Arc::clone(&w.busy))).collect()
+    };
+    if list.is_empty() {
+        return None;
+    }
+    Some(list.into_iter().map(|(key, reader, busy)| read_one(&key, reader, busy)).collect())
+}
+
+/// One reader's answer, or an error reading that names the key and what went wrong.
+fn read_one(key: &str, reader: Reader, busy: Arc<AtomicBool>) -> FrameworkReading {
+    let failed = |why: String| {
+        let (framework, device) = key.split_once(' ').unwrap_or((key, ""));
+        FrameworkReading {
+            framework: framework.to_string(),
+            device: device.to_string(),
+            error: Some(why),
+            ..Default::default()
+        }
+    };
+    if busy.swap(true, Ordering::SeqCst) {
+        return failed("its previous reading has not answered yet".into());
+    }
+    let (tx, rx) = mpsc::channel();
+    let flag = Arc::clone(&busy);
+    let spawned = std::thread::Builder::new().name("gpumem-framework".into()).spawn(move || {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| reader()));
+        flag.store(false, Ordering::SeqCst);
+        let _ = tx.send(r);
+    });
+    if let Err(e) = spawned {
+        busy.store(false, Ordering::SeqCst);
+        return failed(format!("no thread to read it on ({e})"));
+    }
+    match rx.recv_timeout(READ_TIMEOUT) {
+        Ok(Ok(reading)) => reading,
+        Ok(Err(panic)) => {
+            let why = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into());
+            failed(format!("its reader panicked: {}", why.lines().next().unwrap_or("")))
+        }
+        Err(_) => failed(format!("no answer in {} s", READ_TIMEOUT.as_secs())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::notebook::protocol::FrameworkPool;
+
+    fn reading(in_use: u64) -> FrameworkReading {
+        FrameworkReading {
+            framework: "test".into(),
+            device: "sim:9".into(),
+            pools: vec![FrameworkPool { kind: "sliced".into(), in_use, reserved: 4 << 20, ..Default::default() }],
+            ..Default::default()
+        }
+    }
+
+    /// Watching, replacing by key, a reader that panics and one that hangs: each is its own
+    /// reading, the others still answer, and nothing is left watched afterwards.
+    #[test]
+    fn readers_answer_fail_alone_and_are_replaced_by_key() {
+        watch("test sim:9", Arc::new(|| reading(1)));
+        watch("test sim:9", Arc::new(|| reading(2)));
+        watch("test panics", Arc::new(|| panic!("server gone\nsecond line")));
+        let (tx, rx) = mpsc::channel::<()>();
+        let rx = Mutex::new(rx);
+        watch(
+            "test hangs",
+            Arc::new(move || {
+                let _ = rx.lock().unwrap().recv();
+                reading(3)
+            }),
+        );
+        let r = readings().unwrap();
+        let mine: Vec<&FrameworkReading> = r.iter().filter(|r| r.framework == "test").collect();
+        assert_eq!(mine.len(), 3, "{r:?}");
+        assert_eq!(mine[0].pools[0].in_use, 2, "the second watch replaced the first");
+        assert_eq!(mine[1].error.as_deref(), Some("its reader panicked: server gone"));
+        assert_eq!(mine[2].error.as_deref(), Some("no answer in 2 s"));
+        assert_eq!(mine[2].device, "hangs");
+        // Still busy: no second thread is started for it.
+        let again = readings().unwrap();
+        let hung = again.iter().find(|r| r.device == "hangs").unwrap();
+        assert_eq!(hung.error.as_deref(), Some("its previous reading has not answered yet"));
+        tx.send(()).unwrap();
+        for key in ["test sim:9", "test panics", "test hangs"] {
+            assert!(unwatch(key), "{key}");
+        }
+        assert!(!unwatch("test sim:9"));
+        assert!(!keys().iter().any(|k| k.starts_with("test ")));
+    }
+}

@@ -1,0 +1,377 @@
+//! A watched framework's own numbers in a cell's record (`frameworks`): what it holds in use,
+//! what it keeps cached and what it reserved, before and after the cell, per pool kind; the
+//! words the line and the details table show them with; and what a re-run left behind.
+
+use super::{CellRecord, Span};
+use crate::notebook::protocol::{FrameworkPool, FrameworkReading};
+use crate::render::Table;
+use crate::units::{iec, iec_delta};
+use serde::{Deserialize, Serialize};
+
+/// One framework's books over a cell (cubecl's pools for burn): the sums of its pools, then per
+/// pool kind. `in_use + padding + cached = reserved`, before and after. `before` is `None` when
+/// the framework was first watched during the cell.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FrameworkPart {
+    /// `cubecl`.
+    pub framework: String,
+    /// Its device, in its words (`cuda:0`).
+    pub device: String,
+    /// Where the numbers come from.
+    pub source: String,
+    /// Why there are no numbers after the cell.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Bytes live allocations asked for (tensors, and the framework's own buffers).
+    pub in_use: Span,
+    /// Alignment padding inside them.
+    pub padding: Span,
+    /// Bytes held for reuse that no live allocation uses: "the framework keeps it cached".
+    pub cached: Span,
+    /// Bytes of the pools' pages: what the driver gave the framework.
+    pub reserved: Span,
+    /// Live allocations (not pages).
+    pub allocations: Span,
+    /// Per pool kind (cubecl: `sliced`, `adaptive`, `exclusive`, `direct`, `persistent`,
+    /// `dedicated`), in the framework's order.
+    pub kinds: Vec<PoolKindPart>,
+}
+
+/// The pools of one kind (one per stream, usually), summed.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolKindPart {
+    /// The kind.
+    pub kind: String,
+    /// How many pools of this kind there are after the cell.
+    pub pools: u64,
+    /// Their page size, when they all have one and the same.
+    pub page_size: Option<u64>,
+    /// Bytes in use.
+    pub in_use: Span,
+    /// Bytes cached (reserved − in use − padding).
+    pub cached: Span,
+    /// Bytes reserved (pages).
+    pub reserved: Span,
+    /// Pages held.
+    pub pages: Span,
+    /// The framework's page high-water marks, summed over the pools (each since its pool was
+    /// made, not since the cell began).
+    pub pages_peak: u64,
+    /// The largest allocation any of them ever served.
+    pub largest_alloc: u64,
+}
+
+/// Sums of a set of pools.
+#[derive(Clone, Copy, Default)]
+struct Sums {
+    in_use: u64,
+    padding: u64,
+    reserved: u64,
+    allocations: u64,
+    pages: u64,
+}
+
+fn sums<'a>(pools: impl IntoIterator<Item = &'a FrameworkPool>) -> Sums {
+    pools.into_iter().fold(Sums::default(), |s, p| Sums {
+        in_use: s.in_use + p.in_use,
+        padding: s.padding + p.padding,
+        reserved: s.reserved + p.reserved,
+        allocations: s.allocations + p.allocations,
+        pages: s.pages + p.pages,
+    })
+}
+
+impl Sums {
+    fn cached(&self) -> u64 {
+        self.reserved.saturating_sub(self.in_use + self.padding)
+    }
+}
+
+fn span(before: Option<Sums>, after: Option<Sums>, f: fn(&Sums) -> u64) -> Span {
+    Span { before: before.as_ref().map(f), after: after.as_ref().map(f) }
+}
+
+/// The record's `frameworks` from the readings before and after a cell (`before` is `None`
+/// when the crate was not connected before it). A framework first watched during the cell has
+/// no `before`; one whose reader failed after the cell has its error and no `after`.
+pub fn framework_parts(before: Option<&[FrameworkReading]>, after: Option<&[FrameworkReading]>) -> Vec<FrameworkPart> {
+    let Some(after) = after else { return Vec::new() };
+    after
+        .iter()
+        .map(|a| {
+            let b = before.and_then(|v| v.iter().find(|b| b.framework == a.framework && b.device == a.device));
+            let b = b.filter(|b| b.error.is_none());
+            let ok = a.error.is_none();
+            let total_b = b.map(|b| sums(&b.pools));
+            let total_a = ok.then(|| sums(&a.pools));
+            let mut kinds: Vec<String> = Vec::new();
+            for p in a.pools.iter().chain(b.map_or(&[][..], |b| &b.pools)) {
+                if !kinds.contains(&p.kind) {
+                    kinds.push(p.kind.clone());
+                }
+            }
+            let kinds = kinds
+                .into_iter()
+                .map(|kind| {
+                    let of =
+                        |r: &FrameworkReading| r.pools.iter().filter(|p| p.kind == kind).cloned().collect::<Vec<_>>();
+                    let pa = of(a);
+                    let (sb, sa) = (b.map(|b| sums(&of(b))), ok.then(|| sums(&pa)));
+                    let sizes: Vec<Option<u64>> = pa.iter().map(|p| p.page_size).collect();
+                    PoolKindPart {
+                        pools: pa.len() as u64,
+                        page_size: sizes.first().copied().flatten().filter(|_| sizes.windows(2).all(|w| w[0] == w[1])),
+                        in_use: span(sb, sa, |s| s.in_use),
+                        cached: span(sb, sa, Sums::cached),
+                        reserved: span(sb, sa, |s| s.reserved),
+                        pages: span(sb, sa, |s| s.pages),
+                        pages_peak: pa.iter().map(|p| p.pages_peak).sum(),
+                        largest_alloc: pa.iter().map(|p| p.largest_alloc).max().unwrap_or(0),
+                        kind,
+                    }
+                })
+                .collect();
+            FrameworkPart {
+                framework: a.framework.clone(),
+                device: a.device.clone(),
+                source: a.source.clone(),
+                error: a.error.clone(),
+                in_use: span(total_b, total_a, |s| s.in_use),
+                padding: span(total_b, total_a, |s| s.padding),
+                cached: span(total_b, total_a, Sums::cached),
+                reserved: span(total_b, total_a, |s| s.reserved),
+                allocations: span(total_b, total_a, |s| s.allocations),
+                kinds,
+            }
+        })
+        .collect()
+}
+
+/// The smallest growth of a framework's books that counts as a re-run leak: its metadata and
+/// launch buffers move by a few KiB from run to run.
+pub const FRAMEWORK_GROWTH_MIN: i64 = 1 << 20;
+
+/// What a cell left behind that it did not find, and which numbers say so.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Growth {
+    /// Bytes more than before the cell.
+    pub bytes: i64,
+    /// What grew, when more than the allocator's allocated bytes can say: `cubecl: live tensors
+    /// +64.00 MiB, pool reserve 0 B`.
+    pub detail: Option<String>,
+}
+
+impl Growth {
+    /// The re-run leak warning: `re-run leak: same code as [4], this run left +32.00 MiB more
+    /// (cubecl: live tensors +32.00 MiB, pool reserve 0 B)`, `prev` being the earlier run's cell.
+    pub fn warning(&self, prev: u64) -> String {
+        let detail = self.detail.as_ref().map_or(String::new(), |d| format!(" ({d})"));
+        format!("re-run leak: same code as [{prev}], this run left {} more{detail}", iec_delta(self.bytes))
+    }
+}
+
+impl FrameworkPart {
+    /// Live bytes (in use and their padding) after − before.
+    pub fn live_delta(&self) -> Option<i64> {
+        Some(self.in_use.delta()? + self.padding.delta()?)
+    }
+
+    /// The line's words, in the report's now/Δ vocabulary:
+    /// `cubecl in use now 64.00 MiB (Δ +64.00 MiB, cached 12.00 MiB, reserved 76.00 MiB)`.
+    pub fn line(&self) -> String {
+        match (&self.error, self.in_use.after) {
+            (Some(e), _) => format!("{} n/a ({e})", self.framework),
+            (None, Some(after)) => {
+                let mut more: Vec<String> =
+                    self.in_use.delta().map(|d| format!("Δ {}", iec_delta(d))).into_iter().collect();
+                more.push(format!("cached {}", iec(self.cached.after.unwrap_or(0))));
+                more.push(format!("reserved {}", iec(self.reserved.after.unwrap_or(0))));
+                format!("{} in use now {} ({})", self.framework, iec(after), more.join(", "))
+            }
+            (None, None) => format!("{} n/a", self.framework),
+        }
+    }
+
+    /// Its rows in a cell's details table.
+    pub fn rows(&self, t: &mut Table) {
+        let b = |v: Option<u64>| v.map_or("–".to_string(), iec);
+        let d = |s: &Span| s.delta().map_or("–".to_string(), iec_delta);
+        let name = format!("{} {}", self.framework, self.device);
+        if let Some(e) = &self.error {
+            t.row([name, "–".into(), "–".into(), "–".into(), "–".into(), format!("no numbers: {e}")]);
+            return;
+        }
+        let source =
+            if self.source.is_empty() { format!("{}'s own books", self.framework) } else { self.source.clone() };
+        for (what, s) in [
+            ("in use (live tensors)", &self.in_use),
+            ("padding", &self.padding),
+            ("cached (reserved, not in use)", &self.cached),
+            ("reserved (its pages)", &self.reserved),
+        ] {
+            t.row([format!("{name}: {what}"), b(s.before), b(s.after), d(s), "–".into(), source.clone()]);
+        }
+        for k in &self.kinds {
+            let page = k.page_size.map_or(String::new(), |p| format!(", page {}", iec(p)));
+            t.row([
+                format!("  {} pools ({}{page})", k.kind, k.pools),
+                b(k.reserved.before),
+                b(k.reserved.after),
+                d(&k.reserved),
+                "–".into(),
+                format!(
+                    "reserved; in use {}, cached {}; {} pages (at most {} ever); largest allocation {}",
+                    b(k.in_use.after),
+                    b(k.cached.after),
+                    k.pages.after.unwrap_or(0),
+                    k.pages_peak,
+                    iec(k.largest_alloc)
+                ),
+            ]);
+        }
+    }
+}
+
+impl CellRecord {
+    /// What the cell left behind, when it left more than it found, from the most telling
+    /// numbers: gpumem-nb's allocated bytes; else a watched framework's books, split into live
+    /// tensors and pool reserve (at least [`FRAMEWORK_GROWTH_MIN`]); else NVML's process memory
+    /// (more than 2 MiB: the driver's granularity). `None` when nothing grew or nothing says.
+    pub fn growth(&self) -> Option<Growth> {
+        if let Some(d) = self.allocator.as_ref().and_then(|a| a.allocated.delta()).filter(|&d| d > 0) {
+            return Some(Growth { bytes: d, detail: None });
+        }
+        for f in self.frameworks.iter().filter(|f| f.error.is_none()) {
+            let (Some(live), Some(reserved)) = (f.live_delta(), f.reserved.delta()) else { continue };
+            if live >= FRAMEWORK_GROWTH_MIN || reserved >= FRAMEWORK_GROWTH_MIN {
+                return Some(Growth {
+                    bytes: live.max(reserved),
+                    detail: Some(format!(
+                        "{}: live tensors {}, pool reserve {}",
+                        f.framework,
+                        iec_delta(live),
+                        iec_delta(f.cached.delta().unwrap_or(0))
+                    )),
+                });
+            }
+        }
+        self.nvml.process.delta().filter(|&d| d > 2 << 20).map(|d| Growth { bytes: d, detail: None })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::units::MIB;
+
+    fn pool(kind: &str, stream: u64, in_use: u64, padding: u64, reserved: u64, pages: u64) -> FrameworkPool {
+        FrameworkPool {
+            kind: kind.into(),
+            stream,
+            page_size: (kind == "sliced").then_some(8 * MIB),
+            in_use,
+            padding,
+            reserved,
+            pages,
+            pages_peak: pages + 2,
+            largest_alloc: in_use / 2,
+            ..Default::default()
+        }
+    }
+
+    fn reading(pools: Vec<FrameworkPool>) -> FrameworkReading {
+        FrameworkReading { framework: "cubecl".into(), device: "cuda:0".into(), pools, ..Default::default() }
+    }
+
+    /// Sums and per-kind parts: two streams' sliced pools add up, kinds keep the framework's
+    /// order, and in use + padding + cached = reserved on both sides.
+    #[test]
+    fn parts_sum_pools_by_kind_and_add_up() {
+        let before = [reading(vec![pool("sliced", 0, MIB, 0, 8 * MIB, 1), pool("persistent", 0, 0, 0, 0, 0)])];
+        let after = [reading(vec![
+            pool("sliced", 0, 5 * MIB, 512, 16 * MIB, 2),
+            pool("persistent", 0, 64 * MIB, 0, 64 * MIB, 1),
+            pool("sliced", 1, 2 * MIB, 0, 8 * MIB, 1),
+        ])];
+        let parts = framework_parts(Some(&before), Some(&after));
+        let f = &parts[0];
+        assert_eq!(f.in_use, Span { before: Some(MIB), after: Some(71 * MIB) });
+        assert_eq!(f.reserved.delta(), Some(80 * MIB as i64));
+        let side = |pick: fn(&Span) -> Option<u64>| {
+            pick(&f.in_use).unwrap() + pick(&f.padding).unwrap() + pick(&f.cached).unwrap()
+        };
+        assert_eq!(side(|s| s.before), f.reserved.before.unwrap());
+        assert_eq!(side(|s| s.after), f.reserved.after.unwrap());
+        let kinds: Vec<&str> = f.kinds.iter().map(|k| k.kind.as_str()).collect();
+        assert_eq!(kinds, ["sliced", "persistent"]);
+        let sliced = &f.kinds[0];
+        assert_eq!(
+            (sliced.pools, sliced.page_size, sliced.pages),
+            (2, Some(8 * MIB), Span { before: Some(1), after: Some(3) })
+        );
+        assert_eq!((sliced.pages_peak, sliced.largest_alloc), (4 + 3, 5 * MIB / 2));
+        assert_eq!(sliced.cached.after, Some(24 * MIB - 7 * MIB - 512));
+        assert_eq!(f.live_delta(), Some(70 * MIB as i64 + 512));
+        let line = f.line();
+        assert_eq!(line, "cubecl in use +70.00 MiB (cached 17.00 MiB, reserved 88.00 MiB)");
+        let mut t = crate::render::Table::new(["", "before", "after", "Δ", "peak in cell", "source"]);
+        f.rows(&mut t);
+        let text = t.to_text();
+        assert!(text.contains("cubecl cuda:0: cached (reserved, not in use)"), "{text}");
+        assert!(
+            text.contains("sliced pools (2, page 8.00 MiB)") && text.contains("3 pages (at most 7 ever)"),
+            "{text}"
+        );
+    }
+
+    /// Watched during the cell: no `before`, absolute numbers in the line; a reader that failed
+    /// after the cell: its error, no numbers; nothing watched: no parts.
+    #[test]
+    fn first_watch_failed_reading_and_nothing_watched() {
+        let after = [reading(vec![pool("sliced", 0, 3 * MIB, 0, 8 * MIB, 1)])];
+        let f = &framework_parts(None, Some(&after))[0];
+        assert_eq!((f.in_use.before, f.in_use.delta()), (None, None));
+        assert_eq!(f.line(), "cubecl in use 3.00 MiB (cached 5.00 MiB, reserved 8.00 MiB)");
+        let failed = [FrameworkReading { error: Some("no answer in 2 s".into()), ..reading(vec![]) }];
+        let f = &framework_parts(Some(&after), Some(&failed))[0];
+        assert_eq!((f.in_use.after, f.reserved.after), (None, None));
+        assert_eq!(f.line(), "cubecl n/a (no answer in 2 s)");
+        assert!(framework_parts(Some(&after), None).is_empty());
+        assert!(framework_parts(None, Some(&[])).is_empty());
+    }
+
+    /// What a re-run left behind: the allocator first; a framework's growth split into live
+    /// tensors and pool reserve, from 1 MiB on; NVML past 2 MiB; nothing otherwise.
+    #[test]
+    fn growth_names_live_tensors_or_pool_reserve() {
+        let rec = |b: Vec<FrameworkPool>, a: Vec<FrameworkPool>| CellRecord {
+            frameworks: framework_parts(Some(&[reading(b)]), Some(&[reading(a)])),
+            ..Default::default()
+        };
+        let live = rec(vec![pool("sliced", 0, 0, 0, 64 * MIB, 8)], vec![pool("sliced", 0, 32 * MIB, 0, 64 * MIB, 8)]);
+        let g = live.growth().unwrap();
+        assert_eq!(
+            (g.bytes, g.detail.as_deref()),
+            (32 * MIB as i64, Some("cubecl: live tensors +32.00 MiB, pool reserve -32.00 MiB"))
+        );
+        let reserve = rec(vec![pool("sliced", 0, 0, 0, 8 * MIB, 1)], vec![pool("sliced", 0, 0, 0, 40 * MIB, 5)]);
+        let g = reserve.growth().unwrap();
+        assert_eq!(
+            (g.bytes, g.detail.as_deref()),
+            (32 * MIB as i64, Some("cubecl: live tensors 0 B, pool reserve +32.00 MiB"))
+        );
+        let noise = rec(vec![pool("sliced", 0, 0, 0, 8 * MIB, 1)], vec![pool("sliced", 0, 4096, 0, 8 * MIB, 1)]);
+        assert_eq!(noise.growth(), None, "a few KiB of a framework's own buffers is no leak");
+        let mut alloc = noise.clone();
+        alloc.allocator = Some(super::super::AllocatorPart {
+            allocated: Span { before: Some(0), after: Some(2 * MIB) },
+            ..Default::default()
+        });
+        assert_eq!(alloc.growth(), Some(Growth { bytes: 2 * MIB as i64, detail: None }), "the allocator speaks first");
+        let mut nvml = CellRecord::default();
+        nvml.nvml.process = Span { before: Some(100 * MIB), after: Some(102 * MIB) };
+        assert_eq!(nvml.growth(), None, "2 MiB is the driver's granularity");
+        nvml.nvml.process.after = Some(103 * MIB);
+        assert_eq!(nvml.growth(), Some(Growth { bytes: 3 * MIB as i64, detail: None }));
+    }
+}
