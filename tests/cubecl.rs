@@ -182,7 +182,7 @@ fn cubecls_books_sit_beside_its_pages_cell_by_cell() {
     assert_eq!(f.kinds.len(), 1);
     assert_eq!(f.kinds[0].kind, cubecl010::KIND);
     let line = rec.line();
-    assert!(line.contains("cubecl in use +35.00 MiB (cached "), "{line}");
+    assert!(line.contains(" (Δ +35.00 MiB, cached ") && line.contains("cubecl in use now "), "{line}");
     println!("{line}");
     // The README shows this line (up to the device's free memory, which moves with the test
     // order) and the warning below.

@@ -97,7 +97,7 @@ fn stats_after_alloc_free_and_empty_cache() {
 
     let text = host.stats().to_string();
     assert!(text.contains("allocated_bytes") && text.contains("heap (simulated)"), "{text}");
-    assert!(host.stats().bundle().html.unwrap().starts_with("<table"));
+    assert!(host.stats().bundle().html.unwrap().starts_with("<div class=\"gpumem-table\""));
 }
 
 #[test]

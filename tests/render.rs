@@ -162,7 +162,7 @@ fn stats_table_shows_exact_iec_numbers() {
     assert!(t.caption().contains("allocator, device 0, simulated"));
     let b = t.bundle();
     let html = b.html.as_deref().unwrap();
-    assert!(html.contains("<td style=\"text-align:right;padding:2px 8px\">5.50 MiB</td>"), "{html}");
+    assert!(html.contains("text-align:right;padding:2px 8px;vertical-align:top\">5.50\u{a0}MiB</td>"), "{html}");
     let evcxr = b.to_evcxr();
     assert!(evcxr.contains("EVCXR_BEGIN_CONTENT text/plain\n") && evcxr.contains("EVCXR_BEGIN_CONTENT text/html\n"));
 }
@@ -202,7 +202,7 @@ fn segment_table_rows_and_totals() {
     assert_eq!(last[3], gpumem_nb::units::iec(a.memory_reserved()));
     let text = t.to_string();
     assert!(text.contains("3 segments — allocator, device 0, simulated"), "{text}");
-    assert_eq!(count(&t.bundle().html.unwrap(), "<tr>"), 5);
+    assert_eq!(count(&t.bundle().html.unwrap(), "<tr"), 5);
 
     // The same numbers from a snapshot.
     let snap = a.snapshot();
@@ -508,7 +508,7 @@ fn snapshot_summary_counts_and_largest_blocks() {
     );
     assert!(text.contains("64.00 MiB") && text.contains("cell 3") && text.contains("events from "), "{text}");
     let html = s.bundle().html.unwrap();
-    assert!(html.contains("<td style=\"text-align:left;padding:2px 8px\">cell 3</td>"), "{html}");
+    assert!(html.contains("text-align:left;padding:2px 8px;vertical-align:top\">cell 3</td>"), "{html}");
     let _ = (big, small);
     std::fs::write(out_dir().join("snapshot_summary.html"), html).unwrap();
     std::fs::write(out_dir().join("snapshot_summary.txt"), text).unwrap();

@@ -162,7 +162,7 @@ fn report_renders_for_notebooks() {
     assert!(b.text.contains("allocated") && b.text.contains("2.00 MiB"), "{}", b.text);
     assert!(b.text.contains("allocator, device 0, simulated"), "{}", b.text);
     let html = b.html.unwrap();
-    assert!(html.starts_with("<table") && html.contains("&lt;render&gt;"), "{html}");
+    assert!(html.starts_with("<div class=\"gpumem-table\"") && html.contains("&lt;render&gt;"), "{html}");
 }
 
 #[test]

@@ -203,7 +203,11 @@ mod tests {
         let mut first = mk(1, (0, 64 * mib), (0, 96 * mib));
         h.warn(&mut first);
         assert!(first.warnings.is_empty(), "a first run is no re-run: {:?}", first.warnings);
-        assert!(first.line().contains("cubecl in use 0 B (cached 96.00 MiB, reserved 96.00 MiB)"), "{}", first.line());
+        assert!(
+            first.line().contains("cubecl in use now 0 B (Δ 0 B, cached 96.00 MiB, reserved 96.00 MiB)"),
+            "{}",
+            first.line()
+        );
         h.cells.push(first);
         let mut kept = mk(2, (0, 96 * mib), (32 * mib, 96 * mib));
         h.warn(&mut kept);

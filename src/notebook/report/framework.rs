@@ -313,7 +313,7 @@ mod tests {
         assert_eq!(sliced.cached.after, Some(24 * MIB - 7 * MIB - 512));
         assert_eq!(f.live_delta(), Some(70 * MIB as i64 + 512));
         let line = f.line();
-        assert_eq!(line, "cubecl in use +70.00 MiB (cached 17.00 MiB, reserved 88.00 MiB)");
+        assert_eq!(line, "cubecl in use now 71.00 MiB (Δ +70.00 MiB, cached 17.00 MiB, reserved 88.00 MiB)");
         let mut t = crate::render::Table::new(["", "before", "after", "Δ", "peak in cell", "source"]);
         f.rows(&mut t);
         let text = t.to_text();
@@ -331,7 +331,7 @@ mod tests {
         let after = [reading(vec![pool("sliced", 0, 3 * MIB, 0, 8 * MIB, 1)])];
         let f = &framework_parts(None, Some(&after))[0];
         assert_eq!((f.in_use.before, f.in_use.delta()), (None, None));
-        assert_eq!(f.line(), "cubecl in use 3.00 MiB (cached 5.00 MiB, reserved 8.00 MiB)");
+        assert_eq!(f.line(), "cubecl in use now 3.00 MiB (cached 5.00 MiB, reserved 8.00 MiB)");
         let failed = [FrameworkReading { error: Some("no answer in 2 s".into()), ..reading(vec![]) }];
         let f = &framework_parts(Some(&after), Some(&failed))[0];
         assert_eq!((f.in_use.after, f.reserved.after), (None, None));
