@@ -152,7 +152,13 @@ mod tests {
         assert_eq!(mine.len(), 3, "{r:?}");
         assert_eq!(mine[0].pools[0].in_use, 2, "the second watch replaced the first");
         assert_eq!(mine[1].error.as_deref(), Some("its reader panicked: server gone"));
-        assert_eq!(mine[2].error.as_deref(), Some("no answer in 2 s"));
+        // The list is the process's: another test of this binary reading every framework at the
+        // same moment may have asked the hanging reader first, and then this is its second ask.
+        let hang = mine[2].error.as_deref();
+        assert!(
+            matches!(hang, Some("no answer in 2 s" | "its previous reading has not answered yet")),
+            "{hang:?}"
+        );
         assert_eq!(mine[2].device, "hangs");
         // Still busy: no second thread is started for it.
         let again = readings().unwrap();
