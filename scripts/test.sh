@@ -51,6 +51,11 @@ cargo test --release -p gpumem-kernel -- --test-threads=1
 step "the tour notebook through jupyter_client/nbclient against the installed kernel"
 kernel/tests/run_tour.sh release
 
+# About a minute: Debian's prometheus (installed when missing) scrapes the kernel while a notebook
+# runs; the values it stored equal the cells' records.
+step "the kernel's metrics endpoint scraped by a real Prometheus, values read back through its HTTP API"
+kernel/tests/prometheus.sh release
+
 # A few minutes with gpumem-nb already built in ~/.cache/gpumem-kernel/evcxr (the kernel's tests
 # above leave it so); screenshots in $CARGO_TARGET_DIR/lab-browser/.
 step "the kernel in a real JupyterLab 4.6.6 in headless Chromium: run all, live line, panic, bad magic, layout, themes"

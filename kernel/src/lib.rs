@@ -9,6 +9,7 @@
 //! - [`magic`]: the `%gpumem` / `%%gpumem` parser; [`complete`]: `is_complete`.
 //! - [`report`]: per-cell records, the report line, history, chart, export.
 //! - [`nvml`]: kernel-side NVML; [`install`]: the kernelspec; [`run`]: headless notebooks.
+//! - [`metrics`]: the OpenMetrics endpoint for Prometheus (`%gpumem metrics on`).
 //! - [`usage`]: the answer to Jupyter's `usage_request` (CPU, memory, GPU memory).
 //! - [`stderr_sync`]: a barrier on the evcxr child's stderr (a cell's panic before its report).
 //! - [`build_dir`]: where evcxr compiles the cells (kept between kernel starts, outside any
@@ -30,6 +31,7 @@ pub mod install;
 pub mod kernel;
 pub mod live;
 pub mod magic;
+pub mod metrics;
 pub mod nvml;
 pub mod report;
 pub mod run;

@@ -11,6 +11,8 @@
 //! - [`tracking`]: every device allocation of the process (CUPTI, or the simulated driver).
 //! - [`frameworks`]: frameworks with their own books of device memory (cubecl's pools), read
 //!   with every cell's numbers.
+//! - [`metrics`]: the per-cell numbers in the OpenMetrics text format, for Prometheus, and
+//!   (feature `metrics`) the endpoint serving them.
 //! - [`oom`]: out-of-memory failures caught as they happen (a snapshot then, and why).
 //! - [`report`]: the per-cell record and its one-line report, shared by both kernels.
 //! - [`stock`]: the same reports in the stock evcxr kernel, from hooks in the child
@@ -21,6 +23,7 @@ pub(crate) mod anchor;
 pub mod control;
 pub mod frameworks;
 pub mod mem;
+pub mod metrics;
 pub mod oom;
 pub mod protocol;
 pub mod registry;

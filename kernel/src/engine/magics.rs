@@ -89,6 +89,15 @@ impl Engine {
                     None => self.stream("stdout", "gpumem: budget off"),
                 }
             }
+            Magic::Metrics(Some(addr)) => match self.metrics.start(addr) {
+                Ok(at) => self
+                    .stream("stdout", format!("gpumem: metrics at http://{at}/metrics (OpenMetrics, for Prometheus)")),
+                Err(why) => self.stream("stderr", format!("%gpumem metrics: {why}")),
+            },
+            Magic::Metrics(None) => match self.metrics.stop() {
+                Some(at) => self.stream("stdout", format!("gpumem: metrics endpoint at {at} stopped")),
+                None => self.stream("stdout", "gpumem: metrics endpoint was off"),
+            },
             Magic::Reset => {
                 let n = self.history.cells.len();
                 self.history.cells.clear();
