@@ -40,11 +40,6 @@ pub fn local_rank() -> Option<u32> {
     std::env::var("LOCAL_RANK").ok()?.trim().parse().ok()
 }
 
-/// The rank a file name carries: `RANK`, else `LOCAL_RANK`.
-pub fn file_rank() -> Option<u32> {
-    rank().or_else(local_rank)
-}
-
 /// Who the series are about, beside the device: host, rank.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Identity {
