@@ -56,6 +56,11 @@ kernel/tests/run_tour.sh release
 step "the kernel's metrics endpoint scraped by a real Prometheus, values read back through its HTTP API"
 kernel/tests/prometheus.sh release
 
+# Under a minute: a cell starts a worker on the simulated device (`gpumem-demo hold`); its report
+# lists the worker by pid and name, apart from the notebook's own numbers.
+step "child processes: a cell's worker on the simulated device in its report"
+kernel/tests/children.sh release
+
 # A few minutes with gpumem-nb already built in ~/.cache/gpumem-kernel/evcxr (the kernel's tests
 # above leave it so); screenshots in $CARGO_TARGET_DIR/lab-browser/.
 step "the kernel in a real JupyterLab 4.6.6 in headless Chromium: run all, live line, panic, bad magic, layout, themes"

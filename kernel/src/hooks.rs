@@ -234,6 +234,7 @@ pub fn record(cell: u64, before: &Before, after: &After) -> CellRecord {
             pid_after: after.pid,
         },
     );
+    rec.children = after.pid.map_or_else(Vec::new, |pid| gpumem_nb::notebook::children::of_tree(pid, &after.nvml));
     rec.hook_us = before.us + after.us;
     rec.oom = after.oom.clone();
     let frameworks_before = if before.pid == after.pid { before.frameworks.as_deref() } else { None };

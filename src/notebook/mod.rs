@@ -3,6 +3,8 @@
 //!
 //! - [`anchor`]: the process-wide anchor. Under evcxr every cell links its own copy of this
 //!   crate (statics included); all copies reach one [`anchor::Shared`] through it.
+//! - [`children`]: the notebook's worker processes on the device (NVML, or the simulated
+//!   process table), shown beside its own numbers.
 //! - [`registry`]: `GPUMEM_NB_DEVICE`, and one allocator per device per process.
 //! - [`protocol`]: the control channel's typed messages, shared with gpumem-kernel.
 //! - [`control`]: the child end of that channel (serves the kernel's per-cell readings).
@@ -20,6 +22,7 @@
 
 #[allow(unsafe_code)]
 pub(crate) mod anchor;
+pub mod children;
 pub mod control;
 pub mod frameworks;
 pub mod mem;
