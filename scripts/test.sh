@@ -61,6 +61,12 @@ kernel/tests/prometheus.sh release
 step "child processes: a cell's worker on the simulated device in its report"
 kernel/tests/children.sh release
 
+# A short soak (scripts/soak.sh; the 5,000-cell figures are in BENCHMARKS.md): 100 cells with
+# allocations, drops, temporaries, magics, two panics and a restart; exactly one report per cell, the
+# kernel's RSS bounded, the hooks' p99 flat, and the history keeping 40 cells with the rest summarised.
+step "soak: 100 cells through nbclient on the simulated device"
+GPUMEM_NB_HISTORY_CELLS=40 scripts/soak.sh 100 --assert
+
 # A few minutes with gpumem-nb already built in ~/.cache/gpumem-kernel/evcxr (the kernel's tests
 # above leave it so); screenshots in $CARGO_TARGET_DIR/lab-browser/.
 step "the kernel in a real JupyterLab 4.6.6 in headless Chromium: run all, live line, panic, bad magic, layout, themes"

@@ -145,6 +145,11 @@ impl Hooks {
         r.connected.is_some()
     }
 
+    /// Keeps the code of the newest `keep` cells only (what a reconnecting child is sent).
+    pub fn trim_codes(&mut self, keep: usize) {
+        crate::retention::trim_map(&mut self.codes, keep);
+    }
+
     /// Notes a cell's code (before it runs) and sends it to the connected child.
     pub fn note_code(&mut self, cell: u64, code: &str) {
         self.codes.insert(cell, code.to_string());

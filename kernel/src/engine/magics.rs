@@ -101,6 +101,7 @@ impl Engine {
             Magic::Reset => {
                 let n = self.history.cells.len();
                 self.history.cells.clear();
+                self.history.dropped = Default::default();
                 self.stream("stdout", format!("gpumem: forgot {n} cells of history (the allocator is untouched)"));
             }
             Magic::Record { on, max_entries, stacks } => {

@@ -198,7 +198,7 @@ pub struct Engine {
     own_declared: bool,
     /// When each cell that ran code ended (the child's pid then, µs since the epoch), for
     /// `%gpumem diff` of cells.
-    cell_ends: std::collections::HashMap<u64, (Option<u32>, i64)>,
+    cell_ends: std::collections::BTreeMap<u64, (Option<u32>, i64)>,
     /// Every cell's record counted for the metrics endpoint, and the endpoint when it is on.
     metrics: crate::metrics::Endpoint,
 }
@@ -586,6 +586,11 @@ impl Engine {
         self.history.warn(&mut rec);
         self.metrics.observe(&rec);
         self.history.cells.push(rec.clone());
+        // A long session keeps its last cells; the rest is summarised (`crate::retention`).
+        let keep = crate::retention::keep();
+        crate::retention::trim(&mut self.history.cells, &mut self.history.dropped, keep);
+        crate::retention::trim_map(&mut self.cell_ends, keep);
+        self.hooks.trim_codes(keep);
 
         // ---- %%gpumem: timeline, snapshot, then the session's own recording setting again
         if let Some((timeline, snap)) = cell_magic {
