@@ -150,7 +150,9 @@ def main():
     history = "".join(o.data.get("text/plain", "") for o in nb.cells[-1].outputs if o.output_type == "display_data")
     keep = int(os.environ.get("GPUMEM_NB_HISTORY_CELLS") or 10_000)
     samples.pop()
-    body = samples[1:]  # the `:dep` cell builds the crate: not part of the steady state
+    # Not the steady state: the `:dep` cell (it builds the crate) and the first cell using the
+    # crate (it loads in the child and connects to the kernel).
+    body = samples[2:]
     tenth = max(1, len(body) // 10)
     window = min(500, tenth)
     first, last = body[:window], body[-window:]
