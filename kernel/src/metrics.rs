@@ -75,3 +75,40 @@ impl Endpoint {
         self.state.render(&self.who)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    /// What `%gpumem metrics on 127.0.0.1:0` then a cell do: the endpoint serves the cell's
+    /// record; `off` stops it and says where it was.
+    #[test]
+    fn the_endpoint_serves_the_latest_record_and_stops() {
+        let mut e = Endpoint::default();
+        assert_eq!(e.addr(), None);
+        let at = e.start("127.0.0.1:0").unwrap();
+        let rec = CellRecord {
+            cell: 4,
+            status: "ok".into(),
+            allocator: Some(gpumem_nb::notebook::report::AllocatorPart {
+                allocated: gpumem_nb::notebook::report::Span { before: Some(0), after: Some(3 << 20) },
+                ..Default::default()
+            }),
+            child_pid: Some(77),
+            ..Default::default()
+        };
+        e.observe(&rec);
+        let mut c = std::net::TcpStream::connect(at).unwrap();
+        write!(c, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+        let mut got = String::new();
+        c.read_to_string(&mut got).unwrap();
+        assert!(got.contains("source=\"allocator\"} 3145728\n"), "{got}");
+        assert!(got.contains("gpumem_cell{") && got.contains("} 4\n"), "{got}");
+        assert!(got.contains("gpumem_cells_total{") && got.ends_with("# EOF\n"), "{got}");
+        assert_eq!(e.text(), got[got.find("# TYPE").unwrap()..]);
+        assert_eq!(e.stop(), Some(at));
+        assert_eq!(e.stop(), None, "already off");
+        assert!(e.start("127.0.0.1:x").unwrap_err().contains("not an address"));
+    }
+}
