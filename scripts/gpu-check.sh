@@ -6,7 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/gpumem-nb/target}"
 mkdir -p .gpu-bundle
-grep -qx '.gpu-bundle/' .git/info/exclude 2>/dev/null || echo '.gpu-bundle/' >> .git/info/exclude
+exclude="$(git rev-parse --git-path info/exclude)"
+mkdir -p "$(dirname "$exclude")"
+grep -qx '.gpu-bundle/' "$exclude" 2>/dev/null || echo '.gpu-bundle/' >> "$exclude"
 # The test or bench executable that `cargo ARGS... --no-run` builds for target NAME.
 executable() {
   local name=$1

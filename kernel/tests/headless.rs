@@ -105,7 +105,7 @@ fn every_allocation_is_in_the_cell_record() {
         .iter()
         .find_map(|o| o["data"]["text/plain"].as_str().filter(|t| t.starts_with("[")))
         .unwrap_or_default();
-    assert!(line.contains("all allocations +100.00 MiB"), "{line}");
+    assert!(line.contains("all allocations now ") && line.contains("(Δ +100.00 MiB, peak "), "{line}");
     // The export carries it.
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("nb-all");
     let csv = std::fs::read_to_string(dir.join("all.csv")).unwrap();
@@ -158,7 +158,7 @@ fn one_allocator_state_across_cells_and_exact_reports() {
     assert!(
         outputs(&out, 4)
             .iter()
-            .any(|o| o["data"]["text/plain"].as_str().is_some_and(|t| t.contains("allocated -64.00 MiB"))),
+            .any(|o| o["data"]["text/plain"].as_str().is_some_and(|t| t.contains("allocated now 0 B (Δ -64.00 MiB"))),
         "the report line says what the cell freed"
     );
     // History and export (magics-only cell: no report of its own).

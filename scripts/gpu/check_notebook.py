@@ -149,7 +149,8 @@ def main():
             spec = tag[len("site="):]
             func, _, line = spec.partition("@")
             def matches(e):
-                f = e.get("function") or ""
+                # A trait method is named `<candle_core::…::CudaStorage as …>::matmul`.
+                f = (e.get("function") or "").lstrip("<")
                 if not (f.startswith(func) if func.endswith("::") else f == func):
                     return False
                 if line and not no_lines:
