@@ -51,6 +51,22 @@ cargo test --release -p gpumem-kernel -- --test-threads=1
 step "the tour notebook through jupyter_client/nbclient against the installed kernel"
 kernel/tests/run_tour.sh release
 
+# About a minute: Debian's prometheus (installed when missing) scrapes the kernel while a notebook
+# runs; the values it stored equal the cells' records.
+step "the kernel's metrics endpoint scraped by a real Prometheus, values read back through its HTTP API"
+kernel/tests/prometheus.sh release
+
+# Under a minute: a cell starts a worker on the simulated device (`gpumem-demo hold`); its report
+# lists the worker by pid and name, apart from the notebook's own numbers.
+step "child processes: a cell's worker on the simulated device in its report"
+kernel/tests/children.sh release
+
+# A short soak (scripts/soak.sh; the 5,000-cell figures are in BENCHMARKS.md): 100 cells with
+# allocations, drops, temporaries, magics, two panics and a restart; exactly one report per cell, the
+# kernel's RSS bounded, the hooks' p99 flat, and the history keeping 40 cells with the rest summarised.
+step "soak: 100 cells through nbclient on the simulated device"
+GPUMEM_NB_HISTORY_CELLS=40 scripts/soak.sh 100 --assert
+
 # A few minutes with gpumem-nb already built in ~/.cache/gpumem-kernel/evcxr (the kernel's tests
 # above leave it so); screenshots in $CARGO_TARGET_DIR/lab-browser/.
 step "the kernel in a real JupyterLab 4.6.6 in headless Chromium: run all, live line, panic, bad magic, layout, themes"

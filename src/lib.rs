@@ -72,7 +72,7 @@ pub mod plan;
 pub mod replay;
 
 pub use notebook::tracking::top;
-pub use notebook::{mem, scope, tracking};
+pub use notebook::{mem, metrics, scope, tracking};
 
 // The allocator and its PyTorch-named API.
 pub use allocator::{CachingAllocator, OomObserver, PeakSlot};

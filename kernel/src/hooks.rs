@@ -145,6 +145,11 @@ impl Hooks {
         r.connected.is_some()
     }
 
+    /// Keeps the code of the newest `keep` cells only (what a reconnecting child is sent).
+    pub fn trim_codes(&mut self, keep: usize) {
+        crate::retention::trim_map(&mut self.codes, keep);
+    }
+
     /// Notes a cell's code (before it runs) and sends it to the connected child.
     pub fn note_code(&mut self, cell: u64, code: &str) {
         self.codes.insert(cell, code.to_string());
@@ -234,6 +239,7 @@ pub fn record(cell: u64, before: &Before, after: &After) -> CellRecord {
             pid_after: after.pid,
         },
     );
+    rec.children = after.pid.map_or_else(Vec::new, |pid| gpumem_nb::notebook::children::of_tree(pid, &after.nvml));
     rec.hook_us = before.us + after.us;
     rec.oom = after.oom.clone();
     let frameworks_before = if before.pid == after.pid { before.frameworks.as_deref() } else { None };

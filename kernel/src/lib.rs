@@ -9,6 +9,9 @@
 //! - [`magic`]: the `%gpumem` / `%%gpumem` parser; [`complete`]: `is_complete`.
 //! - [`report`]: per-cell records, the report line, history, chart, export.
 //! - [`nvml`]: kernel-side NVML; [`install`]: the kernelspec; [`run`]: headless notebooks.
+//! - [`metrics`]: the OpenMetrics endpoint for Prometheus (`%gpumem metrics on`).
+//! - [`retention`]: how much of a long session is kept (`GPUMEM_NB_HISTORY_CELLS`), the rest
+//!   summarised.
 //! - [`usage`]: the answer to Jupyter's `usage_request` (CPU, memory, GPU memory).
 //! - [`stderr_sync`]: a barrier on the evcxr child's stderr (a cell's panic before its report).
 //! - [`build_dir`]: where evcxr compiles the cells (kept between kernel starts, outside any
@@ -30,8 +33,10 @@ pub mod install;
 pub mod kernel;
 pub mod live;
 pub mod magic;
+pub mod metrics;
 pub mod nvml;
 pub mod report;
+pub mod retention;
 pub mod run;
 pub mod stderr_sync;
 pub mod toolchain;

@@ -87,6 +87,9 @@ pub enum Magic {
     Explain,
     /// `%gpumem export FILE.csv|FILE.json`.
     Export(PathBuf, ExportFormat),
+    /// `%gpumem metrics on [ADDR]` (`Some`, the address as written, may be empty) or
+    /// `%gpumem metrics off` (`None`): the OpenMetrics endpoint for Prometheus.
+    Metrics(Option<String>),
     /// `%gpumem reset`: forget this session's history (not the allocator's state).
     Reset,
     /// `%%gpumem [--timeline] [--snapshot DIR]`: full history for this one cell.
@@ -189,6 +192,12 @@ pub const COMMANDS: &[Command] = &[
         what: "warn when a cell's peak goes over SIZE (e.g. 20GiB, 512MiB, 1.5G)",
     },
     Command { verb: "export", args: "FILE.csv|FILE.json", what: "write the session's per-cell history to a file" },
+    Command {
+        verb: "metrics",
+        args: "on [ADDR]|off",
+        what: "serve every cell's numbers to Prometheus at http://ADDR/metrics (OpenMetrics; default \
+               127.0.0.1:9464, loopback)",
+    },
     Command { verb: "reset", args: "", what: "forget this session's history (the allocator is untouched)" },
     Command {
         verb: "%%gpumem",
@@ -369,6 +378,12 @@ fn parse_line_magic(args: &str) -> Result<Magic, String> {
             _ => Err(format!("`export` takes one file name (got {:?})", rest.join(" "))),
         },
         "record" => parse_record(rest),
+        "metrics" => match rest {
+            ["on"] => Ok(Magic::Metrics(Some(String::new()))),
+            ["on", addr] => gpumem_nb::metrics::parse_addr(addr).map(|_| Magic::Metrics(Some(addr.to_string()))),
+            ["off"] => Ok(Magic::Metrics(None)),
+            _ => Err("`metrics` takes `on [ADDR]` (e.g. `on 127.0.0.1:9464`) or `off`".into()),
+        },
         other => Err(format!("unknown verb `{other}`")),
     }
 }
@@ -501,6 +516,9 @@ mod tests {
             ("%gpumem budget 1.5G", Magic::Budget(Some(3 << 29))),
             ("%gpumem budget 512 MiB", Magic::Budget(Some(512 << 20))),
             ("%gpumem budget off", Magic::Budget(None)),
+            ("%gpumem metrics on", Magic::Metrics(Some(String::new()))),
+            ("%gpumem metrics on 9100", Magic::Metrics(Some("9100".into()))),
+            ("%gpumem metrics off", Magic::Metrics(None)),
             ("%gpumem fit 24GiB", Magic::Fit(24 << 30)),
             ("%gpumem fit 24 GiB", Magic::Fit(24 << 30)),
             ("%gpumem fit 1000000", Magic::Fit(1_000_000)),
@@ -536,6 +554,8 @@ mod tests {
             ("%gpumem budget 0", "use `budget off`"),
             ("%gpumem export history.txt", ".csv or .json"),
             ("%gpumem export", "needs a file name"),
+            ("%gpumem metrics", "`on [ADDR]`"),
+            ("%gpumem metrics on there", "not an address: `there`"),
             ("%gpumem record", "needs `on` or `off`"),
             ("%gpumem record maybe", "not `maybe`"),
             ("%gpumem record on --max-entries", "needs a number"),

@@ -28,6 +28,10 @@ Assertions (exit 1 when one fails):
 - cells tagged `growth=live` / `growth=reserve`: the record warns of a re-run leak that cubecl's
   books put in live tensors / in cubecl's cached reserve; `no-growth`: no re-run leak warning.
 
+- cells tagged `child-process=NAME` (issue 23): the cell printed `worker PID …`; its record's
+  `children` lists that PID, named NAME, from NVML, holding at least 256 MiB, and the notebook's
+  own allocated bytes did not move in that cell; `no-children`: the record lists no child.
+
 --stock (the stock evcxr kernel): a record comes only beside a cell's value, so cells without one
 are listed but not failed (tagged cells end in a value, and must have one), and the warnings
 (re-run leaks) are gpumem-kernel's: growth tags are skipped.
@@ -166,6 +170,19 @@ def main():
             got, want = source_delta(alla, "driver") + source_delta(alla, "pool"), row.get("cubecl_reserved_delta")
             if want is None or abs(got - want) > 2 * MIB:
                 failures.append(f"cell {i} ({first}): tracked driver + pool Δ {got} vs cubecl's reserved Δ {want}")
+        for tag in (t for t in tags if t.startswith("child-process=")):
+            name = tag[len("child-process="):]
+            printed = "".join("".join(o.get("text", "")) for o in outs if o.get("output_type") == "stream").split()
+            pid = int(printed[printed.index("worker") + 1]) if "worker" in printed else None
+            kids = r.get("children") or []
+            row["children"] = kids
+            mine = [k for k in kids if k.get("pid") == pid]
+            if not mine or mine[0].get("name") != name or mine[0].get("source") != "nvml" or mine[0].get("used", 0) < 256 * MIB:
+                failures.append(f"cell {i} ({first}): worker pid {pid} ({name}, NVML, >= 256 MiB) not in children: {kids}")
+            if delta(a.get("allocated")) not in (0, None):
+                failures.append(f"cell {i} ({first}): the notebook's own allocated bytes moved: {delta(a.get('allocated'))}")
+        if "no-children" in tags and r.get("children"):
+            failures.append(f"cell {i} ({first}): children listed after the worker stopped: {r['children']}")
         leak = [w for w in warnings if w.startswith("re-run leak")]
         if not stock:
             for tag in (t for t in tags if t.startswith("growth=")):

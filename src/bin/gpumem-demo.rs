@@ -4,6 +4,11 @@
 //! simulated 80 GiB device) and shows: PyTorch's numbers as a workload allocates and frees,
 //! a peak slot (a scope's own peak), `memory_summary()`, `empty_cache`, an out-of-memory error
 //! explained, and a recorded PyTorch trace replayed.
+//!
+//! `gpumem-demo hold SIZE SECONDS` is a worker instead: it allocates SIZE (`48MiB`) through the
+//! caching allocator on that device, prints `holding SIZE on DEVICE (pid PID)` and waits SECONDS
+//! (or until killed). A notebook that starts it sees it as a child process on the device (on the
+//! simulated device, through the simulated process table).
 
 use gpumem_nb::units::{GIB, MIB, iec};
 use gpumem_nb::{DeviceBuffer, StreamId};
@@ -89,8 +94,28 @@ fn sim_note(alloc: &gpumem_nb::Allocator) -> &'static str {
     if alloc.backend_kind() == gpumem_nb::BackendKind::Cuda { "" } else { ", simulated" }
 }
 
+fn hold(size: &str, seconds: &str) -> gpumem_nb::Result<()> {
+    let bad = |what: &str| gpumem_nb::Error::Setting(format!("gpumem-demo hold SIZE SECONDS: bad {what}"));
+    let bytes = gpumem_nb::units::parse_size(size).ok_or_else(|| bad("SIZE (e.g. 48MiB)"))?;
+    let secs: u64 = seconds.parse().map_err(|_| bad("SECONDS"))?;
+    let alloc = gpumem_nb::current()?;
+    let _held = DeviceBuffer::<u8>::zeros(&alloc, bytes as usize, StreamId::DEFAULT)?;
+    println!("holding {} on device {}{} (pid {})", iec(bytes), alloc.device(), sim_note(&alloc), std::process::id());
+    std::thread::sleep(std::time::Duration::from_secs(secs));
+    Ok(())
+}
+
 fn main() -> ExitCode {
-    match run() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.as_slice() {
+        [] => run(),
+        [cmd, size, secs] if cmd == "hold" => hold(size, secs),
+        _ => {
+            eprintln!("usage: gpumem-demo [hold SIZE SECONDS]");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("gpumem-demo: {e}");

@@ -1,4 +1,4 @@
-//! `gpumem-replay TRACE [--alloc-conf STR] [--device-total SIZE] [--sequence] [--json]
+//! `gpumem-replay TRACE... [--alloc-conf STR] [--device-total SIZE] [--sequence] [--json]
 //! [--snapshot DIR] [--fit SIZE] [--explain]`
 //!
 //! TRACE is a recorded PyTorch allocator trace (`.tsv` / `.tsv.gz`, see `shared/traces`), a
@@ -24,6 +24,11 @@
 //! `--alloc-conf` replaces it (for `--fit`: it is the policy planned under).
 //! `--snapshot DIR` also writes `snapshot.pickle`, `snapshot.json` and `trace_plot.html`.
 //!
+//! Several TRACEs (one per rank of a job: `snapshot_rank0.pickle snapshot_rank1.pickle`, or a
+//! directory holding them) are replayed one after another, each under its own header, then one
+//! line per rank; with `--json`, an array of the objects, each with its `rank` (from the file
+//! name). `--snapshot DIR` then writes into `DIR/rankN`.
+//!
 //! Bad input is one line on stderr naming the file (and line or event), and exit status 2.
 
 use gpumem_nb::replay::fit::{self, Program, RunOptions};
@@ -36,11 +41,15 @@ use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: gpumem-replay TRACE [--alloc-conf STR] [--device-total SIZE] [--sequence] [--json] \
+const USAGE: &str = "usage: gpumem-replay TRACE... [--alloc-conf STR] [--device-total SIZE] [--sequence] [--json] \
                      [--snapshot DIR] [--fit SIZE] [--explain]";
 
+#[derive(Clone)]
 struct Args {
+    /// The trace being replayed now.
     trace: PathBuf,
+    /// Every trace given (one per rank of a job, say), in order.
+    traces: Vec<PathBuf>,
     alloc_conf: Option<String>,
     device_total: Option<u64>,
     json: bool,
@@ -58,6 +67,7 @@ fn size_arg(it: &mut impl Iterator<Item = String>, opt: &str) -> Result<u64, Str
 fn parse_args() -> Result<Args, String> {
     let mut a = Args {
         trace: PathBuf::new(),
+        traces: Vec::new(),
         alloc_conf: None,
         device_total: None,
         json: false,
@@ -66,7 +76,6 @@ fn parse_args() -> Result<Args, String> {
         fit: None,
         explain: false,
     };
-    let mut trace = None;
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         match arg.as_str() {
@@ -80,13 +89,18 @@ fn parse_args() -> Result<Args, String> {
             "-h" | "--help" => return Err(String::new()),
             s if s.starts_with('-') => return Err(format!("unknown option '{s}'")),
             s => {
-                if trace.replace(PathBuf::from(s)).is_some() {
-                    return Err("only one TRACE may be given".into());
+                // A directory of several ranks' snapshots (and no plain one) is each of them.
+                let path = PathBuf::from(s);
+                let ranks = gpumem_nb::snapshot::files::rank_files(&path, "snapshot", "pickle");
+                if path.is_dir() && !path.join("snapshot.pickle").is_file() && ranks.len() > 1 {
+                    a.traces.extend(ranks);
+                } else {
+                    a.traces.push(path);
                 }
             }
         }
     }
-    a.trace = trace.ok_or("missing TRACE")?;
+    a.trace = a.traces.first().cloned().ok_or("missing TRACE")?;
     Ok(a)
 }
 
@@ -140,41 +154,84 @@ fn config(conf: &(String, &'static str)) -> Result<AllocatorConfig, String> {
     AllocatorConfig::parse(&conf.0).map_err(|e| format!("{}: {e}", conf.1))
 }
 
-fn run(args: Args) -> Result<(), String> {
-    let input = load(&args)?;
+/// Replays every trace given: one as before; several (one per rank) each under a header, then
+/// a line per rank (text), or a JSON array of the objects, each with its `rank` (from the file's
+/// name, `snapshot_rank3.pickle`; null when it has none).
+fn run_all(args: Args) -> Result<(), String> {
+    if args.traces.len() == 1 {
+        let (json, text) = run(&args)?;
+        if args.json {
+            println!("{json}");
+        } else {
+            print!("{text}");
+        }
+        return Ok(());
+    }
+    let mut objects = Vec::new();
+    let mut summary = String::from("rank  allocated peak   reserved peak   trace\n");
+    for (i, trace) in args.traces.iter().enumerate() {
+        let rank = gpumem_nb::snapshot::files::rank_of(trace);
+        let mut one = args.clone();
+        one.trace = trace.clone();
+        one.snapshot =
+            args.snapshot.as_ref().map(|d| d.join(rank.map_or(format!("trace-{i}"), |r| format!("rank{r}"))));
+        let (mut json, text) = run(&one)?;
+        json["rank"] = json!(rank);
+        if !args.json {
+            println!("== rank {}: {}", rank.map_or("?".into(), |r| r.to_string()), trace.display());
+            print!("{text}");
+        }
+        let peak = |k: &str| json[k].as_u64().map_or("?".into(), iec);
+        summary += &format!(
+            "{:<5} {:<16} {:<15} {}\n",
+            rank.map_or("?".into(), |r| r.to_string()),
+            peak("allocated_peak"),
+            peak("reserved_peak"),
+            trace.display()
+        );
+        objects.push(json);
+    }
+    if args.json {
+        println!("{}", Value::Array(objects));
+    } else {
+        println!("== every rank (device 0 of each)");
+        print!("{summary}");
+    }
+    Ok(())
+}
+
+fn run(args: &Args) -> Result<(Value, String), String> {
+    let input = load(args)?;
     let mut devices = Vec::new();
     let mut text = Vec::new();
     for trace in &input.rec.devices {
-        let (j, t) = device(&args, &input, trace)?;
+        let (j, t) = device(args, &input, trace)?;
         devices.push(j);
         text.push(t);
     }
-    if args.json {
-        // The first device's numbers at the top (the fixed interface), every device in `devices`.
-        let mut out = json!({
-            "trace": input.path,
-            "input": input.rec.kind.name(),
-            "alloc_conf": input.conf.0,
-            "alloc_conf_source": input.conf.1,
-        });
-        if let (Value::Object(top), Some(Value::Object(first))) = (&mut out, devices.first()) {
-            for (k, v) in first {
-                top.insert(k.clone(), v.clone());
-            }
-        }
-        out["devices"] = Value::Array(devices);
-        println!("{out}");
-    } else {
-        println!("trace           {} ({}, {} device(s))", input.path, input.rec.kind.name(), input.rec.devices.len());
-        println!("alloc conf      {:?} ({})", input.conf.0, input.conf.1);
-        for (trace, t) in input.rec.devices.iter().zip(text) {
-            if input.rec.devices.len() > 1 {
-                println!("-- device {}", trace.device);
-            }
-            print!("{t}");
+    // The first device's numbers at the top (the fixed interface), every device in `devices`.
+    let mut json = json!({
+        "trace": input.path,
+        "input": input.rec.kind.name(),
+        "alloc_conf": input.conf.0,
+        "alloc_conf_source": input.conf.1,
+    });
+    if let (Value::Object(top), Some(Value::Object(first))) = (&mut json, devices.first()) {
+        for (k, v) in first {
+            top.insert(k.clone(), v.clone());
         }
     }
-    Ok(())
+    json["devices"] = Value::Array(devices);
+    let mut out =
+        format!("trace           {} ({}, {} device(s))\n", input.path, input.rec.kind.name(), input.rec.devices.len());
+    out += &format!("alloc conf      {:?} ({})\n", input.conf.0, input.conf.1);
+    for (trace, t) in input.rec.devices.iter().zip(text) {
+        if input.rec.devices.len() > 1 {
+            out += &format!("-- device {}\n", trace.device);
+        }
+        out += &t;
+    }
+    Ok((json, out))
 }
 
 /// Replays (and plans, explains) one device; its JSON object and its text.
@@ -496,7 +553,7 @@ fn main() -> ExitCode {
             eprintln!("gpumem-replay: {e}\n{USAGE}");
             ExitCode::from(2)
         }
-        Ok(args) => match run(args) {
+        Ok(args) => match run_all(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("gpumem-replay: {e}");

@@ -21,6 +21,7 @@ mod element;
 pub mod nvml;
 pub mod replay;
 pub mod sim;
+pub mod sim_procs;
 
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)]

@@ -45,6 +45,9 @@ pub struct SimBackend {
     /// Allocations made through the simulated driver: address → requested bytes.
     driver_allocs: HashMap<u64, u64>,
     sink: Option<DriverSink>,
+    /// Whether its use goes into the simulated process table (`sim_procs`): the notebook's
+    /// device, not the many a plan or a test makes.
+    published: bool,
 }
 
 impl SimBackend {
@@ -66,6 +69,20 @@ impl SimBackend {
             next_stream: 0x5000,
             driver_allocs: HashMap::new(),
             sink: None,
+            published: false,
+        }
+    }
+
+    /// Lists this process, with the bytes it holds here, in the simulated process table (what
+    /// NVML's process list is on a GPU: `device::sim_procs`), from now on.
+    pub fn publish_usage(&mut self) {
+        self.published = true;
+        self.publish();
+    }
+
+    fn publish(&self) {
+        if self.published {
+            super::sim_procs::publish(self.device, self.used);
         }
     }
 
@@ -133,6 +150,7 @@ impl SimBackend {
         let rounded = size.div_ceil(GRANULARITY) * GRANULARITY;
         self.return_range(addr, rounded)?;
         self.used -= rounded;
+        self.publish();
         self.report(DriverCall::Free { addr }, "cuMemFree (simulated)", false);
         Ok(())
     }
@@ -194,6 +212,7 @@ impl SimBackend {
             return Err(DeviceError::OutOfMemory);
         }
         self.used += bytes;
+        self.publish();
         Ok(())
     }
 }
@@ -235,6 +254,7 @@ impl Backend for SimBackend {
         }
         self.return_range(addr, size)?;
         self.used -= size;
+        self.publish();
         self.report(DriverCall::Free { addr }, "cuMemFree (simulated)", true);
         Ok(())
     }
@@ -276,6 +296,7 @@ impl Backend for SimBackend {
                 )));
             }
             self.used -= page_size;
+            self.publish();
             self.report(DriverCall::Free { addr: addr + i * page_size }, "cuMemUnmap+cuMemRelease (simulated)", true);
         }
         Ok(())

@@ -35,6 +35,8 @@ pub(crate) struct Shared {
     pub(crate) reports: super::stock::Switches,
     /// The frameworks whose own books every reading includes (`notebook::frameworks`).
     pub(crate) frameworks: super::frameworks::Watched,
+    /// The per-cell records the stock kernel's hooks made, for the metrics endpoint.
+    pub(crate) metrics: super::metrics::Exported,
 }
 
 /// The reference this copy of the crate uses.
@@ -96,6 +98,7 @@ pub(crate) fn shared() -> &'static Shared {
             tracking: super::tracking::Tracking::new(),
             reports: super::stock::Switches::new(),
             frameworks: Default::default(),
+            metrics: Default::default(),
         }));
         publish(s);
         s

@@ -153,7 +153,13 @@ pub fn open_backend(resolved: &Resolved, index: usize) -> Result<AnyBackend> {
         return Err(Error::InvalidArgument(format!("device index {index} is out of range: there is {what}")));
     }
     match resolved {
-        Resolved::Simulated { capacity, .. } => Ok(AnyBackend::Sim(SimBackend::new(0, *capacity))),
+        Resolved::Simulated { capacity, .. } => {
+            // The process's own device: listed in the simulated process table, as NVML lists a
+            // process with a context on a GPU.
+            let mut sim = SimBackend::new(0, *capacity);
+            sim.publish_usage();
+            Ok(AnyBackend::Sim(sim))
+        }
         #[cfg(feature = "cuda")]
         Resolved::Cuda { .. } => match crate::device::cuda::CudaBackend::new(index) {
             Ok(b) => Ok(AnyBackend::Cuda(b)),

@@ -385,6 +385,7 @@ impl Cells {
         rec.status = if run.panicked { "panicked" } else { "ok" }.into();
         rec.wall_ms = wall.as_secs_f64() * 1e3;
         rec.hook_us = p.hook_us + t.elapsed().as_micros() as u64;
+        super::anchor::shared().metrics.observe(&rec);
         Some(Report { line: rec.line(), record: serde_json::to_string(&rec).ok()? })
     }
 }

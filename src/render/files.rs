@@ -20,7 +20,8 @@ pub struct SnapshotFiles {
 impl Snapshot {
     /// Writes `snapshot.pickle`, `snapshot.json` and `trace_plot.html` into `dir` (created if
     /// missing): PyTorch's `torch.cuda.memory._dump_snapshot`, plus the JSON and the offline
-    /// page. An unwritable directory is an error naming the path.
+    /// page. In a process with a rank (`RANK`, else `LOCAL_RANK`) the names carry it:
+    /// `snapshot_rank1.pickle`, `snapshot_rank1.json`, `trace_plot_rank1.html`. An unwritable directory is an error naming the path.
     pub fn save(&self, dir: &Path) -> std::io::Result<SnapshotFiles> {
         write_all(self, dir)
     }
@@ -30,10 +31,11 @@ fn write_all(snapshot: &Snapshot, dir: &Path) -> std::io::Result<SnapshotFiles> 
     let ctx =
         |what: &str, p: &Path, e: std::io::Error| std::io::Error::new(e.kind(), format!("{what} {}: {e}", p.display()));
     std::fs::create_dir_all(dir).map_err(|e| ctx("cannot create directory", dir, e))?;
+    let name = snapshot::files::file_name;
     let files = SnapshotFiles {
-        pickle: dir.join("snapshot.pickle"),
-        json: dir.join("snapshot.json"),
-        html: dir.join("trace_plot.html"),
+        pickle: dir.join(name("snapshot", "pickle")),
+        json: dir.join(name("snapshot", "json")),
+        html: dir.join(name("trace_plot", "html")),
     };
     let write = |p: &Path, bytes: &[u8]| std::fs::write(p, bytes).map_err(|e| ctx("cannot write", p, e));
     write(&files.pickle, &snapshot::pickle::to_bytes(snapshot))?;

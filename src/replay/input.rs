@@ -253,7 +253,7 @@ pub fn read_recording(path: &Path) -> Result<Recording, TraceError> {
     }
     let snap = crate::snapshot::read(path).map_err(|e| TraceError::file(&name, e))?;
     let mut rec = from_snapshot(&snap, &name, TraceStart::Strict)?;
-    if path.is_dir() && path.join("snapshot.pickle").is_file() {
+    if path.is_dir() && crate::snapshot::files::find_in_dir(path, "snapshot", "pickle").is_ok_and(|p| p.is_file()) {
         rec.kind = InputKind::SnapshotPickle;
     } else {
         rec.kind = kind;

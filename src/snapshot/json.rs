@@ -25,10 +25,12 @@ pub fn from_value(v: &Value) -> Result<Snapshot, String> {
 }
 
 /// Reads `snapshot.json` from `path`: the file itself, or the one in a directory written by
+/// `Snapshot::save` (`snapshot_rankN.json` under a rank: `files::find_in_dir`),
 /// `Snapshot::save` (or beside a `snapshot.pickle` named by mistake: the pickle is not read).
 pub fn load(path: &Path) -> std::io::Result<Snapshot> {
     let file = if path.is_dir() {
-        path.join("snapshot.json")
+        super::files::find_in_dir(path, "snapshot", "json")
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?
     } else if path.extension().is_some_and(|e| e == "pickle") {
         path.with_extension("json")
     } else {

@@ -8,6 +8,7 @@
 //! - [`unpickle`]: a reader for the pickles PyTorch's `_dump_snapshot` (and ours) write;
 //!   [`read`] takes any snapshot file or directory.
 //! - [`timeline`]: the running totals after every event, rebuilt from a trace.
+//! - [`files`]: the files' names per rank (`snapshot_rank1.pickle` under `RANK=1`).
 //! - [`diff`]: two states compared allocation by allocation ([`diff()`], [`SnapshotDiff`]).
 //!
 //! The offline HTML page, and writing all three files, are rendering: `crate::render`.
@@ -17,6 +18,7 @@
 //! outside the lock.
 
 pub mod diff;
+pub mod files;
 pub mod json;
 mod model;
 pub mod pickle;
@@ -72,8 +74,8 @@ impl RawSnapshot {
 /// content, not the name. Errors are one line naming the file.
 pub fn read(path: &std::path::Path) -> Result<Snapshot, String> {
     let file = if path.is_dir() {
-        let p = path.join("snapshot.pickle");
-        if p.is_file() { p } else { path.join("snapshot.json") }
+        let p = files::find_in_dir(path, "snapshot", "pickle")?;
+        if p.is_file() { p } else { files::find_in_dir(path, "snapshot", "json")? }
     } else {
         path.to_path_buf()
     };

@@ -63,6 +63,15 @@ struct Library {
     lib_rs: Option<Arc<str>>,
 }
 
+/// At most this many stacks' sites are cached: past it the cache starts again (sites are
+/// recomputed on demand), so a long session's per-cell work on it stays bounded.
+const MAX_CACHED_SITES: usize = 1 << 15;
+
+/// The code of the newest this many cells is kept (gpumem-kernel's history keeps as many by
+/// default): an allocation made in an older cell is still named by function and cell, without a
+/// line.
+const MAX_CELLS: usize = 10_000;
+
 /// Names sites; keeps its caches between calls.
 #[derive(Default)]
 pub(crate) struct Owners {
@@ -152,6 +161,9 @@ impl Owners {
     /// Notes the code of a cell (as its user sees it), for the lines of later sites.
     pub(crate) fn set_cell_code(&mut self, cell: u64, code: &str) {
         self.cells.insert(cell, code.to_string());
+        while self.cells.len() > MAX_CELLS {
+            self.cells.pop_first();
+        }
         // Line maps built without this cell may miss its functions: build them again.
         self.libraries.retain(|_, v| v.map.is_some());
         self.by_stack.retain(|_, s| s.line.is_some() || s.cell.is_none());
@@ -204,6 +216,9 @@ impl Owners {
             return s.clone();
         }
         let s = self.compute(frames, label_cell);
+        if self.by_stack.len() >= MAX_CACHED_SITES {
+            self.by_stack.clear();
+        }
         self.by_stack.insert((frames.clone(), label_cell), s.clone());
         s
     }

@@ -89,9 +89,19 @@ impl Engine {
                     None => self.stream("stdout", "gpumem: budget off"),
                 }
             }
+            Magic::Metrics(Some(addr)) => match self.metrics.start(addr) {
+                Ok(at) => self
+                    .stream("stdout", format!("gpumem: metrics at http://{at}/metrics (OpenMetrics, for Prometheus)")),
+                Err(why) => self.stream("stderr", format!("%gpumem metrics: {why}")),
+            },
+            Magic::Metrics(None) => match self.metrics.stop() {
+                Some(at) => self.stream("stdout", format!("gpumem: metrics endpoint at {at} stopped")),
+                None => self.stream("stdout", "gpumem: metrics endpoint was off"),
+            },
             Magic::Reset => {
                 let n = self.history.cells.len();
                 self.history.cells.clear();
+                self.history.dropped = Default::default();
                 self.stream("stdout", format!("gpumem: forgot {n} cells of history (the allocator is untouched)"));
             }
             Magic::Record { on, max_entries, stacks } => {
@@ -212,6 +222,7 @@ impl Engine {
                     ExportFormat::Csv => self.history.to_csv(),
                     ExportFormat::Json => self.history.to_json(),
                 };
+                let path = &ranked(path);
                 match std::fs::write(path, body) {
                     Ok(()) => self.stream(
                         "stdout",
@@ -354,6 +365,16 @@ fn normalize(p: &Path) -> PathBuf {
         }
     }
     out
+}
+
+/// `FILE` with the process's rank before its extension (`history_rank1.csv` under `RANK=1`),
+/// so that every rank of a job writes its own file; `FILE` itself without a rank.
+fn ranked(path: &std::path::Path) -> std::path::PathBuf {
+    let suffix = gpumem_nb::snapshot::files::rank_suffix();
+    match (path.file_stem().and_then(|s| s.to_str()), path.extension().and_then(|e| e.to_str())) {
+        (Some(stem), Some(ext)) if !suffix.is_empty() => path.with_file_name(format!("{stem}{suffix}.{ext}")),
+        _ => path.to_path_buf(),
+    }
 }
 
 #[cfg(test)]

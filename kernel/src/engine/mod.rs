@@ -198,7 +198,9 @@ pub struct Engine {
     own_declared: bool,
     /// When each cell that ran code ended (the child's pid then, µs since the epoch), for
     /// `%gpumem diff` of cells.
-    cell_ends: std::collections::HashMap<u64, (Option<u32>, i64)>,
+    cell_ends: std::collections::BTreeMap<u64, (Option<u32>, i64)>,
+    /// Every cell's record counted for the metrics endpoint, and the endpoint when it is on.
+    metrics: crate::metrics::Endpoint,
 }
 
 impl Engine {
@@ -253,6 +255,7 @@ impl Engine {
         let mut ctx = evcxr::CommandContext::with_eval_context(eval);
         let child = ctx.process_handle();
         let pump = StreamPump::start(outputs, sink.clone());
+        let (metrics, metrics_notice) = crate::metrics::Endpoint::from_env();
         if let Err(e) = ctx.execute(":load_config --quiet") {
             eprintln!("gpumem-kernel: evcxr startup configuration not loaded: {e}");
         }
@@ -273,12 +276,14 @@ impl Engine {
             notice: notices([
                 crate::build_dir::take_notice().map(|n| format!("gpumem-kernel: {n}")),
                 sysroot.as_deref().and_then(toolchain::rust_src_notice),
+                metrics_notice,
             ]),
             compile: std::env::var_os("EVCXR_TMPDIR")
                 .map(|d| Arc::new(Mutex::new(compile::Watch::new(std::path::Path::new(&d))))),
             own: dep::Own::of_this_build(),
             own_declared: false,
             cell_ends: Default::default(),
+            metrics,
         })
     }
 
@@ -300,6 +305,16 @@ impl Engine {
     /// The control socket's path.
     pub fn control_path(&self) -> PathBuf {
         self.hooks.control().socket_path().to_path_buf()
+    }
+
+    /// Where the metrics endpoint serves, when it is on.
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.metrics.addr()
+    }
+
+    /// What a scrape of the metrics endpoint gets now.
+    pub fn metrics_text(&self) -> String {
+        self.metrics.text()
     }
 
     /// The session's records.
@@ -569,7 +584,13 @@ impl Engine {
             });
         }
         self.history.warn(&mut rec);
+        self.metrics.observe(&rec);
         self.history.cells.push(rec.clone());
+        // A long session keeps its last cells; the rest is summarised (`crate::retention`).
+        let keep = crate::retention::keep();
+        crate::retention::trim(&mut self.history.cells, &mut self.history.dropped, keep);
+        crate::retention::trim_map(&mut self.cell_ends, keep);
+        self.hooks.trim_codes(keep);
 
         // ---- %%gpumem: timeline, snapshot, then the session's own recording setting again
         if let Some((timeline, snap)) = cell_magic {

@@ -13,6 +13,8 @@ pub struct History {
     pub cells: Vec<CellRecord>,
     /// `%gpumem budget`.
     pub budget: Option<u64>,
+    /// The cells no longer kept, summarised (`crate::retention`).
+    pub dropped: crate::retention::Dropped,
 }
 
 impl History {
@@ -131,6 +133,7 @@ impl History {
         }
         // Each source named only where it answered for some cell.
         let mut caption = vec![format!("{} cells this session", self.cells.len())];
+        caption.extend(self.dropped.line());
         if let Some(tracking) = self
             .cells
             .iter()
@@ -223,8 +226,10 @@ impl History {
 
     /// JSON: the records.
     pub fn to_json(&self) -> String {
-        serde_json::to_string_pretty(&serde_json::json!({"budget": self.budget, "cells": self.cells}))
-            .unwrap_or_default()
+        serde_json::to_string_pretty(
+            &serde_json::json!({"budget": self.budget, "dropped": self.dropped, "cells": self.cells}),
+        )
+        .unwrap_or_default()
     }
 }
 

@@ -106,7 +106,7 @@ mod tests {
         assert_eq!(rec.nvml.process.after, Some(2 << 30));
         assert_eq!(rec.nvml.process.before, None, "not comparable across a restart");
         assert_eq!(rec.nvml.others_after, Some(70 << 30));
-        let h = History { cells: vec![], budget: Some(1 << 30) };
+        let h = History { budget: Some(1 << 30), ..Default::default() };
         h.warn(&mut rec);
         let line = rec.line();
         assert!(line.contains("NVIDIA H100"), "{line}");

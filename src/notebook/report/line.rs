@@ -45,6 +45,11 @@ impl CellRecord {
                 quantity("process", self.nvml.process.after, self.nvml.process.delta(), None, "peak")
             ));
         }
+        if !self.children.is_empty() {
+            let total: u64 = self.children.iter().map(|c| c.used).sum();
+            let who: Vec<String> = self.children.iter().map(|c| format!("{} {}", c.name, c.pid)).collect();
+            parts.push(format!("child processes {} ({}; {})", iec(total), who.join(", "), self.children[0].source));
+        }
         if let Some((free, _)) = self.device_free_total() {
             let sim = if self.simulated() && self.nvml.device_free.is_none() { " (simulated)" } else { "" };
             parts.push(format!("device free {}{sim}", iec(free)));

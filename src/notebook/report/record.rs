@@ -302,6 +302,10 @@ pub struct CellRecord {
     /// loaded, the line then says it loads at its first use rather than that it is missing.
     #[serde(default)]
     pub crate_declared: bool,
+    /// The notebook process's own worker processes holding device memory after the cell (by
+    /// pid, with names; NVML, or the simulated process table): not in its own numbers above.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub children: Vec<crate::notebook::children::ChildProcess>,
 }
 
 /// What a cell's live line cost the kernel (see `crate::live`).

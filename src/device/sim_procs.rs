@@ -1,0 +1,167 @@
+//! The simulated device's process table: what NVML's per-process list is on a GPU.
+//!
+//! Every process whose simulated device is the notebook's (the registry's, see
+//! `notebook::registry`) publishes the bytes it holds on it in a small file,
+//! `<dir>/<pid>-<device>`, rewritten whenever that changes; [`processes`] lists them (with each
+//! process's name from `/proc`), dropping the files of processes that are gone. So a notebook
+//! that starts a worker process on the simulated device sees that worker as it would see a CUDA
+//! child through NVML. The directory is `GPUMEM_NB_SIM_PROCS`, else `gpumem-nb-sim-procs` in
+//! the system's temporary directory; processes share it by inheriting the environment.
+
+use std::path::PathBuf;
+
+/// The environment variable naming the table's directory.
+pub const PROCS_VAR: &str = "GPUMEM_NB_SIM_PROCS";
+
+/// One process on the simulated device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SimProcess {
+    /// Its pid.
+    pub pid: u32,
+    /// Its name (`/proc/<pid>/comm`), empty where unknown.
+    pub name: String,
+    /// Bytes it holds on the simulated device (segments, driver allocations, mapped pages).
+    pub used: u64,
+}
+
+/// The table's directory.
+pub fn dir() -> PathBuf {
+    std::env::var_os(PROCS_VAR).map_or_else(|| std::env::temp_dir().join("gpumem-nb-sim-procs"), PathBuf::from)
+}
+
+/// Publishes this process's bytes on simulated device `device` (best effort: a table that
+/// cannot be written leaves the device working, only unlisted).
+pub fn publish(device: i32, used: u64) {
+    let dir = dir();
+    let pid = std::process::id();
+    let file = dir.join(format!("{pid}-{device}"));
+    let tmp = dir.join(format!(".{pid}-{device}.tmp"));
+    let write = || -> std::io::Result<()> {
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(&tmp, used.to_string())?;
+        std::fs::rename(&tmp, &file)
+    };
+    let _ = write();
+}
+
+/// The name of process `pid` (`/proc/<pid>/comm`), empty where unknown.
+pub fn process_name(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm")).map(|s| s.trim().to_string()).unwrap_or_default()
+}
+
+fn alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Every live process on simulated device `device`, by pid; files of processes that are gone
+/// are removed.
+pub fn processes(device: i32) -> Vec<SimProcess> {
+    processes_in(&dir(), device)
+}
+
+/// [`processes`] of the table in `dir`.
+pub fn processes_in(dir: &std::path::Path, device: i32) -> Vec<SimProcess> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let Some(name) = entry.file_name().into_string().ok() else { continue };
+        let Some((pid, dev)) = name.split_once('-') else { continue };
+        let (Ok(pid), Ok(dev)) = (pid.parse::<u32>(), dev.parse::<i32>()) else { continue };
+        if !alive(pid) {
+            let _ = std::fs::remove_file(entry.path());
+            continue;
+        }
+        if dev != device {
+            continue;
+        }
+        let Some(used) = std::fs::read_to_string(entry.path()).ok().and_then(|s| s.trim().parse().ok()) else {
+            continue;
+        };
+        out.push(SimProcess { pid, name: process_name(pid), used });
+    }
+    out.sort_by_key(|p| p.pid);
+    out
+}
+
+/// The processes below `root` in the process tree (children, their children, …), from `/proc`:
+/// each thread's `children` list where the kernel has them (cheap), else every process's parent.
+pub fn descendants(root: u32) -> Vec<u32> {
+    if std::path::Path::new(&format!("/proc/{root}/task/{root}/children")).exists() {
+        let mut found = Vec::new();
+        let mut todo = vec![root];
+        while let Some(p) = todo.pop() {
+            for task in std::fs::read_dir(format!("/proc/{p}/task")).into_iter().flatten().flatten() {
+                let Ok(list) = std::fs::read_to_string(task.path().join("children")) else { continue };
+                for c in list.split_whitespace().filter_map(|c| c.parse::<u32>().ok()) {
+                    found.push(c);
+                    todo.push(c);
+                }
+            }
+        }
+        found.sort_unstable();
+        found.dedup();
+        return found;
+    }
+    descendants_by_parent(root)
+}
+
+fn descendants_by_parent(root: u32) -> Vec<u32> {
+    let mut parent_of = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        // `pid (comm) state ppid …`: the name may hold spaces and parentheses, so after the last ')'.
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+        let Some(ppid) =
+            stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        parent_of.push((pid, ppid));
+    }
+    let mut found = vec![root];
+    let mut i = 0;
+    while i < found.len() {
+        let p = found[i];
+        found.extend(parent_of.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+        i += 1;
+    }
+    found.remove(0);
+    found.sort_unstable();
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_child_process_is_a_descendant_and_named() {
+        let mut child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
+        let pid = child.id();
+        assert!(descendants(std::process::id()).contains(&pid));
+        assert!(descendants_by_parent(std::process::id()).contains(&pid));
+        assert_eq!(process_name(pid), "sleep");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!descendants(std::process::id()).contains(&pid));
+    }
+
+    /// The table round trip, in this process (a device number no other test uses), and a dead
+    /// process's file removed.
+    #[test]
+    fn published_usage_is_listed_and_stale_files_go() {
+        let device = 9_731;
+        publish(device, 12_345);
+        let me = processes(device);
+        let mine = me.iter().find(|p| p.pid == std::process::id()).expect("listed");
+        assert_eq!(mine.used, 12_345);
+        assert!(!mine.name.is_empty());
+        publish(device, 0);
+        assert_eq!(processes(device).iter().find(|p| p.pid == std::process::id()).unwrap().used, 0);
+        // A pid that does not exist (above the kernel's pid_max).
+        let stale = dir().join(format!("{}-{device}", 4_194_400));
+        std::fs::write(&stale, "1").unwrap();
+        assert!(processes(device).iter().all(|p| p.pid != 4_194_400));
+        assert!(!stale.exists(), "removed");
+        let _ = std::fs::remove_file(dir().join(format!("{}-{device}", std::process::id())));
+    }
+}

@@ -1,0 +1,502 @@
+//! The per-cell numbers for Prometheus: the OpenMetrics text of the latest cell record and the
+//! session's counters, and (feature `metrics`) a small HTTP endpoint serving it.
+//!
+//! Every gauge is a field of the latest cell's record (`application/vnd.gpumem.cell+json`),
+//! copied from the same reading, so a scrape and the notebook always agree. Names follow
+//! OpenTelemetry's GPU conventions where one fits (`hw.gpu.memory.usage` and
+//! `hw.gpu.memory.limit`, both in bytes, with `hw.id` and `hw.type="gpu"`), in Prometheus form
+//! (`hw_gpu_memory_usage_bytes`); the rest are `gpumem_*`. Series carry:
+//!
+//! - `hw_id`: the device's UUID from NVML (`GPU-…`); on the simulated device the made-up id
+//!   `sim-N` (N its index), never a real UUID; `cuda-N` when NVML gave none;
+//! - `source`: what measured it (`allocator`, `pool`, `tracked`, `process`, as in the record);
+//! - `host`, `pid` (the process the notebook code runs in) and, when set, `rank` (`RANK`) and
+//!   `local_rank` (`LOCAL_RANK`).
+//!
+//! The counters are the session's: cells executed by status, child restarts, allocation
+//! failures, the hooks' time.
+
+use super::report::CellRecord;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Mutex;
+
+/// The content type of the OpenMetrics text format.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The address served when none is given: loopback, OpenTelemetry's Prometheus exporter port.
+pub const DEFAULT_ADDR: &str = "127.0.0.1:9464";
+
+/// The environment variable that turns the endpoint on at start (`HOST:PORT` or `PORT`).
+pub const METRICS_VAR: &str = "GPUMEM_NB_METRICS";
+
+/// `RANK`, the global rank of a distributed job, when set (`torchrun`, Slurm launchers).
+pub fn rank() -> Option<u32> {
+    std::env::var("RANK").ok()?.trim().parse().ok()
+}
+
+/// `LOCAL_RANK`, the rank on this host, when set.
+pub fn local_rank() -> Option<u32> {
+    std::env::var("LOCAL_RANK").ok()?.trim().parse().ok()
+}
+
+/// Who the series are about, beside the device: host, rank.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Identity {
+    /// The host name.
+    pub host: String,
+    /// `RANK`, when set.
+    pub rank: Option<u32>,
+    /// `LOCAL_RANK`, when set.
+    pub local_rank: Option<u32>,
+}
+
+impl Identity {
+    /// This process's: the kernel's host name, `RANK` and `LOCAL_RANK`.
+    pub fn of_process() -> Identity {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .map(|h| h.trim().to_string())
+            .filter(|h| !h.is_empty())
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .unwrap_or_else(|| "unknown".into());
+        Identity { host, rank: rank(), local_rank: local_rank() }
+    }
+}
+
+/// What the endpoint shows: the latest record and the session's counters.
+#[derive(Clone, Debug, Default)]
+pub struct State {
+    /// The latest cell's record.
+    pub last: Option<CellRecord>,
+    /// Cells executed, by the record's status (`ok`, `error`, `panicked`).
+    pub cells: BTreeMap<String, u64>,
+    /// Cells after which the notebook process was another one.
+    pub restarts: u64,
+    /// Allocation failures the allocator counted, over all cells.
+    pub ooms: u64,
+    /// Time the per-cell hooks took, over all cells, microseconds.
+    pub hook_us: u64,
+}
+
+impl State {
+    /// Counts a cell and keeps its record as the latest.
+    pub fn observe(&mut self, rec: &CellRecord) {
+        *self.cells.entry(rec.status.clone()).or_default() += 1;
+        self.restarts += u64::from(rec.restarted);
+        self.ooms += rec.allocator.as_ref().map_or(0, |a| a.ooms);
+        self.hook_us += rec.hook_us;
+        self.last = Some(rec.clone());
+    }
+}
+
+/// A [`State`] shared between the code that runs cells and the endpoint's thread.
+#[derive(Debug, Default)]
+pub struct Exported(Mutex<State>);
+
+impl Exported {
+    /// Counts a cell (see [`State::observe`]).
+    pub fn observe(&self, rec: &CellRecord) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).observe(rec);
+    }
+
+    /// The OpenMetrics text now.
+    pub fn render(&self, who: &Identity) -> String {
+        render(&self.0.lock().unwrap_or_else(|e| e.into_inner()), who)
+    }
+}
+
+/// The device id of a record: NVML's UUID, else `sim-N` on the simulated device, else `cuda-N`.
+pub fn hw_id(rec: &CellRecord) -> String {
+    let index = rec.allocator.as_ref().map(|a| a.device).or(rec.all_allocations.as_ref().and_then(|a| a.device));
+    let index = index.unwrap_or(0);
+    let simulated = rec.allocator.as_ref().is_some_and(|a| a.backend == crate::BackendKind::Simulated)
+        || rec.sources.device.contains("simulated");
+    match &rec.nvml.uuid {
+        Some(uuid) if !simulated => uuid.clone(),
+        _ if simulated => format!("sim-{index}"),
+        _ => format!("cuda-{index}"),
+    }
+}
+
+/// One metric family being written.
+struct Family<'a> {
+    out: &'a mut String,
+    name: &'static str,
+}
+
+impl Family<'_> {
+    fn sample(&mut self, suffix: &str, labels: &[(&str, String)], value: u64) {
+        let _ = write!(self.out, "{}{suffix}", self.name);
+        if !labels.is_empty() {
+            self.out.push('{');
+            for (i, (k, v)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.out.push(',');
+                }
+                let _ = write!(self.out, "{k}=\"{}\"", escape(v));
+            }
+            self.out.push('}');
+        }
+        let _ = writeln!(self.out, " {value}");
+    }
+}
+
+fn family<'a>(out: &'a mut String, name: &'static str, kind: &str, unit: Option<&str>, help: &str) -> Family<'a> {
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+    if let Some(unit) = unit {
+        let _ = writeln!(out, "# UNIT {name} {unit}");
+    }
+    let _ = writeln!(out, "# HELP {name} {help}");
+    Family { out, name }
+}
+
+/// A label value as OpenMetrics writes it.
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// The OpenMetrics text of `state`, ending with `# EOF`.
+pub fn render(state: &State, who: &Identity) -> String {
+    let mut out = String::new();
+    let mut base: Vec<(&str, String)> = vec![("host", who.host.clone())];
+    if let Some(r) = who.rank {
+        base.push(("rank", r.to_string()));
+    }
+    if let Some(r) = who.local_rank {
+        base.push(("local_rank", r.to_string()));
+    }
+    if let Some(rec) = &state.last {
+        let mut dev = vec![("hw_id", hw_id(rec)), ("hw_type", "gpu".to_string())];
+        dev.extend(base.iter().cloned());
+        if let Some(pid) = rec.child_pid {
+            dev.push(("pid", pid.to_string()));
+        }
+        let with = |source: &str| {
+            let mut l = dev.clone();
+            l.push(("source", source.to_string()));
+            l
+        };
+        let alloc = rec.allocator.as_ref();
+        let pool = rec.pool.as_ref();
+        let all = rec.all_allocations.as_ref().filter(|a| a.is_tracked());
+        let usage = [
+            ("allocator", alloc.and_then(|a| a.allocated.after)),
+            ("pool", pool.and_then(|p| p.used.after)),
+            ("tracked", all.and_then(|a| a.after)),
+            ("process", rec.nvml.process.after),
+        ];
+        let mut f = family(
+            &mut out,
+            "hw_gpu_memory_usage_bytes",
+            "gauge",
+            Some("bytes"),
+            "Device memory in use after the latest cell, by source (the cell record's `after`).",
+        );
+        for (source, v) in usage {
+            if let Some(v) = v {
+                f.sample("", &with(source), v);
+            }
+        }
+        if let Some(total) = rec.crate_device_total.or(rec.nvml.device_total) {
+            let mut f = family(
+                &mut out,
+                "hw_gpu_memory_limit_bytes",
+                "gauge",
+                Some("bytes"),
+                "Size of the device's memory (simulated: the simulated capacity).",
+            );
+            f.sample("", &dev, total);
+        }
+        let reserved =
+            [("allocator", alloc.and_then(|a| a.reserved.after)), ("pool", pool.and_then(|p| p.reserved.after))];
+        if reserved.iter().any(|(_, v)| v.is_some()) {
+            let mut f = family(
+                &mut out,
+                "gpumem_reserved_bytes",
+                "gauge",
+                Some("bytes"),
+                "Device memory reserved after the latest cell (allocator segments, CUDA pool).",
+            );
+            for (source, v) in reserved {
+                if let Some(v) = v {
+                    f.sample("", &with(source), v);
+                }
+            }
+        }
+        let peak = [
+            ("allocator", alloc.map(|a| a.peak_allocated)),
+            ("pool", pool.and_then(|p| p.used_high)),
+            ("tracked", all.and_then(|a| a.peak)),
+        ];
+        if peak.iter().any(|(_, v)| v.is_some()) {
+            let mut f = family(
+                &mut out,
+                "gpumem_cell_peak_bytes",
+                "gauge",
+                Some("bytes"),
+                "The highest use during the latest cell, by source (the record's peaks).",
+            );
+            for (source, v) in peak {
+                if let Some(v) = v {
+                    f.sample("", &with(source), v);
+                }
+            }
+        }
+        let peak_reserved =
+            [("allocator", alloc.map(|a| a.peak_reserved)), ("pool", pool.and_then(|p| p.reserved_high))];
+        if peak_reserved.iter().any(|(_, v)| v.is_some()) {
+            let mut f = family(
+                &mut out,
+                "gpumem_cell_peak_reserved_bytes",
+                "gauge",
+                Some("bytes"),
+                "The highest reservation during the latest cell, by source.",
+            );
+            for (source, v) in peak_reserved {
+                if let Some(v) = v {
+                    f.sample("", &with(source), v);
+                }
+            }
+        }
+        let mut f = family(&mut out, "gpumem_cell", "gauge", None, "The execution count of the latest cell's record.");
+        f.sample("", &base, rec.cell);
+    }
+    let mut f = family(&mut out, "gpumem_cells", "counter", None, "Cells that ran code, by status.");
+    for (status, n) in &state.cells {
+        let mut l = base.clone();
+        l.push(("status", status.clone()));
+        f.sample("_total", &l, *n);
+    }
+    let mut f =
+        family(&mut out, "gpumem_restarts", "counter", None, "Cells after which the notebook process was another one.");
+    f.sample("_total", &base, state.restarts);
+    let mut f = family(&mut out, "gpumem_ooms", "counter", None, "Allocation failures the allocator counted.");
+    f.sample("_total", &base, state.ooms);
+    let mut f =
+        family(&mut out, "gpumem_hook_microseconds", "counter", None, "Time the per-cell hooks took, microseconds.");
+    f.sample("_total", &base, state.hook_us);
+    out.push_str("# EOF\n");
+    out
+}
+
+/// The address in `spec`: `HOST:PORT`, or `PORT` alone (loopback); empty: [`DEFAULT_ADDR`].
+pub fn parse_addr(spec: &str) -> Result<std::net::SocketAddr, String> {
+    let spec = spec.trim();
+    let full = if spec.is_empty() {
+        DEFAULT_ADDR.to_string()
+    } else if spec.parse::<u16>().is_ok() {
+        format!("127.0.0.1:{spec}")
+    } else {
+        spec.to_string()
+    };
+    full.parse().map_err(|_| format!("not an address: `{spec}` (expected PORT or HOST:PORT, e.g. 127.0.0.1:9464)"))
+}
+
+#[cfg(feature = "metrics")]
+pub use server::{Server, serve, serve_with};
+
+#[cfg(feature = "metrics")]
+mod server {
+    use super::*;
+    use std::sync::Arc;
+
+    /// A running endpoint; it stops when dropped (or with [`Server::stop`]).
+    pub struct Server {
+        addr: std::net::SocketAddr,
+        http: Arc<tiny_http::Server>,
+        thread: Option<std::thread::JoinHandle<()>>,
+    }
+
+    impl Server {
+        /// The address it listens on (the port chosen when 0 was asked).
+        pub fn addr(&self) -> std::net::SocketAddr {
+            self.addr
+        }
+
+        /// Stops serving.
+        pub fn stop(mut self) {
+            self.halt();
+        }
+
+        fn halt(&mut self) {
+            self.http.unblock();
+            if let Some(t) = self.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+
+    impl Drop for Server {
+        fn drop(&mut self) {
+            self.halt();
+        }
+    }
+
+    impl std::fmt::Debug for Server {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("Server").field("addr", &self.addr).finish()
+        }
+    }
+
+    /// Serves `text()` at `/metrics` on `addr` (see [`parse_addr`]) from a thread of its own.
+    pub fn serve_with(addr: &str, text: impl Fn() -> String + Send + 'static) -> Result<Server, String> {
+        let want = parse_addr(addr)?;
+        let http =
+            tiny_http::Server::http(want).map_err(|e| format!("metrics endpoint: cannot listen on {want}: {e}"))?;
+        let addr = http.server_addr().to_ip().unwrap_or(want);
+        let http = Arc::new(http);
+        let h = http.clone();
+        let thread = std::thread::Builder::new()
+            .name("gpumem-metrics".into())
+            .spawn(move || {
+                for req in h.incoming_requests() {
+                    let path = req.url().split('?').next().unwrap_or("");
+                    let resp = if path == "/metrics" || path == "/" {
+                        let header =
+                            tiny_http::Header::from_bytes("Content-Type", CONTENT_TYPE).expect("a fixed, valid header");
+                        tiny_http::Response::from_string(text()).with_header(header).boxed()
+                    } else {
+                        tiny_http::Response::from_string("not found: the metrics are at /metrics\n")
+                            .with_status_code(404)
+                            .boxed()
+                    };
+                    let _ = req.respond(resp);
+                }
+            })
+            .map_err(|e| format!("metrics endpoint: no thread: {e}"))?;
+        Ok(Server { addr, http, thread: Some(thread) })
+    }
+
+    /// The stock evcxr kernel's endpoint: serves the per-cell records this process's hooks made
+    /// (`notebook::stock`), on `addr` (`""`: [`DEFAULT_ADDR`], loopback). Keep the returned
+    /// [`Server`] (in a variable of the notebook): dropping it stops the endpoint.
+    pub fn serve(addr: &str) -> Result<Server, String> {
+        let who = Identity::of_process();
+        serve_with(addr, move || crate::notebook::anchor::shared().metrics.render(&who))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::notebook::report::{AllAllocations, AllocatorPart, PoolPart, Span};
+
+    fn record() -> CellRecord {
+        CellRecord {
+            cell: 7,
+            status: "ok".into(),
+            allocator: Some(AllocatorPart {
+                device: 0,
+                backend: crate::BackendKind::Simulated,
+                allocated: Span { before: Some(0), after: Some(512 << 20) },
+                reserved: Span { before: Some(0), after: Some(514 << 20) },
+                peak_allocated: 1 << 30,
+                peak_reserved: 1026 << 20,
+                peak_is_cell: true,
+                ooms: 1,
+                explain: None,
+            }),
+            pool: Some(PoolPart {
+                used: Span { before: Some(0), after: Some(4096) },
+                reserved: Span { before: Some(0), after: Some(2 << 20) },
+                used_high: Some(8192),
+                reserved_high: Some(2 << 20),
+            }),
+            all_allocations: Some(AllAllocations {
+                tracking: "simulated".into(),
+                device: Some(0),
+                before: Some(0),
+                after: Some((514 << 20) + (2 << 20)),
+                peak: Some((1026 << 20) + (2 << 20)),
+                ..Default::default()
+            }),
+            crate_device_total: Some(80 << 30),
+            child_pid: Some(4242),
+            hook_us: 250,
+            ..Default::default()
+        }
+    }
+
+    /// The whole text against a golden file: names, units, labels, escaping, order, `# EOF`.
+    #[test]
+    fn exposition_matches_the_golden_file() {
+        let mut s = State::default();
+        let mut failed = record();
+        failed.cell = 6;
+        failed.status = "panicked".into();
+        failed.restarted = true;
+        s.observe(&failed);
+        s.observe(&record());
+        let who = Identity { host: "node\"1".into(), rank: Some(1), local_rank: Some(0) };
+        let text = render(&s, &who);
+        let golden = include_str!("../../tests/fixtures/metrics/cell.openmetrics");
+        assert_eq!(text, golden, "update tests/fixtures/metrics/cell.openmetrics if the change is meant:\n{text}");
+    }
+
+    #[test]
+    fn every_family_is_typed_once_and_the_text_ends_with_eof() {
+        let mut s = State::default();
+        s.observe(&record());
+        let text = render(&s, &Identity::default());
+        assert!(text.ends_with("# EOF\n"));
+        let types: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("# TYPE ")).collect();
+        let mut names: Vec<&str> = types.iter().map(|t| t.split(' ').next().unwrap()).collect();
+        let n = names.len();
+        names.dedup();
+        assert_eq!(names.len(), n, "{types:?}");
+        for l in text.lines().filter(|l| l.starts_with("# UNIT ")) {
+            let name = l.split(' ').nth(2).unwrap();
+            assert!(name.ends_with("_bytes"), "a unit's name ends with it: {l}");
+        }
+        // Nothing recorded yet: only the counters, all zero.
+        let empty = render(&State::default(), &Identity::default());
+        assert!(!empty.contains("hw_gpu"), "{empty}");
+        assert!(empty.contains("gpumem_restarts_total{host=\"\"} 0"), "{empty}");
+    }
+
+    /// A real HTTP request to the endpoint: status, content type, body; a wrong path is a 404.
+    #[cfg(feature = "metrics")]
+    #[test]
+    fn the_endpoint_serves_the_text_with_its_content_type() {
+        use std::io::{Read, Write};
+        let get = |addr: std::net::SocketAddr, path: &str| {
+            let mut c = std::net::TcpStream::connect(addr).unwrap();
+            write!(c, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+            let mut s = String::new();
+            c.read_to_string(&mut s).unwrap();
+            s
+        };
+        let server = serve_with("127.0.0.1:0", || "a 1\n# EOF\n".to_string()).unwrap();
+        assert!(server.addr().ip().is_loopback() && server.addr().port() != 0);
+        let ok = get(server.addr(), "/metrics");
+        assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+        assert!(ok.contains(&format!("Content-Type: {CONTENT_TYPE}")), "{ok}");
+        assert!(ok.ends_with("a 1\n# EOF\n"), "{ok}");
+        assert!(get(server.addr(), "/other").starts_with("HTTP/1.1 404"));
+        let addr = server.addr();
+        server.stop();
+        // tiny_http's accept thread closes the socket as it winds down: soon, not at once.
+        let t = std::time::Instant::now();
+        while std::net::TcpStream::connect(addr).is_ok() {
+            assert!(t.elapsed() < std::time::Duration::from_secs(5), "still listening after stop");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(serve_with("nowhere", String::new).unwrap_err().contains("not an address"));
+    }
+
+    #[test]
+    fn ids_and_addresses() {
+        let mut r = record();
+        assert_eq!(hw_id(&r), "sim-0");
+        r.allocator.as_mut().unwrap().backend = crate::BackendKind::Cuda;
+        r.nvml.uuid = Some("GPU-abc".into());
+        assert_eq!(hw_id(&r), "GPU-abc");
+        r.nvml.uuid = None;
+        assert_eq!(hw_id(&r), "cuda-0");
+        assert_eq!(parse_addr("").unwrap().to_string(), DEFAULT_ADDR);
+        assert_eq!(parse_addr("9000").unwrap().to_string(), "127.0.0.1:9000");
+        assert_eq!(parse_addr("0.0.0.0:9000").unwrap().to_string(), "0.0.0.0:9000");
+        assert!(parse_addr("localhost:x").unwrap_err().contains("not an address"));
+    }
+}
