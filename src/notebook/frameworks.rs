@@ -155,10 +155,7 @@ mod tests {
         // The list is the process's: another test of this binary reading every framework at the
         // same moment may have asked the hanging reader first, and then this is its second ask.
         let hang = mine[2].error.as_deref();
-        assert!(
-            matches!(hang, Some("no answer in 2 s" | "its previous reading has not answered yet")),
-            "{hang:?}"
-        );
+        assert!(matches!(hang, Some("no answer in 2 s" | "its previous reading has not answered yet")), "{hang:?}");
         assert_eq!(mine[2].device, "hangs");
         // Still busy: no second thread is started for it.
         let again = readings().unwrap();
