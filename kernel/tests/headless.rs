@@ -164,7 +164,7 @@ fn one_allocator_state_across_cells_and_exact_reports() {
     // History and export (magics-only cell: no report of its own).
     assert!(records(&out, 5).is_empty());
     let hist = outputs(&out, 5).iter().find_map(|o| o["data"]["text/html"].as_str()).unwrap();
-    assert!(hist.contains("[2]") && hist.contains("+64.00 MiB") && hist.contains("-64.00 MiB"), "{hist}");
+    assert!(hist.contains("[2]") && hist.contains("+64.00\u{a0}MiB") && hist.contains("-64.00\u{a0}MiB"), "{hist}");
     let csv = std::fs::read_to_string(Path::new(env!("CARGO_TARGET_TMPDIR")).join("nb-state/history.csv")).unwrap();
     assert_eq!(csv.lines().count(), 6, "{csv}");
 }

@@ -185,15 +185,26 @@ fn frames(lines: &[String]) -> Vec<Frame> {
     out
 }
 
-/// The cell crate's own file, as rustc names it in locations.
+/// The cell crate's own file, as rustc names it in locations: `src/lib.rs:L:C`, or with the
+/// build directory in front (`/…/evcxr/src/lib.rs:L:C`) since cells carry line tables.
 fn cell_file_line(at: &str) -> Option<u32> {
-    let rest = at.strip_prefix("src/lib.rs:")?;
+    let rest = cell_relative(at)?.strip_prefix("src/lib.rs:")?;
     rest.split(':').next()?.parse().ok()
+}
+
+/// `at` relative to the cell crate (`src/lib.rs:…`) when it lies in it.
+fn cell_relative(at: &str) -> Option<&str> {
+    if at.starts_with("src/lib.rs:") {
+        return Some(at);
+    }
+    let dir = std::env::var_os("EVCXR_TMPDIR")?;
+    let dir = dir.to_str()?.trim_end_matches('/');
+    at.strip_prefix(dir)?.strip_prefix('/').filter(|r| r.starts_with("src/lib.rs:"))
 }
 
 fn owner(f: &Frame) -> Owner {
     let at = f.at.as_deref().unwrap_or("");
-    if at.starts_with("src/lib.rs:") || f.name.starts_with("run_user_code_") || f.name.starts_with("ctx::") {
+    if cell_relative(at).is_some() || f.name.starts_with("run_user_code_") || f.name.starts_with("ctx::") {
         return Owner::Cell;
     }
     if at.contains("/evcxr-")
