@@ -114,6 +114,14 @@ window.gpumemTest = {
     const k = p && p.sessionContext && p.sessionContext.session && p.sessionContext.session.kernel;
     return k ? k.status : null;
   },
+  replies: [],
+  // Every execute_reply's status, as the kernel sent it (what Run All acts on).
+  watchReplies() {
+    const k = this.panel().sessionContext.session.kernel;
+    k.anyMessage.connect((_, a) => {
+      if (a.direction === 'recv' && a.msg.header.msg_type === 'execute_reply') { this.replies.push(a.msg.content.status); }
+    });
+  },
   tag(el) { if (!el.dataset.gpumemTag) { el.dataset.gpumemTag = String(Math.random()).slice(2); } return el.dataset.gpumemTag; },
   state() {
     return this.cells().map((c, i) => {
@@ -276,6 +284,7 @@ def main():
             180)
         js(JS)
         wait("the kernel to be idle", lambda: js("return gpumemTest.kernelStatus()") == "idle", 180)
+        js("gpumemTest.watchReplies()")
         print(f"JupyterLab up, kernel idle after {time.monotonic() - t0:.1f} s")
         shot = lambda name: driver.save_screenshot(os.path.join(out, name))  # noqa: E731
 
@@ -346,6 +355,10 @@ def main():
               "evcxr's and the kernel's frames are folded away", tb)
         check(not any(o["output_type"] == "stream" and "panicked" in o.get("text", "") for o in model),
               "no raw panic text on stderr", model)
+        replies = js("return gpumemTest.replies.slice()")
+        check(replies[:PANIC] == ["ok"] * PANIC and replies[PANIC:PANIC + 1] == ["error"]
+              and all(r == "aborted" for r in replies[PANIC + 1:]),
+              "execute_reply: ok for each cell before the panic, error for the panic, aborted after it", replies)
         for i in (AFTER, BAD):
             check(st[i]["count"] is None and not st[i]["outputs"], f"cell {i + 1} did not run (Run All stopped at the panic)", st[i])
 
@@ -365,6 +378,8 @@ def main():
         wait("the kernel to be idle", lambda: js("return gpumemTest.kernelStatus()") == "idle", 60)
         st = js("return gpumemTest.state()")
         model = st[BAD]["model"]
+        check(js("return gpumemTest.replies.slice(-1)[0]") == "error", "execute_reply: error for the bad magic",
+              js("return gpumemTest.replies.slice()"))
         check([o["output_type"] for o in model] == ["error"] and model[0]["ename"] == "UsageError"
               and "unknown verb `nonsense`" in model[0]["evalue"], "the bad magic is one error, no report", model)
         check(js("return gpumemTest.cells()[arguments[0]].model.executionCount", AFTER) is None,

@@ -134,6 +134,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg_attr(miri, ignore = "Miri cannot start processes")]
     fn a_child_process_is_a_descendant_and_named() {
         let mut child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
         let pid = child.id();
