@@ -45,9 +45,9 @@ pub struct SimBackend {
     /// Allocations made through the simulated driver: address → requested bytes.
     driver_allocs: HashMap<u64, u64>,
     sink: Option<DriverSink>,
-    /// Whether its use goes into the simulated process table (`sim_procs`): the notebook's
-    /// device, not the many a plan or a test makes.
-    published: bool,
+    /// Its row in the simulated process table (`sim_procs`), once its use is published: the
+    /// notebook's device, not the many a plan or a test makes.
+    published: Option<super::sim_procs::Row>,
 }
 
 impl SimBackend {
@@ -69,20 +69,22 @@ impl SimBackend {
             next_stream: 0x5000,
             driver_allocs: HashMap::new(),
             sink: None,
-            published: false,
+            published: None,
         }
     }
 
     /// Lists this process, with the bytes it holds here, in the simulated process table (what
     /// NVML's process list is on a GPU: `device::sim_procs`), from now on.
     pub fn publish_usage(&mut self) {
-        self.published = true;
+        if self.published.is_none() {
+            self.published = super::sim_procs::Row::open(self.device);
+        }
         self.publish();
     }
 
     fn publish(&self) {
-        if self.published {
-            super::sim_procs::publish(self.device, self.used);
+        if let Some(row) = &self.published {
+            row.publish(self.used);
         }
     }
 

@@ -29,19 +29,52 @@ pub fn dir() -> PathBuf {
     std::env::var_os(PROCS_VAR).map_or_else(|| std::env::temp_dir().join("gpumem-nb-sim-procs"), PathBuf::from)
 }
 
-/// Publishes this process's bytes on simulated device `device` (best effort: a table that
-/// cannot be written leaves the device working, only unlisted).
+/// This process's row of the table for one simulated device: its file, kept open, rewritten in
+/// place by one positioned write of a fixed-width number whenever the bytes change (a write per
+/// allocation costs about a microsecond; a new file and a rename each time cost over 100).
+#[derive(Clone, Debug)]
+pub struct Row {
+    file: std::sync::Arc<std::fs::File>,
+}
+
+impl Row {
+    /// Creates (or takes over) this process's file for `device`; `None` when the table cannot be
+    /// written (the device then works, unlisted).
+    pub fn open(device: i32) -> Option<Row> {
+        let dir = dir();
+        std::fs::create_dir_all(&dir).ok()?;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join(format!("{}-{device}", std::process::id())))
+            .ok()?;
+        Some(Row { file: std::sync::Arc::new(file) })
+    }
+
+    /// Publishes `used` bytes (best effort). The text always has the same width, so a reader
+    /// never sees a longer old number's tail.
+    pub fn publish(&self, used: u64) {
+        let text = format!("{used:020}\n");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::FileExt;
+            let _ = self.file.write_all_at(text.as_bytes(), 0);
+        }
+        #[cfg(not(unix))]
+        {
+            use std::io::{Seek, SeekFrom, Write};
+            let mut f = &*self.file;
+            let _ = f.seek(SeekFrom::Start(0)).and_then(|_| f.write_all(text.as_bytes()));
+        }
+    }
+}
+
+/// Publishes this process's bytes on simulated device `device` once (best effort).
 pub fn publish(device: i32, used: u64) {
-    let dir = dir();
-    let pid = std::process::id();
-    let file = dir.join(format!("{pid}-{device}"));
-    let tmp = dir.join(format!(".{pid}-{device}.tmp"));
-    let write = || -> std::io::Result<()> {
-        std::fs::create_dir_all(&dir)?;
-        std::fs::write(&tmp, used.to_string())?;
-        std::fs::rename(&tmp, &file)
-    };
-    let _ = write();
+    if let Some(row) = Row::open(device) {
+        row.publish(used);
+    }
 }
 
 /// The name of process `pid` (`/proc/<pid>/comm`), empty where unknown.
