@@ -119,9 +119,14 @@ pub(crate) fn sink(ev: &DriverEvent) {
         }
         _ => 0,
     };
-    let frames = (depth > 0).then(|| frames::capture_depth(depth));
     let now = crate::record::history::now_us();
-    lock(&t.tracker).record(ev, frames, now);
+    if depth > 0 {
+        // The walk stays in this thread's buffer: the books intern it, allocating only for a
+        // stack they have not seen.
+        frames::with_captured(depth, |stack| lock(&t.tracker).record(ev, Some(stack), now));
+    } else {
+        lock(&t.tracker).record(ev, None, now);
+    }
 }
 
 /// Starts tracking for the process, once, as the registry opens its first device

@@ -51,6 +51,18 @@ pub(crate) fn capture_depth(limit: usize) -> Frames {
     })
 }
 
+/// Captures at most `limit` frames (clamped as [`capture_depth`] does) into this thread's buffer
+/// and hands them to `f`, which must not capture a stack itself.
+#[inline(never)]
+pub(crate) fn with_captured<R>(limit: usize, f: impl FnOnce(&[usize]) -> R) -> R {
+    let limit = limit.clamp(1, MAX_FRAMES);
+    SCRATCH.with(|v| {
+        let mut v = v.borrow_mut();
+        super::unwind::capture(limit, &mut v);
+        f(&v)
+    })
+}
+
 thread_local! {
     /// One buffer per thread for the walk, so capturing allocates only the result.
     static SCRATCH: std::cell::RefCell<Vec<usize>> = std::cell::RefCell::new(Vec::with_capacity(MAX_FRAMES));
@@ -176,9 +188,18 @@ impl Symbolizer {
             return Some(m);
         }
         if self.looked_for.insert(addr) {
-            self.modules = super::unwind::module_maps();
+            self.modules = super::unwind::module_maps(&self.modules);
         }
         find(&self.modules)
+    }
+
+    /// The file name of the module a return address lies in (empty when in none), without
+    /// reading its symbols.
+    pub(crate) fn module_name(&mut self, ip: usize) -> Arc<str> {
+        if let Some(r) = self.cache.get(&ip) {
+            return r.module.clone();
+        }
+        self.module(ip.saturating_sub(1)).map_or_else(|| Arc::from(""), |m| m.name)
     }
 
     /// Everything known of one return address (the call instruction before it is looked up).

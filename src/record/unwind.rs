@@ -55,13 +55,20 @@ const CACHES: usize = 8;
 struct ThreadState {
     known: Option<(u64, Arc<Known>)>,
     caches: Box<[Cache; CACHES]>,
+    /// Its recent walks.
+    memo: Memo,
     /// This thread's stack, once asked (`Some(None)`: its bounds cannot be known here).
     stack: Option<Option<machine::Stack>>,
 }
 
 thread_local! {
     static THREAD: RefCell<ThreadState> =
-        RefCell::new(ThreadState { known: None, caches: Box::new(std::array::from_fn(|_| Cache::new())), stack: None });
+        RefCell::new(ThreadState {
+            known: None,
+            caches: Box::new(std::array::from_fn(|_| Cache::new())),
+            memo: Memo::default(),
+            stack: None,
+        });
 }
 
 fn current_known() -> Option<Arc<Known>> {
@@ -163,12 +170,18 @@ pub(crate) struct ModuleMap {
     pub name: Arc<str>,
 }
 
-/// The process's executable file mappings now, sorted by start.
-pub(crate) fn module_maps() -> Vec<ModuleMap> {
+/// The process's executable file mappings now, sorted by start. A mapping `known` (sorted by start) already holds
+/// (same start, same file) is taken from it rather than read again: a long notebook session maps
+/// a library per cell, and only the new ones need their headers read.
+pub(crate) fn module_maps(known: &[ModuleMap]) -> Vec<ModuleMap> {
     let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return Vec::new() };
     let mut out: Vec<ModuleMap> = exec_mappings(&maps)
         .into_iter()
         .filter_map(|m| {
+            let same = known.binary_search_by_key(&m.start, |k| k.start).ok().map(|i| &known[i]);
+            if let Some(k) = same.filter(|k| k.end == m.end && *k.path == *m.path) {
+                return Some(k.clone());
+            }
             let file = std::fs::File::open(&m.path).ok()?;
             let cache = object::ReadCache::new(file);
             let obj = object::File::parse(&cache).ok()?;
@@ -248,7 +261,105 @@ fn cache_of(address: u64) -> usize {
     (address.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - CACHES.trailing_zeros())) as usize
 }
 
-/// framehop's walk, frame by frame; false when it cannot run here (no `/proc`).
+/// What one step of a walk depends on besides the stack words it reads: the frame's address
+/// (and whether it is a return address), and the registers framehop's rules use: on x86_64 the
+/// instruction, stack and frame pointers (its rules and its DWARF evaluation read no other
+/// register), on aarch64 the link register, stack and frame pointers. `[address, ip|lr, sp,
+/// bp|fp]`.
+type Key = [u64; 4];
+
+/// The bit of a key's address that says it is a return address.
+const RETURN_ADDRESS: u64 = 1 << 63;
+
+#[inline(always)]
+fn key_of(address: FrameAddress, regs: &framehop::UnwindRegsNative) -> Key {
+    let a = address.address() ^ if address.is_return_address() { RETURN_ADDRESS } else { 0 };
+    #[cfg(target_arch = "aarch64")]
+    return [a, regs.lr(), regs.sp(), regs.fp()];
+    #[cfg(not(target_arch = "aarch64"))]
+    [a, regs.ip(), regs.sp(), regs.bp()]
+}
+
+/// Whether two states are the same, word by word (an array comparison loads 16 bytes at a time
+/// from a key just stored 8 bytes at a time, and waits for the stores at every frame).
+#[inline(always)]
+fn same(a: &Key, b: &Key) -> bool {
+    ((a[0] ^ b[0]) | (a[1] ^ b[1]) | (a[2] ^ b[2]) | (a[3] ^ b[3])) == 0
+}
+
+/// The frame address of a state.
+#[inline(always)]
+fn address_of(key: &Key) -> FrameAddress {
+    match FrameAddress::from_return_address(key[0] ^ RETURN_ADDRESS) {
+        Some(ra) if key[0] & RETURN_ADDRESS != 0 => ra,
+        _ => FrameAddress::from_instruction_pointer(key[0]),
+    }
+}
+
+/// The registers of a state (those the rules read; see [`Key`]).
+#[inline(always)]
+fn regs_of(key: &Key) -> framehop::UnwindRegsNative {
+    framehop::UnwindRegsNative::new(key[1], key[2], key[3])
+}
+
+/// The most stack words one step may read and still be remembered (framehop's rules read the
+/// return address, the saved frame pointer and the registers a function pops: at most ten).
+const STEP_READS: usize = 10;
+
+/// One step of a walk as it went: the state it started from, the stack words it read (address
+/// and value) and the state it led to, `[return address, registers…]` (all 0: the walk ended
+/// there).
+#[derive(Clone, Copy)]
+struct Step {
+    from: Key,
+    to: Key,
+    /// How many of `reads` it made; above [`STEP_READS`]: too many to remember (never taken).
+    n: u32,
+    /// Bit `k`: read `k` failed (outside the live stack; its value is 0).
+    failed: u32,
+    reads: [(u64, u64); STEP_READS],
+}
+
+impl Step {
+    /// Whether every word this step read reads the same now.
+    #[inline(always)]
+    fn holds(&self, live: &machine::LiveStack<'_>) -> bool {
+        let n = self.n as usize;
+        n <= STEP_READS
+            && self.reads[..n].iter().enumerate().all(|(k, &(a, v))| match live.read(a) {
+                Ok(w) => w == v && self.failed & (1 << k) == 0,
+                Err(()) => self.failed & (1 << k) != 0,
+            })
+    }
+}
+
+/// The recent walks of a thread, a step per position (position `i`: step `i` of the last walk
+/// that went that deep). A step is a pure function of its starting state, the unwind rules
+/// (fixed for a generation of the known modules) and the stack words it reads: a new walk that
+/// reaches a state the memo holds, and finds every word that step read unchanged, takes the
+/// step's result without unwinding. An allocation loop walks the same stack thousands of times:
+/// checking two or three words a frame replaces a rule lookup and its evaluation, and only the
+/// steps that changed are written back (BENCHMARKS.md, "Sites").
+#[derive(Default)]
+struct Memo {
+    generation: u64,
+    steps: Vec<Step>,
+}
+
+impl Memo {
+    /// Step `i` of the walk under way is `step`: kept at position `i` (every later lookup is at
+    /// a position above `i`).
+    #[inline]
+    fn put(&mut self, i: usize, step: &Step) {
+        match self.steps.get_mut(i) {
+            Some(s) => *s = *step,
+            None => self.steps.push(*step),
+        }
+    }
+}
+
+/// framehop's walk, frame by frame, taking the steps of this thread's recent walks where they
+/// still hold; false when it cannot run here (no `/proc`).
 #[inline(always)]
 fn walk(limit: usize, out: &mut Vec<usize>) -> bool {
     let regs = machine::registers();
@@ -266,32 +377,98 @@ fn walk(limit: usize, out: &mut Vec<usize>) -> bool {
             let stack = *t.stack.get_or_insert_with(machine::Stack::current);
             // Reads stay between the walk's stack pointer and the top of this thread's stack;
             // a stack pointer elsewhere (a signal or coroutine stack) takes the portable path.
-            let (Some((_, known)), Some(live)) = (&t.known, stack.as_ref().and_then(|s| s.live_from(regs.sp))) else {
+            let (Some((generation, known)), Some(live)) = (&t.known, stack.as_ref().and_then(|s| s.live_from(regs.sp)))
+            else {
                 return None;
             };
             out.clear();
-            let mut read = |addr: u64| live.read(addr);
             #[cfg(target_arch = "aarch64")]
             let start = framehop::UnwindRegsNative::new(regs.lr, regs.sp, regs.fp);
             #[cfg(not(target_arch = "aarch64"))]
             let start = framehop::UnwindRegsNative::new(regs.pc, regs.sp, regs.fp);
-            let mut unwind_regs = start;
-            let mut address = FrameAddress::from_instruction_pointer(regs.pc);
+            // The walk's state: the frame's address and the registers the rules read (a `Key`;
+            // framehop's register set is made only for a step of its own).
+            let mut key = key_of(FrameAddress::from_instruction_pointer(regs.pc), &start);
             let mut strange = Vec::new();
-            out.push(address.address() as usize);
+            out.push(regs.pc as usize);
+
+            let memo = &mut t.memo;
+            if memo.generation != *generation {
+                memo.generation = *generation;
+                memo.steps.clear();
+            }
+            // The position after the last step taken from the memo (its successor is the first
+            // candidate for the next step).
+            let mut next: Option<usize> = None;
+            // Positions below `p` hold steps whose stack pointer is below the walk's (positions
+            // written by one walk have growing stack pointers).
+            let mut p = 0usize;
+            let mut own = Step { from: [0; 4], to: [0; 4], n: 0, failed: 0, reads: [(0, 0); STEP_READS] };
             while out.len() < limit {
+                let i = out.len() - 1;
+                let found = match next {
+                    Some(q) if q < memo.steps.len() && same(&memo.steps[q].from, &key) => Some(q),
+                    _ => {
+                        p = p.max(i);
+                        while p < memo.steps.len() && memo.steps[p].from[2] < key[2] {
+                            p += 1;
+                        }
+                        (p < memo.steps.len() && same(&memo.steps[p].from, &key)).then_some(p)
+                    }
+                };
+                next = None;
+                if let Some(q) = found {
+                    let s = &memo.steps[q];
+                    if s.holds(&live) {
+                        let to = s.to;
+                        if q != i {
+                            let s = *s;
+                            memo.put(i, &s);
+                        }
+                        next = Some(q + 1);
+                        if to[0] == 0 {
+                            break;
+                        }
+                        out.push(to[0] as usize);
+                        key = [to[0] ^ RETURN_ADDRESS, to[1], to[2], to[3]];
+                        continue;
+                    }
+                }
+                // A step of its own.
+                own.from = key;
+                own.n = 0;
+                own.failed = 0;
+                let mut read = |addr: u64| {
+                    let v = live.read(addr);
+                    if let Some(slot) = own.reads.get_mut(own.n as usize) {
+                        *slot = (addr, v.unwrap_or(0));
+                        if v.is_err() {
+                            own.failed |= 1 << own.n;
+                        }
+                    }
+                    own.n += 1;
+                    v
+                };
+                let address = address_of(&key);
+                let mut unwind_regs = regs_of(&key);
                 let cache = &mut t.caches[cache_of(address.address())];
-                match known.unwinder.unwind_frame(address, &mut unwind_regs, cache, &mut read) {
-                    Ok(Some(ra)) => {
-                        let Some(next) = FrameAddress::from_return_address(ra) else { break };
+                own.to = match known.unwinder.unwind_frame(address, &mut unwind_regs, cache, &mut read) {
+                    Ok(Some(ra)) if ra != 0 => {
                         if !known.holds(ra) && known.unknown.binary_search(&ra).is_err() {
                             strange.push(ra);
                         }
-                        out.push(ra as usize);
-                        address = next;
+                        let mut to = key_of(address, &unwind_regs);
+                        to[0] = ra;
+                        to
                     }
-                    Ok(None) | Err(_) => break,
+                    Ok(_) | Err(_) => [0; 4],
+                };
+                memo.put(i, &own);
+                if own.to[0] == 0 {
+                    break;
                 }
+                out.push(own.to[0] as usize);
+                key = [own.to[0] ^ RETURN_ADDRESS, own.to[1], own.to[2], own.to[3]];
             }
             Some(strange)
         });
@@ -348,6 +525,90 @@ mod tests {
         let tail = &slow[slow.len().saturating_sub(4)..];
         for ra in tail {
             assert!(fast.contains(ra), "{ra:#x} missing from {fast:x?} (portable: {slow:x?})");
+        }
+    }
+
+    /// Captures at the bottom of `depth` nested frames, through one of two leaf functions (two
+    /// paths whose stacks differ in their innermost frames), with or without the thread's memo.
+    #[inline(never)]
+    fn nested(depth: usize, path: bool, limit: usize, memo: bool, out: &mut Vec<usize>) {
+        #[inline(never)]
+        fn leaf_a(limit: usize, memo: bool, out: &mut Vec<usize>) {
+            if !memo {
+                forget_memo();
+            }
+            capture(limit, out);
+            std::hint::black_box(limit);
+        }
+        #[inline(never)]
+        fn leaf_b(limit: usize, memo: bool, out: &mut Vec<usize>) {
+            let pad = std::hint::black_box([limit; 3]);
+            if !memo {
+                forget_memo();
+            }
+            capture(pad[1], out);
+            std::hint::black_box(pad);
+        }
+        if depth == 0 {
+            if path { leaf_a(limit, memo, out) } else { leaf_b(limit, memo, out) }
+        } else {
+            nested(depth - 1, path, limit, memo, out);
+        }
+        std::hint::black_box(depth);
+    }
+
+    fn forget_memo() {
+        THREAD.with(|t| t.borrow_mut().memo.steps.clear());
+    }
+
+    #[test]
+    fn walks_that_reuse_the_last_walk_find_what_a_walk_from_scratch_finds() {
+        // Same stacks again, deeper and shallower ones, the other path, shorter and longer
+        // limits: each walk (which may follow the memo the one before left) equals a walk of
+        // the same stack with no memo.
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut followed_some = false;
+        for i in 0..400 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let (depth, path, limit) = ((x % 9) as usize, (x >> 8) & 1 == 1, [4, 16, 32, 64][(x >> 12) as usize % 4]);
+            // One call site for both walks: their stacks are the same up to the test's frame.
+            let mut walks = [Vec::new(), Vec::new()];
+            let mut before = 0;
+            // (A trip count the compiler cannot see: an unrolled loop has two call sites.)
+            for (k, walk) in walks.iter_mut().enumerate().take(std::hint::black_box(2)) {
+                if k == 1 {
+                    before = THREAD.with(|t| t.borrow().memo.steps.len());
+                }
+                nested(depth, path, limit, k == 0, walk);
+            }
+            let [with, without] = walks;
+            assert_eq!(with, without, "walk {i}: depth {depth}, path {path}, limit {limit}");
+            assert!(with.len() >= 4.min(limit), "{with:x?}");
+            followed_some |= before > 0;
+            // Leave a memo of another stack behind for the next walk, sometimes.
+            if x & 3 == 0 {
+                nested((x % 5) as usize, !path, 64, true, &mut Vec::new());
+            }
+        }
+        assert!(followed_some);
+    }
+
+    #[test]
+    fn the_memo_holds_the_last_walk_step_by_step() {
+        let depths = std::hint::black_box(vec![3, 5, 3, 3]);
+        for &depth in &depths {
+            let mut w = Vec::new();
+            nested(depth, true, 64, true, &mut w);
+            THREAD.with(|t| {
+                let memo = &t.borrow().memo;
+                // Step i led from frame i to frame i + 1.
+                for (i, ra) in w.iter().enumerate().skip(1) {
+                    assert_eq!(memo.steps[i - 1].to[0], *ra as u64, "depth {depth}, step {}", i - 1);
+                }
+                assert!(memo.steps.len() >= w.len() - 1);
+            });
         }
     }
 

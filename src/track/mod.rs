@@ -242,7 +242,7 @@ impl Tracker {
 
     /// Applies one driver event. `frames` is the allocating stack (captured by the caller on
     /// the allocating thread), `time_us` the time.
-    pub(crate) fn record(&mut self, ev: &DriverEvent, frames: Option<Frames>, time_us: i64) {
+    pub(crate) fn record(&mut self, ev: &DriverEvent, frames: Option<&[usize]>, time_us: i64) {
         self.events_seen += 1;
         let label = self.label;
         match ev.call {
@@ -251,7 +251,7 @@ impl Tracker {
             DriverCall::Alloc { size: 0, .. } | DriverCall::Alloc { addr: 0, .. } | DriverCall::Free { addr: 0 } => {}
             DriverCall::Alloc { kind, addr, size, stream } => {
                 let device = if kind.is_host() { None } else { ev.device };
-                let stack = self.stacks.intern(frames.as_ref());
+                let (stack, frames) = self.stacks.intern(frames);
                 let a = TrackedAlloc {
                     addr,
                     size,
@@ -280,7 +280,7 @@ impl Tracker {
                 None => self.untracked_frees += 1,
             },
             DriverCall::Create { handle, size } => {
-                let stack = self.stacks.intern(frames.as_ref());
+                let (stack, frames) = self.stacks.intern(frames);
                 let a = TrackedAlloc {
                     addr: 0,
                     size,

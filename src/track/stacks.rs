@@ -11,6 +11,7 @@ use super::Place;
 use crate::record::frames::Frames;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
 
 /// A fast hasher for stacks and small keys (a multiply-rotate per word, as rustc's FxHasher):
 /// a 32-frame stack hashes in a few dozen nanoseconds where SipHash takes hundreds.
@@ -72,17 +73,19 @@ pub(crate) struct StackBooks {
 }
 
 impl StackBooks {
-    /// The id of a stack (interned on first sight).
+    /// The id of a stack and its shared copy (interned on first sight: a stack seen before
+    /// costs a hash and a comparison, no allocation).
     #[inline]
-    pub(crate) fn intern(&mut self, frames: Option<&Frames>) -> StackId {
-        let Some(f) = frames else { return 0 };
+    pub(crate) fn intern(&mut self, frames: Option<&[usize]>) -> (StackId, Option<Frames>) {
+        let Some(f) = frames else { return (0, None) };
         if let Some(&id) = self.ids.get(f) {
-            return id;
+            return (id, self.stack(id).cloned());
         }
-        self.stacks.push(f.clone());
+        let shared: Frames = Arc::from(f);
+        self.stacks.push(shared.clone());
         let id = self.stacks.len() as StackId;
-        self.ids.insert(f.clone(), id);
-        id
+        self.ids.insert(shared.clone(), id);
+        (id, Some(shared))
     }
 
     /// The stack of an id.
@@ -146,9 +149,11 @@ mod tests {
     fn stacks_are_interned_and_the_peak_composition_is_kept() {
         let mut b = StackBooks::default();
         let (s1, s2): (Frames, Frames) = (Arc::from(&[1usize, 2][..]), Arc::from(&[3usize][..]));
-        let (a, c) = (b.intern(Some(&s1)), b.intern(Some(&s2)));
-        assert_eq!(b.intern(Some(&Arc::from(&[1usize, 2][..]))), a, "same content, same id");
-        assert_eq!((b.intern(None), b.stack(a)), (0, Some(&s1)));
+        let (a, c) = (b.intern(Some(&s1)).0, b.intern(Some(&s2)).0);
+        let (again, shared) = b.intern(Some(&[1usize, 2][..]));
+        assert_eq!(again, a, "same content, same id");
+        assert!(Arc::ptr_eq(&shared.unwrap(), b.stack(a).unwrap()), "the interned copy is shared, not made again");
+        assert_eq!((b.intern(None).0, b.stack(a).map(|f| &f[..])), (0, Some(&s1[..])));
         let d = Some(0);
         b.add(d, (a, 1), 100, true);
         b.add(d, (c, 1), 50, true);
