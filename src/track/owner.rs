@@ -224,13 +224,17 @@ impl Owners {
     }
 
     fn compute(&mut self, frames: &[usize], label_cell: u64) -> Site {
-        let resolved: Vec<Arc<Resolved>> = frames.iter().map(|&ip| self.symbols.resolve(ip)).collect();
-        let start = caller_of(&resolved);
+        // The module of every frame first, from the address alone: CUDA's layers, the C runtime
+        // and other libraries are known by their file name, so only the frames of the program
+        // and of the notebook's cells have their symbols read (a library's symbol table is read
+        // once, and the driver's and cuBLAS's are large).
+        let modules: Vec<Arc<str>> = frames.iter().map(|&ip| self.symbols.module_name(ip)).collect();
+        let start = caller_of(&modules);
         let mut site = Site::default();
         let mut in_cell = false;
         // Owner and function: the first frame outside CUDA, the C runtime and the wrappers.
-        for r in &resolved[start..] {
-            let module = &*r.module;
+        for (&ip, module) in frames.iter().zip(&modules).skip(start) {
+            let module = &**module;
             if is_cuda_layer(module) || is_system(module) {
                 continue;
             }
@@ -240,6 +244,7 @@ impl Owners {
                 break;
             }
             in_cell |= module.starts_with("libcode_");
+            let r = &self.symbols.resolve(ip);
             // The function an address lies in carries its symbol's full path; the frames inlined
             // into it carry only their last segment (`zeros`, from line tables) and are known by
             // their source file: the notebook's own `lib.rs`, or a crate's sources.
@@ -249,6 +254,12 @@ impl Owners {
                 if n.starts_with("{{closure") || n.starts_with("{closure") {
                     // A closure is its enclosing function's code: the next frame out names it.
                     continue;
+                }
+                if n.starts_with("run_user_code_") {
+                    // A cell's body as the symbol table names it (an exported function, without
+                    // its crate; cells built without line tables show nothing inlined into it).
+                    named = Some(format!("{CELL_CRATE}::{n}"));
+                    break;
                 }
                 if is_path(n) {
                     if !is_wrapper(n) && !n.starts_with("0x") {
@@ -281,14 +292,15 @@ impl Owners {
         // Cell and line: the innermost notebook frame; the outermost one too, for `called_from`.
         let mut innermost: Option<(Option<u64>, Option<u32>)> = None;
         let mut outermost: Option<(u64, u32)> = None;
-        for r in &resolved[start..] {
-            if !r.module.starts_with("libcode_") {
+        for (&ip, module) in frames.iter().zip(&modules).skip(start) {
+            if !module.starts_with("libcode_") {
                 continue;
             }
+            let r = &self.symbols.resolve(ip);
             let map = self.library(&r.path).map;
             for f in &r.frames {
                 let own_source = self.in_cell_source(r, f);
-                if !is_cell_code(&f.name) && !own_source {
+                if !is_cell_code(&f.name) && !is_cell_body(&f.name) && !own_source {
                     continue;
                 }
                 let mapped = map.as_ref().filter(|_| own_source).and_then(|m| m.lookup(f.line));
@@ -316,8 +328,8 @@ impl Owners {
     /// Where the caller of the CUDA API starts in a stack (frames before it are ours, CUPTI's
     /// and the driver's): what a snapshot shows of the stack.
     pub(crate) fn caller_index(&mut self, frames: &[usize]) -> usize {
-        let resolved: Vec<Arc<Resolved>> = frames.iter().map(|&ip| self.symbols.resolve(ip)).collect();
-        caller_of(&resolved)
+        let modules: Vec<Arc<str>> = frames.iter().map(|&ip| self.symbols.module_name(ip)).collect();
+        caller_of(&modules)
     }
 
     /// The notebook's frames of a stack, for snapshots: each frame of a cell library mapped to
@@ -355,9 +367,9 @@ impl Owners {
 
 /// Index of the first frame after the first run of CUDA-layer frames (the API's caller), or 0
 /// when the stack has none.
-fn caller_of(resolved: &[Arc<Resolved>]) -> usize {
-    match resolved.iter().position(|r| is_cuda_layer(&r.module)) {
-        Some(first) => first + resolved[first..].iter().take_while(|r| is_cuda_layer(&r.module)).count(),
+fn caller_of(modules: &[Arc<str>]) -> usize {
+    match modules.iter().position(|m| is_cuda_layer(m)) {
+        Some(first) => first + modules[first..].iter().take_while(|m| is_cuda_layer(m)).count(),
         None => 0,
     }
 }
