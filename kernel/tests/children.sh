@@ -12,7 +12,7 @@ cargo build --quiet "${flag[@]}" -p gpumem-kernel
 cargo build --quiet "${flag[@]}" -p gpumem-nb --bin gpumem-demo
 venv="$target/tour-venv"
 if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import nbclient, nbformat, jupyter_client' 2>/dev/null; then
-    python3 -m venv "$venv"
+    python3 -m venv --clear "$venv"
     "$venv/bin/pip" install --quiet jupyter_client nbclient nbformat
 fi
 unset EVCXR_TMPDIR

@@ -24,7 +24,7 @@ fi
 venv="$target/lab-venv"
 pins=(jupyterlab==4.6.6 selenium==4.51.0)
 if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import jupyterlab, selenium; assert jupyterlab.__version__ == "4.6.6" and selenium.__version__ == "4.51.0"' 2>/dev/null; then
-    python3 -m venv "$venv"
+    python3 -m venv --clear "$venv"
     "$venv/bin/pip" install --quiet "${pins[@]}"
 fi
 
