@@ -7,6 +7,7 @@
 //! alloc_bench.cpp, so the GPU bundle lines them up in one run:
 //!
 //!     alloc_pairs [PAIRS [REPEATS]]        (default 200000 7, alloc_bench.cpp's)
+//!     alloc_pairs PAIRS REPEATS mixed      (the mixed workload alone, default policy)
 //!
 //! criterion (`benches/alloc.rs`) measures the same workloads its own way (its warm-up and
 //! sampling run many more pairs, so the mixed state has churned longer); this is the
@@ -75,6 +76,16 @@ fn mixed(alloc: &CachingAllocator<SimBackend>, iters: u64, repeats: usize) -> f6
 
 fn main() {
     let args: Vec<u64> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    // `mixed`: the default policy's mixed workload alone (the interleaved protocol of
+    // scripts/gpu/run.sh alternates it with PyTorch's, process by process).
+    if std::env::args().any(|a| a == "mixed") {
+        let iters = args.first().copied().unwrap_or(200_000).max(1);
+        let repeats = args.get(1).copied().unwrap_or(7).max(1) as usize;
+        let alloc = CachingAllocator::new(SimBackend::new(0, 80 << 30), AllocatorConfig::parse("").unwrap());
+        let ns = mixed(&alloc, iters, repeats);
+        println!("{{\"impl\": \"gpumem_nb\", \"workload\": \"mixed_1000_live\", \"ns_per_pair\": {ns:.1}}}");
+        return;
+    }
     let iters = args.first().copied().unwrap_or(200_000).max(1);
     let repeats = args.get(1).copied().unwrap_or(7).max(1) as usize;
     for (name, conf) in [("gpumem_nb", ""), ("gpumem_nb_compact", "compact:True")] {

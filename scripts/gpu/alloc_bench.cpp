@@ -5,6 +5,8 @@
 // for PyTorch's C++ caching allocator (c10 raw_alloc/raw_delete), cuMemAllocAsync/
 // cuMemFreeAsync on the default stream's pool, and cuMemAlloc/cuMemFree.
 // Prints one JSON object per line: {"impl", "workload", "ns_per_pair" (median of repeats)}.
+//   alloc_bench [ITERS] [REPEATS] [mixed]: with `mixed`, PyTorch's mixed workload alone (the
+//   interleaved protocol of scripts/gpu/run.sh alternates it with gpumem-nb's, process by process).
 //
 // Built on the GPU machine by scripts/gpu/run.sh against the installed torch's headers.
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -17,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -133,6 +136,11 @@ int main(int argc, char** argv) {
     return (void*)p;
   };
   Free sync_f = [](void* p) { check(cuMemFree((CUdeviceptr)p), "cuMemFree"); };
+
+  if (argc > 3 && std::string(argv[3]) == "mixed") {
+    report("pytorch_c10", "mixed_1000_live", mixed(torch_a, torch_f, iters, repeats));
+    return 0;
+  }
 
   const size_t sizes[] = {512, 1 << 20, 64 << 20};
   const char* names[] = {"hot/512", "hot/1048576", "hot/67108864"};

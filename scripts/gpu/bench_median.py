@@ -73,6 +73,30 @@ def main():
         per = "; ".join(f"{fmt(a)}/{fmt(b)}/{fmt(d)}" for a, b, d in zip(t, g + [None] * 9, c + [None] * 9))
         print(f"{w:18s} {fmt(mt):>12s} {fmt(mg):>10s} {str(row['ratio'] or '-'):>6s} {fmt(mc):>10s} "
               f"{str(row['criterion_ratio'] or '-'):>6s}   {per}")
+    # The interleaved mixed pair: per alternation PyTorch's repeat ÷ gpumem-nb's, the median of each
+    # run's ratios, and the median of the three runs (the issue's "in the same run, median of
+    # three runs"); each side's own figures too.
+    inter = {}
+    for r in runs:
+        tp = os.path.join(out_dir, f"mixed_interleaved_torch_run{r}.jsonl")
+        gp = os.path.join(out_dir, f"mixed_interleaved_gpumem_run{r}.jsonl")
+        if not (os.path.exists(tp) and os.path.exists(gp)):
+            continue
+        lines = lambda p: [json.loads(l)["ns_per_pair"] for l in open(p) if l.startswith("{")]
+        t, g = lines(tp), lines(gp)
+        inter[r] = {"pytorch": t, "gpumem": g, "ratios": [round(a / b, 3) for a, b in zip(t, g)]}
+    if inter:
+        run_ratios = [statistics.median(v["ratios"]) for v in inter.values()]
+        print()
+        print("mixed_1000_live interleaved (each alternation: one PyTorch repeat, then one gpumem-nb repeat, "
+              "200,000 pairs each, separate processes)")
+        for r, v in inter.items():
+            print(f"  run {r}: PyTorch {', '.join(f'{x:,.0f}' for x in v['pytorch'])} ns; gpumem-nb "
+                  f"{', '.join(f'{x:,.0f}' for x in v['gpumem'])} ns; ratios {', '.join(f'{x:.2f}' for x in v['ratios'])}; "
+                  f"median {statistics.median(v['ratios']):.2f}")
+        print(f"  median of the runs' ratios: {statistics.median(run_ratios):.2f}")
+        rows.append({"workload": "mixed_1000_live interleaved", "runs": inter,
+                     "run_ratios": run_ratios, "ratio": statistics.median(run_ratios)})
     json.dump(rows, open(os.path.join(out_dir, "bench_median.json"), "w"), indent=1)
 
 

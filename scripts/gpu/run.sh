@@ -34,6 +34,15 @@ for run in 1 2 3; do
   "$B/alloc_pairs" 200000 7 | tee "$OUT/gpumem_pairs_run$run.jsonl"
   "$B/alloc-bench" --bench --warm-up-time 1 --measurement-time 3 2>&1 | grep -E "^(hot|mixed)|time:" | grep -v "%" | tee "$OUT/gpumem_bench_run$run.txt"
 done
+# The mixed pair interleaved: in each of three runs, seven alternations of one PyTorch repeat
+# (its own process) and one gpumem-nb repeat (its own process), so a drift of the host's speed
+# within a run touches both sides alike; each alternation's ratio is kept (bench_median.py).
+for run in 1 2 3; do
+  for k in 1 2 3 4 5 6 7; do
+    LD_LIBRARY_PATH="$TORCH/lib:${LD_LIBRARY_PATH:-}" /tmp/alloc_bench 200000 1 mixed >> "$OUT/mixed_interleaved_torch_run$run.jsonl"
+    "$B/alloc_pairs" 200000 1 mixed >> "$OUT/mixed_interleaved_gpumem_run$run.jsonl"
+  done
+done
 python3 scripts/gpu/bench_median.py "$OUT" | tee "$OUT/bench_median.txt"
 fi
 
