@@ -71,3 +71,47 @@ fn a_recorded_session_replays_with_every_source() {
     drop((weights, keep));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Expandable segments: the allocator maps pages as a segment grows and unmaps them as
+/// `empty_cache` shrinks it (`segment_map` / `segment_unmap`, PyTorch's events), one unmap over
+/// pages that several maps made; the snapshot replays to the session's peaks, event for event.
+#[test]
+fn an_expandable_segments_session_replays_to_its_peaks() {
+    use gpumem_nb::device::sim::SimBackend;
+    use gpumem_nb::{AllocatorConfig, CachingAllocator};
+    let alloc = CachingAllocator::new(
+        SimBackend::new(0, 8 << 30),
+        AllocatorConfig::parse("expandable_segments:True").unwrap(),
+    );
+    alloc.record_memory_history(RecordMode::All, 100_000);
+    let mut live = Vec::new();
+    for (i, mib) in [3u64, 40, 8, 120, 1, 64, 20, 2].into_iter().enumerate() {
+        let a = alloc.malloc(mib * MIB + 512 * i as u64, StreamId::DEFAULT).unwrap();
+        live.push(a.block.unwrap());
+    }
+    // Everything but the 40 MiB block goes; the pages of the rest are unmapped.
+    let kept = live.remove(1);
+    for b in live.drain(..) {
+        alloc.free(b).unwrap();
+    }
+    alloc.empty_cache().unwrap();
+    for mib in [200u64, 30] {
+        live.push(alloc.malloc(mib * MIB, StreamId::DEFAULT).unwrap().block.unwrap());
+    }
+    alloc.free(kept).unwrap();
+    alloc.empty_cache().unwrap();
+    live.push(alloc.malloc(100 * MIB, StreamId::DEFAULT).unwrap().block.unwrap());
+    let snap = alloc.snapshot();
+    let actions: Vec<&str> = snap.device_traces.iter().flatten().map(|e| e.action).collect();
+    assert!(actions.contains(&"segment_map") && actions.contains(&"segment_unmap"), "{actions:?}");
+    let dir = std::env::temp_dir().join(format!("gpumem-own-snapshot-expandable-{}", std::process::id()));
+    let files = snap.save(&dir).unwrap();
+    let got = replay(&files.pickle, &[]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        (got["allocated_peak"].as_u64(), got["reserved_peak"].as_u64()),
+        (Some(alloc.max_memory_allocated()), Some(alloc.max_memory_reserved())),
+        "{got}"
+    );
+    assert_eq!(got["divergences"], 0, "{}", got["first_divergence"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}

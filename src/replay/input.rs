@@ -488,10 +488,21 @@ impl Intervals {
     fn overlaps(&self, a: u64, b: u64) -> bool {
         self.0.range(..b).next_back().is_some_and(|(_, e)| *e > a)
     }
+    /// Adds `[a, b)` (overlapping nothing live), joined with the intervals it touches: an
+    /// expandable segment's pages are mapped by many events and unmapped by one over several.
     fn insert(&mut self, a: u64, b: u64) {
+        let (mut a, mut b) = (a, b);
+        if let Some((s, _)) = self.0.range(..=a).next_back().filter(|(_, e)| **e == a).map(|(s, e)| (*s, *e)) {
+            self.0.remove(&s);
+            a = s;
+        }
+        if let Some(e) = self.0.remove(&b) {
+            b = e;
+        }
         self.0.insert(a, b);
     }
-    /// Removes `[a, b)`, which must lie inside one live interval.
+    /// Removes `[a, b)`, which must lie inside the live memory (one interval, once touching
+    /// ones are joined).
     fn remove(&mut self, a: u64, b: u64) -> bool {
         let Some((s, e)) = self.find(a) else { return false };
         if b > e {
