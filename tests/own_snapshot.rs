@@ -79,10 +79,8 @@ fn a_recorded_session_replays_with_every_source() {
 fn an_expandable_segments_session_replays_to_its_peaks() {
     use gpumem_nb::device::sim::SimBackend;
     use gpumem_nb::{AllocatorConfig, CachingAllocator};
-    let alloc = CachingAllocator::new(
-        SimBackend::new(0, 8 << 30),
-        AllocatorConfig::parse("expandable_segments:True").unwrap(),
-    );
+    let alloc =
+        CachingAllocator::new(SimBackend::new(0, 8 << 30), AllocatorConfig::parse("expandable_segments:True").unwrap());
     alloc.record_memory_history(RecordMode::All, 100_000);
     let mut live = Vec::new();
     for (i, mib) in [3u64, 40, 8, 120, 1, 64, 20, 2].into_iter().enumerate() {
