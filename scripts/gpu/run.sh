@@ -9,7 +9,7 @@ PARTS="${*:-bench history snapshots checks tests track hooks fit}"
 want() { [[ " $PARTS " == *" $1 "* ]]; }
 OUT="${OUT:-$PWD/gpu-out}"
 mkdir -p "$OUT"
-B=.gpu-bundle
+B="${GPUMEM_BUNDLE:-.gpu-bundle}"
 exec > >(tee "$OUT/log.txt") 2>&1
 
 echo "== machine"
