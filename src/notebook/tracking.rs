@@ -122,11 +122,33 @@ pub(crate) fn sink(ev: &DriverEvent) {
     let now = crate::record::history::now_us();
     if depth > 0 {
         // The walk stays in this thread's buffer: the books intern it, allocating only for a
-        // stack they have not seen.
-        frames::with_captured(depth, |stack| lock(&t.tracker).record(ev, Some(stack), now));
+        // stack they have not seen; a walk that repeated this thread's last one (an allocation
+        // loop) takes the id that one got, without hashing the stack again.
+        frames::with_captured(depth, |stack, serial| {
+            let mut tracker = lock(&t.tracker);
+            let interned = LAST_STACK.with(|last| {
+                let mut last = last.borrow_mut();
+                match &*last {
+                    Some((s, id, f)) if *s == serial => (*id, f.clone()),
+                    _ => {
+                        let (id, f) = tracker.intern(stack);
+                        *last = Some((serial, id, f.clone()));
+                        (id, f)
+                    }
+                }
+            });
+            tracker.record(ev, Some(interned), now);
+        });
     } else {
         lock(&t.tracker).record(ev, None, now);
     }
+}
+
+thread_local! {
+    /// This thread's last interned stack: its walk's serial, id and shared copy (the process has
+    /// one set of books, and ids are never reused).
+    static LAST_STACK: std::cell::RefCell<Option<(u64, crate::track::stacks::StackId, Frames)>> =
+        const { std::cell::RefCell::new(None) };
 }
 
 /// Starts tracking for the process, once, as the registry opens its first device

@@ -52,14 +52,15 @@ pub(crate) fn capture_depth(limit: usize) -> Frames {
 }
 
 /// Captures at most `limit` frames (clamped as [`capture_depth`] does) into this thread's buffer
-/// and hands them to `f`, which must not capture a stack itself.
+/// and hands them to `f` with the walk's serial on this thread (equal serials: equal stacks;
+/// `super::unwind::capture`). `f` must not capture a stack itself.
 #[inline(never)]
-pub(crate) fn with_captured<R>(limit: usize, f: impl FnOnce(&[usize]) -> R) -> R {
+pub(crate) fn with_captured<R>(limit: usize, f: impl FnOnce(&[usize], u64) -> R) -> R {
     let limit = limit.clamp(1, MAX_FRAMES);
     SCRATCH.with(|v| {
         let mut v = v.borrow_mut();
-        super::unwind::capture(limit, &mut v);
-        f(&v)
+        let serial = super::unwind::capture(limit, &mut v);
+        f(&v, serial)
     })
 }
 

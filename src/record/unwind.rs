@@ -57,6 +57,9 @@ struct ThreadState {
     caches: Box<[Cache; CACHES]>,
     /// Its recent walks.
     memo: Memo,
+    /// The serial of its last walk ([`capture`]) and what that walk found.
+    serial: u64,
+    last: Vec<usize>,
     /// This thread's stack, once asked (`Some(None)`: its bounds cannot be known here).
     stack: Option<Option<machine::Stack>>,
 }
@@ -67,6 +70,8 @@ thread_local! {
             known: None,
             caches: Box::new(std::array::from_fn(|_| Cache::new())),
             memo: Memo::default(),
+            serial: 0,
+            last: Vec::new(),
             stack: None,
         });
 }
@@ -242,16 +247,28 @@ impl Known {
 }
 
 /// The raw return addresses of the caller's stack, innermost first: at most `limit` of them
-/// (the caller's own frame first, as the portable unwinder gives it).
+/// (the caller's own frame first, as the portable unwinder gives it). Returns the walk's serial
+/// on this thread: the same serial as the thread's previous walk when this one found the same
+/// addresses (so a caller that kept what it made of the previous stack can use it again), a new
+/// one otherwise.
 #[inline(never)]
-pub(crate) fn capture(limit: usize, out: &mut Vec<usize>) {
-    if !machine::SUPPORTED || !walk(limit, out) {
-        out.clear();
-        backtrace::trace(|f| {
-            out.push(f.ip() as usize);
-            out.len() < limit
-        });
+pub(crate) fn capture(limit: usize, out: &mut Vec<usize>) -> u64 {
+    if machine::SUPPORTED
+        && let Some(serial) = walk(limit, out)
+    {
+        return serial;
     }
+    out.clear();
+    backtrace::trace(|f| {
+        out.push(f.ip() as usize);
+        out.len() < limit
+    });
+    THREAD.with(|t| {
+        let t = &mut *t.borrow_mut();
+        t.serial += 1;
+        t.last.clear();
+        t.serial
+    })
 }
 
 /// Which of a thread's rule caches serves a frame at `address` (a multiplicative hash's top bits:
@@ -359,9 +376,9 @@ impl Memo {
 }
 
 /// framehop's walk, frame by frame, taking the steps of this thread's recent walks where they
-/// still hold; false when it cannot run here (no `/proc`).
+/// still hold; its serial ([`capture`]), or `None` when it cannot run here (no `/proc`).
 #[inline(always)]
-fn walk(limit: usize, out: &mut Vec<usize>) -> bool {
+fn walk(limit: usize, out: &mut Vec<usize>) -> Option<u64> {
     let regs = machine::registers();
     for attempt in 0..2 {
         let done = THREAD.with(|t| {
@@ -470,25 +487,31 @@ fn walk(limit: usize, out: &mut Vec<usize>) -> bool {
                 out.push(own.to[0] as usize);
                 key = [own.to[0] ^ RETURN_ADDRESS, own.to[1], own.to[2], own.to[3]];
             }
-            Some(strange)
+            // The same addresses as the last walk: the same serial.
+            if t.serial == 0 || t.last != *out {
+                t.serial += 1;
+                t.last.clone_from(out);
+            }
+            Some((strange, t.serial))
         });
         match done {
-            None => return false,
-            Some(strange) if strange.is_empty() => return true,
-            Some(strange) => {
+            None => return None,
+            Some((strange, serial)) if strange.is_empty() => return Some(serial),
+            Some((strange, serial)) => {
                 // A module loaded since the last look (a new cell's library): read it and walk
                 // again; addresses still in no module are remembered as such.
                 if attempt == 0 && !refresh() {
                     note_unknown(&strange);
-                    return true;
+                    return Some(serial);
                 }
                 if attempt == 1 {
                     note_unknown(&strange);
+                    return Some(serial);
                 }
             }
         }
     }
-    true
+    None
 }
 
 #[cfg(test)]
@@ -519,7 +542,7 @@ mod tests {
         assert!(fast.len() > 8, "{fast:x?}");
         // The fast path itself, not the portable fallback, walked it.
         let mut own = Vec::new();
-        assert!(walk(64, &mut own) && own.len() > 4, "framehop's walk ran: {own:x?}");
+        assert!(walk(64, &mut own).is_some() && own.len() > 4, "framehop's walk ran: {own:x?}");
         // Beyond the first two frames (the two walks start in different functions), every
         // return address of the test thread's bottom is found by both.
         let tail = &slow[slow.len().saturating_sub(4)..];
@@ -531,30 +554,33 @@ mod tests {
     /// Captures at the bottom of `depth` nested frames, through one of two leaf functions (two
     /// paths whose stacks differ in their innermost frames), with or without the thread's memo.
     #[inline(never)]
-    fn nested(depth: usize, path: bool, limit: usize, memo: bool, out: &mut Vec<usize>) {
+    fn nested(depth: usize, path: bool, limit: usize, memo: bool, out: &mut Vec<usize>) -> u64 {
         #[inline(never)]
-        fn leaf_a(limit: usize, memo: bool, out: &mut Vec<usize>) {
+        fn leaf_a(limit: usize, memo: bool, out: &mut Vec<usize>) -> u64 {
             if !memo {
                 forget_memo();
             }
-            capture(limit, out);
+            let serial = capture(limit, out);
             std::hint::black_box(limit);
+            serial
         }
         #[inline(never)]
-        fn leaf_b(limit: usize, memo: bool, out: &mut Vec<usize>) {
+        fn leaf_b(limit: usize, memo: bool, out: &mut Vec<usize>) -> u64 {
             let pad = std::hint::black_box([limit; 3]);
             if !memo {
                 forget_memo();
             }
-            capture(pad[1], out);
+            let serial = capture(pad[1], out);
             std::hint::black_box(pad);
+            serial
         }
-        if depth == 0 {
+        let serial = if depth == 0 {
             if path { leaf_a(limit, memo, out) } else { leaf_b(limit, memo, out) }
         } else {
-            nested(depth - 1, path, limit, memo, out);
-        }
+            nested(depth - 1, path, limit, memo, out)
+        };
         std::hint::black_box(depth);
+        serial
     }
 
     fn forget_memo() {
@@ -610,6 +636,23 @@ mod tests {
                 assert!(memo.steps.len() >= w.len() - 1);
             });
         }
+    }
+
+    #[test]
+    fn a_walk_that_repeats_the_last_one_keeps_its_serial() {
+        let runs =
+            std::hint::black_box(vec![(3, true), (3, true), (5, true), (5, true), (3, true), (3, false), (3, true)]);
+        let (mut serials, mut walks) = (Vec::new(), Vec::new());
+        for &(depth, path) in &runs {
+            let mut w = Vec::new();
+            serials.push(nested(depth, path, 64, true, &mut w));
+            walks.push(w);
+        }
+        for i in 1..runs.len() {
+            assert_eq!(serials[i] == serials[i - 1], walks[i] == walks[i - 1], "walk {i}: {serials:?}");
+        }
+        assert_eq!((serials[0], serials[2]), (serials[1], serials[3]), "repeated walks: {serials:?}");
+        assert!(serials.windows(2).all(|w| w[1] >= w[0]), "serials only grow: {serials:?}");
     }
 
     #[test]

@@ -242,7 +242,13 @@ impl Tracker {
 
     /// Applies one driver event. `frames` is the allocating stack (captured by the caller on
     /// the allocating thread), `time_us` the time.
-    pub(crate) fn record(&mut self, ev: &DriverEvent, frames: Option<&[usize]>, time_us: i64) {
+    /// The id of a stack and its shared copy ([`stacks::StackBooks::intern`]).
+    pub(crate) fn intern(&mut self, frames: &[usize]) -> (stacks::StackId, Frames) {
+        let (id, shared) = self.stacks.intern(Some(frames));
+        (id, shared.unwrap_or_else(|| Frames::from(frames)))
+    }
+
+    pub(crate) fn record(&mut self, ev: &DriverEvent, mut stack: Option<(stacks::StackId, Frames)>, time_us: i64) {
         self.events_seen += 1;
         let label = self.label;
         match ev.call {
@@ -251,7 +257,7 @@ impl Tracker {
             DriverCall::Alloc { size: 0, .. } | DriverCall::Alloc { addr: 0, .. } | DriverCall::Free { addr: 0 } => {}
             DriverCall::Alloc { kind, addr, size, stream } => {
                 let device = if kind.is_host() { None } else { ev.device };
-                let (stack, frames) = self.stacks.intern(frames);
+                let (stack, frames) = stack.take().map_or((0, None), |(id, f)| (id, Some(f)));
                 let a = TrackedAlloc {
                     addr,
                     size,
@@ -280,7 +286,7 @@ impl Tracker {
                 None => self.untracked_frees += 1,
             },
             DriverCall::Create { handle, size } => {
-                let (stack, frames) = self.stacks.intern(frames);
+                let (stack, frames) = stack.take().map_or((0, None), |(id, f)| (id, Some(f)));
                 let a = TrackedAlloc {
                     addr: 0,
                     size,
