@@ -19,6 +19,9 @@ use std::collections::HashMap;
 use std::io::{BufRead, Write};
 use std::sync::Arc;
 
+/// Set (to anything): each reading the hooks ask for prints where its time went, on stderr.
+pub const TIMES_VAR: &str = "GPUMEM_NB_HOOK_TIMES";
+
 pub use super::protocol::CONTROL_VAR;
 
 /// Connects to the kernel if it asked for it and this process has not connected yet.
@@ -165,11 +168,24 @@ impl Session {
     /// The watched frameworks' own numbers come with every reading but the live line's, which
     /// must not wait on a framework's queue.
     fn readings(&self, id: u64, full: Full) -> Reply {
+        let t0 = std::time::Instant::now();
         let slot = |a: &Allocator| self.slots.get(&a.device()).copied();
         let devices = super::registry::opened().iter().map(|a| reading(a, slot(a), full.explain)).collect();
+        let t1 = std::time::Instant::now();
         let status = tracking::status();
         let tracked = status.is_on().then(|| tracking::readings(self.tracked, full.owners));
+        let t2 = std::time::Instant::now();
         let frameworks = if full.frameworks { super::frameworks::readings() } else { None };
+        if std::env::var_os(TIMES_VAR).is_some() {
+            // Where a reading's time goes (BENCHMARKS.md, "Sites"): on stderr, one line a reading.
+            eprintln!(
+                "gpumem-nb reading: devices {} µs, tracked{} {} µs, frameworks {} µs",
+                (t1 - t0).as_micros(),
+                if full.owners { " with owners" } else { "" },
+                (t2 - t1).as_micros(),
+                t2.elapsed().as_micros()
+            );
+        }
         Reply { devices: Some(devices), tracking: Some(status.label()), tracked, frameworks, ..Reply::ok(id) }
     }
 
