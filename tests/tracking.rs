@@ -64,6 +64,12 @@ fn every_allocation_of_the_process_is_counted_per_cell() {
     let top = &a.top[0];
     assert_eq!(top.bytes, 100 * MIB);
     assert!(top.owner.starts_with("tracking::"), "{top:?}");
+    // Its stack was new to the books: the namer thread read its symbols while the cell ran.
+    let threads: Vec<String> = std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .collect();
+    assert!(threads.iter().any(|n| n.trim() == "gpumem-namer"), "{threads:?}");
 
     // A cell makes and drops 300 MiB: no change, and a peak exactly 300 MiB above its start.
     let (b, a) = cell(&mut ch, 2, || drop(a_foreign_library_allocates(300)));

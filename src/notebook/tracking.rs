@@ -86,6 +86,8 @@ pub(crate) struct Tracking {
     /// Frames per stack; 0: no stacks.
     stack_depth: AtomicUsize,
     owners: Mutex<Option<Owners>>,
+    /// Where new stacks go to be named in the background ([`name_in_background`]).
+    namer: std::sync::OnceLock<Option<std::sync::mpsc::Sender<Frames>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -100,6 +102,7 @@ impl Tracking {
             status: Mutex::new(TrackingStatus::NotStarted),
             stack_depth: AtomicUsize::new(STACK_DEPTH),
             owners: Mutex::new(None),
+            namer: std::sync::OnceLock::new(),
         }
     }
 }
@@ -124,23 +127,49 @@ pub(crate) fn sink(ev: &DriverEvent) {
         // The walk stays in this thread's buffer: the books intern it, allocating only for a
         // stack they have not seen; a walk that repeated this thread's last one (an allocation
         // loop) takes the id that one got, without hashing the stack again.
-        frames::with_captured(depth, |stack, serial| {
+        let first_seen = frames::with_captured(depth, |stack, serial| {
             let mut tracker = lock(&t.tracker);
-            let interned = LAST_STACK.with(|last| {
+            let (interned, new) = LAST_STACK.with(|last| {
                 let mut last = last.borrow_mut();
                 match &*last {
-                    Some((s, id, f)) if *s == serial => (*id, f.clone()),
+                    Some((s, id, f)) if *s == serial => ((*id, f.clone()), false),
                     _ => {
-                        let (id, f) = tracker.intern(stack);
+                        let (id, f, new) = tracker.intern(stack);
                         *last = Some((serial, id, f.clone()));
-                        (id, f)
+                        ((id, f), new)
                     }
                 }
             });
+            let first_seen = new.then(|| interned.1.clone());
             tracker.record(ev, Some(interned), now);
+            first_seen
         });
+        if let Some(f) = first_seen {
+            name_in_background(t, f);
+        }
     } else {
         lock(&t.tracker).record(ev, None, now);
+    }
+}
+
+/// Hands a stack the books saw for the first time to the namer thread (started by the first
+/// one), which reads its symbols, line tables and line maps into the owners' caches while the
+/// cell runs: a report then names what is live from the caches (BENCHMARKS.md, "Sites": the
+/// first cell of a large library read at report time cost 24 ms on an H200). Only new stacks
+/// travel, so an allocation loop sends nothing.
+fn name_in_background(t: &'static Tracking, frames: Frames) {
+    let namer = t.namer.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<Frames>();
+        let spawned = std::thread::Builder::new().name("gpumem-namer".into()).spawn(move || {
+            for f in rx {
+                lock(&t.owners).get_or_insert_with(Owners::new).warm(&f);
+            }
+        });
+        // Without the thread (none could start) reports name stacks themselves, as before.
+        spawned.is_ok().then_some(tx)
+    });
+    if let Some(tx) = namer {
+        let _ = tx.send(frames);
     }
 }
 

@@ -252,6 +252,12 @@ impl Symbolizer {
         r
     }
 
+    /// Whether an address has been resolved (and cached).
+    #[cfg(test)]
+    pub(crate) fn is_resolved(&self, ip: usize) -> bool {
+        self.cache.contains_key(&ip)
+    }
+
     fn resolve_ip(&mut self, ip: usize) -> Vec<Frame> {
         self.resolve(ip).frames.clone()
     }

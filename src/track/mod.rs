@@ -242,10 +242,12 @@ impl Tracker {
 
     /// Applies one driver event. `frames` is the allocating stack (captured by the caller on
     /// the allocating thread), `time_us` the time.
-    /// The id of a stack and its shared copy ([`stacks::StackBooks::intern`]).
-    pub(crate) fn intern(&mut self, frames: &[usize]) -> (stacks::StackId, Frames) {
+    /// The id of a stack, its shared copy ([`stacks::StackBooks::intern`]) and whether the books
+    /// saw it for the first time.
+    pub(crate) fn intern(&mut self, frames: &[usize]) -> (stacks::StackId, Frames, bool) {
+        let seen = self.stacks.count();
         let (id, shared) = self.stacks.intern(Some(frames));
-        (id, shared.unwrap_or_else(|| Frames::from(frames)))
+        (id, shared.unwrap_or_else(|| Frames::from(frames)), id as usize > seen)
     }
 
     pub(crate) fn record(&mut self, ev: &DriverEvent, mut stack: Option<(stacks::StackId, Frames)>, time_us: i64) {

@@ -17,7 +17,8 @@
 //! names its cell (the allocation's label).
 //!
 //! Symbols through [`Symbolizer`]; every answer is cached (per address, per stack, per cell
-//! library), and only computed when a report asks, never in the callback.
+//! library), and never computed in the callback: a stack seen for the first time is read in the
+//! background ([`Owners::warm`]), a report names what is live.
 #![forbid(unsafe_code)]
 
 use crate::record::cells::{LineMap, run_number};
@@ -325,6 +326,13 @@ impl Owners {
         site
     }
 
+    /// Reads what naming this stack needs (its modules, the symbols and line tables of the
+    /// program's and the cells' frames, the cells' line maps) into the caches, so that a report
+    /// asking for its site later finds them: done off the report's path, as stacks appear.
+    pub(crate) fn warm(&mut self, frames: &[usize]) {
+        let _ = self.compute(frames, 0);
+    }
+
     /// Where the caller of the CUDA API starts in a stack (frames before it are ours, CUPTI's
     /// and the driver's): what a snapshot shows of the stack.
     pub(crate) fn caller_index(&mut self, frames: &[usize]) -> usize {
@@ -418,5 +426,15 @@ mod tests {
         assert_eq!(o.site(&frames, 0), site, "cached");
         assert_eq!((site.cell, site.line), (None, None), "no notebook here");
         assert_eq!(o.owner(&[]), None);
+    }
+
+    #[test]
+    fn a_warmed_stack_names_the_same_site_from_the_caches() {
+        let frames = caller_of_capture();
+        let mut warmed = Owners::new();
+        warmed.warm(&frames);
+        let read = frames.iter().filter(|&&ip| warmed.symbols.is_resolved(ip)).count();
+        assert!(read > 0, "warming read the program's frames");
+        assert_eq!(warmed.site(&frames, 3), Owners::new().site(&frames, 3));
     }
 }

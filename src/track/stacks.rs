@@ -88,6 +88,11 @@ impl StackBooks {
         (id, Some(shared))
     }
 
+    /// How many stacks the books hold (ids run from 1 to this).
+    pub(crate) fn count(&self) -> usize {
+        self.stacks.len()
+    }
+
     /// The stack of an id.
     pub(crate) fn stack(&self, id: StackId) -> Option<&Frames> {
         id.checked_sub(1).and_then(|i| self.stacks.get(i as usize))
