@@ -219,6 +219,41 @@ fn every_fixture_snapshot_reproduces_pytorchs_peaks() {
     assert!(seen >= 1, "at least the snapshot built from two_streams is committed");
 }
 
+/// Fit planning on the snapshots PyTorch recorded on a GPU (`h100_*`): on a device of PyTorch's
+/// reserved peak the run fits under PyTorch's policy and under compact; 256 MiB under its
+/// allocated peak (half of it, for a peak below 512 MiB) it fails, with the failing request;
+/// compact's smallest device is within 5 % of the allocated peak.
+#[test]
+fn the_gpu_snapshots_fit_at_pytorchs_reserved_peak_under_default_and_compact() {
+    let dir = root().join("tests/fixtures/snapshots");
+    let mut seen = 0;
+    for e in std::fs::read_dir(&dir).unwrap().flatten() {
+        let p = e.path();
+        let name = p.file_name().unwrap().to_string_lossy().to_string();
+        if !(name.starts_with("h100_") && name.ends_with(".pickle")) {
+            continue;
+        }
+        let side: Value = serde_json::from_str(&std::fs::read_to_string(p.with_extension("json")).unwrap()).unwrap();
+        let reserved = side["stats"]["reserved_bytes.all.peak"].as_u64().unwrap();
+        let allocated = side["stats"]["allocated_bytes.all.peak"].as_u64().unwrap();
+        let under = allocated.saturating_sub(256 << 20).max(allocated / 2);
+        for policy in ["", "compact:True"] {
+            let yes = replay_json(&p, &["--fit", &reserved.to_string(), "--alloc-conf", policy]).unwrap();
+            assert_eq!(yes["fits"], true, "{name} {policy:?}: {}", yes["first_failure"]);
+            let no = replay_json(&p, &["--fit", &under.to_string(), "--alloc-conf", policy]).unwrap();
+            assert_eq!(no["fits"], false, "{name} {policy:?}");
+            assert!(no["first_failure"]["size"].as_u64() > Some(0), "{name} {policy:?}");
+            let min = no["min_device_bytes"].as_u64().unwrap();
+            assert!(min <= reserved, "{name} {policy:?}: {min} > PyTorch's reserved peak {reserved}");
+            if policy == "compact:True" {
+                assert!(min as f64 <= 1.05 * allocated as f64, "{name}: compact needs {min} for {allocated}");
+            }
+        }
+        seen += 1;
+    }
+    assert!(seen >= 2, "the snapshots recorded on the GPU are committed");
+}
+
 /// A trace whose beginning is lost (the ring buffer wrapped) is refused in one line naming the
 /// device and the event, whatever was lost; so is a snapshot without a trace.
 #[test]

@@ -72,9 +72,7 @@ fn check(state: &DeviceState) -> Result<(), String> {
         }
         if b.next != NIL {
             let n = arena.get(b.next);
-            // Blocks of one compact arena count for different pools.
-            let same_pool = n.pool == b.pool || compact;
-            if !n.live || n.prev != i || n.addr != b.addr + b.size || n.stream != b.stream || !same_pool {
+            if !n.live || n.prev != i || n.addr != b.addr + b.size || n.stream != b.stream || n.pool != b.pool {
                 return Err(format!("block {i} at {:#x}: broken link to next block {}", b.addr, b.next));
             }
             if b.mapped == n.mapped && mergeable(b) && mergeable(n) {
@@ -99,8 +97,6 @@ fn check(state: &DeviceState) -> Result<(), String> {
             add(&mut active_bytes, b.size as i64);
             add(&mut requested, b.requested_size as i64);
             *live_by_stream.entry(b.stream.0).or_default() += b.size;
-        } else if compact && b.pool != PoolKind::Large {
-            return Err(format!("free block at {:#x} of a compact arena is not in the large pool", b.addr));
         }
         if b.is_expandable() {
             check_pages(&expandable[b.expandable as usize], b)?;

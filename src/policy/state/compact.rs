@@ -1,20 +1,22 @@
 //! `compact:True`: our own policy (not PyTorch's) that keeps PyTorch's API and statistics but
 //! reserves less device memory (issue 13; the evidence is in BENCHMARKS.md, "Replay").
 //!
-//! Memory is 2 MiB physical pages mapped into one address range ("arena") per stream, shared
-//! by small and large requests. Blocks never move, so the fast path and `free` are PyTorch's
-//! own: best fit over the stream's free mapped blocks, split at any 512 B, merge on free, no
-//! device call. The difference is the slow path, when no free block fits: the request goes
+//! Memory is 2 MiB physical pages mapped into one address range ("arena") per stream and pool:
+//! small requests (≤ 1 MiB) and large ones keep apart, as PyTorch keeps its pools, so a small
+//! block never pins a page in the middle of a large free run: large free space stays in whole
+//! pages, which move between arenas of any pool and stream. Blocks never move, so the fast
+//! path and `free` are PyTorch's own: best fit over the stream's free mapped blocks of the
+//! request's pool, split at any 512 B, merge on free, no device call. The difference is the slow path, when no free block fits: the request goes
 //! where it needs the fewest new pages (an unmapped hole, with the free blocks beside it), and
 //! those pages are either created (reserved grows) or taken from whole free pages elsewhere
 //! (unmapped there, mapped here: reserved unchanged). A request that sets a new peak of active
 //! bytes takes pages first; any other grows while reserved stays within `compact_slack_bp` over
 //! that peak, so a warm training loop maps nothing per iteration.
 //!
-//! Blocks of an arena: allocated (or pending stream events), free and mapped (in the large
-//! pool's free set, whatever their size), or unmapped (page aligned at both ends, in the large
-//! pool's unmapped set). A live block's `pool` is its request's (for the per-pool statistics);
-//! each page counts for the pool of the request that mapped it (`ExpandableSegment::pages`).
+//! Blocks of an arena: allocated (or pending stream events), free and mapped (in the arena's
+//! pool's free set, whatever their size), or unmapped (page aligned at both ends, in that pool's
+//! unmapped set). Every block of an arena has the arena's pool, and so do its pages
+//! (`ExpandableSegment::pages`).
 //! As with expandable segments, `reserved` is mapped bytes, `segment` and `inactive_split` stay
 //! 0, and `num_device_alloc` / `num_device_free` count map and unmap calls.
 //!
@@ -54,14 +56,15 @@ impl DeviceState {
         size: u64,
         stream: StreamId,
     ) -> Result<Allocation, AllocError> {
+        let kind = PoolKind::for_size(size);
         for is_retry in [false, true] {
             if is_retry {
                 self.synchronize_and_free_events(dev)?;
                 self.stats.num_alloc_retries += 1;
             }
-            let found = match self.compact_free_block(stream, size) {
+            let found = match self.compact_free_block(kind, stream, size) {
                 Some(id) => Some(id),
-                None => self.compact_alloc_block(dev, stream, size)?,
+                None => self.compact_alloc_block(dev, kind, stream, size)?,
             };
             if let Some(id) = found {
                 let split = self.arena.get(id).size - size >= MIN_BLOCK_SIZE;
@@ -71,10 +74,11 @@ impl DeviceState {
         Err(self.out_of_memory(dev, size, size.div_ceil(PAGE) * PAGE, orig_size, stream))
     }
 
-    /// Best fit among the stream's free mapped blocks (left in the pool).
+    /// Best fit among the stream's free mapped blocks of pool `kind` (left in the pool).
     #[inline]
-    fn compact_free_block(&self, stream: StreamId, size: u64) -> Option<u32> {
-        let (key, id) = self.large.blocks.lower_bound((stream.0, size, 0))?;
+    fn compact_free_block(&self, kind: PoolKind, stream: StreamId, size: u64) -> Option<u32> {
+        let pool = if kind == PoolKind::Small { &self.small } else { &self.large };
+        let (key, id) = pool.blocks.lower_bound((stream.0, size, 0))?;
         (key.0 == stream.0).then_some(id)
     }
 
@@ -90,6 +94,7 @@ impl DeviceState {
     fn compact_alloc_block<B: Backend>(
         &mut self,
         dev: &mut B,
+        kind: PoolKind,
         stream: StreamId,
         size: u64,
     ) -> Result<Option<u32>, DeviceError> {
@@ -100,15 +105,15 @@ impl DeviceState {
         let high = self.compact_high.max(self.stats.active_bytes[0].peak as u64);
         let new_peak = active > high;
         self.compact_high = high.max(active);
-        let place = match self.placement(stream, size) {
+        let place = match self.placement(kind, stream, size) {
             Some(p) => p,
             None => {
-                match self.reserve_range(dev, PoolKind::Large, stream, PAGE, size) {
+                match self.reserve_range(dev, kind, stream, PAGE, size) {
                     Ok(_) => {}
                     Err(DeviceError::OutOfMemory) => return Ok(None),
                     Err(e) => return Err(e),
                 }
-                self.placement(stream, size).expect("a new arena holds the request")
+                self.placement(kind, stream, size).expect("a new arena holds the request")
             }
         };
         let (from, to) = self.pages_in_hole(place.hole, place.pos, size);
@@ -134,16 +139,17 @@ impl DeviceState {
                 return Ok(None);
             }
         }
-        let run = self.mark_mapped(place.hole, from, to, PoolKind::for_size(size));
+        let run = self.mark_mapped(place.hole, from, to, kind);
         Ok(Some(self.split_front(run, place.pos)))
     }
 
-    /// The placement needing the fewest new pages among the stream's unmapped holes: at the
-    /// start of the free run around a hole, or at its end (except in the arena's growing top,
-    /// kept whole). `None` when no hole is large enough.
-    fn placement(&self, stream: StreamId, size: u64) -> Option<Placement> {
+    /// The placement needing the fewest new pages among the unmapped holes of the stream's
+    /// arenas of pool `kind`: at the start of the free run around a hole, or at its end (except
+    /// in an arena's growing top, kept whole). `None` when no hole is large enough.
+    fn placement(&self, kind: PoolKind, stream: StreamId, size: u64) -> Option<Placement> {
         let mut best: Option<Placement> = None;
-        for (_, &hole) in self.large.unmapped.range((stream.0, 0)..).take_while(|(k, _)| k.0 == stream.0) {
+        let pool = if kind == PoolKind::Small { &self.small } else { &self.large };
+        for (_, &hole) in pool.unmapped.range((stream.0, 0)..).take_while(|(k, _)| k.0 == stream.0) {
             let h = self.arena.get(hole);
             let (h0, h1) = (h.addr, h.addr + h.size);
             let before = if self.free_mapped(h.prev) { h.prev } else { NIL };
@@ -176,9 +182,9 @@ impl DeviceState {
         (h.addr + (lo - h.addr) / PAGE * PAGE, h.addr + (hi - h.addr).div_ceil(PAGE) * PAGE)
     }
 
-    /// Unmaps up to `pages` whole free pages of any stream's arenas, largest free blocks first
-    /// (the requesting stream's first among equals, then the lowest address), the highest
-    /// pages of each, never from the blocks in `keep`. Returns the pages unmapped.
+    /// Unmaps up to `pages` whole free pages of any stream's and pool's arenas, largest free
+    /// blocks first (the requesting stream's first among equals, then the lowest address), the
+    /// highest pages of each, never from the blocks in `keep`. Returns the pages unmapped.
     fn reclaim<B: Backend>(
         &mut self,
         dev: &mut B,
@@ -189,10 +195,9 @@ impl DeviceState {
         if pages == 0 {
             return Ok(0);
         }
-        let mut sources: Vec<(std::cmp::Reverse<u64>, bool, u64, u32, u64, u64)> = self
-            .large
-            .blocks
-            .values()
+        let mut free = self.large.blocks.values();
+        free.extend(self.small.blocks.values());
+        let mut sources: Vec<(std::cmp::Reverse<u64>, bool, u64, u32, u64, u64)> = free
             .into_iter()
             .filter(|id| !keep.contains(id))
             .filter_map(|id| {

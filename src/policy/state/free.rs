@@ -133,9 +133,7 @@ impl DeviceState {
         self.trace(TraceAction::FreeCompleted, addr, req, stream, frames);
         let b = self.arena.get_mut(id);
         b.tag = 0;
-        // Under compact every free block is in the large pool's set; the stats keep `pool`.
-        let set_pool = if self.config.compact { PoolKind::Large } else { pool };
-        b.pool = set_pool;
+        let set_pool = pool;
         let mut net_blocks: i64 = 0;
         let mut net_bytes: i64 = 0;
         let mut cur = id;

@@ -256,9 +256,6 @@ impl DeviceState {
         }
         let tag = self.current_tag;
         let b = self.arena.get_mut(id);
-        // Under compact, free blocks sit in one pool; an allocated one counts for its request's.
-        let pool = if self.config.compact { PoolKind::for_size(size) } else { pool };
-        b.pool = pool;
         b.allocated = true;
         b.requested_size = orig_size;
         b.tag = tag;
