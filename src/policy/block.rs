@@ -156,9 +156,8 @@ pub(crate) struct ExpandableSegment {
     pub(crate) base: u64,
     pub(crate) size: u64,
     pub(crate) page: u64,
-    /// Per page: the pool whose reserved bytes count it, `None` while unmapped (an expandable
-    /// segment's pages all count for its pool; a compact arena's for the request that mapped
-    /// them).
+    /// Per page: the pool whose reserved bytes count it (the segment's or arena's own pool),
+    /// `None` while unmapped.
     pub(crate) pages: Vec<Option<PoolKind>>,
     pub(crate) live: bool,
 }

@@ -38,7 +38,7 @@ pub struct AllocatorConfig {
     /// Grow segments by mapping pages into one reserved address range per (stream, pool).
     pub expandable_segments: bool,
     /// Our `compact` policy (not PyTorch's): 2 MiB pages mapped into one address range per
-    /// stream, whole free pages moved to where they are needed. Same API and statistics,
+    /// (stream, pool), whole free pages moved to where they are needed. Same API and statistics,
     /// less reserved memory. `max_split_size_mb` and `max_non_split_rounding_mb` do not apply
     /// (there are no oversize blocks), nor does `garbage_collection_threshold`.
     pub compact: bool,

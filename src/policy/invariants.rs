@@ -41,8 +41,9 @@ fn check(state: &DeviceState) -> Result<(), String> {
     let (arena, small, large, expandable, stats, total_reserved) = state.parts();
     let max_split = state.config().max_split_size;
     let compact = state.config().compact;
-    // Under compact: active bytes per stream (for the granule's lower bound on reserved).
-    let mut live_by_stream: std::collections::BTreeMap<u64, u64> = Default::default();
+    // Under compact: active bytes per (stream, pool), an arena's (for the granule's lower bound
+    // on reserved).
+    let mut live_by_stream: std::collections::BTreeMap<(u64, usize), u64> = Default::default();
     let mergeable = |b: &Block| !b.allocated && b.event_count == 0 && !b.has_uses;
 
     // [all, small, large] recounts
@@ -96,7 +97,7 @@ fn check(state: &DeviceState) -> Result<(), String> {
             add(&mut active, 1);
             add(&mut active_bytes, b.size as i64);
             add(&mut requested, b.requested_size as i64);
-            *live_by_stream.entry(b.stream.0).or_default() += b.size;
+            *live_by_stream.entry((b.stream.0, p)).or_default() += b.size;
         }
         if b.is_expandable() {
             check_pages(&expandable[b.expandable as usize], b)?;
@@ -152,7 +153,7 @@ fn check(state: &DeviceState) -> Result<(), String> {
         }
     }
     if compact {
-        // The 2 MiB granule: a stream's live bytes need at least that many whole pages.
+        // The 2 MiB granule: an arena's live bytes need at least that many whole pages.
         let floor: u64 = live_by_stream.values().map(|v| v.div_ceil(PAGE) * PAGE).sum();
         if total_reserved < floor {
             return Err(format!("reserved {total_reserved} is below the granule's floor {floor}"));
@@ -210,13 +211,17 @@ fn check(state: &DeviceState) -> Result<(), String> {
 }
 
 /// A block of an expandable segment or compact arena agrees with the pages under it: an
-/// unmapped block is whole pages, all unmapped; every page a mapped block touches is mapped.
+/// unmapped block is whole pages, all unmapped; every page a mapped block touches is mapped and
+/// counted for the block's pool (an arena's blocks and pages all have its pool).
 fn check_pages(es: &ExpandableSegment, b: &Block) -> Result<(), String> {
     let (first, last) = (es.page_of(b.addr), es.page_of(b.addr + b.size - 1));
     let pages = &es.pages[first..=last];
     if b.mapped {
         if pages.iter().any(Option::is_none) {
             return Err(format!("mapped block at {:#x} lies on an unmapped page", b.addr));
+        }
+        if pages.iter().any(|p| *p != Some(b.pool)) {
+            return Err(format!("mapped block at {:#x} lies on a page counted for another pool", b.addr));
         }
     } else if !(b.addr - es.base).is_multiple_of(es.page) || !b.size.is_multiple_of(es.page) {
         return Err(format!("unmapped block at {:#x} (+{}) is not whole pages", b.addr, b.size));

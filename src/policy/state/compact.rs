@@ -2,16 +2,16 @@
 //! reserves less device memory (issue 13; the evidence is in BENCHMARKS.md, "Replay").
 //!
 //! Memory is 2 MiB physical pages mapped into one address range ("arena") per stream and pool:
-//! small requests (≤ 1 MiB) and large ones keep apart, as PyTorch keeps its pools, so a small
-//! block never pins a page in the middle of a large free run: large free space stays in whole
-//! pages, which move between arenas of any pool and stream. Blocks never move, so the fast
-//! path and `free` are PyTorch's own: best fit over the stream's free mapped blocks of the
-//! request's pool, split at any 512 B, merge on free, no device call. The difference is the slow path, when no free block fits: the request goes
-//! where it needs the fewest new pages (an unmapped hole, with the free blocks beside it), and
-//! those pages are either created (reserved grows) or taken from whole free pages elsewhere
-//! (unmapped there, mapped here: reserved unchanged). A request that sets a new peak of active
-//! bytes takes pages first; any other grows while reserved stays within `compact_slack_bp` over
-//! that peak, so a warm training loop maps nothing per iteration.
+//! small requests (≤ 1 MiB) and large ones keep apart, as PyTorch keeps its pools, so a small block
+//! never pins a page in the middle of a large free run: large free space stays in whole pages,
+//! which move between arenas of any pool and stream. Blocks never move, so the fast path and `free`
+//! are PyTorch's own: best fit over the stream's free mapped blocks of the request's pool, split at
+//! any 512 B, merge on free, no device call. The difference is the slow path, when no free block
+//! fits: the request goes where it needs the fewest new pages (an unmapped hole, with the free
+//! blocks beside it), and those pages are either created (reserved grows) or taken from whole free
+//! pages elsewhere (unmapped there, mapped here: reserved unchanged). A request that sets a new
+//! peak of active bytes takes pages first; any other grows while reserved stays within
+//! `compact_slack_bp` over that peak, so a warm training loop maps nothing per iteration.
 //!
 //! Blocks of an arena: allocated (or pending stream events), free and mapped (in the arena's
 //! pool's free set, whatever their size), or unmapped (page aligned at both ends, in that pool's
@@ -231,17 +231,8 @@ impl DeviceState {
         let rid = self.arena.insert_after(id, rest);
         self.arena.get_mut(id).size = pos - b.addr;
         let front = self.arena.get(id).free_key();
-        self.large.blocks.replace(&b.free_key(), front, id);
+        self.pool(b.pool).blocks.replace(&b.free_key(), front, id);
         self.insert_into_pool(rid);
         rid
-    }
-
-    /// The pool counting most of the pages of a mapped run `[addr, addr + size)` of a compact
-    /// arena (a snapshot segment's `segment_type`).
-    pub(super) fn compact_run_pool(&self, es: u32, addr: u64, size: u64) -> PoolKind {
-        let es = &self.expandable[es as usize];
-        let pages = &es.pages[es.page_of(addr)..=es.page_of(addr + size - 1)];
-        let small = pages.iter().filter(|p| **p == Some(PoolKind::Small)).count();
-        if 2 * small > pages.len() { PoolKind::Small } else { PoolKind::Large }
     }
 }

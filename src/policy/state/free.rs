@@ -133,7 +133,6 @@ impl DeviceState {
         self.trace(TraceAction::FreeCompleted, addr, req, stream, frames);
         let b = self.arena.get_mut(id);
         b.tag = 0;
-        let set_pool = pool;
         let mut net_blocks: i64 = 0;
         let mut net_bytes: i64 = 0;
         let mut cur = id;
@@ -144,7 +143,7 @@ impl DeviceState {
             let cand = if prev { self.arena.get(cur).prev } else { self.arena.get(cur).next };
             if let Some((survivor, sub, key)) = self.merge_free_neighbour(cur, cand) {
                 if let Some(k) = vacated.replace(key) {
-                    self.pool(set_pool).blocks.remove(&k);
+                    self.pool(pool).blocks.remove(&k);
                 }
                 cur = survivor;
                 net_blocks -= 1;
@@ -153,8 +152,8 @@ impl DeviceState {
         }
         match vacated {
             Some(k) => {
-                let (key, count) = (self.arena.get(cur).free_key(), self.pool(set_pool).get_free_blocks_call_count);
-                self.pool(set_pool).blocks.replace(&k, key, cur);
+                let (key, count) = (self.arena.get(cur).free_key(), self.pool(pool).get_free_blocks_call_count);
+                self.pool(pool).blocks.replace(&k, key, cur);
                 self.arena.get_mut(cur).gc_count_base = count;
             }
             None => self.insert_into_pool(cur),

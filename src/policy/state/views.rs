@@ -53,9 +53,6 @@ impl DeviceState {
                 seg.blocks.push(self.view(id, blk));
                 cur = (blk.next != NIL).then_some(blk.next);
             }
-            if self.config.compact {
-                seg.pool = self.compact_run_pool(head.expandable, seg.address, seg.total_size);
-            }
             out.push(seg);
         }
         out.sort_by_key(|s| s.address);
