@@ -87,7 +87,9 @@ pub(crate) struct Tracking {
     stack_depth: AtomicUsize,
     owners: Mutex<Option<Owners>>,
     /// Where new stacks go to be named in the background ([`name_in_background`]).
-    namer: std::sync::OnceLock<Option<std::sync::mpsc::Sender<Frames>>>,
+    namer: std::sync::OnceLock<Option<std::sync::mpsc::SyncSender<Frames>>>,
+    /// Reports waiting for (or holding) `owners`: the namer stands aside while any is.
+    readers: AtomicUsize,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -103,6 +105,7 @@ impl Tracking {
             stack_depth: AtomicUsize::new(STACK_DEPTH),
             owners: Mutex::new(None),
             namer: std::sync::OnceLock::new(),
+            readers: AtomicUsize::new(0),
         }
     }
 }
@@ -152,16 +155,23 @@ pub(crate) fn sink(ev: &DriverEvent) {
     }
 }
 
+/// Stacks waiting for the namer; beyond this, new stacks are left to the reports.
+const NAMER_QUEUE: usize = 1024;
+
 /// Hands a stack the books saw for the first time to the namer thread (started by the first
-/// one), which reads its symbols, line tables and line maps into the owners' caches while the
-/// cell runs: a report then names what is live from the caches (BENCHMARKS.md, "Sites": the
-/// first cell of a large library read at report time cost 24 ms on an H200). Only new stacks
-/// travel, so an allocation loop sends nothing.
+/// one), which reads its symbols and line tables into the owners' caches while the cell runs:
+/// a report then names what is live from the caches (BENCHMARKS.md, "Sites": the first cell of
+/// a large library read at report time cost 24 ms on an H200). Only new stacks travel, so an
+/// allocation loop sends nothing; a full queue drops them (a report names them itself); and
+/// the namer takes the caches one stack at a time, never while a report waits for them.
 fn name_in_background(t: &'static Tracking, frames: Frames) {
     let namer = t.namer.get_or_init(|| {
-        let (tx, rx) = std::sync::mpsc::channel::<Frames>();
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Frames>(NAMER_QUEUE);
         let spawned = std::thread::Builder::new().name("gpumem-namer".into()).spawn(move || {
             for f in rx {
+                while t.readers.load(Ordering::Acquire) > 0 {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
                 lock(&t.owners).get_or_insert_with(Owners::new).warm(&f);
             }
         });
@@ -169,7 +179,32 @@ fn name_in_background(t: &'static Tracking, frames: Frames) {
         spawned.is_ok().then_some(tx)
     });
     if let Some(tx) = namer {
-        let _ = tx.send(frames);
+        let _ = tx.try_send(frames);
+    }
+}
+
+/// The owners' caches for a report (or the cell code it needs): the namer stands aside from
+/// the moment this asks until the guard is dropped.
+fn owners_for_report(t: &Tracking) -> OwnersGuard<'_> {
+    t.readers.fetch_add(1, Ordering::AcqRel);
+    let guard = lock(&t.owners);
+    OwnersGuard { guard, readers: &t.readers }
+}
+
+struct OwnersGuard<'a> {
+    guard: MutexGuard<'a, Option<Owners>>,
+    readers: &'a AtomicUsize,
+}
+
+impl OwnersGuard<'_> {
+    fn get(&mut self) -> &mut Owners {
+        self.guard.get_or_insert_with(Owners::new)
+    }
+}
+
+impl Drop for OwnersGuard<'_> {
+    fn drop(&mut self) {
+        self.readers.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -379,8 +414,8 @@ fn label_cell(label: &str) -> u64 {
 /// The `n` largest sites per place (symbolising outside the tracker's lock, each distinct stack
 /// once).
 fn top_sites(live: &ByStack, n: usize) -> HashMap<Place, Vec<OwnerBytes>> {
-    let mut owners = lock(&state().owners);
-    let owners = owners.get_or_insert_with(Owners::new);
+    let mut owners = owners_for_report(state());
+    let owners = owners.get();
     let mut sums: HashMap<Place, HashMap<Site, u64>> = HashMap::new();
     for ((place, frames, cell), size) in live {
         let site = match frames {
@@ -413,7 +448,7 @@ fn owner_bytes(site: Site, bytes: u64) -> OwnerBytes {
 /// Notes a cell's code as its user sees it (`pre` carries it in gpumem-kernel), so that sites in
 /// it and in the functions it defines get their lines.
 pub(crate) fn set_cell_code(cell: u64, code: &str) {
-    lock(&state().owners).get_or_insert_with(Owners::new).set_cell_code(cell, code);
+    owners_for_report(state()).get().set_cell_code(cell, code);
 }
 
 /// The allocator's snapshot of `device` with every other live allocation on it added as a
@@ -422,8 +457,8 @@ pub(crate) fn set_cell_code(cell: u64, code: &str) {
 pub fn snapshot(alloc: &crate::Allocator) -> Snapshot {
     let t = state();
     let mut snap = {
-        let mut owners = lock(&t.owners);
-        let owners = owners.get_or_insert_with(Owners::new);
+        let mut owners = owners_for_report(t);
+        let owners = owners.get();
         alloc.snapshot_with(&mut |f| owners.frames(f))
     };
     let device = alloc.device();
@@ -444,8 +479,8 @@ pub fn snapshot(alloc: &crate::Allocator) -> Snapshot {
             .collect();
         (foreign, events, labels)
     };
-    let mut owners = lock(&t.owners);
-    let owners = owners.get_or_insert_with(Owners::new);
+    let mut owners = owners_for_report(t);
+    let owners = owners.get();
     let mut memo: HashMap<usize, Vec<crate::record::frames::Frame>> = HashMap::new();
     let mut frames_of = |f: &Option<Frames>| match f {
         Some(f) => memo.entry(f.as_ptr() as usize).or_insert_with(|| owners.frames(f)).clone(),

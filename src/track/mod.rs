@@ -240,8 +240,6 @@ impl Tracker {
         self.events.iter()
     }
 
-    /// Applies one driver event. `frames` is the allocating stack (captured by the caller on
-    /// the allocating thread), `time_us` the time.
     /// The id of a stack, its shared copy ([`stacks::StackBooks::intern`]) and whether the books
     /// saw it for the first time.
     pub(crate) fn intern(&mut self, frames: &[usize]) -> (stacks::StackId, Frames, bool) {
@@ -250,6 +248,8 @@ impl Tracker {
         (id, shared.unwrap_or_else(|| Frames::from(frames)), id as usize > seen)
     }
 
+    /// Applies one driver event. `stack` is the allocating stack, interned (captured by the
+    /// caller on the allocating thread), `time_us` the time.
     pub(crate) fn record(&mut self, ev: &DriverEvent, mut stack: Option<(stacks::StackId, Frames)>, time_us: i64) {
         self.events_seen += 1;
         let label = self.label;

@@ -326,11 +326,17 @@ impl Owners {
         site
     }
 
-    /// Reads what naming this stack needs (its modules, the symbols and line tables of the
-    /// program's and the cells' frames, the cells' line maps) into the caches, so that a report
-    /// asking for its site later finds them: done off the report's path, as stacks appear.
+    /// Reads the costly part of naming this stack into the caches (its modules, the symbols
+    /// and line tables of the program's and the cells' frames), so that a report asking for its
+    /// site later finds them: done off the report's path, as stacks appear. Line maps are left
+    /// to the report, which has every cell's code by then.
     pub(crate) fn warm(&mut self, frames: &[usize]) {
-        let _ = self.compute(frames, 0);
+        for &ip in frames {
+            let module = self.symbols.module_name(ip);
+            if self.ours(&module) {
+                let _ = self.symbols.resolve(ip);
+            }
+        }
     }
 
     /// Where the caller of the CUDA API starts in a stack (frames before it are ours, CUPTI's

@@ -4,7 +4,8 @@
 //! whatever its length), and each place keeps its live bytes per (stack, label). When a place
 //! reaches a new peak and then releases memory for the first time, the composition it had at
 //! that peak is kept: so "what held the memory at the session's peak" costs one copy of a
-//! small map per peak passed, not per allocation, and nothing is symbolised until a report asks.
+//! small map per peak passed, not per allocation. Nothing is symbolised here: a new stack's symbols
+//! are read in the background (`notebook::tracking`), and sites are named when a report asks.
 #![forbid(unsafe_code)]
 
 use super::Place;
