@@ -20,6 +20,8 @@
 #                     bash scripts/gpu/notebook.sh run notebooks/gpu_sites.ipynb      (issue 19: sites)
 #                     bash scripts/gpu/notebook.sh jupyter notebooks/gpu_sites.ipynb
 #                     bash scripts/gpu/notebook.sh stock notebooks/gpu_sites.ipynb    (the stock kernel)
+#                     GPUMEM_STOCK_LINES=1 bash scripts/gpu/notebook.sh stock notebooks/gpu_sites.ipynb
+#                                         (the same with the README's `:build_env` recipe: line tables)
 # Results (executed notebooks, HTML pages, check reports, timings) go to $OUT.
 # burn (issue 22), still warm, after the three above (warm: until it says done):
 #                     bash scripts/gpu/notebook.sh warm notebooks/gpu_burn.ipynb
@@ -309,6 +311,7 @@ stock_nb() {
     for nb in "$@"; do
         local name t0=$SECONDS
         name="$(basename "$nb" .ipynb)-stock"
+        [ "${GPUMEM_STOCK_LINES:-}" = 1 ] && name="$name-lines"
         step "jupyter_client/nbclient, stock kernel rust: $nb"
         python3 - "$nb" "$out/$name.ipynb" <<'PY'
 import sys, nbformat
@@ -318,6 +321,11 @@ nb = nbformat.read(sys.argv[1], as_version=4)
 # gpumem-kernel's magics are not the stock kernel's: those cells go. A bare `:dep gpumem-nb`
 # (gpumem-kernel's: the crate it was built with) is this repo's path for the stock kernel.
 nb.cells = [c for c in nb.cells if not (c.cell_type == "code" and c.source.lstrip().startswith("%"))]
+# GPUMEM_STOCK_LINES=1: the README's recipe for the notebook's own functions in the stock kernel,
+# line tables for every crate evcxr builds (evcxr's `:build_env`, before the first `:dep`).
+if os.environ.get("GPUMEM_STOCK_LINES") == "1":
+    nb.cells.insert(0, nbformat.v4.new_code_cell(
+        ":build_env CARGO_PROFILE_DEV_DEBUG=line-tables-only\n:build_env CARGO_PROFILE_DEV_STRIP=none"))
 repo = os.path.abspath(os.path.join(os.path.dirname(sys.argv[1]), ".."))
 for c in nb.cells:
     if c.cell_type == "code":
