@@ -43,7 +43,7 @@ fn check(state: &DeviceState) -> Result<(), String> {
     let compact = state.config().compact;
     // Under compact: active bytes per (stream, pool), an arena's (for the granule's lower bound
     // on reserved).
-    let mut live_by_stream: std::collections::BTreeMap<(u64, usize), u64> = Default::default();
+    let mut live_by_arena: std::collections::BTreeMap<(u64, usize), u64> = Default::default();
     let mergeable = |b: &Block| !b.allocated && b.event_count == 0 && !b.has_uses;
 
     // [all, small, large] recounts
@@ -97,7 +97,7 @@ fn check(state: &DeviceState) -> Result<(), String> {
             add(&mut active, 1);
             add(&mut active_bytes, b.size as i64);
             add(&mut requested, b.requested_size as i64);
-            *live_by_stream.entry((b.stream.0, p)).or_default() += b.size;
+            *live_by_arena.entry((b.stream.0, p)).or_default() += b.size;
         }
         if b.is_expandable() {
             check_pages(&expandable[b.expandable as usize], b)?;
@@ -154,7 +154,7 @@ fn check(state: &DeviceState) -> Result<(), String> {
     }
     if compact {
         // The 2 MiB granule: an arena's live bytes need at least that many whole pages.
-        let floor: u64 = live_by_stream.values().map(|v| v.div_ceil(PAGE) * PAGE).sum();
+        let floor: u64 = live_by_arena.values().map(|v| v.div_ceil(PAGE) * PAGE).sum();
         if total_reserved < floor {
             return Err(format!("reserved {total_reserved} is below the granule's floor {floor}"));
         }

@@ -77,8 +77,7 @@ impl DeviceState {
     /// Best fit among the stream's free mapped blocks of pool `kind` (left in the pool).
     #[inline]
     fn compact_free_block(&self, kind: PoolKind, stream: StreamId, size: u64) -> Option<u32> {
-        let pool = if kind == PoolKind::Small { &self.small } else { &self.large };
-        let (key, id) = pool.blocks.lower_bound((stream.0, size, 0))?;
+        let (key, id) = self.pool_ref(kind).blocks.lower_bound((stream.0, size, 0))?;
         (key.0 == stream.0).then_some(id)
     }
 
@@ -148,7 +147,7 @@ impl DeviceState {
     /// in an arena's growing top, kept whole). `None` when no hole is large enough.
     fn placement(&self, kind: PoolKind, stream: StreamId, size: u64) -> Option<Placement> {
         let mut best: Option<Placement> = None;
-        let pool = if kind == PoolKind::Small { &self.small } else { &self.large };
+        let pool = self.pool_ref(kind);
         for (_, &hole) in pool.unmapped.range((stream.0, 0)..).take_while(|(k, _)| k.0 == stream.0) {
             let h = self.arena.get(hole);
             let (h0, h1) = (h.addr, h.addr + h.size);

@@ -288,6 +288,13 @@ impl DeviceState {
         }
     }
 
+    fn pool_ref(&self, kind: PoolKind) -> &BlockPool {
+        match kind {
+            PoolKind::Small => &self.small,
+            PoolKind::Large => &self.large,
+        }
+    }
+
     fn gc_active(&self) -> bool {
         self.allowed.is_some() && self.config.garbage_collection_threshold > 0.0
     }

@@ -79,10 +79,7 @@ impl DeviceState {
         let key_size = size.max(max_split);
         let key = (stream.0, key_size, 0);
         let arena = &self.arena;
-        let pool = match kind {
-            PoolKind::Small => &self.small,
-            PoolKind::Large => &self.large,
-        };
+        let pool = self.pool_ref(kind);
         let first = pool.blocks.lower_bound(key);
         match first {
             Some((k, id)) if k.0 == stream.0 && !arena.get(id).is_expandable() => {
