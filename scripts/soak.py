@@ -25,9 +25,6 @@ import statistics
 import sys
 import time
 
-import nbformat
-from nbclient import NotebookClient
-
 CELL_MIME = "application/vnd.gpumem.cell+json"
 MIB = 1 << 20
 
@@ -103,6 +100,10 @@ def pct(xs, p):
 
 
 def main():
+    # Here, not at the top: scripts/soak_windows.py imports this module's helpers without them.
+    import nbformat
+    from nbclient import NotebookClient
+
     kernel_bin, n, out = os.path.abspath(sys.argv[1]), int(sys.argv[2]), os.path.abspath(sys.argv[3])
     check = "--assert" in sys.argv
     os.makedirs(out, exist_ok=True)

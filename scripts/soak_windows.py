@@ -5,14 +5,11 @@ memory at the window's end, the notebook process's highest, and the hooks' p50 /
     python3 scripts/soak_windows.py TARGET/soak-N/soak.json [WINDOW]      (WINDOW: 500 cells)
 """
 import json
+import os
 import sys
 
-MIB = 1 << 20
-
-
-def pct(xs, p):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))] if xs else None
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from soak import MIB, pct  # noqa: E402  (the soak's own percentile, so the figures agree)
 
 
 def main():
