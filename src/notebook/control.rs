@@ -261,7 +261,11 @@ impl Session {
             }
             Op::Summary => Ok(Reply { text: Some(device0()?.memory_summary(false)), ..Reply::ok(id) }),
             Op::CellCode { cell, code } => {
-                tracking::set_cell_code(*cell, code);
+                tracking::set_cell_codes(std::iter::once((*cell, code.as_str())));
+                Ok(Reply::ok(id))
+            }
+            Op::CellCodes { codes } => {
+                tracking::set_cell_codes(codes.iter().map(|(cell, code)| (*cell, code.as_str())));
                 Ok(Reply::ok(id))
             }
             Op::Top { n } => Ok(Reply { top: Some(tracking::top(*n)), ..Reply::ok(id) }),

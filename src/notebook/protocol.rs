@@ -105,6 +105,12 @@ pub enum Op {
         /// Its code (magic lines replaced by comments, so lines keep their numbers).
         code: String,
     },
+    /// The code of several cells at once (what a child is sent as it connects): as many
+    /// [`Op::CellCode`]s in one round trip.
+    CellCodes {
+        /// (execution count, code) of each cell.
+        codes: Vec<(u64, String)>,
+    },
     /// The `n` sites holding the most memory now and at the session's peak.
     Top {
         /// How many per place.
@@ -131,6 +137,7 @@ impl Op {
             Op::HistorySvg => "history_svg",
             Op::Summary => "summary",
             Op::CellCode { .. } => "cell_code",
+            Op::CellCodes { .. } => "cell_codes",
             Op::Top { .. } => "top",
         }
     }

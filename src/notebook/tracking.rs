@@ -168,10 +168,20 @@ fn name_in_background(t: &'static Tracking, frames: Frames) {
     let namer = t.namer.get_or_init(|| {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Frames>(NAMER_QUEUE);
         let spawned = std::thread::Builder::new().name("gpumem-namer".into()).spawn(move || {
-            for f in rx {
+            let stand_aside = || {
                 while t.readers.load(Ordering::Acquire) > 0 {
                     std::thread::sleep(std::time::Duration::from_millis(1));
                 }
+            };
+            for f in rx {
+                // The costly part (a module's symbol table and line tables, read the first time
+                // one of its addresses is asked for: a hundred milliseconds for a large program)
+                // is read without the owners' lock, so that a report never waits for it unless
+                // it needs that very module; then the cheap lookups fill the caches.
+                stand_aside();
+                let tables = lock(&t.owners).get_or_insert_with(Owners::new).tables_to_read(&f);
+                crate::record::frames::read_tables(&tables);
+                stand_aside();
                 lock(&t.owners).get_or_insert_with(Owners::new).warm(&f);
             }
         });
@@ -445,10 +455,11 @@ fn owner_bytes(site: Site, bytes: u64) -> OwnerBytes {
     }
 }
 
-/// Notes a cell's code as its user sees it (`pre` carries it in gpumem-kernel), so that sites in
-/// it and in the functions it defines get their lines.
-pub(crate) fn set_cell_code(cell: u64, code: &str) {
-    owners_for_report(state()).get().set_cell_code(cell, code);
+/// Notes cells' code as their user sees it (gpumem-kernel sends each cell's before it runs, and
+/// every kept cell's to a child as it connects), so that sites in them and in the functions
+/// they define get their lines.
+pub(crate) fn set_cell_codes<'a>(codes: impl IntoIterator<Item = (u64, &'a str)>) {
+    owners_for_report(state()).get().set_cell_codes(codes);
 }
 
 /// The allocator's snapshot of `device` with every other live allocation on it added as a

@@ -65,54 +65,183 @@ fn fits(g: &str, u: &str) -> bool {
         || (u.starts_with(g) && boundary(g.chars().last()))
 }
 
+/// A generated line is looked for among this many cells at most (the newest that hold it): a
+/// line written in more cells than this (`drop(a);`, `}`) costs the same in a session of any
+/// length.
+const MAX_CANDIDATES: usize = 128;
+
+/// Where a line is: (cell, 0-based line of the cell).
+type At = (u64, u32);
+
+/// The notebook's cells, kept with an index of their lines, so that building a [`LineMap`]
+/// costs the generated file's length, not the session's: every line by its text, and every
+/// part of a line that a statement boundary (after `;`, `{`, `}` or `,`) splits off, since
+/// evcxr may start or end a statement there. Cells come and go one at a time, as a session
+/// runs and its oldest cells are no longer kept.
+#[derive(Clone, Debug, Default)]
+pub struct CellIndex {
+    cells: std::collections::BTreeMap<u64, Vec<String>>,
+    exact: HashMap<String, Vec<At>>,
+    heads: HashMap<String, Vec<At>>,
+    tails: HashMap<String, Vec<At>>,
+}
+
+/// The parts a trimmed line splits into at each statement boundary: (the start up to and with
+/// the boundary, the rest without its leading blanks).
+fn splits(t: &str) -> impl Iterator<Item = (&str, &str)> {
+    t.char_indices().filter(|(_, c)| matches!(c, ';' | '{' | '}' | ',')).filter_map(|(i, c)| {
+        let tail = t[i + c.len_utf8()..].trim_start();
+        (!tail.is_empty()).then(|| (&t[..i + c.len_utf8()], tail))
+    })
+}
+
+impl CellIndex {
+    /// An empty index.
+    pub fn new() -> CellIndex {
+        CellIndex::default()
+    }
+
+    /// How many cells it holds.
+    pub fn len(&self) -> usize {
+        self.cells.len()
+    }
+
+    /// Whether it holds no cell.
+    pub fn is_empty(&self) -> bool {
+        self.cells.is_empty()
+    }
+
+    /// Adds cell `cell` (its execution count) with its code as the cell showed it, replacing
+    /// an earlier code of the same cell.
+    pub fn insert(&mut self, cell: u64, code: &str) {
+        self.remove(cell);
+        let lines: Vec<String> = code.lines().map(str::to_string).collect();
+        for (i, l) in lines.iter().enumerate() {
+            let t = l.trim();
+            if t.is_empty() {
+                continue;
+            }
+            let at = (cell, i as u32);
+            list(&mut self.exact, t, at);
+            for (head, tail) in splits(t) {
+                list(&mut self.heads, head, at);
+                list(&mut self.tails, tail, at);
+            }
+        }
+        self.cells.insert(cell, lines);
+    }
+
+    /// Removes cell `cell`, if held.
+    pub fn remove(&mut self, cell: u64) {
+        let Some(lines) = self.cells.remove(&cell) else { return };
+        let unlist = |map: &mut HashMap<String, Vec<At>>, key: &str| {
+            if let Some(v) = map.get_mut(key) {
+                v.retain(|a| a.0 != cell);
+                if v.is_empty() {
+                    map.remove(key);
+                }
+            }
+        };
+        for l in &lines {
+            let t = l.trim();
+            unlist(&mut self.exact, t);
+            for (head, tail) in splits(t) {
+                unlist(&mut self.heads, head);
+                unlist(&mut self.tails, tail);
+            }
+        }
+    }
+
+    /// Removes the oldest cell (the lowest execution count); false when empty.
+    pub fn pop_oldest(&mut self) -> bool {
+        match self.cells.keys().next().copied() {
+            Some(cell) => {
+                self.remove(cell);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn lines(&self, cell: u64) -> &[String] {
+        self.cells.get(&cell).map_or(&[], Vec::as_slice)
+    }
+
+    /// Where generated line `g` can come from: the lines that hold its text, or else those it
+    /// is the start or the end of (split at a statement boundary); newest cell first, at most
+    /// [`MAX_CANDIDATES`] cells.
+    fn candidates(&self, g: &str) -> Vec<At> {
+        let t = g.trim();
+        if t.is_empty() {
+            return Vec::new();
+        }
+        let newest = |list: &[At], keep: &dyn Fn(At) -> bool| -> Vec<At> {
+            let mut cells = 0;
+            let mut last = None;
+            let mut v = Vec::new();
+            for &at in list.iter().rev().filter(|&&at| keep(at)) {
+                if last != Some(at.0) {
+                    last = Some(at.0);
+                    cells += 1;
+                    if cells > MAX_CANDIDATES {
+                        break;
+                    }
+                }
+                v.push(at);
+            }
+            v
+        };
+        let mut v = match self.exact.get(t) {
+            Some(list) => newest(list, &|_| true),
+            None => {
+                let fit = |(c, i): At| fits(g, &self.lines(c)[i as usize]);
+                let mut v = newest(self.heads.get(t).map_or(&[], Vec::as_slice), &fit);
+                v.extend(newest(self.tails.get(t).map_or(&[], Vec::as_slice), &fit));
+                v
+            }
+        };
+        // Newest cell first, its lines in order (the first of equally long runs wins).
+        v.sort_unstable_by_key(|&(c, i)| (std::cmp::Reverse(c), i));
+        v.dedup();
+        v
+    }
+}
+
+/// Adds `at` to the list of `key`, which stays in (cell, line) order.
+fn list(map: &mut HashMap<String, Vec<At>>, key: &str, at: At) {
+    let v = map.entry(key.to_string()).or_default();
+    let i = v.partition_point(|x| *x < at);
+    v.insert(i, at);
+}
+
 impl LineMap {
     /// The map of one generated `lib.rs` over the notebook's cells so far (`(execution count,
     /// code)`, in any order; the code as the cell showed it, magic lines replaced by comments
     /// of the same lines).
     pub fn build(lib_rs: &str, cells: &[(u64, &str)]) -> LineMap {
-        let genl: Vec<&str> = lib_rs.lines().collect();
-        let mut cells: Vec<(u64, Vec<&str>)> = cells.iter().map(|(n, c)| (*n, c.lines().collect())).collect();
-        // Newest first: the first candidate found is the newest.
-        cells.sort_by_key(|c| std::cmp::Reverse(c.0));
-        let mut exact: HashMap<&str, Vec<(usize, usize)>> = HashMap::new();
-        for (ci, (_, lines)) in cells.iter().enumerate() {
-            for (li, l) in lines.iter().enumerate() {
-                if !l.trim().is_empty() {
-                    exact.entry(l.trim()).or_default().push((ci, li));
-                }
-            }
+        let mut index = CellIndex::new();
+        for (n, c) in cells {
+            index.insert(*n, c);
         }
-        let candidates = |g: &str| -> Vec<(usize, usize)> {
-            let t = g.trim();
-            if t.is_empty() {
-                return Vec::new();
-            }
-            if let Some(v) = exact.get(t) {
-                return v.clone();
-            }
-            let mut v = Vec::new();
-            for (ci, (_, lines)) in cells.iter().enumerate() {
-                for (li, l) in lines.iter().enumerate() {
-                    if fits(g, l) {
-                        v.push((ci, li));
-                    }
-                }
-            }
-            v
-        };
+        LineMap::build_indexed(lib_rs, &index)
+    }
+
+    /// [`LineMap::build`] over cells already indexed: what a session that keeps its cells
+    /// uses, so that each generated file costs its own length.
+    pub fn build_indexed(lib_rs: &str, cells: &CellIndex) -> LineMap {
+        let genl: Vec<&str> = lib_rs.lines().collect();
         // How far a run starting with generated line `gi` at (cell, line) goes: the next
         // generated line is the cell's next line, or the rest of the same line (a statement
         // split mid-line), or a blank line inside the run.
-        let run_len = |gi: usize, ci: usize, li: usize| -> (usize, Vec<usize>) {
-            let lines = &cells[ci].1;
+        let run_len = |gi: usize, lines: &[String], li: usize| -> Vec<usize> {
             let mut user = vec![li];
             let (mut g, mut u) = (gi + 1, li);
             while g < genl.len() {
                 let next = genl[g];
                 let blank_in_both = next.trim().is_empty() && u + 1 < lines.len() && lines[u + 1].trim().is_empty();
-                if blank_in_both || (u + 1 < lines.len() && fits(next, lines[u + 1])) {
+                if blank_in_both || (u + 1 < lines.len() && fits(next, &lines[u + 1])) {
                     u += 1;
-                } else if fits(next, lines[u]) && lines[u].trim() != next.trim() {
+                } else if fits(next, &lines[u]) && lines[u].trim() != next.trim() {
                     // The rest of a line split between two statements.
                 } else {
                     break;
@@ -120,19 +249,19 @@ impl LineMap {
                 user.push(u);
                 g += 1;
             }
-            (g - gi, user)
+            user
         };
         let mut runs: Vec<LineRun> = Vec::new();
         let mut gi = 0;
         while gi < genl.len() {
-            let mut best: Option<(usize, usize, Vec<usize>)> = None;
-            for (ci, li) in candidates(genl[gi]) {
-                let (len, user) = run_len(gi, ci, li);
-                if best.as_ref().is_none_or(|b| len > b.2.len()) {
-                    best = Some((ci, li, user));
+            let mut best: Option<(u64, Vec<usize>)> = None;
+            for (cell, li) in cells.candidates(genl[gi]) {
+                let user = run_len(gi, cells.lines(cell), li as usize);
+                if best.as_ref().is_none_or(|b| user.len() > b.1.len()) {
+                    best = Some((cell, user));
                 }
             }
-            let Some((ci, _, user)) = best else {
+            let Some((cell, user)) = best else {
                 gi += 1;
                 continue;
             };
@@ -142,7 +271,6 @@ impl LineMap {
                 gi += 1;
                 continue;
             }
-            let cell = cells[ci].0;
             // One run per stretch of consecutive user lines.
             let mut k = 0;
             while k < len {
@@ -238,5 +366,62 @@ evcxr_variable_store
         // A statement split mid-line maps both parts to the same line.
         let map = LineMap::build("let a = 1; \nlet b = a + 1;\n", &[(7, "let a = 1; let b = a + 1;\n")]);
         assert_eq!((map.lookup(1), map.lookup(2)), (Some((7, 1)), Some((7, 1))));
+    }
+
+    #[test]
+    fn an_index_kept_through_a_session_maps_as_one_built_at_once() {
+        let cells = [
+            (1, "fn f() {\n    work(1)\n}\n"),
+            (2, "let a = f(); let b = g(2);\n"),
+            (3, "// again\nfn f() {\n    work(1)\n}\nlet x = f();\n"),
+            (4, "drop(a);\n"),
+        ];
+        let lib = "fn f() {\n    work(1)\n}\nlet a = f(); \nlet b = g(2);\ndrop(a);\n}\n";
+        let fresh = LineMap::build(lib, &cells);
+        // The same cells, arriving with others that come and go, one replaced.
+        let mut index = CellIndex::new();
+        index.insert(9, "let a = f(); let b = g(2);\nfn f() {\n");
+        for (n, c) in cells {
+            index.insert(n, if n == 3 { "stale" } else { c });
+        }
+        index.insert(3, cells[2].1);
+        assert!(index.pop_oldest() && index.len() == 4);
+        index.insert(1, cells[0].1);
+        index.remove(9);
+        assert_eq!(index.len(), 4);
+        assert_eq!(LineMap::build_indexed(lib, &index), fresh);
+        assert_eq!(fresh.lookup(1), Some((3, 2)), "the newest definition");
+        assert_eq!((fresh.lookup(4), fresh.lookup(5)), (Some((2, 1)), Some((2, 1))), "split mid-line");
+        assert_eq!(fresh.lookup(6), Some((4, 1)));
+        index.remove(4);
+        assert_eq!(LineMap::build_indexed(lib, &index).lookup(6), None, "a removed cell maps nothing");
+    }
+
+    #[test]
+    fn a_line_written_in_many_cells_is_looked_for_in_the_newest() {
+        let mut index = CellIndex::new();
+        index.insert(1, "let d = take(2);\nkeep(d);\n");
+        for n in 2..1000 {
+            index.insert(n, "let d = take(2);\n");
+        }
+        // Only cell 1 has the two lines together, but 998 newer cells hold its first line.
+        let map = LineMap::build_indexed("let d = take(2);\nkeep(d);\n", &index);
+        assert_eq!(map.lookup(1), Some((999, 1)));
+        assert_eq!(map.lookup(2), Some((1, 2)), "the second line is found on its own");
+        let mut index = CellIndex::new();
+        for n in 1..=MAX_CANDIDATES as u64 {
+            index.insert(n, "let d = take(2);\n");
+        }
+        index.insert(0, "let d = take(2);\nkeep(d);\n");
+        assert_eq!(
+            LineMap::build_indexed("let d = take(2);\nkeep(d);\n", &index).lookup(1),
+            Some((MAX_CANDIDATES as u64, 1))
+        );
+        index.pop_oldest();
+        index.insert(MAX_CANDIDATES as u64 + 1, "let d = take(2);\nkeep(d);\n");
+        assert_eq!(
+            LineMap::build_indexed("let d = take(2);\nkeep(d);\n", &index).lookup(1),
+            Some((MAX_CANDIDATES as u64 + 1, 1))
+        );
     }
 }

@@ -7,8 +7,8 @@
 //! on top (innermost first, as PyTorch lists them).
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// Raw return addresses of one stack, innermost first.
 pub(crate) type Frames = Arc<[usize]>;
@@ -98,7 +98,7 @@ pub(crate) struct Resolved {
 pub(crate) struct Symbolizer {
     cache: HashMap<usize, Arc<Resolved>>,
     modules: Vec<super::unwind::ModuleMap>,
-    loaders: HashMap<Arc<str>, Option<addr2line::Loader>>,
+    loaders: HashMap<Arc<str>, Tables>,
     /// Addresses that sent us to `/proc/self/maps` once already.
     looked_for: std::collections::HashSet<usize>,
 }
@@ -172,6 +172,56 @@ fn is_runtime(name: &str) -> bool {
     PREFIXES.iter().any(|p| n.starts_with(p)) || name == "main" || name.starts_with("0x")
 }
 
+/// One module's symbol table and line tables (`addr2line` reads them as they are first asked
+/// for), behind a lock of their own: another thread can read them ([`read_tables`]) while the
+/// symbolizer's owner goes on with other modules.
+#[derive(Clone, Default)]
+pub(crate) struct Tables(Arc<Mutex<TablesState>>);
+
+#[derive(Default)]
+enum TablesState {
+    #[default]
+    Unopened,
+    Open(Box<addr2line::Loader>),
+    Unreadable,
+}
+
+impl Tables {
+    /// Runs `f` with the module's loader (opened from `path` the first time), `None` when the
+    /// file cannot be read.
+    fn with<R>(&self, path: &str, f: impl FnOnce(Option<&addr2line::Loader>) -> R) -> R {
+        let mut state = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if matches!(*state, TablesState::Unopened) {
+            *state = addr2line::Loader::new(path).map_or(TablesState::Unreadable, |l| TablesState::Open(Box::new(l)));
+        }
+        match &*state {
+            TablesState::Open(l) => f(Some(l)),
+            _ => f(None),
+        }
+    }
+}
+
+/// Modules' tables to read, with the addresses to read them for (the address looked up and the
+/// module's load address): what [`Symbolizer::tables_to_read`] returns.
+pub(crate) type TablesToRead = Vec<(Tables, Arc<str>, Vec<(u64, u64)>)>;
+
+/// Reads the tables that looking up these addresses needs (the symbol table, the line program of
+/// each address's unit), so that a later [`Symbolizer::resolve`] of them finds them read.
+pub(crate) fn read_tables(todo: &TablesToRead) {
+    for (tables, path, addrs) in todo {
+        tables.with(path, |loader| {
+            let Some(loader) = loader else { return };
+            for &(lookup, base) in addrs {
+                let probe = lookup.wrapping_sub(base).wrapping_add(loader.relative_address_base());
+                if let Ok(mut it) = loader.find_frames(probe) {
+                    while let Ok(Some(_)) = it.next() {}
+                }
+                let _ = loader.find_symbol(probe);
+            }
+        });
+    }
+}
+
 impl Symbolizer {
     /// A new, empty cache.
     pub(crate) fn new() -> Self {
@@ -212,8 +262,9 @@ impl Symbolizer {
         let module = self.module(lookup);
         let mut frames = Vec::new();
         if let Some(m) = &module {
-            let loader = self.loaders.entry(m.path.clone()).or_insert_with(|| addr2line::Loader::new(&*m.path).ok());
-            if let Some(loader) = loader {
+            let tables = self.loaders.entry(m.path.clone()).or_default().clone();
+            tables.with(&m.path, |loader| {
+                let Some(loader) = loader else { return };
                 let probe = (lookup as u64).wrapping_sub(m.base).wrapping_add(loader.relative_address_base());
                 if let Ok(mut it) = loader.find_frames(probe) {
                     while let Ok(Some(f)) = it.next() {
@@ -236,7 +287,7 @@ impl Symbolizer {
                         None => frames.push(Frame { name, filename: "??".into(), line: 0 }),
                     }
                 }
-            }
+            });
         }
         for f in &mut frames {
             if f.name.is_empty() {
@@ -250,6 +301,25 @@ impl Symbolizer {
         let r = Arc::new(Resolved { module: name, path, frames });
         self.cache.insert(ip, r.clone());
         r
+    }
+
+    /// The tables that resolving these return addresses will read, those of modules `wanted`
+    /// names only, for [`read_tables`] to read outside whatever lock guards this symbolizer.
+    pub(crate) fn tables_to_read(&mut self, frames: &[usize], wanted: impl Fn(&str) -> bool) -> TablesToRead {
+        let mut out: TablesToRead = Vec::new();
+        for &ip in frames {
+            if self.cache.contains_key(&ip) {
+                continue;
+            }
+            let lookup = ip.saturating_sub(1);
+            let Some(m) = self.module(lookup).filter(|m| wanted(&m.name)) else { continue };
+            let tables = self.loaders.entry(m.path.clone()).or_default().clone();
+            match out.iter_mut().find(|(_, p, _)| *p == m.path) {
+                Some((_, _, addrs)) => addrs.push((lookup as u64, m.base)),
+                None => out.push((tables, m.path.clone(), vec![(lookup as u64, m.base)])),
+            }
+        }
+        out
     }
 
     /// Whether an address has been resolved (and cached).

@@ -21,9 +21,9 @@
 //! background ([`Owners::warm`]), a report names what is live.
 #![forbid(unsafe_code)]
 
-use crate::record::cells::{LineMap, run_number};
+use crate::record::cells::{CellIndex, LineMap, run_number};
 use crate::record::frames::{Frames, Resolved, Symbolizer, is_path, source_crate};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -79,10 +79,15 @@ pub(crate) struct Owners {
     symbols: Symbolizer,
     exe: Option<String>,
     by_stack: HashMap<(Frames, u64), Site>,
-    /// The notebook's cells (execution count → code).
-    cells: BTreeMap<u64, String>,
+    /// The notebook's cells (execution count → code), indexed by their lines.
+    cells: CellIndex,
     /// Cell library path → what is known of it.
     libraries: HashMap<Arc<str>, Library>,
+}
+
+/// Whether `module` is the program (`exe`) or a notebook cell's library: code named by symbol.
+fn is_ours(exe: Option<&str>, module: &str) -> bool {
+    Some(module) == exe || module.starts_with("libcode_")
 }
 
 /// CUDA's own layers: never an owner.
@@ -159,20 +164,22 @@ impl Owners {
         Owners { exe: std::env::current_exe().ok().and_then(|p| file_name(&p)), ..Default::default() }
     }
 
-    /// Notes the code of a cell (as its user sees it), for the lines of later sites.
-    pub(crate) fn set_cell_code(&mut self, cell: u64, code: &str) {
-        self.cells.insert(cell, code.to_string());
-        while self.cells.len() > MAX_CELLS {
-            self.cells.pop_first();
+    /// Notes the code of cells (as their user sees it), for the lines of later sites.
+    pub(crate) fn set_cell_codes<'a>(&mut self, codes: impl IntoIterator<Item = (u64, &'a str)>) {
+        for (cell, code) in codes {
+            self.cells.insert(cell, code);
         }
-        // Line maps built without this cell may miss its functions: build them again.
+        while self.cells.len() > MAX_CELLS {
+            self.cells.pop_oldest();
+        }
+        // Line maps built without these cells may miss their functions: build them again.
         self.libraries.retain(|_, v| v.map.is_some());
         self.by_stack.retain(|_, s| s.line.is_some() || s.cell.is_none());
     }
 
     /// Whether a module is the program or a notebook cell's library (code named by symbol).
     fn ours(&self, module: &str) -> bool {
-        Some(module) == self.exe.as_deref() || module.starts_with("libcode_")
+        is_ours(self.exe.as_deref(), module)
     }
 
     /// What is known of a cell library (read once; the line map only while the library's
@@ -185,10 +192,8 @@ impl Owners {
         let lib_rs = crate_dir(p).map(|d| d.join("src").join("lib.rs"));
         let map = exported_run(p).and_then(|run| {
             let lib = std::fs::read_to_string(lib_rs.as_ref()?).ok()?;
-            (run_number(&lib) == Some(run) && !self.cells.is_empty()).then(|| {
-                let cells: Vec<(u64, &str)> = self.cells.iter().map(|(n, c)| (*n, c.as_str())).collect();
-                Arc::new(LineMap::build(&lib, &cells))
-            })
+            (run_number(&lib) == Some(run) && !self.cells.is_empty())
+                .then(|| Arc::new(LineMap::build_indexed(&lib, &self.cells)))
         });
         let v = Library { map, lib_rs: lib_rs.and_then(|l| l.to_str().map(Arc::from)) };
         self.libraries.insert(path.clone(), v.clone());
@@ -326,11 +331,20 @@ impl Owners {
         site
     }
 
+    /// The modules' tables [`Owners::warm`] will read for this stack: read them with
+    /// `crate::record::frames::read_tables` first, without the lock that guards these caches.
+    pub(crate) fn tables_to_read(&mut self, frames: &[usize]) -> crate::record::frames::TablesToRead {
+        let exe = self.exe.clone();
+        self.symbols.tables_to_read(frames, |m| is_ours(exe.as_deref(), m))
+    }
+
     /// Reads the costly part of naming this stack into the caches (its modules, the symbols
     /// and line tables of the program's and the cells' frames), so that a report asking for its
     /// site later finds them: done off the report's path, as stacks appear. Line maps are left
     /// to the report, which has every cell's code by then.
     pub(crate) fn warm(&mut self, frames: &[usize]) {
+        // (With the tables read beforehand by `tables_to_read` and `read_tables`, this is
+        // lookups only.)
         for &ip in frames {
             let module = self.symbols.module_name(ip);
             if self.ours(&module) {
