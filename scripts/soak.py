@@ -149,7 +149,7 @@ def main():
     json.dump({"cells": n, "seconds": total, "samples": samples}, open(os.path.join(out, "soak.json"), "w"), indent=0)
 
     history = "".join(o.data.get("text/plain", "") for o in nb.cells[-1].outputs if o.output_type == "display_data")
-    keep = int(os.environ.get("GPUMEM_NB_HISTORY_CELLS") or 10_000)
+    keep = int(os.environ.get("GPUMEM_NB_HISTORY_CELLS") or 2_000)  # the kernel's retention::DEFAULT_KEEP
     samples.pop()
     # Not the steady state: the `:dep` cell (it builds the crate) and the first cell using the
     # crate (it loads in the child and connects to the kernel).

@@ -16,6 +16,12 @@ use gpumem_nb::notebook::protocol::{FrameworkReading, OomEvent, Op, Reply};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+/// `GPUMEM_NB_HOOK_TIMES` set: each side of the hooks prints where its time went (the notebook
+/// process its reading's parts, the kernel its own on its stderr).
+static HOOK_TIMES: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
+    std::env::var_os(gpumem_nb::notebook::control::TIMES_VAR).is_some_and(|v| !v.is_empty() && v != "0")
+});
+
 /// Timeout of the per-cell control requests.
 pub const HOOK_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -137,10 +143,7 @@ impl Hooks {
             let _ = control.request(req.clone(), HOOK_TIMEOUT);
         }
         if r.connected.is_some() {
-            for (cell, code) in &self.codes {
-                // An older crate does not know the request: its sites simply have no lines.
-                let _ = control.request(Op::CellCode { cell: *cell, code: code.clone() }, HOOK_TIMEOUT);
-            }
+            send_codes(&mut control, &self.codes);
         }
         r.connected.is_some()
     }
@@ -152,6 +155,9 @@ impl Hooks {
 
     /// Notes a cell's code (before it runs) and sends it to the connected child.
     pub fn note_code(&mut self, cell: u64, code: &str) {
+        if code.len() > MAX_CODE_BYTES {
+            return;
+        }
         self.codes.insert(cell, code.to_string());
         let mut control = lock(&self.control);
         if control.connected().is_some() {
@@ -199,17 +205,68 @@ impl Hooks {
     fn read(&mut self, op: Op, pid: Option<u32>) -> (NvmlSnapshot, Option<Reply>, u64) {
         let t = Instant::now();
         self.poll(pid);
+        let polled = t.elapsed();
         let nvml = nvml::read();
+        let read_nvml = t.elapsed();
         let mut reply = None;
         let mut control = self.control();
+        let name = op.name();
         if control.connected().is_some() {
-            let name = op.name();
             match control.request(op, HOOK_TIMEOUT) {
                 Ok(r) => reply = Some(r),
                 Err(e) => eprintln!("gpumem-kernel: {name}-cell reading failed: {e}"),
             }
         }
-        (nvml, reply, t.elapsed().as_micros() as u64)
+        let us = t.elapsed().as_micros() as u64;
+        if *HOOK_TIMES {
+            // Beside the notebook process's own split (the same variable): the kernel's side.
+            eprintln!(
+                "gpumem-kernel {name}: accepting the child {} µs, NVML {} µs, the request {} µs",
+                polled.as_micros(),
+                (read_nvml - polled).as_micros(),
+                us - read_nvml.as_micros() as u64
+            );
+        }
+        (nvml, reply, us)
+    }
+}
+
+/// How many bytes of cell code one `cell_codes` request carries at most (a request line may
+/// not pass [`gpumem_nb::notebook::protocol::MAX_LINE`]); a cell's code longer than this is
+/// not sent at all (its sites are named without lines).
+const MAX_CODE_BYTES: usize = 1 << 20;
+
+/// Sends a connecting child the code of the cells so far: in requests of at most
+/// [`MAX_CODE_BYTES`] each, one per cell to an older crate that does not know `cell_codes`
+/// (whose sites simply have no lines when it knows neither).
+fn send_codes(control: &mut ControlServer, codes: &std::collections::BTreeMap<u64, String>) {
+    let mut batch: Vec<(u64, String)> = Vec::new();
+    let mut bytes = 0;
+    let mut batched = true;
+    let mut send = |control: &mut ControlServer, batch: &mut Vec<(u64, String)>| {
+        if batched && control.request(Op::CellCodes { codes: batch.clone() }, HOOK_TIMEOUT).is_err() {
+            batched = false;
+        }
+        if !batched {
+            for (cell, code) in batch.iter() {
+                if control.connected().is_none() {
+                    break;
+                }
+                let _ = control.request(Op::CellCode { cell: *cell, code: code.clone() }, HOOK_TIMEOUT);
+            }
+        }
+        batch.clear();
+    };
+    for (cell, code) in codes {
+        if bytes + code.len() > MAX_CODE_BYTES && !batch.is_empty() {
+            send(control, &mut batch);
+            bytes = 0;
+        }
+        bytes += code.len();
+        batch.push((*cell, code.clone()));
+    }
+    if !batch.is_empty() {
+        send(control, &mut batch);
     }
 }
 

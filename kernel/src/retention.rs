@@ -1,8 +1,13 @@
 //! How much of a long session the kernel keeps: the last `GPUMEM_NB_HISTORY_CELLS` cells'
-//! records (default 10,000), their code (for sites' cell lines) and end times (for `%gpumem diff`
-//! of cells). What is dropped is summarised ([`Dropped`]: how many cells, which, their statuses
-//! and highest peak), shown in `%gpumem history`'s caption and written by `%gpumem export`
-//! (JSON), never silently lost.
+//! records (default 2,000) and end times (for `%gpumem diff` of cells), and the code of at least
+//! the last [`CODE_CELLS`] cells (for sites' cell lines: a function an early cell defined keeps
+//! its lines for longer than the early cell's record). What is dropped is summarised
+//! ([`Dropped`]: how many cells, which, their statuses and highest peak), shown in `%gpumem
+//! history`'s caption and written by `%gpumem export` (JSON), never silently lost.
+//!
+//! A record takes a few KiB of the kernel's memory (1.2 KiB of its own and its strings): the
+//! default keeps the history's part of the kernel's memory within about 10 MiB in a session of
+//! any length (`scripts/soak.sh`, BENCHMARKS.md "Soak").
 
 use crate::report::CellRecord;
 use serde::Serialize;
@@ -12,7 +17,10 @@ use std::collections::BTreeMap;
 pub const HISTORY_VAR: &str = "GPUMEM_NB_HISTORY_CELLS";
 
 /// Cells kept when the variable is not set.
-pub const DEFAULT_KEEP: usize = 10_000;
+pub const DEFAULT_KEEP: usize = 2_000;
+
+/// The code of this many cells is kept at least (more when the history keeps more).
+pub const CODE_CELLS: usize = 10_000;
 
 /// Cells kept: `GPUMEM_NB_HISTORY_CELLS` (at least 1), else [`DEFAULT_KEEP`].
 pub fn keep() -> usize {

@@ -619,6 +619,7 @@ async fn sites_name_functions_cells_and_lines() {
     eprintln!("cell {cell}: {}\ntop: {}", e.reports_text(), serde_json::to_string(top).unwrap());
     let mib = |n: u64| serde_json::json!(n << 20);
     let of48 = top.iter().find(|s| s["bytes"] == mib(48)).unwrap_or_else(|| panic!("no 48 MiB site: {top:?}"));
+    let defined_in = cell - 1;
     assert_eq!(of48["function"], "alloc48", "{of48}");
     assert_eq!((&of48["cell"], &of48["line"]), (&serde_json::json!(cell - 1), &serde_json::json!(3)), "{of48}");
     assert_eq!(of48["called_from"], serde_json::json!([cell, 2]), "{of48}");
@@ -706,6 +707,21 @@ async fn sites_name_functions_cells_and_lines() {
             );
         }
     }
+
+    // A new child is sent the code of every cell so far as it connects (`cell_codes`, one
+    // request): after `:restart`, a site in the function an early cell defined keeps its line.
+    let e = k
+        .execute(
+            ":restart
+let again = alloc48();",
+        )
+        .await;
+    assert_eq!(e.status(), ReplyStatus::Ok, "{:?}", e.json());
+    let rec = &e.reports()[0];
+    assert_eq!(rec["restarted"], true, "{rec}");
+    let top = rec["all_allocations"]["top"].as_array().unwrap_or_else(|| panic!("{rec}"));
+    let of48 = top.iter().find(|s| s["function"] == "alloc48").unwrap_or_else(|| panic!("no alloc48 site: {top:?}"));
+    assert_eq!((&of48["cell"], &of48["line"]), (&serde_json::json!(defined_in), &serde_json::json!(3)), "{of48}");
     k.shutdown().await;
 }
 

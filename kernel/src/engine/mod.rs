@@ -590,7 +590,7 @@ impl Engine {
         let keep = crate::retention::keep();
         crate::retention::trim(&mut self.history.cells, &mut self.history.dropped, keep);
         crate::retention::trim_map(&mut self.cell_ends, keep);
-        self.hooks.trim_codes(keep);
+        self.hooks.trim_codes(keep.max(crate::retention::CODE_CELLS));
 
         // ---- %%gpumem: timeline, snapshot, then the session's own recording setting again
         if let Some((timeline, snap)) = cell_magic {
