@@ -16,12 +16,6 @@ use gpumem_nb::notebook::protocol::{FrameworkReading, OomEvent, Op, Reply};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// `GPUMEM_NB_HOOK_TIMES` set: each side of the hooks prints where its time went (the notebook
-/// process its reading's parts, the kernel its own on its stderr).
-static HOOK_TIMES: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
-    std::env::var_os(gpumem_nb::notebook::control::TIMES_VAR).is_some_and(|v| !v.is_empty() && v != "0")
-});
-
 /// Timeout of the per-cell control requests.
 pub const HOOK_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -218,7 +212,7 @@ impl Hooks {
             }
         }
         let us = t.elapsed().as_micros() as u64;
-        if *HOOK_TIMES {
+        if gpumem_nb::notebook::control::times_wanted() {
             // Beside the notebook process's own split (the same variable): the kernel's side.
             eprintln!(
                 "gpumem-kernel {name}: accepting the child {} µs, NVML {} µs, the request {} µs",

@@ -22,6 +22,12 @@ use std::sync::Arc;
 /// Set (to anything): each reading the hooks ask for prints where its time went, on stderr.
 pub const TIMES_VAR: &str = "GPUMEM_NB_HOOK_TIMES";
 
+/// Whether [`TIMES_VAR`] asks for the hooks' times (the notebook process's readings here, the
+/// kernel's side in gpumem-kernel).
+pub fn times_wanted() -> bool {
+    std::env::var_os(TIMES_VAR).is_some()
+}
+
 pub use super::protocol::CONTROL_VAR;
 
 /// Connects to the kernel if it asked for it and this process has not connected yet.
@@ -176,7 +182,7 @@ impl Session {
         let tracked = status.is_on().then(|| tracking::readings(self.tracked, full.owners));
         let t2 = std::time::Instant::now();
         let frameworks = if full.frameworks { super::frameworks::readings() } else { None };
-        if std::env::var_os(TIMES_VAR).is_some() {
+        if times_wanted() {
             // Where a reading's time goes (BENCHMARKS.md, "Sites"): on stderr, one line a reading.
             eprintln!(
                 "gpumem-nb reading: devices {} µs, tracked{} {} µs, frameworks {} µs",

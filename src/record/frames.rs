@@ -303,16 +303,16 @@ impl Symbolizer {
         r
     }
 
-    /// The tables that resolving these return addresses will read, those of modules `wanted`
-    /// names only, for [`read_tables`] to read outside whatever lock guards this symbolizer.
-    pub(crate) fn tables_to_read(&mut self, frames: &[usize], wanted: impl Fn(&str) -> bool) -> TablesToRead {
+    /// The tables that resolving these return addresses will read, for [`read_tables`] to read
+    /// outside whatever lock guards this symbolizer.
+    pub(crate) fn tables_to_read(&mut self, frames: &[usize]) -> TablesToRead {
         let mut out: TablesToRead = Vec::new();
         for &ip in frames {
             if self.cache.contains_key(&ip) {
                 continue;
             }
             let lookup = ip.saturating_sub(1);
-            let Some(m) = self.module(lookup).filter(|m| wanted(&m.name)) else { continue };
+            let Some(m) = self.module(lookup) else { continue };
             let tables = self.loaders.entry(m.path.clone()).or_default().clone();
             match out.iter_mut().find(|(_, p, _)| *p == m.path) {
                 Some((_, _, addrs)) => addrs.push((lookup as u64, m.base)),

@@ -331,35 +331,32 @@ impl Owners {
         site
     }
 
+    /// The frames of a stack the namer reads ahead: those in the cells' libraries, and those in
+    /// the program when no cell is on the stack (in a notebook the program below the cell is
+    /// evcxr's runner, which names no site: for gpumem-kernel's own binary on the development
+    /// machine its tables took about 170 MiB of the notebook process and 0.1 s).
+    fn frames_to_warm(&mut self, frames: &[usize]) -> Vec<usize> {
+        let modules: Vec<Arc<str>> = frames.iter().map(|&ip| self.symbols.module_name(ip)).collect();
+        let in_cell = modules.iter().any(|m| m.starts_with("libcode_"));
+        let exe = self.exe.as_deref().filter(|_| !in_cell);
+        frames.iter().zip(&modules).filter(|(_, m)| is_ours(exe, m)).map(|(&ip, _)| ip).collect()
+    }
+
     /// The modules' tables [`Owners::warm`] will read for this stack: read them with
     /// `crate::record::frames::read_tables` first, without the lock that guards these caches.
     pub(crate) fn tables_to_read(&mut self, frames: &[usize]) -> crate::record::frames::TablesToRead {
-        let exe = self.exe.clone().filter(|_| !self.in_cell(frames));
-        self.symbols.tables_to_read(frames, |m| is_ours(exe.as_deref(), m))
+        let frames = self.frames_to_warm(frames);
+        self.symbols.tables_to_read(&frames)
     }
 
-    /// Whether a stack runs through a notebook cell's library: then the program below it is
-    /// evcxr's runner, which names no site, and the namer leaves its tables unread (for
-    /// gpumem-kernel's own binary on the development machine they took about 170 MiB of the
-    /// notebook process and 0.1 s).
-    fn in_cell(&mut self, frames: &[usize]) -> bool {
-        frames.iter().any(|&ip| self.symbols.module_name(ip).starts_with("libcode_"))
-    }
-
-    /// Reads the costly part of naming this stack into the caches (its modules, the symbols
-    /// and line tables of the cells' frames, or of the program's when no cell is on the stack),
-    /// so that a report asking for its
-    /// site later finds them: done off the report's path, as stacks appear. Line maps are left
-    /// to the report, which has every cell's code by then.
+    /// Reads the costly part of naming this stack into the caches (the symbols and line tables
+    /// of [`Owners::frames_to_warm`]), so that a report asking for its site later finds them:
+    /// done off the report's path, as stacks appear. Line maps are left to the report, which has
+    /// every cell's code by then. (With the tables read beforehand by `tables_to_read` and
+    /// `read_tables`, this is lookups only.)
     pub(crate) fn warm(&mut self, frames: &[usize]) {
-        // (With the tables read beforehand by `tables_to_read` and `read_tables`, this is
-        // lookups only.)
-        let in_cell = self.in_cell(frames);
-        for &ip in frames {
-            let module = self.symbols.module_name(ip);
-            if module.starts_with("libcode_") || (!in_cell && self.ours(&module)) {
-                let _ = self.symbols.resolve(ip);
-            }
+        for ip in self.frames_to_warm(frames) {
+            let _ = self.symbols.resolve(ip);
         }
     }
 
