@@ -15,7 +15,7 @@ use gpumem_nb::{DeviceBuffer, StreamId};
 use serde_json::json;
 use std::time::Instant;
 
-#[path = "support/channel.rs"]
+#[path = "../tests/common/channel.rs"]
 mod channel;
 use channel::Channel;
 

@@ -19,7 +19,7 @@ use std::time::Instant;
 
 const MIB: u64 = 1 << 20;
 
-#[path = "support/channel.rs"]
+#[path = "../tests/common/channel.rs"]
 mod channel;
 use channel::Channel;
 

@@ -27,7 +27,7 @@ use gpumem_nb::{Allocator, tracking};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-#[path = "../examples/support/channel.rs"]
+#[path = "common/channel.rs"]
 mod channel;
 use channel::Channel;
 

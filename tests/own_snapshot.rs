@@ -10,7 +10,7 @@ use gpumem_nb::{DeviceBuffer, RecordMode, StreamId};
 use serde_json::Value;
 use std::process::Command;
 
-#[path = "../examples/support/channel.rs"]
+#[path = "common/channel.rs"]
 mod channel;
 use channel::Channel;
 

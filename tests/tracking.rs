@@ -8,7 +8,7 @@ use gpumem_nb::tracking::{self, TrackingStatus};
 use gpumem_nb::units::MIB;
 use gpumem_nb::{DeviceBuffer, StreamId};
 
-#[path = "../examples/support/channel.rs"]
+#[path = "common/channel.rs"]
 mod channel;
 use channel::Channel;
 

@@ -1,6 +1,6 @@
 //! The kernel's end of the control channel, in one process: the crate serves the other end of
 //! a socket pair on a thread, as it does in a notebook child, and `ask` sends one request and
-//! reads its reply. Shared by `examples/track_check.rs` and `tests/tracking.rs`.
+//! reads its reply. Shared by the tests that speak to the crate as the kernel does (`tests/tracking.rs`, …) and by `examples/track_check.rs` and `examples/report_cost.rs`.
 
 use gpumem_nb::notebook::control::serve;
 use gpumem_nb::notebook::protocol::{Op, Reply, Request, to_line};
