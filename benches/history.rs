@@ -101,7 +101,7 @@ fn session_cell(i: u64) -> String {
 }
 
 fn line_map(c: &mut Criterion) {
-    use gpumem_nb::notebook::cells::{CellIndex, LineMap};
+    use gpumem_nb::kernel::cells::{CellIndex, LineMap};
     let mut g = c.benchmark_group("line_map");
     for n in [250u64, 5_000] {
         let mut index = CellIndex::new();

@@ -19,7 +19,8 @@
 //! `torch.cuda._sleep` on the side stream becomes a sleeping host function on that stream
 //! (`CudaBackend::sleep_on_stream`); on the simulated device the stream is marked busy.
 
-use gpumem_nb::{AllocError, Allocator, BlockId, HistoryOptions, RecordMode, StackContext, StreamId};
+use gpumem_nb::blocks::BlockId;
+use gpumem_nb::{AllocError, Allocator, HistoryOptions, RecordMode, StackContext, StreamId};
 use serde_json::{Map, Value, json};
 use std::collections::HashMap;
 use std::process::Command;

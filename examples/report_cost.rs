@@ -10,7 +10,7 @@
 //! Prints one JSON object per kind: the hooks' time per cell (first cell, p50, p95, max) in
 //! milliseconds. `cargo run --release --example report_cost` (BENCHMARKS.md, "Sites").
 
-use gpumem_nb::notebook::protocol::Op;
+use gpumem_nb::kernel::protocol::Op;
 use gpumem_nb::{DeviceBuffer, StreamId};
 use serde_json::json;
 use std::time::Instant;

@@ -59,7 +59,7 @@ fn main() {
         gpumem_nb::current().expect("device");
         assert_eq!(gpumem_nb::tracking::status(), gpumem_nb::tracking::TrackingStatus::Off);
         let (a, f) = best_of(7, || alloc_free_ns(N, 40));
-        assert!(gpumem_nb::top(1).places.is_empty(), "the untracked run tracked nothing");
+        assert!(gpumem_nb::tracking::top(1).places.is_empty(), "the untracked run tracked nothing");
         println!("{}", json!({"alloc_ns": a, "free_ns": f}));
         return;
     }
@@ -99,7 +99,7 @@ fn main() {
     let mut times = Vec::new();
     for _ in 0..20 {
         let t = Instant::now();
-        let top = gpumem_nb::top(5);
+        let top = gpumem_nb::tracking::top(5);
         times.push(t.elapsed().as_secs_f64() * 1e3);
         std::hint::black_box(top);
     }
@@ -108,7 +108,7 @@ fn main() {
     println!(
         "{}",
         json!({"report_sites_ms_first": first, "report_sites_ms_p50": times[10], "report_sites_ms_p95": times[18],
-               "live_allocations": keep.len(), "top": gpumem_nb::top(1).places.first().map(|p| p.now.clone())})
+               "live_allocations": keep.len(), "top": gpumem_nb::tracking::top(1).places.first().map(|p| p.now.clone())})
     );
     drop(keep);
 }

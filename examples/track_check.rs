@@ -11,7 +11,7 @@
 
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t};
 use cudarc::driver::{CudaContext, sys};
-use gpumem_nb::notebook::protocol::{Op, PlaceReading, Reply};
+use gpumem_nb::kernel::protocol::{Op, PlaceReading, Reply};
 use gpumem_nb::tracking::{self, STACK_DEPTH, TrackingStatus};
 use serde_json::json;
 use std::sync::Arc;

@@ -13,7 +13,7 @@ use crate::record::history::{HistoryOptions, RecordMode, StackContext, TraceEntr
 use crate::snapshot::{RawSnapshot, Snapshot};
 use crate::stats::{DeviceStats, SlotId, SlotPeaks};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 struct Inner<B> {
@@ -24,7 +24,11 @@ struct Inner<B> {
 /// Called with the report when an allocation runs out of memory, on the allocating thread,
 /// outside the allocator's lock and before the error is returned (see
 /// [`CachingAllocator::set_oom_observer`]).
-pub type OomObserver = Arc<dyn Fn(&crate::OomReport) + Send + Sync>;
+pub type OomObserver = Arc<dyn Fn(&crate::error::OomReport) + Send + Sync>;
+
+/// The allocator of a device picked at run time (CUDA or simulated): what [`crate::device()`] and
+/// [`crate::current`] hand out, and what a [`crate::DeviceBuffer`] allocates from.
+pub type Allocator = CachingAllocator<crate::device::any::AnyBackend>;
 
 /// PyTorch's caching allocator for one device, over backend `B`.
 pub struct CachingAllocator<B: Backend> {
@@ -33,6 +37,9 @@ pub struct CachingAllocator<B: Backend> {
     kind: BackendKind,
     /// Whether operations capture their stack (read without the lock, before taking it).
     stacks: AtomicBool,
+    /// How many frames each captured stack walks ([`Self::set_stack_depth`]): data of this
+    /// allocator, so every cell of an evcxr session sees one setting.
+    stack_depth: AtomicUsize,
     /// Told of every out-of-memory failure (data of this allocator, so every copy of the crate
     /// in an evcxr process reaches the same one).
     oom_observer: Mutex<Option<OomObserver>>,
@@ -54,6 +61,7 @@ impl<B: Backend> CachingAllocator<B> {
             device,
             kind,
             stacks: AtomicBool::new(false),
+            stack_depth: AtomicUsize::new(crate::record::frames::DEFAULT_DEPTH),
             oom_observer: Mutex::new(None),
         }
     }
@@ -61,7 +69,7 @@ impl<B: Backend> CachingAllocator<B> {
     fn lock(&self) -> MutexGuard<'_, Inner<B>> {
         // A panic while holding the lock cannot leave the state half-updated in a way later
         // calls trip over (transitions complete before anything can panic), so recover.
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.inner)
     }
 
     /// Device index.
@@ -107,7 +115,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// streams, free cached blocks by pool and size class, and what [`Self::empty_cache`] would
     /// return now; the parts add up to [`Self::memory_reserved`] ([`ReservedParts`]). Walks
     /// every block and copies the state once (without its history): for reports, not hot loops.
-    pub fn reserved_parts(&self) -> crate::ReservedParts {
+    pub fn reserved_parts(&self) -> crate::policy::ReservedParts {
         self.with_state(|s, _| s.reserved_parts())
     }
 
@@ -125,7 +133,24 @@ impl<B: Backend> CachingAllocator<B> {
     /// The caller's stack when stacks are being recorded, captured before the lock is taken.
     #[inline]
     fn op_context(&self) -> Option<crate::record::frames::Frames> {
-        if self.stacks.load(Ordering::Relaxed) { Some(crate::record::frames::capture()) } else { None }
+        if self.stacks.load(Ordering::Relaxed) {
+            Some(crate::record::frames::capture_depth(self.stack_depth.load(Ordering::Relaxed)))
+        } else {
+            None
+        }
+    }
+
+    /// How many frames each stack of this allocator's history walks (1 ..= 64, clamped; 12 by
+    /// default). Each frame costs about 150 ns per recorded event (BENCHMARKS.md). The
+    /// tracked allocations of the whole process have their own depth
+    /// (`gpumem_nb::tracking::set_stack_depth`).
+    pub fn set_stack_depth(&self, frames: usize) {
+        self.stack_depth.store(frames.clamp(1, crate::record::frames::MAX_FRAMES), Ordering::Relaxed);
+    }
+
+    /// How many frames each stack of this allocator's history walks.
+    pub fn stack_depth(&self) -> usize {
+        self.stack_depth.load(Ordering::Relaxed)
     }
 
     /// Runs `f` under the lock with the operation's stack (if recorded) made current.
@@ -148,7 +173,7 @@ impl<B: Backend> CachingAllocator<B> {
     pub fn malloc(&self, size: u64, stream: StreamId) -> Result<Allocation, AllocError> {
         let r = self.with_context(|s, b| s.malloc(b, size, stream));
         if let Err(AllocError::OutOfMemory(report)) = &r {
-            let observer = self.oom_observer.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let observer = crate::sync::lock(&self.oom_observer).clone();
             if let Some(observe) = observer {
                 observe(report);
             }
@@ -160,7 +185,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// moment it happens (`None`: nothing). It may take a snapshot (the state still holds what
     /// the failing code held); it must not allocate from this allocator.
     pub fn set_oom_observer(&self, observer: Option<OomObserver>) {
-        *self.oom_observer.lock().unwrap_or_else(|e| e.into_inner()) = observer;
+        *crate::sync::lock(&self.oom_observer) = observer;
     }
 
     /// Frees a block from [`CachingAllocator::malloc`]. Freeing a block twice is an error value.
@@ -229,8 +254,9 @@ impl<B: Backend> CachingAllocator<B> {
     }
 
     /// `torch.cuda.set_per_process_memory_fraction()`.
-    pub fn set_per_process_memory_fraction(&self, fraction: f64) -> Result<(), crate::Error> {
-        self.with_state(|s, b| s.set_memory_fraction(fraction, b.total_memory())).map_err(crate::Error::InvalidArgument)
+    pub fn set_per_process_memory_fraction(&self, fraction: f64) -> Result<(), crate::error::Error> {
+        self.with_state(|s, b| s.set_memory_fraction(fraction, b.total_memory()))
+            .map_err(crate::error::Error::InvalidArgument)
     }
 
     /// `torch.cuda.get_per_process_memory_fraction()`.

@@ -13,7 +13,7 @@
 //! as zeros, and only [`DeviceBuffer::from_host`] / [`DeviceBuffer::copy_from_host`] store data.
 #![forbid(unsafe_code)]
 
-use crate::Allocator;
+use crate::allocator::Allocator;
 use crate::device::Element;
 use crate::device::{BackendKind, StreamId};
 use crate::error::{Error, Result};
@@ -142,7 +142,7 @@ impl<T: Copy> DeviceBuffer<T> {
                 ))
             })?
             .ok_or_else(|| {
-                Error::Device(crate::DeviceError::Driver(format!(
+                Error::Device(crate::device::DeviceError::Driver(format!(
                     "CUDA_ERROR_INVALID_HANDLE: stream {:#x} is unknown to the allocator",
                     stream.0
                 )))
@@ -220,10 +220,12 @@ impl<T: Copy> Drop for DeviceBuffer<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::allocator::CachingAllocator;
     use crate::device::any::AnyBackend;
     use crate::device::sim::SimBackend;
+    use crate::error::AllocError;
+    use crate::policy::config::AllocatorConfig;
     use crate::units::{GIB, MIB};
-    use crate::{AllocError, AllocatorConfig, CachingAllocator};
 
     fn sim(cap: u64) -> Arc<Allocator> {
         Arc::new(CachingAllocator::new(AnyBackend::Sim(SimBackend::new(0, cap)), AllocatorConfig::default()))
@@ -334,7 +336,7 @@ mod tests {
     #[test]
     fn record_stream_keeps_the_block_until_the_stream_is_done() {
         let a = sim(GIB);
-        let side = a.with_state(|_, b| crate::Backend::new_stream(b)).unwrap();
+        let side = a.with_state(|_, b| crate::device::Backend::new_stream(b)).unwrap();
         a.with_state(|_, b| b.as_sim_mut().unwrap().set_stream_busy(side, true));
         let buf = DeviceBuffer::<u8>::alloc(&a, 1024, StreamId::DEFAULT).unwrap();
         let addr = buf.addr();

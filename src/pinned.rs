@@ -37,7 +37,7 @@
 //! host, then device. System allocation and release run outside the host lock.
 #![forbid(unsafe_code)]
 
-use crate::Allocator;
+use crate::allocator::Allocator;
 use crate::buffer::DeviceBuffer;
 use crate::device::Element;
 use crate::device::{Backend, EventId, StreamId};
@@ -55,6 +55,7 @@ use std::time::Instant;
 use crate::device::DeviceError;
 #[cfg(feature = "cuda")]
 use crate::device::cuda::PinnedHostMemory;
+use crate::sync::lock;
 #[cfg(feature = "cuda")]
 use cudarc::driver::{CudaContext, CudaStream};
 
@@ -360,7 +361,7 @@ impl HostAllocator {
 
     fn lock(&self) -> MutexGuard<'_, HostInner> {
         // Every transition completes before anything can panic; a poisoned lock is recovered.
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.inner)
     }
 
     /// What the blocks are.
@@ -581,11 +582,6 @@ impl<T: Element> fmt::Debug for PinnedBuffer<T> {
     }
 }
 
-fn lock<X>(m: &Mutex<X>) -> MutexGuard<'_, X> {
-    // Each update is one push or take: a panic cannot leave the list half-updated.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 impl<T: Element> PinnedBuffer<T> {
     /// A buffer of `len` values from `host`'s cache. The contents are whatever the block held
     /// (zeros for a new block). `len × size_of::<T>() == 0` takes no block.
@@ -755,7 +751,7 @@ impl<T: Element> PinnedBuffer<T> {
     #[cfg(feature = "cuda")]
     fn queue_upload(&self, dst: &mut DeviceBuffer<T>, stream: StreamId) -> Result<bool> {
         match &self.mem {
-            Mem::Pinned(m) if dst.allocator().backend_kind() == crate::BackendKind::Cuda => {
+            Mem::Pinned(m) if dst.allocator().backend_kind() == crate::device::BackendKind::Cuda => {
                 let s = cuda_stream(dst.allocator(), stream)?;
                 m.copy_to_device_async(&mut dst.cuda_mut()?, &s)?;
                 Ok(true)
@@ -774,7 +770,7 @@ impl<T: Element> PinnedBuffer<T> {
     #[cfg(feature = "cuda")]
     fn queue_download(&mut self, src: &DeviceBuffer<T>, stream: StreamId) -> Result<bool> {
         match &mut self.mem {
-            Mem::Pinned(m) if src.allocator().backend_kind() == crate::BackendKind::Cuda => {
+            Mem::Pinned(m) if src.allocator().backend_kind() == crate::device::BackendKind::Cuda => {
                 let s = cuda_stream(src.allocator(), stream)?;
                 m.copy_from_device_async(&src.cuda()?, &s)?;
                 Ok(true)

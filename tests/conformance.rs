@@ -4,9 +4,10 @@
 //! probe recorded, the same statistics and the same segment/block layout (cases A–I and K of
 //! reference/pytorch_allocator.md §6). Invariants are recounted after every step.
 
+use gpumem_nb::blocks::BlockId;
 use gpumem_nb::device::sim::SimBackend;
 use gpumem_nb::units::MIB;
-use gpumem_nb::{AllocError, AllocatorConfig, BlockId, CachingAllocator, RecordMode, StreamId, TraceAction};
+use gpumem_nb::{AllocError, AllocatorConfig, CachingAllocator, RecordMode, StreamId, TraceAction};
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};

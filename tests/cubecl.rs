@@ -18,9 +18,9 @@ use cubecl_runtime_010::server::IoError;
 use cubecl_runtime_010::storage::{ComputeStorage, StorageHandle, StorageId, StorageUtilization};
 use gpumem_nb::device::nvml::NvmlSnapshot;
 use gpumem_nb::frameworks::cubecl010;
+use gpumem_nb::kernel::protocol::{Op, Reply};
+use gpumem_nb::kernel::report::{CellRecord, Readings, TrackedReadings, build_record, framework_parts};
 use gpumem_nb::mem::DriverBuffer;
-use gpumem_nb::notebook::protocol::{Op, Reply};
-use gpumem_nb::notebook::report::{CellRecord, Readings, TrackedReadings, build_record, framework_parts};
 use gpumem_nb::units::{MIB, iec_delta};
 use gpumem_nb::{Allocator, tracking};
 

@@ -153,7 +153,7 @@ fn line(n: usize, action: TraceAction, addr: u64, size: u64) -> TraceLine {
 }
 
 fn info(label: &str, function: &str) -> Option<Arc<EventInfo>> {
-    let frames = vec![gpumem_nb::Frame { name: function.into(), filename: label.into(), line: 4 }];
+    let frames = vec![gpumem_nb::snapshot::Frame { name: function.into(), filename: label.into(), line: 4 }];
     Some(Arc::new(EventInfo { label: label.into(), frames }))
 }
 

@@ -20,7 +20,7 @@ fn scripted_snapshot() -> Snapshot {
     alloc.record_memory_history_with(HistoryOptions::default());
     let s = StreamId::DEFAULT;
     let m = |n: u64| alloc.malloc(n, s).expect("malloc on the simulated device");
-    let free = |a: gpumem_nb::Allocation| alloc.free(a.block.expect("a block")).expect("free");
+    let free = |a: gpumem_nb::blocks::Allocation| alloc.free(a.block.expect("a block")).expect("free");
 
     alloc.set_label(Some("cell 1"));
     let weights = m(64 * MIB);

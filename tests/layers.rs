@@ -61,7 +61,7 @@ fn root_names(lib: &str) -> BTreeMap<String, String> {
         }
     }
     // `pub type Allocator = CachingAllocator<…>`.
-    out.insert("Allocator".into(), "allocator".into());
+    // Root names are for users: the crate itself names each thing by its own path.
     out
 }
 

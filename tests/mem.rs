@@ -1,13 +1,14 @@
 //! The ipyexperiments helpers (`gpumem_nb::mem`) on a simulated 1 GiB device, with exact
 //! byte numbers and what each number covers.
 
+use gpumem_nb::device::any::AnyBackend;
 use gpumem_nb::device::sim::SimBackend;
 use gpumem_nb::mem::{
     self, Coverage, Quantity, allocate_mib_fatal_on, allocate_mib_on, free_after_flush_on, free_on, leave_free_mib_on,
     mem_info_on, preload_on, total_on, used_after_flush_on, used_on,
 };
 use gpumem_nb::units::{GIB, MIB};
-use gpumem_nb::{AllocError, Allocator, AllocatorConfig, AnyBackend, BackendKind, CachingAllocator, Error};
+use gpumem_nb::{AllocError, Allocator, AllocatorConfig, BackendKind, CachingAllocator, Error};
 use std::sync::Arc;
 
 fn sim(cap: u64) -> Arc<Allocator> {

@@ -4,7 +4,7 @@
 //! JSON: the allocator's peaks are the session's own, every device event matches, the driver's
 //! allocations are accounted as their source, and `--fit` counts them.
 
-use gpumem_nb::notebook::protocol::{Op, RecordRequest};
+use gpumem_nb::kernel::protocol::{Op, RecordRequest};
 use gpumem_nb::units::MIB;
 use gpumem_nb::{DeviceBuffer, RecordMode, StreamId};
 use serde_json::Value;

@@ -1,11 +1,12 @@
-//! The caching host allocator (`gpumem_nb::HostAllocator`) on the simulated device: power-of-two
+//! The caching host allocator (`gpumem_nb::pinned::HostAllocator`) on the simulated device: power-of-two
 //! classes, reuse only after stream work completes, PyTorch's host stats, and round trips
 //! through a `DeviceBuffer`.
 
+use gpumem_nb::device::any::AnyBackend;
 use gpumem_nb::device::sim::SimBackend;
+use gpumem_nb::pinned::{HostAllocator, HostCacheState, HostMemoryKind, PinnedBuffer};
 use gpumem_nb::units::GIB;
-use gpumem_nb::{Allocator, AllocatorConfig, AnyBackend, CachingAllocator, DeviceBuffer, Error, StreamId};
-use gpumem_nb::{HostAllocator, HostCacheState, HostMemoryKind, PinnedBuffer};
+use gpumem_nb::{Allocator, AllocatorConfig, CachingAllocator, DeviceBuffer, Error, StreamId};
 use std::sync::Arc;
 
 fn sim(cap: u64) -> Arc<Allocator> {
@@ -293,7 +294,7 @@ fn buffers_and_caches_cross_threads() {
     fn send_sync<T: Send + Sync>() {}
     send_sync::<PinnedBuffer<f32>>();
     send_sync::<HostAllocator>();
-    send_sync::<gpumem_nb::HostStats>();
+    send_sync::<gpumem_nb::pinned::HostStats>();
     let host = HostAllocator::simulated();
     let threads: Vec<_> = (0..4)
         .map(|t| {

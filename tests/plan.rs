@@ -4,7 +4,7 @@
 //! policy and per cell, the smallest devices, and the reserved bytes explained (what it says
 //! `empty_cache` returns is what it returns).
 
-use gpumem_nb::notebook::protocol::{Op, RecordRequest};
+use gpumem_nb::kernel::protocol::{Op, RecordRequest};
 use gpumem_nb::units::MIB;
 use gpumem_nb::{DeviceBuffer, RecordMode, StreamId};
 

@@ -5,8 +5,9 @@
 //! sequences run under PyTorch's policies and under our `compact` one. After every step the
 //! reserved bytes' explanation adds up, and what it says `empty_cache` returns is what it does.
 
+use gpumem_nb::blocks::BlockId;
 use gpumem_nb::device::sim::SimBackend;
-use gpumem_nb::{AllocError, AllocatorConfig, BlockId, CachingAllocator, StreamId};
+use gpumem_nb::{AllocError, AllocatorConfig, CachingAllocator, StreamId};
 use proptest::prelude::*;
 
 #[derive(Clone, Debug)]

@@ -1,8 +1,9 @@
 //! The README's examples, run: the numbers and the message it shows are the ones the code
 //! produces (on the simulated device, as on a machine without a GPU).
 
+use gpumem_nb::device::any::AnyBackend;
 use gpumem_nb::device::sim::SimBackend;
-use gpumem_nb::{AllocatorConfig, AnyBackend, CachingAllocator, DeviceBuffer, StreamId};
+use gpumem_nb::{AllocatorConfig, CachingAllocator, DeviceBuffer, StreamId};
 use std::sync::Arc;
 
 fn readme() -> String {
@@ -57,7 +58,7 @@ fn seed_capability_examples_run() {
     let alloc = sim(4 << 30);
     // Scope: the printed line has the README's shape.
     let sink = gpumem_nb::scope::Capture::new();
-    let s = gpumem_nb::MemoryScope::new(&alloc, "forward").with_sink(sink.clone());
+    let s = gpumem_nb::scope::MemoryScope::new(&alloc, "forward").with_sink(sink.clone());
     let x = DeviceBuffer::<u8>::zeros(&alloc, 16 << 20, StreamId::DEFAULT).unwrap();
     drop(x);
     let y = DeviceBuffer::<u8>::zeros(&alloc, 4 << 20, StreamId::DEFAULT).unwrap();
@@ -84,8 +85,8 @@ fn seed_capability_examples_run() {
     let filler = gpumem_nb::mem::leave_free_mib_on(&alloc, 2048).unwrap();
     assert_eq!(gpumem_nb::mem::free_on(&alloc).unwrap().bytes, 2048 << 20);
     drop(filler);
-    let host = gpumem_nb::HostAllocator::for_device(&alloc);
-    let staging = gpumem_nb::PinnedBuffer::from_slice(&host, &[1u32, 2, 3]).unwrap();
+    let host = gpumem_nb::pinned::HostAllocator::for_device(&alloc);
+    let staging = gpumem_nb::pinned::PinnedBuffer::from_slice(&host, &[1u32, 2, 3]).unwrap();
     let on_gpu = staging.to_device(&alloc, StreamId::DEFAULT).unwrap();
     assert_eq!(on_gpu.to_host().unwrap(), vec![1, 2, 3]);
     assert!(

@@ -2,6 +2,7 @@
 //! structure, and the chart's reconstructed totals against the allocator's own statistics
 //! (also on the real PyTorch traces replayed through the allocator).
 
+use gpumem_nb::blocks::BlockId;
 use gpumem_nb::device::sim::SimBackend;
 use gpumem_nb::render::chart::{self, ChartOptions, Series, memory_over_time, peak_bars, segment_map};
 use gpumem_nb::render::reports::{MemoryStatsTable, MemorySummary, SegmentTable, SnapshotSummary, StatUnit};
@@ -9,8 +10,7 @@ use gpumem_nb::replay::{ReplayOptions, read_trace, replay};
 use gpumem_nb::snapshot::{MemoryTimeline, TimelineSource};
 use gpumem_nb::units::{GIB, KIB, MIB};
 use gpumem_nb::{
-    AllocatorConfig, BlockId, CachingAllocator, HistoryOptions, RecordMode, StackContext, StreamId, TraceAction,
-    TraceEntry,
+    AllocatorConfig, CachingAllocator, HistoryOptions, RecordMode, StackContext, StreamId, TraceAction, TraceEntry,
 };
 use std::path::PathBuf;
 

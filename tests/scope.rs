@@ -1,14 +1,15 @@
 //! Scoped measurement (`MemoryScope`, `measure_with_on`) and `save_memory_snapshot` on the
 //! simulated device, with exact byte numbers.
 
+use gpumem_nb::device::any::AnyBackend;
 use gpumem_nb::device::sim::SimBackend;
 use gpumem_nb::scope::{
     Capture, MemoryScope, SnapshotError, SnapshotScope, measure, measure_with_on, save_memory_snapshot_on,
 };
 use gpumem_nb::units::{GIB, MIB};
 use gpumem_nb::{
-    Allocator, AllocatorConfig, AnyBackend, BackendKind, CachingAllocator, DeviceBuffer, HistoryOptions, RecordMode,
-    StackContext, StreamId,
+    Allocator, AllocatorConfig, BackendKind, CachingAllocator, DeviceBuffer, HistoryOptions, RecordMode, StackContext,
+    StreamId,
 };
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;

@@ -52,7 +52,7 @@ impl Drop for TmpDir {
 
 /// The user's code: its name must be the top frame of its allocations in the snapshot.
 #[inline(never)]
-fn users_training_step(alloc: &CachingAllocator<SimBackend>) -> gpumem_nb::BlockId {
+fn users_training_step(alloc: &CachingAllocator<SimBackend>) -> gpumem_nb::blocks::BlockId {
     alloc.malloc(3 << 20, StreamId::DEFAULT).unwrap().block.unwrap()
 }
 

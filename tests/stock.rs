@@ -34,8 +34,8 @@ fn cell(n: u64) {
             std::io::stdout().flush().unwrap();
         }
         4 => panic!("a cell panics"),
-        5 => gpumem_nb::notebook::set_reports(false),
-        7 => gpumem_nb::notebook::set_reports(true),
+        5 => gpumem_nb::kernel::set_reports(false),
+        7 => gpumem_nb::kernel::set_reports(true),
         _ => {}
     }
 }

@@ -64,10 +64,10 @@ def plan(repo):
         cell("struct Table;\nimpl Table {\n    fn evcxr_display(&self) {\n"
              f'        println!("EVCXR_BEGIN_CONTENT text/html\\n{TABLE}\\nEVCXR_END_CONTENT");\n'
              "    }\n}\nTable", result={"text/html": TABLE}, report=["allocated now 64.00 MiB (Δ 0 B, peak 64.00 MiB)"]),
-        cell("gpumem_nb::notebook::set_reports(false);"),
+        cell("gpumem_nb::kernel::set_reports(false);"),
         cell(f"let more = {alloc.format(8)};"),
         # Back on: from the cell after this one.
-        cell("gpumem_nb::notebook::set_reports(true);"),
+        cell("gpumem_nb::kernel::set_reports(true);"),
         cell(f"let more2 = {alloc.format(8)};", report=["allocated now 80.00 MiB (Δ +8.00 MiB, peak 80.00 MiB)"]),
         # The child dies (variables lost); the next use of the crate installs the hooks again.
         cell("std::process::abort();", error=True),

@@ -3,7 +3,7 @@
 //! cuBLAS do on a GPU) and the allocator's own segments, with exact per-cell deltas and peaks,
 //! owners, and snapshots that show them.
 
-use gpumem_nb::notebook::protocol::{Op, PlaceReading, Reply};
+use gpumem_nb::kernel::protocol::{Op, PlaceReading, Reply};
 use gpumem_nb::tracking::{self, TrackingStatus};
 use gpumem_nb::units::MIB;
 use gpumem_nb::{DeviceBuffer, StreamId};
@@ -93,7 +93,7 @@ fn every_allocation_of_the_process_is_counted_per_cell() {
     // A snapshot shows the driver allocation beside the allocator's segment, labelled.
     ask(
         &mut ch,
-        Op::Record(gpumem_nb::notebook::protocol::RecordRequest {
+        Op::Record(gpumem_nb::kernel::protocol::RecordRequest {
             enabled: gpumem_nb::RecordMode::All,
             max_entries: Some(1000),
             stacks: false,
@@ -118,7 +118,7 @@ fn every_allocation_of_the_process_is_counted_per_cell() {
 
     // A snapshot scope records the other allocations of its time too.
     let dir = std::env::temp_dir().join(format!("gpumem-tracking-scope-{}", std::process::id()));
-    let (_, files) = gpumem_nb::save_memory_snapshot(&dir, || drop(a_foreign_library_allocates(7)));
+    let (_, files) = gpumem_nb::scope::save_memory_snapshot(&dir, || drop(a_foreign_library_allocates(7)));
     let json = std::fs::read_to_string(files.unwrap().json).unwrap();
     let snap: serde_json::Value = serde_json::from_str(&json).unwrap();
     let scoped: Vec<&str> = snap["device_traces"][0]
@@ -140,7 +140,7 @@ fn every_allocation_of_the_process_is_counted_per_cell() {
     let stacked_frames = |depth: usize| {
         tracking::set_stack_depth(depth);
         let dir = std::env::temp_dir().join(format!("gpumem-tracking-depth-{}-{depth}", std::process::id()));
-        let (_, files) = gpumem_nb::save_memory_snapshot(&dir, || drop(a_foreign_library_allocates(3)));
+        let (_, files) = gpumem_nb::scope::save_memory_snapshot(&dir, || drop(a_foreign_library_allocates(3)));
         let snap: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(files.unwrap().json).unwrap()).unwrap();
         let _ = std::fs::remove_dir_all(&dir);

@@ -14,7 +14,7 @@ fn tracking_off_counts_nothing() {
     }
     let keep = gpumem_nb::mem::driver_alloc_mib(8).unwrap();
     assert_eq!(tracking::status(), TrackingStatus::Off);
-    let top = gpumem_nb::top(5);
+    let top = gpumem_nb::tracking::top(5);
     assert!(top.places.is_empty(), "nothing tracked: {top:?}");
     assert_eq!(top.tracking, "off (GPUMEM_NB_TRACK=off)");
     // The simulated device still gave the memory out.

@@ -2,8 +2,8 @@
 //! `Reply`, at most one per line, and lines that are not requests change nothing.
 #![no_main]
 
-use gpumem_nb::notebook::control::serve;
-use gpumem_nb::notebook::protocol::{Op, Reply, Request, parse_request, to_line};
+use gpumem_nb::kernel::control::serve;
+use gpumem_nb::kernel::protocol::{Op, Reply, Request, parse_request, to_line};
 use libfuzzer_sys::fuzz_target;
 use std::sync::OnceLock;
 

@@ -7,7 +7,8 @@
 //! gpumem-kernel run NOTEBOOK.ipynb [--output OUT.ipynb] [--html OUT.html] [--allow-errors]
 //! ```
 
-use gpumem_kernel::{build_dir, install, kernel, run};
+use gpumem_kernel::cell::build_dir;
+use gpumem_kernel::jupyter::{install, kernel, run};
 use std::path::PathBuf;
 
 const HELP: &str = "\
@@ -35,8 +36,8 @@ fn main() {
     // First: the same binary is also the cell crate's rustc wrapper (line tables), evcxr's
     // child process and evcxr's rustc wrapper. As the child, it answers the kernel's stderr
     // sync requests on a thread of its own (`stderr_sync`).
-    gpumem_kernel::cell_lines::wrap_if_asked();
-    gpumem_kernel::stderr_sync::serve_in_child();
+    gpumem_kernel::cell::cell_lines::wrap_if_asked();
+    gpumem_kernel::cell::stderr_sync::serve_in_child();
     evcxr::runtime_hook();
     let args: Vec<String> = std::env::args().skip(1).collect();
     // Where evcxr compiles cells: a directory kept between kernel starts, outside any cargo

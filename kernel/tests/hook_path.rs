@@ -1,7 +1,7 @@
 //! The per-cell hook path end to end, without evcxr: this binary plays both sides.
 //!
 //! - The **kernel side** (`main`) holds the kernel's control channel and runs the kernel's own
-//!   hooks (`gpumem_kernel::hooks`: NVML and the crate's `pre`/`post`) around every cell, builds
+//!   hooks (`gpumem_kernel::cell::hooks`: NVML and the crate's `pre`/`post`) around every cell, builds
 //!   the cell's record and report line, and keeps the history, as `Engine::run_cell` does.
 //! - The **notebook child** is this same binary started again with `GPUMEM_HOOK_PATH_CHILD=1`
 //!   and `GPUMEM_NB_CONTROL`, as evcxr's child is. It loads gpumem-nb on its first cell (which
@@ -18,9 +18,9 @@
 //! (`scripts/gpu/run.sh`), where `GPUMEM_NB_EXPECT_GPU=1` makes the CUDA backend and NVML
 //! required. Prints one JSON line per check and per cell, and fails if any check fails.
 
-use gpumem_kernel::control::{CONTROL_VAR, ControlServer};
-use gpumem_kernel::hooks::{self, Hooks};
-use gpumem_kernel::report::{CellRecord, History};
+use gpumem_kernel::cell::hooks::{self, Hooks};
+use gpumem_kernel::session::control::{CONTROL_VAR, ControlServer};
+use gpumem_kernel::session::report::{CellRecord, History};
 use gpumem_nb::{Allocator, DeviceBuffer, StreamId};
 use serde_json::{Value, json};
 use std::collections::HashMap;
@@ -67,13 +67,13 @@ fn child_main() -> ExitCode {
             }
         };
         let op = req["do"].as_str().unwrap_or("");
-        let start = gpumem_nb::notebook::registry::opened().first().map(|a| {
+        let start = gpumem_nb::kernel::opened().first().map(|a| {
             // The child's own measure of the cell's peak: the allocator's global peak, reset here.
             a.reset_peak_memory_stats();
             self_reading(a)
         });
         let (status, error) = run_cell(op, &mut vars);
-        let end = gpumem_nb::notebook::registry::opened().first().map(self_reading);
+        let end = gpumem_nb::kernel::opened().first().map(self_reading);
         let reply = json!({"pid": std::process::id(), "status": status, "error": error, "start": start, "end": end});
         let _ = writeln!(out, "{reply}");
         let _ = out.flush();

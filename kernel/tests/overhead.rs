@@ -1,6 +1,6 @@
 //! What the per-cell hooks cost the kernel, measured with the real pieces: kernel-side NVML
 //! (`nvml::read`) and the control channel's `pre` and `post` round trips, answered by the
-//! gpumem-nb crate's own serving loop (`gpumem_nb::notebook::control::serve`) over a Unix socket, with a
+//! gpumem-nb crate's own serving loop (`gpumem_nb::kernel::control::serve`) over a Unix socket, with a
 //! device open (CUDA when there is one, else simulated).
 //!
 //! `live_line_overhead`: what the live line costs over a long cell.
@@ -8,8 +8,8 @@
 //! A measurement, not a timed test: `cargo test --release -p gpumem-kernel --test overhead --
 //! --ignored --nocapture` prints one JSON line per measurement.
 
-use gpumem_kernel::control::ControlServer;
-use gpumem_nb::notebook::protocol::Op;
+use gpumem_kernel::session::control::ControlServer;
+use gpumem_nb::kernel::protocol::Op;
 use serde_json::json;
 use std::io::{BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -22,7 +22,7 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
 
 /// A measurement's figures with what they were measured on: the backend and NVML's devices.
 fn with_machine(alloc: &gpumem_nb::Allocator, mut figures: serde_json::Value) -> serde_json::Value {
-    let nvml = gpumem_kernel::nvml::read();
+    let nvml = gpumem_kernel::session::nvml::read();
     figures["backend"] = json!(alloc.backend_kind().name());
     figures["nvml_devices"] = json!(nvml.devices.len());
     figures["nvml_error"] = json!(nvml.error);
@@ -42,10 +42,10 @@ fn hook_overhead() {
     // reply) instead of the raw socket, to see what per-token writes cost.
     if std::env::var_os("GPUMEM_BENCH_BUFFERED").is_some() {
         std::thread::spawn(move || {
-            gpumem_nb::notebook::control::serve(BufReader::new(stream), std::io::BufWriter::new(w))
+            gpumem_nb::kernel::control::serve(BufReader::new(stream), std::io::BufWriter::new(w))
         });
     } else {
-        std::thread::spawn(move || gpumem_nb::notebook::control::serve(BufReader::new(stream), w));
+        std::thread::spawn(move || gpumem_nb::kernel::control::serve(BufReader::new(stream), w));
     }
     assert!(server.poll(Some(std::process::id())).connected.is_some());
 
@@ -55,12 +55,12 @@ fn hook_overhead() {
         let t0 = Instant::now();
         let _ = server.poll(Some(std::process::id()));
         let t1 = Instant::now();
-        let snap = gpumem_kernel::nvml::read();
+        let snap = gpumem_kernel::session::nvml::read();
         let t2 = Instant::now();
         server.request(Op::Pre { cell }, Duration::from_secs(5)).unwrap();
         let t3 = Instant::now();
         let _ = server.poll(Some(std::process::id()));
-        let _ = gpumem_kernel::nvml::read();
+        let _ = gpumem_kernel::session::nvml::read();
         let t4 = Instant::now();
         server.request(Op::Post { cell }, Duration::from_secs(5)).unwrap();
         let t5 = Instant::now();
@@ -89,8 +89,8 @@ fn hook_overhead() {
 #[derive(Default)]
 struct Lines(std::sync::Mutex<u32>);
 
-impl gpumem_kernel::engine::Sink for Lines {
-    fn emit(&self, _out: gpumem_kernel::engine::Output) {
+impl gpumem_kernel::output::Sink for Lines {
+    fn emit(&self, _out: gpumem_kernel::output::Output) {
         *self.0.lock().unwrap() += 1;
     }
 
@@ -106,15 +106,15 @@ impl gpumem_kernel::engine::Sink for Lines {
 /// A control server in `dir` with the crate's serving loop connected to it on a thread of its
 /// own, a cell open (`pre`); the receiver gets that thread's CPU time once the server is
 /// dropped.
-fn serving(dir: &std::path::Path) -> (gpumem_kernel::hooks::SharedControl, std::sync::mpsc::Receiver<Duration>) {
+fn serving(dir: &std::path::Path) -> (gpumem_kernel::cell::hooks::SharedControl, std::sync::mpsc::Receiver<Duration>) {
     let mut server = ControlServer::in_dir(dir).unwrap();
     let stream = UnixStream::connect(server.socket_path()).unwrap();
     let mut w = stream.try_clone().unwrap();
     writeln!(w, "{}", json!({"hello": 1, "pid": std::process::id(), "version": "bench"})).unwrap();
     let (cpu_tx, cpu_rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        gpumem_nb::notebook::control::serve(BufReader::new(stream), w);
-        let _ = cpu_tx.send(gpumem_kernel::live::thread_cpu());
+        gpumem_nb::kernel::control::serve(BufReader::new(stream), w);
+        let _ = cpu_tx.send(gpumem_kernel::cell::live::thread_cpu());
     });
     assert!(server.poll(Some(std::process::id())).connected.is_some());
     server.request(Op::Pre { cell: 1 }, Duration::from_secs(5)).unwrap();
@@ -130,7 +130,7 @@ fn serving(dir: &std::path::Path) -> (gpumem_kernel::hooks::SharedControl, std::
 #[test]
 #[ignore = "a measurement; run with --ignored --nocapture"]
 fn live_line_overhead() {
-    use gpumem_kernel::live;
+    use gpumem_kernel::cell::live;
     use std::sync::Arc;
     let secs: u64 = std::env::var("GPUMEM_BENCH_LIVE_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
     let alloc = gpumem_nb::current().expect("a device (CUDA or simulated)");

@@ -16,7 +16,7 @@ Assertions (exit 1 when one fails):
 - cells tagged `site=FUNCTION[@LINE]` (issue 19): the record's `top` has an entry whose
   function is FUNCTION (or starts with it when it ends in `::`), in this cell at LINE when given;
   with --no-lines (the stock kernel, which cannot know cell lines) only the function is checked;
-- cells tagged `top-names=A,B`: the cell's value (`gpumem_nb::top(n)`) names each of A, B;
+- cells tagged `top-names=A,B`: the cell's value (`gpumem_nb::tracking::top(n)`) names each of A, B;
 - cells tagged `nvml-matches`: NVML's per-process delta equals what the process reserved
   according to the crate (allocator reserved delta + CUDA pool reserved delta + tracked driver,
   VMM and managed allocations) within the driver's 2 MiB granularity.

@@ -17,7 +17,7 @@
 //! whether it fits, which request fails first (with its site when a stack was recorded), the
 //! smallest device it fits on under that policy and under each of default, expandable segments
 //! and compact (`gpumem_nb::replay::fit`). `--explain` splits the reserved bytes at the
-//! reserved peak and at the end into parts that add up (`gpumem_nb::ReservedParts`).
+//! reserved peak and at the end into parts that add up (`gpumem_nb::blocks::ReservedParts`).
 //!
 //! The recorded allocator configuration is, in order: the trace's sidecar `<name>.json`
 //! (`alloc_conf`), a snapshot's `allocator_settings`, `GPUMEM_NB_ALLOC_CONF`, the default;
@@ -31,12 +31,13 @@
 //!
 //! Bad input is one line on stderr naming the file (and line or event), and exit status 2.
 
+use gpumem_nb::AllocatorConfig;
+use gpumem_nb::blocks::ReservedParts;
 use gpumem_nb::replay::fit::{self, Program, RunOptions};
 use gpumem_nb::replay::{
     DeviceTrace, Recording, ReplayOptions, TraceError, read_recording, replay, replay_sequence, trace_reserved_peak,
 };
 use gpumem_nb::units::iec;
-use gpumem_nb::{AllocatorConfig, ReservedParts};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -532,14 +533,14 @@ fn plan(
 fn write_snapshot(
     args: &Args,
     device: i32,
-    snapshot: impl FnOnce() -> gpumem_nb::Snapshot,
-) -> Result<Option<gpumem_nb::SnapshotFiles>, String> {
+    snapshot: impl FnOnce() -> gpumem_nb::snapshot::Snapshot,
+) -> Result<Option<gpumem_nb::render::SnapshotFiles>, String> {
     let dir = args.snapshot.as_ref().map(|d| if device == 0 { d.clone() } else { d.join(format!("device-{device}")) });
     dir.map(|dir| snapshot().save(&dir).map_err(|e| e.to_string())).transpose()
 }
 
 /// The snapshot's files as JSON, if one was written.
-fn files_json(files: Option<&gpumem_nb::SnapshotFiles>) -> Value {
+fn files_json(files: Option<&gpumem_nb::render::SnapshotFiles>) -> Value {
     files.map_or(Value::Null, |f| json!({"pickle": f.pickle, "json": f.json, "html": f.html}))
 }
 

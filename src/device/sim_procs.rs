@@ -3,7 +3,7 @@
 //! Every process whose simulated device is the notebook's (the registry's, see
 //! `notebook::registry`) publishes the bytes it holds on it in a small file,
 //! `<dir>/<pid>-<device>`, rewritten whenever that changes; [`processes`] lists them (with each
-//! process's name from `/proc`), dropping the files of processes that are gone. So a notebook
+//! process's name from `/proc`, [`crate::procfs`]), dropping the files of processes that are gone. So a notebook
 //! that starts a worker process on the simulated device sees that worker as it would see a CUDA
 //! child through NVML. The directory is `GPUMEM_NB_SIM_PROCS`, else `gpumem-nb-sim-procs` in
 //! the system's temporary directory; processes share it by inheriting the environment.
@@ -11,11 +11,11 @@
 use std::path::PathBuf;
 
 /// The environment variable naming the table's directory.
-pub const PROCS_VAR: &str = "GPUMEM_NB_SIM_PROCS";
+pub(crate) const PROCS_VAR: &str = "GPUMEM_NB_SIM_PROCS";
 
 /// One process on the simulated device.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SimProcess {
+pub(crate) struct SimProcess {
     /// Its pid.
     pub pid: u32,
     /// Its name (`/proc/<pid>/comm`), empty where unknown.
@@ -25,7 +25,7 @@ pub struct SimProcess {
 }
 
 /// The table's directory.
-pub fn dir() -> PathBuf {
+pub(crate) fn dir() -> PathBuf {
     std::env::var_os(PROCS_VAR).map_or_else(|| std::env::temp_dir().join("gpumem-nb-sim-procs"), PathBuf::from)
 }
 
@@ -33,14 +33,14 @@ pub fn dir() -> PathBuf {
 /// place by one positioned write of a fixed-width number whenever the bytes change (a write per
 /// allocation costs about a microsecond; a new file and a rename each time cost over 100).
 #[derive(Clone, Debug)]
-pub struct Row {
+pub(crate) struct Row {
     file: std::sync::Arc<std::fs::File>,
 }
 
 impl Row {
     /// Creates (or takes over) this process's file for `device`; `None` when the table cannot be
     /// written (the device then works, unlisted).
-    pub fn open(device: i32) -> Option<Row> {
+    pub(crate) fn open(device: i32) -> Option<Row> {
         let dir = dir();
         std::fs::create_dir_all(&dir).ok()?;
         let file = std::fs::OpenOptions::new()
@@ -54,7 +54,7 @@ impl Row {
 
     /// Publishes `used` bytes (best effort). The text always has the same width, so a reader
     /// never sees a longer old number's tail.
-    pub fn publish(&self, used: u64) {
+    pub(crate) fn publish(&self, used: u64) {
         let text = format!("{used:020}\n");
         #[cfg(unix)]
         {
@@ -71,35 +71,29 @@ impl Row {
 }
 
 /// Publishes this process's bytes on simulated device `device` once (best effort).
-pub fn publish(device: i32, used: u64) {
+#[cfg(test)]
+pub(crate) fn publish(device: i32, used: u64) {
     if let Some(row) = Row::open(device) {
         row.publish(used);
     }
 }
 
-/// The name of process `pid` (`/proc/<pid>/comm`), empty where unknown.
-pub fn process_name(pid: u32) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/comm")).map(|s| s.trim().to_string()).unwrap_or_default()
-}
-
-fn alive(pid: u32) -> bool {
-    std::path::Path::new(&format!("/proc/{pid}")).exists()
-}
-
 /// Every live process on simulated device `device`, by pid; files of processes that are gone
 /// are removed.
-pub fn processes(device: i32) -> Vec<SimProcess> {
+#[cfg(test)]
+pub(crate) fn processes(device: i32) -> Vec<SimProcess> {
     processes_in(&dir(), device)
 }
 
-/// [`processes`] of the table in `dir`.
-pub fn processes_in(dir: &std::path::Path, device: i32) -> Vec<SimProcess> {
+/// The live processes on simulated device `device` in the table in `dir`; files of processes
+/// that are gone are removed.
+pub(crate) fn processes_in(dir: &std::path::Path, device: i32) -> Vec<SimProcess> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
         let Some(name) = entry.file_name().into_string().ok() else { continue };
         let Some((pid, dev)) = name.split_once('-') else { continue };
         let (Ok(pid), Ok(dev)) = (pid.parse::<u32>(), dev.parse::<i32>()) else { continue };
-        if !alive(pid) {
+        if !crate::procfs::alive(pid) {
             let _ = std::fs::remove_file(entry.path());
             continue;
         }
@@ -109,75 +103,15 @@ pub fn processes_in(dir: &std::path::Path, device: i32) -> Vec<SimProcess> {
         let Some(used) = std::fs::read_to_string(entry.path()).ok().and_then(|s| s.trim().parse().ok()) else {
             continue;
         };
-        out.push(SimProcess { pid, name: process_name(pid), used });
+        out.push(SimProcess { pid, name: crate::procfs::process_name(pid), used });
     }
     out.sort_by_key(|p| p.pid);
     out
 }
 
-/// The processes below `root` in the process tree (children, their children, …), from `/proc`:
-/// each thread's `children` list where the kernel has them (cheap), else every process's parent.
-pub fn descendants(root: u32) -> Vec<u32> {
-    if std::path::Path::new(&format!("/proc/{root}/task/{root}/children")).exists() {
-        let mut found = Vec::new();
-        let mut todo = vec![root];
-        while let Some(p) = todo.pop() {
-            for task in std::fs::read_dir(format!("/proc/{p}/task")).into_iter().flatten().flatten() {
-                let Ok(list) = std::fs::read_to_string(task.path().join("children")) else { continue };
-                for c in list.split_whitespace().filter_map(|c| c.parse::<u32>().ok()) {
-                    found.push(c);
-                    todo.push(c);
-                }
-            }
-        }
-        found.sort_unstable();
-        found.dedup();
-        return found;
-    }
-    descendants_by_parent(root)
-}
-
-fn descendants_by_parent(root: u32) -> Vec<u32> {
-    let mut parent_of = Vec::new();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
-        // `pid (comm) state ppid …`: the name may hold spaces and parentheses, so after the last ')'.
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
-        let Some(ppid) =
-            stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        parent_of.push((pid, ppid));
-    }
-    let mut found = vec![root];
-    let mut i = 0;
-    while i < found.len() {
-        let p = found[i];
-        found.extend(parent_of.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
-        i += 1;
-    }
-    found.remove(0);
-    found.sort_unstable();
-    found
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    #[cfg_attr(miri, ignore = "Miri cannot start processes")]
-    fn a_child_process_is_a_descendant_and_named() {
-        let mut child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
-        let pid = child.id();
-        assert!(descendants(std::process::id()).contains(&pid));
-        assert!(descendants_by_parent(std::process::id()).contains(&pid));
-        assert_eq!(process_name(pid), "sleep");
-        child.kill().unwrap();
-        child.wait().unwrap();
-        assert!(!descendants(std::process::id()).contains(&pid));
-    }
 
     /// The table round trip, in this process (a device number no other test uses), and a dead
     /// process's file removed.

@@ -22,8 +22,8 @@
 //! the client read is the server the model's tensors live in.
 #![forbid(unsafe_code)]
 
-use crate::notebook::frameworks;
 use crate::notebook::protocol::{FrameworkPool, FrameworkReading};
+use crate::notebook::watched;
 use cubecl_runtime::client::Client;
 use cubecl_runtime::memory_management::{MemoryPoolKind, MemoryPoolReport, MemoryReport, MemoryScope};
 use std::sync::Arc;
@@ -40,7 +40,7 @@ pub fn device_label(client: &Client) -> String {
 /// opens gpumem-nb's device 0, which starts the per-cell readings and tracking, if no cell did
 /// yet. Watching the same device again replaces the earlier watch. Returns what is watched
 /// (`cuda:0`).
-pub fn watch(client: &Client) -> crate::Result<String> {
+pub fn watch(client: &Client) -> crate::error::Result<String> {
     let device = device_label(client);
     let client = client.clone();
     watch_report(&device, move || client.memory_report(MemoryScope::Device))?;
@@ -49,16 +49,19 @@ pub fn watch(client: &Client) -> crate::Result<String> {
 
 /// Watches a cubecl memory report from any source (another runtime's client, a memory manager
 /// of one's own): `report` is asked at every cell's reading.
-pub fn watch_report(device: &str, report: impl Fn() -> MemoryReport + Send + Sync + 'static) -> crate::Result<()> {
-    crate::current()?;
+pub fn watch_report(
+    device: &str,
+    report: impl Fn() -> MemoryReport + Send + Sync + 'static,
+) -> crate::error::Result<()> {
+    crate::notebook::session::current()?;
     let label = device.to_string();
-    frameworks::watch(&key(device), Arc::new(move || reading(&label, &report())));
+    watched::watch(&key(device), Arc::new(move || reading(&label, &report())));
     Ok(())
 }
 
 /// Stops watching `device` (`cuda:0`); false when it was not watched.
 pub fn unwatch(device: &str) -> bool {
-    frameworks::unwatch(&key(device))
+    watched::unwatch(&key(device))
 }
 
 fn key(device: &str) -> String {

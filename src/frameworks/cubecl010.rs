@@ -24,8 +24,8 @@
 //! server the model's tensors live in.
 #![forbid(unsafe_code)]
 
-use crate::notebook::frameworks;
 use crate::notebook::protocol::{FrameworkPool, FrameworkReading};
+use crate::notebook::watched;
 use cubecl_common_010::stream_id::StreamId;
 use cubecl_runtime_010::client::ComputeClient;
 use cubecl_runtime_010::memory_management::MemoryUsage;
@@ -43,7 +43,7 @@ pub const KIND: &str = "all pools";
 /// and line carry them. Also opens gpumem-nb's device 0, which starts the per-cell readings and
 /// tracking, if no cell did yet. Watching the same runtime and stream again replaces the earlier
 /// watch. Returns what is watched (`cuda stream 0`).
-pub fn watch<R: Runtime>(client: &ComputeClient<R>) -> crate::Result<String> {
+pub fn watch<R: Runtime>(client: &ComputeClient<R>) -> crate::error::Result<String> {
     let stream = StreamId::current();
     let device = format!("{} stream {}", R::name(client), stream.value);
     let client = client.clone();
@@ -56,10 +56,10 @@ pub fn watch<R: Runtime>(client: &ComputeClient<R>) -> crate::Result<String> {
 pub fn watch_usage(
     device: &str,
     usage: impl Fn() -> Result<MemoryUsage, String> + Send + Sync + 'static,
-) -> crate::Result<()> {
-    crate::current()?;
+) -> crate::error::Result<()> {
+    crate::notebook::session::current()?;
     let label = device.to_string();
-    frameworks::watch(
+    watched::watch(
         &key(device),
         Arc::new(move || match usage() {
             Ok(u) => reading(&label, &u),
@@ -77,7 +77,7 @@ pub fn watch_usage(
 
 /// Stops watching `device` (`cuda stream 0`); false when it was not watched.
 pub fn unwatch(device: &str) -> bool {
-    frameworks::unwatch(&key(device))
+    watched::unwatch(&key(device))
 }
 
 fn key(device: &str) -> String {

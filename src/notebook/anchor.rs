@@ -1,58 +1,64 @@
-//! The process-wide anchor: one allocator state per process, however many copies of this crate
+//! The process-wide anchor: one value per name per process, however many copies of this crate
 //! the process has loaded.
 //!
 //! Under evcxr every notebook cell is compiled into its own shared object, and each links its
-//! own copy of every `:dep` crate, statics included (reference/evcxr.md §B): a `static` set in
-//! cell 1 is fresh again in cell 2. So the per-process state ([`Shared`]: the device registry
-//! and the kernel's control channel) lives in one leaked allocation, and its address is
-//! published in the process environment (`GPUMEM_NB_ANCHOR`), the one store every copy shares.
-//! A copy reads it once and then keeps the reference in its own `static`.
+//! own copy of every `:dep` crate, statics included (evcxr issue #331): a `static` set in cell 1 is fresh again in cell 2. So what must be one per
+//! process (the device registry, tracking, the control channel, …) lives in leaked
+//! allocations, found through one map whose address is published in the process environment
+//! (`GPUMEM_NB_ANCHOR`), the one store every copy shares. The anchor knows no room: a room asks
+//! for its own slot by name with [`per_process!`], which also keeps the reference in the calling
+//! copy's own `static`, so a slot costs a map lookup once per copy of the crate.
 //!
 //! The published value is `<fingerprint>@<pid>@<address>`:
-//! - the fingerprint (crate version, features, the layout of [`Shared`]) makes sure only a copy
+//! - the fingerprint (crate version, features, the layout of the map) makes sure only a copy
 //!   built from the same crate, with the same layout, ever uses the address;
 //! - the pid makes sure a child process, which inherits the environment but not the memory,
 //!   never does.
 //!
+//! Each slot carries a fingerprint of its own (crate version, features, the slot's type name,
+//! size and alignment): a copy finds a slot only where the value there has the type it expects.
+//!
 //! This file, `device/cuda/` and `record/unwind/machine.rs` are the only places with `unsafe`
 //! code.
 
-use crate::notebook::registry::Registry;
+use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
 /// The environment variable holding the anchor.
 pub(crate) const ANCHOR_VAR: &str = "GPUMEM_NB_ANCHOR";
 
-/// Everything that must be one per process.
-pub(crate) struct Shared {
-    /// The device registry (resolved selection, config, the allocators opened).
-    pub(crate) registry: Mutex<Option<Registry>>,
-    /// Whether the control channel to the gpumem kernel was started in this process.
-    pub(crate) control_started: Mutex<bool>,
-    /// Every device allocation of the process (`notebook::tracking`).
-    pub(crate) tracking: super::tracking::Tracking,
-    /// The stock evcxr kernel's per-cell reports (`notebook::stock`).
-    pub(crate) reports: super::stock::Switches,
-    /// The frameworks whose own books every reading includes (`notebook::frameworks`).
-    pub(crate) frameworks: super::frameworks::Watched,
-    /// The per-cell records the stock kernel's hooks made, for the metrics endpoint.
-    pub(crate) metrics: super::metrics::Exported,
+/// Every per-process value, by name: its fingerprint and the address of its leaked value.
+struct Slots {
+    map: Mutex<HashMap<String, (String, usize)>>,
 }
 
-/// The reference this copy of the crate uses.
-static LOCAL: OnceLock<&'static Shared> = OnceLock::new();
+/// The map this copy of the crate uses.
+static LOCAL: OnceLock<&'static Slots> = OnceLock::new();
 
 /// Serialises this copy's first lookup (evcxr runs cells one after another, so copies do not
 /// race each other in practice; threads of one copy do).
 static INIT: Mutex<()> = Mutex::new(());
 
+/// What a copy must agree on with the one that published the map.
 fn fingerprint() -> String {
     format!(
         "gpumem-nb/{}/cuda={}/size={}/align={}",
         env!("CARGO_PKG_VERSION"),
         cfg!(feature = "cuda"),
-        std::mem::size_of::<Shared>(),
-        std::mem::align_of::<Shared>()
+        std::mem::size_of::<Slots>(),
+        std::mem::align_of::<Slots>()
+    )
+}
+
+/// What a copy must agree on with the one that created the slot `name` holding a `T`.
+fn slot_fingerprint<T>(name: &str) -> String {
+    format!(
+        "{name}/gpumem-nb/{}/cuda={}/{}/size={}/align={}",
+        env!("CARGO_PKG_VERSION"),
+        cfg!(feature = "cuda"),
+        std::any::type_name::<T>(),
+        std::mem::size_of::<T>(),
+        std::mem::align_of::<T>()
     )
 }
 
@@ -62,57 +68,88 @@ fn parse(value: &str) -> Option<usize> {
     let addr = usize::from_str_radix(parts.next()?.trim_start_matches("0x"), 16).ok()?;
     let pid: u32 = parts.next()?.parse().ok()?;
     let fp = parts.next()?;
-    let ok =
-        fp == fingerprint() && pid == std::process::id() && addr != 0 && addr % std::mem::align_of::<Shared>() == 0;
+    let ok = fp == fingerprint() && pid == std::process::id() && addr != 0 && addr % std::mem::align_of::<Slots>() == 0;
     ok.then_some(addr)
 }
 
-fn lookup() -> Option<&'static Shared> {
+fn lookup() -> Option<&'static Slots> {
     let addr = parse(&std::env::var(ANCHOR_VAR).ok()?)?;
     // SAFETY: the value names this process (pid checked) and was written by `publish` in a copy
-    // of this crate with the same version, features and `Shared` layout (fingerprint checked),
-    // from a `Box::leak`ed `Shared` that is never freed: the address points to a live,
-    // initialised `Shared` for the rest of the process, and `Shared` is `Sync`.
-    Some(unsafe { &*(addr as *const Shared) })
+    // of this crate with the same version, features and `Slots` layout (fingerprint checked),
+    // from a `Box::leak`ed `Slots` that is never freed: the address points to a live,
+    // initialised `Slots` for the rest of the process, and `Slots` is `Sync`.
+    Some(unsafe { &*(addr as *const Slots) })
 }
 
-fn publish(shared: &'static Shared) {
-    let value = format!("{}@{}@{:#x}", fingerprint(), std::process::id(), shared as *const Shared as usize);
+fn publish(slots: &'static Slots) {
+    let value = format!("{}@{}@{:#x}", fingerprint(), std::process::id(), slots as *const Slots as usize);
     // SAFETY: `set_var` is unsafe because another thread may read the environment at the same
     // moment (getenv is not synchronised with setenv). This runs once per process, under
-    // `INIT`, on the thread that first touches a device; the variable is new, so no reader can
+    // `INIT`, on the thread that first asks for a slot; the variable is new, so no reader can
     // hold a pointer into an old value of it.
     unsafe { std::env::set_var(ANCHOR_VAR, value) };
 }
 
-/// The per-process state: found through the environment, or created and published.
-pub(crate) fn shared() -> &'static Shared {
+/// The per-process map: found through the environment, or created and published.
+fn slots() -> &'static Slots {
     LOCAL.get_or_init(|| {
-        let _guard = INIT.lock().unwrap_or_else(|e| e.into_inner());
+        let _guard = crate::sync::lock(&INIT);
         if let Some(s) = lookup() {
             return s;
         }
-        let s: &'static Shared = Box::leak(Box::new(Shared {
-            registry: Mutex::new(None),
-            control_started: Mutex::new(false),
-            tracking: super::tracking::Tracking::new(),
-            reports: super::stock::Switches::new(),
-            frameworks: Default::default(),
-            metrics: Default::default(),
-        }));
+        let s: &'static Slots = Box::leak(Box::new(Slots { map: Mutex::new(HashMap::new()) }));
         publish(s);
         s
     })
 }
 
+/// The one `T` of this process named `name`: the value an earlier call (from any copy of the
+/// crate) made, or `init()`'s, leaked and kept for the rest of the process. A slot whose
+/// fingerprint differs (another version of the crate made it, or another type) is never read:
+/// this copy then gets a value of its own under a name that says so. `init` runs under the
+/// map's lock, so it must not ask for a slot itself. Use [`per_process!`], which keeps the
+/// reference in the calling copy's own `static`.
+pub(crate) fn slot<T: Send + Sync + 'static>(name: &str, init: impl FnOnce() -> T) -> &'static T {
+    let fp = slot_fingerprint::<T>(name);
+    let mut map = crate::sync::lock(&slots().map);
+    let key = match map.get(name) {
+        Some((f, _)) if *f != fp => fp.clone(),
+        _ => name.to_string(),
+    };
+    if let Some((f, addr)) = map.get(&key)
+        && *f == fp
+    {
+        // SAFETY: `addr` was stored below by a copy of this crate for a slot with the same
+        // fingerprint: the same crate version and features and a type of the same name, size
+        // and alignment, i.e. the same `T` compiled from the same source. It is the address of
+        // a `Box::leak`ed `T` that is never freed, and `T: Sync`, so sharing `&'static T`
+        // across threads and copies is sound.
+        return unsafe { &*(*addr as *const T) };
+    }
+    let value: &'static T = Box::leak(Box::new(init()));
+    map.insert(key, (fp, value as *const T as usize));
+    value
+}
+
+/// `per_process!("name", Type, init)`: the process's one `Type` named "name" (see [`slot`]), kept
+/// in a `static` of the calling copy of the crate after the first lookup.
+macro_rules! per_process {
+    ($name:literal, $ty:ty, $init:expr) => {{
+        static LOCAL: std::sync::OnceLock<&'static $ty> = std::sync::OnceLock::new();
+        *LOCAL.get_or_init(|| $crate::notebook::anchor::slot::<$ty>($name, $init))
+    }};
+}
+pub(crate) use per_process;
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     #[test]
     fn published_anchor_is_found_again_and_foreign_values_are_refused() {
-        let a = shared() as *const Shared;
-        assert_eq!(lookup().map(|s| s as *const Shared), Some(a), "the published value resolves to the same state");
+        let a = slots() as *const Slots;
+        assert_eq!(lookup().map(|s| s as *const Slots), Some(a), "the published value resolves to the same map");
         let value = std::env::var(ANCHOR_VAR).unwrap();
         assert!(value.starts_with(&fingerprint()));
         assert!(value.contains(&format!("@{}@", std::process::id())));
@@ -126,5 +163,29 @@ mod tests {
             assert!(parse(&bad).is_none(), "{bad}");
         }
         assert_eq!(parse(&value), Some(a as usize));
+    }
+
+    #[test]
+    fn a_slot_is_made_once_and_found_by_name() {
+        let a: &'static AtomicUsize = slot("test-counter", || AtomicUsize::new(7));
+        a.fetch_add(1, Ordering::Relaxed);
+        let b: &'static AtomicUsize = slot("test-counter", || AtomicUsize::new(0));
+        assert!(std::ptr::eq(a, b), "the second lookup finds the first value");
+        assert_eq!(b.load(Ordering::Relaxed), 8);
+        let other: &'static AtomicUsize = slot("test-other", || AtomicUsize::new(0));
+        assert!(!std::ptr::eq(a, other));
+        // Through the macro: the same slot, kept in a static of this copy.
+        let c = per_process!("test-counter", AtomicUsize, || AtomicUsize::new(0));
+        assert!(std::ptr::eq(a, c));
+    }
+
+    #[test]
+    fn a_slot_of_another_type_is_never_read_as_this_one() {
+        let n: &'static AtomicUsize = slot("test-typed", || AtomicUsize::new(42));
+        let s: &'static Mutex<String> = slot("test-typed", || Mutex::new("mine".into()));
+        assert_eq!(*s.lock().unwrap(), "mine", "another type under the same name gets its own value");
+        assert_eq!(n.load(Ordering::Relaxed), 42);
+        let again: &'static Mutex<String> = slot("test-typed", || Mutex::new("not made".into()));
+        assert!(std::ptr::eq(s, again));
     }
 }

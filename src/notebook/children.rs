@@ -1,7 +1,7 @@
 //! The notebook's own worker processes on the device: every process below the notebook's
 //! process in the process tree that holds device memory, by pid, with its name. On a GPU the
 //! numbers are NVML's per-process list; on the simulated device, the simulated process table
-//! (`device::sim_procs`). They are not the notebook process's own exact numbers, and not
+//! (`device::sim_procs`); the tree is `/proc`'s ([`crate::procfs`]). They are not the notebook process's own exact numbers, and not
 //! counted in them: a record shows them beside.
 
 use crate::device::nvml::NvmlSnapshot;
@@ -31,7 +31,7 @@ pub fn of_tree(root: u32, nvml: &NvmlSnapshot) -> Vec<ChildProcess> {
 
 /// [`of_tree`] with the simulated process table in `sim_dir`.
 pub fn of_tree_in(root: u32, nvml: &NvmlSnapshot, sim_dir: &std::path::Path) -> Vec<ChildProcess> {
-    let below = sim_procs::descendants(root);
+    let below = crate::procfs::descendants(root);
     if below.is_empty() {
         return Vec::new();
     }
@@ -40,7 +40,7 @@ pub fn of_tree_in(root: u32, nvml: &NvmlSnapshot, sim_dir: &std::path::Path) -> 
         for p in d.processes.iter().filter(|p| below.contains(&p.pid)) {
             out.push(ChildProcess {
                 pid: p.pid,
-                name: sim_procs::process_name(p.pid),
+                name: crate::procfs::process_name(p.pid),
                 device: d.uuid.clone(),
                 used: p.used.unwrap_or(0),
                 source: "nvml".into(),
@@ -90,7 +90,7 @@ mod tests {
         assert_eq!(rows.len(), 1, "the worker's table entry");
         let want = ChildProcess {
             pid: child.id(),
-            name: sim_procs::process_name(child.id()),
+            name: crate::procfs::process_name(child.id()),
             device: "sim-0".into(),
             used: 96 << 20,
             source: "simulated".into(),
@@ -109,8 +109,8 @@ mod tests {
         if std::env::var_os("GPUMEM_NB_CHILD_WORKER").is_none() {
             return;
         }
-        let alloc = crate::current().unwrap();
-        let _b = crate::DeviceBuffer::<u8>::zeros(&alloc, 96 << 20, crate::StreamId::DEFAULT).unwrap();
+        let alloc = crate::notebook::session::current().unwrap();
+        let _b = crate::buffer::DeviceBuffer::<u8>::zeros(&alloc, 96 << 20, crate::device::StreamId::DEFAULT).unwrap();
         std::thread::sleep(std::time::Duration::from_secs(60));
     }
 }

@@ -11,13 +11,14 @@
 
 use super::protocol::{self, DeviceReading, Hello, Op, RecordRequest, Reply, SnapshotPaths};
 use super::tracking;
-use crate::Allocator;
+use crate::allocator::Allocator;
 use crate::device::Backend;
 use crate::record::history::{HistoryOptions, StackContext};
 use crate::stats::SlotId;
 use std::collections::HashMap;
 use std::io::{BufRead, Write};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Set (to anything): each reading the hooks ask for prints where its time went, on stderr.
 pub const TIMES_VAR: &str = "GPUMEM_NB_HOOK_TIMES";
@@ -33,13 +34,10 @@ pub use super::protocol::CONTROL_VAR;
 /// Connects to the kernel if it asked for it and this process has not connected yet.
 pub(crate) fn start_if_requested() {
     let Some(path) = std::env::var_os(CONTROL_VAR) else { return };
-    let shared = super::anchor::shared();
-    let mut started = shared.control_started.lock().unwrap_or_else(|e| e.into_inner());
-    if *started {
+    let started = super::anchor::per_process!("control-started", AtomicBool, || AtomicBool::new(false));
+    if started.swap(true, Ordering::SeqCst) {
         return;
     }
-    *started = true;
-    drop(started);
     connect(std::path::Path::new(&path));
 }
 
@@ -140,7 +138,7 @@ pub(crate) fn reading(alloc: &Allocator, slot: Option<SlotId>, explain: bool) ->
 }
 
 /// The CUDA device's UUID in NVML's form ("GPU-…"), for the kernel's NVML matching.
-fn device_uuid(b: &crate::AnyBackend) -> Option<String> {
+fn device_uuid(b: &crate::device::any::AnyBackend) -> Option<String> {
     #[cfg(feature = "cuda")]
     if let Some(c) = b.as_cuda() {
         return c.uuid().ok().map(|u| crate::device::nvml::uuid_string("GPU", u));
@@ -181,7 +179,7 @@ impl Session {
         let status = tracking::status();
         let tracked = status.is_on().then(|| tracking::readings(self.tracked, full.owners));
         let t2 = std::time::Instant::now();
-        let frameworks = if full.frameworks { super::frameworks::readings() } else { None };
+        let frameworks = if full.frameworks { super::watched::readings() } else { None };
         if times_wanted() {
             // Where a reading's time goes (BENCHMARKS.md, "Sites"): on stderr, one line a reading.
             eprintln!(
@@ -243,7 +241,7 @@ impl Session {
                 for a in super::registry::opened() {
                     a.record_memory_history_with(HistoryOptions { enabled: *enabled, context, max_entries });
                 }
-                tracking::set_recording((*enabled != crate::RecordMode::Off).then_some(max_entries));
+                tracking::set_recording((*enabled != crate::record::history::RecordMode::Off).then_some(max_entries));
                 Ok(Reply::ok(id))
             }
             Op::Snapshot { dir } => {
@@ -334,14 +332,14 @@ mod tests {
     /// one `live` still counts in the next one and in `post`; no owners are computed.
     #[test]
     fn live_reads_leave_the_cells_slots_open() {
-        let alloc = crate::current().unwrap();
+        let alloc = crate::notebook::session::current().unwrap();
         let mut s = Session::default();
         assert!(s.handle(1, &Op::Pre { cell: 1 }).ok);
         let peak = |r: &Reply| {
             assert!(r.ok, "{r:?}");
             r.devices.as_ref().unwrap().iter().find(|d| d.device == alloc.device()).unwrap().peak_allocated
         };
-        let temp = alloc.malloc(8 << 20, crate::StreamId::DEFAULT).unwrap();
+        let temp = alloc.malloc(8 << 20, crate::device::StreamId::DEFAULT).unwrap();
         let live = s.handle(2, &Op::Live);
         assert!(peak(&live) >= 8 << 20);
         assert!(live.tracked.iter().flatten().all(|p| p.top.is_empty()), "{live:?}");

@@ -19,7 +19,7 @@
 //! Every helper has an `*_on(&Arc<Allocator>, …)` form; the short forms use [`crate::current`].
 #![forbid(unsafe_code)]
 
-use crate::Allocator;
+use crate::allocator::Allocator;
 use crate::buffer::DeviceBuffer;
 use crate::device::nvml;
 use crate::device::{BackendKind, StreamId};
@@ -319,7 +319,7 @@ pub fn mem_info_on(alloc: &Arc<Allocator>) -> Result<MemInfo> {
 
 /// [`mem_info_on`] for the current device.
 pub fn mem_info() -> Result<MemInfo> {
-    mem_info_on(&crate::current()?)
+    mem_info_on(&crate::notebook::session::current()?)
 }
 
 fn read(alloc: &Arc<Allocator>, flush: bool) -> Result<MemInfo> {
@@ -355,7 +355,7 @@ pub fn free_on(alloc: &Arc<Allocator>) -> Result<MemReading> {
 
 /// [`free_on`] for the current device.
 pub fn free() -> Result<MemReading> {
-    free_on(&crate::current()?)
+    free_on(&crate::notebook::session::current()?)
 }
 
 /// Free bytes of the whole device after `empty_cache()` (the allocator's cached blocks go back
@@ -366,7 +366,7 @@ pub fn free_after_flush_on(alloc: &Arc<Allocator>) -> Result<MemReading> {
 
 /// [`free_after_flush_on`] for the current device.
 pub fn free_after_flush() -> Result<MemReading> {
-    free_after_flush_on(&crate::current()?)
+    free_after_flush_on(&crate::notebook::session::current()?)
 }
 
 /// Installed bytes of the device.
@@ -376,7 +376,7 @@ pub fn total_on(alloc: &Arc<Allocator>) -> Result<MemReading> {
 
 /// [`total_on`] for the current device.
 pub fn total() -> Result<MemReading> {
-    total_on(&crate::current()?)
+    total_on(&crate::notebook::session::current()?)
 }
 
 /// Used bytes: this process's (NVML) where NVML can tell, else the whole device's
@@ -387,7 +387,7 @@ pub fn used_on(alloc: &Arc<Allocator>) -> Result<MemReading> {
 
 /// [`used_on`] for the current device.
 pub fn used() -> Result<MemReading> {
-    used_on(&crate::current()?)
+    used_on(&crate::notebook::session::current()?)
 }
 
 /// [`used_on`] after `empty_cache()`.
@@ -397,7 +397,7 @@ pub fn used_after_flush_on(alloc: &Arc<Allocator>) -> Result<MemReading> {
 
 /// [`used_after_flush_on`] for the current device.
 pub fn used_after_flush() -> Result<MemReading> {
-    used_after_flush_on(&crate::current()?)
+    used_after_flush_on(&crate::notebook::session::current()?)
 }
 
 /// `n` MiB on the device's default stream, or the reason it failed (out of memory is
@@ -412,7 +412,7 @@ pub fn allocate_mib_fatal_on(alloc: &Arc<Allocator>, n: u64) -> Result<DeviceBuf
 
 /// [`allocate_mib_fatal_on`] for the current device.
 pub fn allocate_mib_fatal(n: u64) -> Result<DeviceBuffer<u8>> {
-    allocate_mib_fatal_on(&crate::current()?, n)
+    allocate_mib_fatal_on(&crate::notebook::session::current()?, n)
 }
 
 /// `n` MiB on the device's default stream, or `None` when it cannot be had (ipyexperiments'
@@ -423,7 +423,7 @@ pub fn allocate_mib_on(alloc: &Arc<Allocator>, n: u64) -> Option<DeviceBuffer<u8
 
 /// [`allocate_mib_on`] for the current device (`None` without a device too).
 pub fn allocate_mib(n: u64) -> Option<DeviceBuffer<u8>> {
-    allocate_mib_on(&crate::current().ok()?, n)
+    allocate_mib_on(&crate::notebook::session::current().ok()?, n)
 }
 
 /// Device memory straight from the driver, past the caching allocator: what a foreign library
@@ -478,8 +478,8 @@ pub fn driver_alloc_mib_on(alloc: &Arc<Allocator>, n: u64) -> Result<DriverBuffe
     let size = n.checked_mul(MIB).filter(|&s| s > 0).ok_or_else(|| {
         Error::InvalidArgument(format!("driver_alloc_mib: {n} MiB is not a size that can be allocated"))
     })?;
-    let oom = |e: crate::DeviceError| match e {
-        crate::DeviceError::OutOfMemory => Error::InvalidArgument(format!(
+    let oom = |e: crate::device::DeviceError| match e {
+        crate::device::DeviceError::OutOfMemory => Error::InvalidArgument(format!(
             "driver_alloc_mib: device {} ({}) has no room for {n} MiB (out of memory)",
             alloc.device(),
             alloc.backend_kind().name()
@@ -494,7 +494,7 @@ pub fn driver_alloc_mib_on(alloc: &Arc<Allocator>, n: u64) -> Result<DriverBuffe
     let addr = alloc
         .with_backend(|b| match b.as_sim_mut() {
             Some(s) => s.driver_alloc(size),
-            None => Err(crate::DeviceError::Driver("no driver to allocate from on this backend".into())),
+            None => Err(crate::device::DeviceError::Driver("no driver to allocate from on this backend".into())),
         })
         .map_err(oom)?;
     Ok(DriverBuffer {
@@ -509,7 +509,7 @@ pub fn driver_alloc_mib_on(alloc: &Arc<Allocator>, n: u64) -> Result<DriverBuffe
 /// `n` MiB straight from the current device's driver, past the caching allocator: what a
 /// foreign library does, for demos and tests ([`DriverBuffer`], freed on drop).
 pub fn driver_alloc_mib(n: u64) -> Result<DriverBuffer> {
-    driver_alloc_mib_on(&crate::current()?, n)
+    driver_alloc_mib_on(&crate::notebook::session::current()?, n)
 }
 
 /// Memory held so that only a chosen amount of the device stays free ([`leave_free_mib`]).
@@ -674,7 +674,7 @@ pub fn leave_free_mib_on(alloc: &Arc<Allocator>, n: u64) -> Result<Filler> {
 
 /// [`leave_free_mib_on`] for the current device.
 pub fn leave_free_mib(n: u64) -> Result<Filler> {
-    leave_free_mib_on(&crate::current()?, n)
+    leave_free_mib_on(&crate::notebook::session::current()?, n)
 }
 
 /// What [`preload`] did and measured.
@@ -765,7 +765,8 @@ struct Before {
 fn before_context() -> Before {
     let none = Before { uuid: None, device_used: None, loaded: None };
     // Only when CUDA is what the registry will open: never touch the driver for `sim`.
-    if matches!(crate::notebook::registry::selection(), Ok(crate::DeviceSelection::Sim(_)) | Err(_)) {
+    if matches!(crate::notebook::registry::selection(), Ok(crate::notebook::registry::DeviceSelection::Sim(_)) | Err(_))
+    {
         return none;
     }
     let Ok(uuid) = crate::device::cuda::device_uuid(0) else { return none };
@@ -793,7 +794,7 @@ fn before_context() -> Before {
 pub fn preload() -> Result<PreloadReport> {
     let opened = crate::notebook::registry::resolved().is_some();
     let before = if opened { Before { uuid: None, device_used: None, loaded: Some(true) } } else { before_context() };
-    let alloc = crate::current()?;
+    let alloc = crate::notebook::session::current()?;
     let after = match (before.uuid, before.device_used) {
         (Some(u), Some(_)) => nvml::device_memory(u).ok().map(|m| m.used),
         _ => None,

@@ -97,20 +97,25 @@ pub struct Exported(Mutex<State>);
 impl Exported {
     /// Counts a cell (see [`State::observe`]).
     pub fn observe(&self, rec: &CellRecord) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).observe(rec);
+        crate::sync::lock(&self.0).observe(rec);
     }
 
     /// The OpenMetrics text now.
     pub fn render(&self, who: &Identity) -> String {
-        render(&self.0.lock().unwrap_or_else(|e| e.into_inner()), who)
+        render(&crate::sync::lock(&self.0), who)
     }
+}
+
+/// The records this process's stock-kernel hooks made (one per process, in the anchor).
+pub(crate) fn exported() -> &'static Exported {
+    super::anchor::per_process!("metrics", Exported, Exported::default)
 }
 
 /// The device id of a record: NVML's UUID, else `sim-N` on the simulated device, else `cuda-N`.
 pub fn hw_id(rec: &CellRecord) -> String {
     let index = rec.allocator.as_ref().map(|a| a.device).or(rec.all_allocations.as_ref().and_then(|a| a.device));
     let index = index.unwrap_or(0);
-    let simulated = rec.allocator.as_ref().is_some_and(|a| a.backend == crate::BackendKind::Simulated)
+    let simulated = rec.allocator.as_ref().is_some_and(|a| a.backend == crate::device::BackendKind::Simulated)
         || rec.sources.device.contains("simulated");
     match &rec.nvml.uuid {
         Some(uuid) if !simulated => uuid.clone(),
@@ -373,7 +378,7 @@ mod server {
     /// [`Server`] (in a variable of the notebook): dropping it stops the endpoint.
     pub fn serve(addr: &str) -> Result<Server, String> {
         let who = Identity::of_process();
-        serve_with(addr, move || crate::notebook::anchor::shared().metrics.render(&who))
+        serve_with(addr, move || super::exported().render(&who))
     }
 }
 
@@ -388,7 +393,7 @@ mod tests {
             status: "ok".into(),
             allocator: Some(AllocatorPart {
                 device: 0,
-                backend: crate::BackendKind::Simulated,
+                backend: crate::device::BackendKind::Simulated,
                 allocated: Span { before: Some(0), after: Some(512 << 20) },
                 reserved: Span { before: Some(0), after: Some(514 << 20) },
                 peak_allocated: 1 << 30,
@@ -489,7 +494,7 @@ mod tests {
     fn ids_and_addresses() {
         let mut r = record();
         assert_eq!(hw_id(&r), "sim-0");
-        r.allocator.as_mut().unwrap().backend = crate::BackendKind::Cuda;
+        r.allocator.as_mut().unwrap().backend = crate::device::BackendKind::Cuda;
         r.nvml.uuid = Some("GPU-abc".into());
         assert_eq!(hw_id(&r), "GPU-abc");
         r.nvml.uuid = None;

@@ -1,41 +1,54 @@
 //! The notebook side: what makes the crate work as one per-process state inside evcxr, and the
 //! helpers a notebook user calls.
 //!
-//! - [`anchor`]: the process-wide anchor. Under evcxr every cell links its own copy of this
-//!   crate (statics included); all copies reach one [`anchor::Shared`] through it.
-//! - [`children`]: the notebook's worker processes on the device (NVML, or the simulated
-//!   process table), shown beside its own numbers.
-//! - [`registry`]: `GPUMEM_NB_DEVICE`, and one allocator per device per process.
-//! - [`protocol`]: the control channel's typed messages, shared with gpumem-kernel.
-//! - [`control`]: the child end of that channel (serves the kernel's per-cell readings).
-//! - [`scope`]: `measure` / `save_memory_snapshot` scopes.
-//! - [`mem`]: the ipyexperiments helpers (free/used/total, allocate, leave free, preload).
-//! - [`tracking`]: every device allocation of the process (CUPTI, or the simulated driver).
-//! - [`frameworks`]: frameworks with their own books of device memory (cubecl's pools), read
-//!   with every cell's numbers.
-//! - [`metrics`]: the per-cell numbers in the OpenMetrics text format, for Prometheus, and
-//!   (feature `metrics`) the endpoint serving them.
-//! - [`oom`]: out-of-memory failures caught as they happen (a snapshot then, and why).
-//! - [`report`]: the per-cell record and its one-line report, shared by both kernels.
-//! - [`stock`]: the same reports in the stock evcxr kernel, from hooks in the child
-//!   ([`set_reports`]).
+//! Under evcxr every cell links its own copy of this crate, statics included; each room below
+//! that must be one per process keeps its state in its own slot of the [`anchor`]
+//! (`anchor::per_process!`), and no room reaches into another's state.
+//!
+//! ## Layers
+//! Each file uses only those on earlier lines (`tests/layers.rs` checks it, as it checks the
+//! crate's list in `lib.rs`).
+//!
+//! 1. `anchor`, `protocol`, `children` — one value per name per process, however many copies
+//!    of the crate are loaded; the control channel's typed messages, shared with
+//!    gpumem-kernel; the notebook's worker processes on the device (NVML, or the simulated
+//!    process table), shown beside its own numbers.
+//! 2. `registry`, `watched`, `report` — `GPUMEM_NB_DEVICE`, and one allocator per device per
+//!    process (selecting and opening devices, nothing more); frameworks with their own books
+//!    of device memory (cubecl's pools), read with every cell's numbers; the per-cell record
+//!    and its one-line report, shared by both kernels.
+//! 3. `tracking`, `metrics` — every device allocation of the process (CUPTI, or the simulated
+//!    driver); the per-cell numbers in the OpenMetrics text format, for Prometheus, and
+//!    (feature `metrics`) the endpoint serving them.
+//! 4. `oom` — out-of-memory failures caught as they happen (a snapshot then, and why).
+//! 5. `control` — the child end of gpumem-kernel's control channel (serves its per-cell
+//!    readings).
+//! 6. `stock` — the same reports in the stock evcxr kernel, from hooks in the child
+//!    (`set_reports`).
+//! 7. `session` — what opening the process's first device starts: tracking, the control
+//!    channel, the stock kernel's hooks ([`crate::current`], [`crate::device()`]).
+//! 8. `scope`, `mem` — `measure` / `save_memory_snapshot` scopes; the ipyexperiments helpers
+//!    (free/used/total, allocate, leave free, preload).
 
 #[allow(unsafe_code)]
 pub(crate) mod anchor;
 pub mod children;
-pub mod control;
-pub mod frameworks;
-pub mod mem;
-pub mod metrics;
-pub mod oom;
 pub mod protocol;
-pub mod registry;
+
+pub(crate) mod registry;
 pub mod report;
-pub mod scope;
-pub mod stock;
+pub(crate) mod watched;
+
+pub mod metrics;
 pub mod tracking;
 
-/// Which cell and line a line of evcxr's generated `lib.rs` is ([`cells::LineMap`]): what sites
-/// and snapshots name, and what a kernel maps panic frames with.
-pub use crate::record::cells;
-pub use stock::set_reports;
+pub mod oom;
+
+pub mod control;
+
+pub(crate) mod stock;
+
+pub(crate) mod session;
+
+pub mod mem;
+pub mod scope;

@@ -10,8 +10,10 @@
 #![forbid(unsafe_code)]
 
 use super::protocol::{OomEvent, SnapshotPaths};
+use crate::allocator::Allocator;
+use crate::error::OomReport;
+use crate::policy::SegmentView;
 use crate::units::iec;
-use crate::{Allocator, OomReport, SegmentView};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -30,7 +32,7 @@ struct WatchState {
 
 impl OomWatch {
     fn lock(&self) -> MutexGuard<'_, WatchState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.state)
     }
 
     /// Watches every open device, snapshots going into `dir` (`None`: stops watching).
@@ -142,8 +144,11 @@ pub fn describe(report: &OomReport, segments: &[SegmentView]) -> OomEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::allocator::CachingAllocator;
+    use crate::device::StreamId;
     use crate::device::sim::SimBackend;
-    use crate::{AllocError, AllocatorConfig, CachingAllocator, StreamId};
+    use crate::error::AllocError;
+    use crate::policy::config::AllocatorConfig;
 
     /// The observer sees the failure while the blocks are still held; the description counts
     /// the cache's free blocks.

@@ -233,7 +233,7 @@ pub struct DeviceReading {
     pub uuid: Option<String>,
     /// Where the reserved bytes are (`post` and `read` only: not the live line's readings).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub explain: Option<crate::ReservedParts>,
+    pub explain: Option<crate::policy::ReservedParts>,
 }
 
 impl DeviceReading {
@@ -416,8 +416,8 @@ pub struct SnapshotPaths {
     pub html: String,
 }
 
-impl From<&crate::SnapshotFiles> for SnapshotPaths {
-    fn from(f: &crate::SnapshotFiles) -> Self {
+impl From<&crate::render::SnapshotFiles> for SnapshotPaths {
+    fn from(f: &crate::render::SnapshotFiles) -> Self {
         let path = |p: &std::path::Path| p.display().to_string();
         SnapshotPaths { pickle: path(&f.pickle), json: path(&f.json), html: path(&f.html) }
     }

@@ -1,4 +1,5 @@
-//! Device selection and the per-process registry: one [`Allocator`] per device.
+//! Device selection and the per-process registry: one [`Allocator`] per device. It only selects
+//! and opens devices; what opening the first one starts is `notebook::session`'s.
 //!
 //! `GPUMEM_NB_DEVICE` chooses the backend:
 //!
@@ -15,22 +16,24 @@
 //! next call.
 #![forbid(unsafe_code)]
 
-use crate::Allocator;
-use crate::CachingAllocator;
+use crate::allocator::Allocator;
+use crate::allocator::CachingAllocator;
 use crate::device::any::AnyBackend;
 use crate::device::sim::{DEFAULT_CAPACITY, SimBackend};
+use crate::device::{Backend, DriverSink};
 use crate::error::{Error, Result};
 use crate::policy::config::AllocatorConfig;
+use crate::sync::lock;
 use crate::units::{GIB, MIB, parse_size};
 use std::fmt;
-use std::sync::{Arc, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// The environment variable that selects the device backend.
-pub const ENV_VAR: &str = "GPUMEM_NB_DEVICE";
+pub(crate) const ENV_VAR: &str = "GPUMEM_NB_DEVICE";
 
 /// What `GPUMEM_NB_DEVICE` asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DeviceSelection {
+pub(crate) enum DeviceSelection {
     /// CUDA when a usable GPU is there, otherwise simulated with 80 GiB.
     Auto,
     /// CUDA, or an error.
@@ -55,7 +58,7 @@ impl fmt::Display for DeviceSelection {
 
 /// Parses a `GPUMEM_NB_DEVICE` value (case-insensitive; surrounding blanks ignored; empty means
 /// `auto`). A malformed value is [`Error::Setting`], one line naming it.
-pub fn parse_selection(value: &str) -> Result<DeviceSelection> {
+pub(crate) fn parse_selection(value: &str) -> Result<DeviceSelection> {
     let v = value.trim();
     let bad = |why: &str| {
         Error::Setting(format!(
@@ -82,7 +85,7 @@ pub fn parse_selection(value: &str) -> Result<DeviceSelection> {
 
 /// The parsed `GPUMEM_NB_DEVICE` of the environment now (for reports; the registry itself reads
 /// it once, when the first device is opened).
-pub fn selection() -> Result<DeviceSelection> {
+pub(crate) fn selection() -> Result<DeviceSelection> {
     match std::env::var(ENV_VAR) {
         Ok(v) => parse_selection(&v),
         Err(std::env::VarError::NotPresent) => Ok(DeviceSelection::Auto),
@@ -94,7 +97,7 @@ pub fn selection() -> Result<DeviceSelection> {
 
 /// What a [`DeviceSelection`] came to on this machine.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Resolved {
+pub(crate) enum Resolved {
     /// CUDA with this many visible devices.
     Cuda {
         /// Number of CUDA devices.
@@ -112,7 +115,7 @@ pub enum Resolved {
 
 impl Resolved {
     /// How many devices there are.
-    pub fn device_count(&self) -> usize {
+    pub(crate) fn device_count(&self) -> usize {
         match self {
             Resolved::Cuda { devices } => *devices,
             Resolved::Simulated { .. } => 1,
@@ -121,7 +124,7 @@ impl Resolved {
 }
 
 /// Resolves a selection on this machine: probes CUDA for `auto` and `cuda`.
-pub fn resolve(selection: DeviceSelection) -> Result<Resolved> {
+pub(crate) fn resolve(selection: DeviceSelection) -> Result<Resolved> {
     match selection {
         DeviceSelection::Sim(capacity) => Ok(Resolved::Simulated { capacity, fallback_reason: None }),
         DeviceSelection::Cuda => probe_cuda().map(|devices| Resolved::Cuda { devices }).map_err(Error::NoCuda),
@@ -143,7 +146,7 @@ fn probe_cuda() -> std::result::Result<usize, String> {
 }
 
 /// A backend for device `index` as `resolved` says (checks the index).
-pub fn open_backend(resolved: &Resolved, index: usize) -> Result<AnyBackend> {
+pub(crate) fn open_backend(resolved: &Resolved, index: usize) -> Result<AnyBackend> {
     let count = resolved.device_count();
     if index >= count {
         let what = match resolved {
@@ -163,7 +166,7 @@ pub fn open_backend(resolved: &Resolved, index: usize) -> Result<AnyBackend> {
         #[cfg(feature = "cuda")]
         Resolved::Cuda { .. } => match crate::device::cuda::CudaBackend::new(index) {
             Ok(b) => Ok(AnyBackend::Cuda(b)),
-            Err(crate::DeviceError::Unavailable(why)) => Err(Error::NoCuda(why)),
+            Err(crate::device::DeviceError::Unavailable(why)) => Err(Error::NoCuda(why)),
             Err(e) => Err(e.into()),
         },
         #[cfg(not(feature = "cuda"))]
@@ -187,41 +190,39 @@ impl Registry {
     }
 }
 
-/// The process's registry, through the process-wide anchor (see [`crate::notebook::anchor`]): under evcxr
-/// every cell links its own copy of this crate, and all copies reach this one state.
+/// The process's registry, one per process (under evcxr every cell links its own copy of this
+/// crate, and all copies reach this one state through [`super::anchor`]).
 fn registry() -> MutexGuard<'static, Option<Registry>> {
     // A panic while the lock was held cannot leave `Registry` half-updated (each update is one
     // assignment), so a poisoned lock is recovered.
-    crate::notebook::anchor::shared().registry.lock().unwrap_or_else(|e| e.into_inner())
+    lock(super::anchor::per_process!("registry", Mutex<Option<Registry>>, || Mutex::new(None)))
 }
 
-/// The allocator of device `index` in this process: created on first use, then the same `Arc`.
-/// Thread-safe; errors (a malformed setting, no GPU for `cuda`, an index out of range) are
-/// values and leave nothing cached.
-pub fn device(index: usize) -> Result<Arc<Allocator>> {
+/// The allocator of device `index` in this process, and whether this call opened it: created on
+/// first use, then the same `Arc`. Before a device is opened, `prepare` is told what the
+/// selection resolved to and gives the sink the new backend reports its driver events to (see
+/// `notebook::session`, which starts tracking there). Thread-safe; errors (a malformed setting,
+/// no GPU for `cuda`, an index out of range) are values and leave nothing cached.
+pub(crate) fn open(
+    index: usize,
+    prepare: impl FnOnce(&Resolved) -> Option<DriverSink>,
+) -> Result<(Arc<Allocator>, bool)> {
     let mut guard = registry();
     let reg = match guard.as_mut() {
         Some(reg) => reg,
         None => guard.insert(Registry::from_env()?),
     };
     if let Some(Some(a)) = reg.devices.get(index) {
-        return Ok(Arc::clone(a));
+        return Ok((Arc::clone(a), false));
     }
-    // Every allocation of the process is tracked from the first device on: the simulated
-    // device reports through its own driver, a GPU through CUPTI (see `notebook::tracking`).
-    super::tracking::start(matches!(reg.resolved, Resolved::Simulated { .. }));
+    let sink = prepare(&reg.resolved);
     let mut backend = open_backend(&reg.resolved, index)?;
-    // Tracking off (`GPUMEM_NB_TRACK=off`) or unavailable: the backend reports to nobody, so an
-    // untracked allocation costs what it costs without gpumem-nb's books.
-    if super::tracking::status().is_on() {
-        crate::Backend::set_driver_sink(&mut backend, super::tracking::sink);
+    if let Some(sink) = sink {
+        Backend::set_driver_sink(&mut backend, sink);
     }
     let alloc = Arc::new(CachingAllocator::new(backend, reg.config.clone()));
     reg.devices[index] = Some(Arc::clone(&alloc));
-    drop(guard);
-    crate::notebook::control::start_if_requested();
-    crate::notebook::stock::start_if_evcxr();
-    Ok(alloc)
+    Ok((alloc, true))
 }
 
 /// The allocators opened so far in this process, by device index.
@@ -229,13 +230,8 @@ pub fn opened() -> Vec<Arc<Allocator>> {
     registry().as_ref().map(|r| r.devices.iter().flatten().cloned().collect()).unwrap_or_default()
 }
 
-/// The allocator of device 0 (the notebook's device).
-pub fn current() -> Result<Arc<Allocator>> {
-    device(0)
-}
-
 /// What the registry resolved the selection to, once a device has been opened (`None` before).
-pub fn resolved() -> Option<Resolved> {
+pub(crate) fn resolved() -> Option<Resolved> {
     registry().as_ref().map(|r| r.resolved.clone())
 }
 
@@ -291,7 +287,7 @@ mod tests {
         assert_eq!(r, Resolved::Simulated { capacity: GIB, fallback_reason: None });
         assert_eq!(r.device_count(), 1);
         let b = open_backend(&r, 0).unwrap();
-        assert_eq!(crate::Backend::total_memory(&b), GIB);
+        assert_eq!(crate::device::Backend::total_memory(&b), GIB);
         let err = open_backend(&r, 1).unwrap_err().to_string();
         assert!(err.contains("device index 1") && err.contains("1 simulated device"), "{err}");
         // `auto` always gives something; `cuda` agrees with the probe.
@@ -305,27 +301,6 @@ mod tests {
                 assert_eq!(why, r);
             }
             other => panic!("auto and cuda disagree: {other:?}"),
-        }
-    }
-
-    #[test]
-    fn device_returns_one_allocator_per_process() {
-        // Reads the environment as the test runner left it (no mutation here).
-        let (a, b) = match (current(), device(0)) {
-            (Ok(a), Ok(b)) => (a, b),
-            (Err(e), _) | (_, Err(e)) => {
-                // Only a malformed environment can make this fail.
-                assert!(matches!(e, Error::Setting(_) | Error::Config(_) | Error::NoCuda(_)), "{e}");
-                return;
-            }
-        };
-        assert!(Arc::ptr_eq(&a, &b));
-        let r = resolved().unwrap();
-        let n = r.device_count();
-        assert!(device(n).is_err());
-        let threads: Vec<_> = (0..4).map(|_| std::thread::spawn(|| device(0).unwrap())).collect();
-        for t in threads {
-            assert!(Arc::ptr_eq(&t.join().unwrap(), &a));
         }
     }
 }

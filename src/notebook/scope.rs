@@ -21,6 +21,8 @@
 //! Printing goes to stdout unless a sink is given ([`MemoryScope::with_sink`], [`Capture`]).
 #![forbid(unsafe_code)]
 
+use crate::allocator::Allocator;
+use crate::allocator::PeakSlot;
 use crate::device::BackendKind;
 use crate::device::any::AnyBackend;
 use crate::record::history::HistoryOptions;
@@ -28,7 +30,6 @@ use crate::render::SnapshotFiles;
 use crate::render::{MimeBundle, Table};
 use crate::stats::SlotPeaks;
 use crate::units::{format_duration, iec, iec_delta};
-use crate::{Allocator, PeakSlot};
 use std::fmt;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -50,13 +51,13 @@ impl Capture {
     }
     /// Everything written so far, as text.
     pub fn contents(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(|e| e.into_inner())).into_owned()
+        String::from_utf8_lossy(&crate::sync::lock(&self.0)).into_owned()
     }
 }
 
 impl Write for Capture {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).extend_from_slice(buf);
+        crate::sync::lock(&self.0).extend_from_slice(buf);
         Ok(buf.len())
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -292,8 +293,8 @@ impl Drop for MemoryScope {
 }
 
 /// Opens a scope on the current device ([`crate::current`]).
-pub fn measure(name: impl Into<String>) -> crate::Result<MemoryScope> {
-    Ok(MemoryScope::new(&crate::current()?, name))
+pub fn measure(name: impl Into<String>) -> crate::error::Result<MemoryScope> {
+    Ok(MemoryScope::new(&crate::notebook::session::current()?, name))
 }
 
 /// Runs `f` inside a scope on `alloc`'s device; returns its value and the report (the line is
@@ -306,8 +307,8 @@ pub fn measure_with_on<R>(alloc: &Arc<Allocator>, name: impl Into<String>, f: im
 }
 
 /// [`measure_with_on`] on the current device. `Err` (and `f` not run) when there is no device.
-pub fn measure_with<R>(name: impl Into<String>, f: impl FnOnce() -> R) -> crate::Result<(R, ScopeReport)> {
-    Ok(measure_with_on(&crate::current()?, name, f))
+pub fn measure_with<R>(name: impl Into<String>, f: impl FnOnce() -> R) -> crate::error::Result<(R, ScopeReport)> {
+    Ok(measure_with_on(&crate::notebook::session::current()?, name, f))
 }
 
 /// Why [`save_memory_snapshot`] wrote nothing.
@@ -319,7 +320,7 @@ pub enum SnapshotError {
     Io(#[from] std::io::Error),
     /// No device to take the snapshot from.
     #[error("save_memory_snapshot: {0}")]
-    Device(#[from] crate::Error),
+    Device(#[from] crate::error::Error),
 }
 
 /// History recording on for a scope, then a snapshot written to a directory. Created by
@@ -452,7 +453,7 @@ pub fn save_memory_snapshot<R>(
     dir: impl AsRef<Path>,
     f: impl FnOnce() -> R,
 ) -> (R, Result<SnapshotFiles, SnapshotError>) {
-    match crate::current() {
+    match crate::notebook::session::current() {
         Ok(alloc) => save_memory_snapshot_on(&alloc, dir, f),
         Err(e) => (f(), Err(SnapshotError::Device(e))),
     }

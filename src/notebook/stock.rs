@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 /// `off` keeps the hooks out of the evcxr child altogether.
-pub const REPORTS_VAR: &str = "GPUMEM_NB_REPORTS";
+pub(crate) const REPORTS_VAR: &str = "GPUMEM_NB_REPORTS";
 
 /// Set in the process evcxr runs cells in (and in no other).
 const RUNTIME_VAR: &str = "EVCXR_IS_RUNTIME";
@@ -60,7 +60,7 @@ impl Switches {
 }
 
 fn switches() -> &'static Switches {
-    &super::anchor::shared().reports
+    super::anchor::per_process!("stock-reports", Switches, Switches::new)
 }
 
 /// Turns the per-cell reports of the stock evcxr kernel on or off, from the next cell on
@@ -79,7 +79,7 @@ pub(crate) fn start_if_evcxr() {
         return;
     }
     let s = switches();
-    let mut installed = s.installed.lock().unwrap_or_else(|e| e.into_inner());
+    let mut installed = crate::sync::lock(&s.installed);
     if *installed || !s.on.load(Ordering::SeqCst) {
         return;
     }
@@ -385,7 +385,7 @@ impl Cells {
         rec.status = if run.panicked { "panicked" } else { "ok" }.into();
         rec.wall_ms = wall.as_secs_f64() * 1e3;
         rec.hook_us = p.hook_us + t.elapsed().as_micros() as u64;
-        super::anchor::shared().metrics.observe(&rec);
+        super::metrics::exported().observe(&rec);
         Some(Report { line: rec.line(), record: serde_json::to_string(&rec).ok()? })
     }
 }

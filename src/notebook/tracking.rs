@@ -16,6 +16,7 @@ use super::protocol::{OwnerBytes, PlaceReading, SourceReading};
 use crate::device::DriverEvent;
 use crate::record::frames::{self, Frames};
 use crate::snapshot::{BlockSnap, Segment, Snapshot, TraceSnap};
+use crate::sync::lock;
 use crate::track::owner::{Owners, Site};
 use crate::track::{Place, PlaceTotals, Source, TrackSlot, TrackedAlloc, Tracker};
 use std::collections::{BTreeMap, HashMap};
@@ -92,11 +93,6 @@ pub(crate) struct Tracking {
     readers: AtomicUsize,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Each update of the books completes before anything can panic; recover from poisoning.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 impl Tracking {
     pub(crate) fn new() -> Self {
         Tracking {
@@ -111,7 +107,7 @@ impl Tracking {
 }
 
 fn state() -> &'static Tracking {
-    &super::anchor::shared().tracking
+    super::anchor::per_process!("tracking", Tracking, Tracking::new)
 }
 
 /// The sink every backend and CUPTI report to: takes the stack on the allocating thread, then
@@ -266,7 +262,7 @@ pub fn status() -> TrackingStatus {
 
 /// Stops CUPTI tracking so that a profiler (Nsight, `torch.profiler`) can subscribe; the books
 /// so far are kept, and tracking does not restart by itself.
-pub fn stop() -> crate::Result<()> {
+pub fn stop() -> crate::error::Result<()> {
     let t = state();
     let mut status = lock(&t.status);
     if let TrackingStatus::Cupti { .. } = *status {
@@ -310,7 +306,7 @@ pub(crate) fn recording() -> Option<usize> {
 
 /// Whether `alloc` is the process's allocator of its device (the one tracking's books cover),
 /// not a private one (tests, replays).
-pub(crate) fn covers(alloc: &crate::Allocator) -> bool {
+pub(crate) fn covers(alloc: &crate::allocator::Allocator) -> bool {
     status().is_on() && super::registry::opened().iter().any(|a| std::ptr::eq(&**a, alloc))
 }
 
@@ -465,7 +461,7 @@ pub(crate) fn set_cell_codes<'a>(codes: impl IntoIterator<Item = (u64, &'a str)>
 /// The allocator's snapshot of `device` with every other live allocation on it added as a
 /// segment of one block (its stack and label kept), and, while recording, their events in the
 /// device's trace: what PyTorch's viewer and the offline page then show side by side.
-pub fn snapshot(alloc: &crate::Allocator) -> Snapshot {
+pub fn snapshot(alloc: &crate::allocator::Allocator) -> Snapshot {
     let t = state();
     let mut snap = {
         let mut owners = owners_for_report(t);

@@ -15,13 +15,16 @@ mod session;
 
 pub use session::{CellFit, FitPlan, MODELLED, NOT_MODELLED, PolicyFit, fit_snapshot, plan};
 
+use crate::allocator::Allocator;
+use crate::error::Error;
+use crate::error::Result;
+use crate::record::history::RecordMode;
 use crate::render::explain::ReservedView;
-use crate::{Allocator, Error, RecordMode, Result};
 
 /// Will this session fit on a device of `device_bytes`? Device 0's recorded history (its
 /// allocator's events and every other tracked allocation), replayed under each policy.
 pub fn fit(device_bytes: u64) -> Result<FitPlan> {
-    fit_on(&*crate::current()?, device_bytes)
+    fit_on(&*crate::notebook::session::current()?, device_bytes)
 }
 
 /// [`fit`] for one device's allocator.
@@ -36,7 +39,7 @@ pub fn fit_on(alloc: &Allocator, device_bytes: u64) -> Result<FitPlan> {
                 .into(),
         ));
     }
-    fit_snapshot(&crate::tracking::snapshot(alloc), device_bytes).map_err(Error::Plan)
+    fit_snapshot(&crate::notebook::tracking::snapshot(alloc), device_bytes).map_err(Error::Plan)
 }
 
 /// Where a device's reserved bytes are now, with the CUDA pool's held bytes beside them.

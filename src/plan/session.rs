@@ -1,10 +1,11 @@
 //! Will this session fit on a device of a given size: its recorded allocations of every source,
 //! replayed per policy, with each cell's verdict and the smallest device per policy.
 
+use crate::policy::config::AllocatorConfig;
 use crate::replay::fit::{self, BEFORE_TRACE, Failure, POLICIES, Program};
 use crate::replay::{DeviceTrace, ReplayOptions, TraceStart, from_snapshot, replay, settings_conf};
+use crate::snapshot::Snapshot;
 use crate::units::iec;
-use crate::{AllocatorConfig, Snapshot};
 use serde::Serialize;
 use std::fmt;
 

@@ -7,36 +7,25 @@
 //! on top (innermost first, as PyTorch lists them).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Raw return addresses of one stack, innermost first.
 pub(crate) type Frames = Arc<[usize]>;
 
-/// The most frames a stack may keep ([`set_depth`]).
+/// The most frames a stack may keep.
 pub(crate) const MAX_FRAMES: usize = 64;
 
-/// Frames walked per stack unless [`set_depth`] says otherwise. Walking costs about 150 ns a
-/// frame (DWARF unwinding), and the innermost few are gpumem-nb's own, so 12 keeps the
-/// caller's innermost frames at about 1 µs per event (BENCHMARKS.md).
+/// Frames walked per history stack unless the allocator is told otherwise
+/// (`CachingAllocator::set_stack_depth`). Walking costs about 150 ns a frame (DWARF
+/// unwinding), and the innermost few are gpumem-nb's own, so 12 keeps the caller's innermost
+/// frames at about 1 µs per event (BENCHMARKS.md).
 pub(crate) const DEFAULT_DEPTH: usize = 12;
 
-static DEPTH: AtomicUsize = AtomicUsize::new(DEFAULT_DEPTH);
-
-/// Sets how many frames each recorded stack walks (1 ..= [`MAX_FRAMES`]; clamped).
-pub fn set_depth(frames: usize) {
-    DEPTH.store(frames.clamp(1, MAX_FRAMES), Ordering::Relaxed);
-}
-
-/// How many frames each recorded stack walks.
-pub(crate) fn depth() -> usize {
-    DEPTH.load(Ordering::Relaxed)
-}
-
-/// Captures the current stack as raw instruction pointers.
+/// Captures the current stack as raw instruction pointers, [`DEFAULT_DEPTH`] frames deep.
+#[cfg(test)]
 #[inline(never)]
 pub(crate) fn capture() -> Frames {
-    capture_depth(depth())
+    capture_depth(DEFAULT_DEPTH)
 }
 
 /// Captures at most `limit` frames (clamped to 1 ..= [`MAX_FRAMES`]) with the caching unwinder
@@ -190,7 +179,7 @@ impl Tables {
     /// Runs `f` with the module's loader (opened from `path` the first time), `None` when the
     /// file cannot be read.
     fn with<R>(&self, path: &str, f: impl FnOnce(Option<&addr2line::Loader>) -> R) -> R {
-        let mut state = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = crate::sync::lock(&self.0);
         if matches!(*state, TablesState::Unopened) {
             *state = addr2line::Loader::new(path).map_or(TablesState::Unreadable, |l| TablesState::Open(Box::new(l)));
         }

@@ -82,7 +82,7 @@ fn current_known() -> Option<Arc<Known>> {
 
 /// Reads the modules not known yet; returns whether anything changed.
 fn refresh() -> bool {
-    let _one = REFRESH.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = crate::sync::lock(&REFRESH);
     let old = current_known();
     let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return false };
     let mut unwinder = old.as_ref().map(|k| k.unwinder.clone()).unwrap_or_default();
@@ -116,7 +116,7 @@ fn refresh() -> bool {
 
 /// Remembers addresses that no refresh could place.
 fn note_unknown(addrs: &[u64]) {
-    let _one = REFRESH.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = crate::sync::lock(&REFRESH);
     let Some(old) = current_known() else { return };
     let mut unknown = old.unknown.clone();
     unknown.extend_from_slice(addrs);

@@ -2,8 +2,8 @@
 //! stream-ordered pool beside it (what `%gpumem explain` and `gpumem_nb::plan::explain` show).
 
 use super::{MimeBundle, Table};
-use crate::ReservedParts;
 use crate::device::{BackendKind, PoolUsage};
+use crate::policy::ReservedParts;
 use crate::units::iec;
 use std::fmt;
 

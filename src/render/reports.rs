@@ -7,11 +7,12 @@
 //! cell) and `Display` (its text form).
 
 use super::{MimeBundle, Table, escape};
+use crate::allocator::CachingAllocator;
 use crate::device::{Backend, BackendKind};
 use crate::policy::SegmentView;
+use crate::record::history::TraceAction;
 use crate::snapshot::Snapshot;
 use crate::units::iec;
-use crate::{CachingAllocator, TraceAction};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::{self, Write as _};
 

@@ -201,12 +201,12 @@ pub struct ReplayReport {
 
 impl ReplayReport {
     /// Recounts every invariant of the replay's end state.
-    pub fn check_invariants(&self) -> Result<(), crate::InvariantViolation> {
+    pub fn check_invariants(&self) -> Result<(), crate::policy::InvariantViolation> {
         self.state.check_invariants()
     }
 
     /// Segments and blocks of the replay's end state.
-    pub fn segments(&self) -> Vec<crate::SegmentView> {
+    pub fn segments(&self) -> Vec<crate::policy::SegmentView> {
         self.state.segments()
     }
 

@@ -53,7 +53,7 @@ impl SequenceReport {
     }
 
     /// Recounts every invariant of the replay's end state.
-    pub fn check_invariants(&self) -> Result<(), crate::InvariantViolation> {
+    pub fn check_invariants(&self) -> Result<(), crate::policy::InvariantViolation> {
         self.state.check_invariants()
     }
 
@@ -120,7 +120,7 @@ pub fn replay_sequence(
                         absent.insert(e.addr);
                     }
                 },
-                Err(crate::AllocError::OutOfMemory(_)) => {
+                Err(crate::error::AllocError::OutOfMemory(_)) => {
                     failed_allocs += 1;
                     absent.insert(e.addr);
                 }

@@ -422,9 +422,9 @@ mod tests {
     fn earlier_states_come_back_from_the_trace() {
         use super::super::model::BlockSnap;
         let block = |address, size, state| BlockSnap { address, size, requested_size: size, state, frames: vec![] };
-        let mut snap = crate::CachingAllocator::new(
+        let mut snap = crate::allocator::CachingAllocator::new(
             crate::device::sim::SimBackend::new(0, 1 << 30),
-            crate::AllocatorConfig::default(),
+            crate::policy::config::AllocatorConfig::default(),
         )
         .snapshot();
         snap.segments = vec![Segment {
@@ -478,18 +478,18 @@ mod tests {
 
     #[test]
     fn snapshots_read_back_from_json_compare() {
-        let alloc = crate::CachingAllocator::new(
+        let alloc = crate::allocator::CachingAllocator::new(
             crate::device::sim::SimBackend::new(0, 1 << 30),
-            crate::AllocatorConfig::default(),
+            crate::policy::config::AllocatorConfig::default(),
         );
-        alloc.record_memory_history(crate::RecordMode::All, 1000);
+        alloc.record_memory_history(crate::record::history::RecordMode::All, 1000);
         alloc.set_label(Some("cell 1"));
-        let keep = alloc.malloc(1 << 20, crate::StreamId::DEFAULT).unwrap();
-        let temp = alloc.malloc(2 << 20, crate::StreamId::DEFAULT).unwrap();
+        let keep = alloc.malloc(1 << 20, crate::device::StreamId::DEFAULT).unwrap();
+        let temp = alloc.malloc(2 << 20, crate::device::StreamId::DEFAULT).unwrap();
         let a = super::super::json::from_str(&super::super::json::to_string(&alloc.snapshot())).unwrap();
         alloc.free(temp.block.unwrap()).unwrap();
         alloc.set_label(Some("cell 2"));
-        let _more = alloc.malloc(3 << 20, crate::StreamId::DEFAULT).unwrap();
+        let _more = alloc.malloc(3 << 20, crate::device::StreamId::DEFAULT).unwrap();
         let b = alloc.snapshot();
         let d = diff(&a, &b);
         assert_eq!(d.count(Change::Disappeared), Count { n: 1, bytes: 2 << 20 }, "{d:?}");

@@ -26,6 +26,7 @@ mod timeline;
 mod tree;
 pub mod unpickle;
 
+pub use crate::record::frames::Frame;
 pub use diff::{SnapshotDiff, diff};
 pub use model::{AllocatorSettings, BlockSnap, Segment, Snapshot, TraceSnap};
 pub use timeline::{MemoryTimeline, TimelinePoint, TimelineSource};

@@ -2,8 +2,8 @@
 //! a socket pair on a thread, as it does in a notebook child, and `ask` sends one request and
 //! reads its reply. Shared by the tests that speak to the crate as the kernel does (`tests/tracking.rs`, …) and by `examples/track_check.rs` and `examples/report_cost.rs`.
 
-use gpumem_nb::notebook::control::serve;
-use gpumem_nb::notebook::protocol::{Op, Reply, Request, to_line};
+use gpumem_nb::kernel::control::serve;
+use gpumem_nb::kernel::protocol::{Op, Reply, Request, to_line};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 

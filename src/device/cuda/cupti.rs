@@ -24,6 +24,7 @@
 //! [`start`] says which.
 
 use crate::device::{DeviceError, DriverCall, DriverEvent, DriverKind, DriverSink};
+use crate::sync::lock;
 use cudarc::cupti::sys::{
     self as cs, CUpti_CallbackData, CUpti_SubscriberHandle, CUpti_SubscriberParams,
     CUpti_driver_api_trace_cbid_enum as Cb,
@@ -47,10 +48,6 @@ thread_local! {
     /// Set while this thread is inside [`on_driver_api`]: a nested driver call must not
     /// re-enter the sink.
     static IN_CALLBACK: Cell<bool> = const { Cell::new(false) };
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Whether tracking is subscribed now.

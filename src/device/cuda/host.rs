@@ -102,7 +102,7 @@ impl PinnedHostMemory {
 
     fn in_flight(&self) -> MutexGuard<'_, Vec<(CudaEvent, DeviceAccess)>> {
         // Every update of the list is one push or remove: a panic cannot leave it half-done.
-        self.in_flight.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.in_flight)
     }
 
     /// Waits for the queued copies that write into the memory (`writes_only`), or for all of

@@ -1,6 +1,8 @@
 use super::*;
+use crate::buffer::DeviceBuffer;
 use crate::device::any::AnyBackend;
-use crate::{AllocError, DeviceBuffer, Error};
+use crate::error::AllocError;
+use crate::error::Error;
 use cudarc::driver::DeviceSlice;
 #[cfg(feature = "nvrtc")]
 use cudarc::driver::PushKernelArg;
@@ -43,14 +45,14 @@ static GPU_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// lock while the test runs.
 fn gpu() -> Option<(std::sync::MutexGuard<'static, ()>, CudaBackend)> {
     probe().ok()?;
-    let guard = GPU_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let guard = crate::sync::lock(&GPU_LOCK);
     Some((guard, CudaBackend::new(0).expect("probe found a device, so it opens")))
 }
 
-fn gpu_allocator(conf: &str) -> Option<(std::sync::MutexGuard<'static, ()>, Arc<crate::Allocator>)> {
+fn gpu_allocator(conf: &str) -> Option<(std::sync::MutexGuard<'static, ()>, Arc<crate::allocator::Allocator>)> {
     let (guard, b) = gpu()?;
-    let config = crate::AllocatorConfig::parse(conf).unwrap();
-    Some((guard, Arc::new(crate::CachingAllocator::new(AnyBackend::Cuda(b), config))))
+    let config = crate::policy::config::AllocatorConfig::parse(conf).unwrap();
+    Some((guard, Arc::new(crate::allocator::CachingAllocator::new(AnyBackend::Cuda(b), config))))
 }
 
 #[test]
@@ -216,13 +218,16 @@ fn gpu_compact_policy() {
 #[test]
 fn compact_scenario_on_the_simulated_device() {
     let sim = AnyBackend::Sim(crate::device::sim::SimBackend::new(0, 80 << 30));
-    let a = Arc::new(crate::CachingAllocator::new(sim, crate::AllocatorConfig::parse("compact:True").unwrap()));
+    let a = Arc::new(crate::allocator::CachingAllocator::new(
+        sim,
+        crate::policy::config::AllocatorConfig::parse("compact:True").unwrap(),
+    ));
     let busy = |s, on| a.with_backend(|b| b.as_sim_mut().unwrap().set_stream_busy(s, on));
     compact_scenario(&a, &|s| busy(s, true), &|s| busy(s, false));
 }
 
 /// `hold(s)` keeps work pending on stream `s` for a while, `settle(s)` waits for it.
-fn compact_scenario(a: &Arc<crate::Allocator>, hold: &dyn Fn(StreamId), settle: &dyn Fn(StreamId)) {
+fn compact_scenario(a: &Arc<crate::allocator::Allocator>, hold: &dyn Fn(StreamId), settle: &dyn Fn(StreamId)) {
     const MIB: usize = 1 << 20;
     let words = |n: usize, seed: u32| -> Vec<u32> {
         (0..(n / 4) as u32).map(|x| x.wrapping_mul(2_654_435_761) ^ seed).collect()

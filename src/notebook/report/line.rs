@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 
 impl CellRecord {
     fn simulated(&self) -> bool {
-        self.allocator.as_ref().is_some_and(|a| a.backend != crate::BackendKind::Cuda)
+        self.allocator.as_ref().is_some_and(|a| a.backend != crate::device::BackendKind::Cuda)
     }
 
     /// The compact line (text form; the HTML summary is the same words). With tracking on it

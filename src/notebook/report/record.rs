@@ -1,7 +1,7 @@
 //! The per-cell record (the `application/vnd.gpumem.cell+json` object) and its parts, and
 //! [`build_record`], which assembles one from the hooks' [`Readings`].
 
-use crate::BackendKind;
+use crate::device::BackendKind;
 use crate::device::nvml::{NvmlDevice, NvmlSnapshot};
 use serde::{Deserialize, Serialize};
 
@@ -53,7 +53,7 @@ pub struct AllocatorPart {
     /// Where the reserved bytes are after the cell: requested, rounding, pending frees, cached
     /// free blocks by pool and size class, what `empty_cache()` would return (they add up).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub explain: Option<crate::ReservedParts>,
+    pub explain: Option<crate::policy::ReservedParts>,
 }
 
 /// The CUDA stream-ordered pool (cudarc's `CudaSlice` allocations).

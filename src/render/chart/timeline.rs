@@ -2,7 +2,7 @@
 //! event sequence, OOMs marked.
 
 use super::*;
-use crate::CachingAllocator;
+use crate::allocator::CachingAllocator;
 use crate::device::Backend;
 use crate::snapshot::{MemoryTimeline, TimelineSource};
 use crate::units::{group_digits, iec};

@@ -6,7 +6,8 @@
 //! the kernel and every process below it), `kernel_memory` (their PSS, else RSS, bytes),
 //! `host_cpu_percent` (left out on the first request, as psutil's first reading is
 //! meaningless), `cpu_count` and `host_virtual_memory` (psutil's `virtual_memory()` fields,
-//! bytes). Here the same numbers come from `/proc`: the kernel's processes are the kernel, its
+//! bytes). Here the same numbers come from `/proc` (gpumem-nb's `procfs`, which the crate reads
+//! its process table with too): the kernel's processes are the kernel, its
 //! evcxr child and whatever they started (cargo and rustc while a cell compiles).
 //!
 //! `gpu_memory` is ours: one entry per GPU NVML lists (`total`, `used`, `free`, and `kernel`:
@@ -15,9 +16,10 @@
 //! crate. `nvml_error` says why NVML could not be read. The panel shows the ipykernel fields;
 //! other clients read `gpu_memory`.
 
-use crate::hooks::SharedControl;
-use crate::nvml;
-use gpumem_nb::notebook::protocol::{DeviceReading, Op};
+use crate::cell::hooks::SharedControl;
+use crate::session::nvml;
+use gpumem_nb::kernel::protocol::{DeviceReading, Op};
+use gpumem_nb::procfs::{self, kb_field, process_memory, read};
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -42,8 +44,8 @@ impl Usage {
     /// the crate in it, when the engine is up.
     pub fn reply(&mut self, child: Option<u32>, control: Option<&SharedControl>) -> Value {
         let me = std::process::id();
-        let table = processes();
-        let mut pids = descendants(me, &table);
+        let table = procfs::processes();
+        let mut pids = procfs::descendants_in(me, &table);
         pids.insert(0, me);
         // The child, even if /proc showed it under another parent (it never should).
         if let Some(c) = child.filter(|c| !pids.contains(c)) {
@@ -94,64 +96,6 @@ impl Usage {
 
 fn round1(v: f64) -> f64 {
     (v * 10.0).round() / 10.0
-}
-
-fn read(path: &str) -> Option<String> {
-    std::fs::read_to_string(path).ok()
-}
-
-/// One process of `/proc`: its parent and CPU ticks (user + system).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Proc {
-    ppid: u32,
-    ticks: u64,
-}
-
-/// Parses `/proc/<pid>/stat` (the command name, in parentheses, may hold spaces and parens).
-fn parse_stat(stat: &str) -> Option<Proc> {
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // After the name: state(3) ppid(4) … utime(14) stime(15), numbered as in proc(5).
-    let field = |n: usize| f.get(n - 3)?.parse::<u64>().ok();
-    Some(Proc { ppid: field(4)? as u32, ticks: field(14)? + field(15)? })
-}
-
-/// Every process of `/proc` by pid.
-fn processes() -> HashMap<u32, Proc> {
-    let Ok(dir) = std::fs::read_dir("/proc") else { return HashMap::new() };
-    dir.flatten()
-        .filter_map(|e| {
-            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-            Some((pid, parse_stat(&read(&format!("/proc/{pid}/stat"))?)?))
-        })
-        .collect()
-}
-
-/// Every process below `root`, parents before children.
-fn descendants(root: u32, table: &HashMap<u32, Proc>) -> Vec<u32> {
-    let mut out = Vec::new();
-    let mut queue = vec![root];
-    while let Some(p) = queue.pop() {
-        let mut children: Vec<u32> = table.iter().filter(|(_, q)| q.ppid == p).map(|(&c, _)| c).collect();
-        children.sort_unstable();
-        out.extend(&children);
-        queue.extend(children);
-    }
-    out
-}
-
-/// A `kB` field of a `/proc` text (`Pss:`, `VmRSS:`, `MemTotal:` …), in bytes.
-fn kb_field(text: &str, name: &str) -> Option<u64> {
-    let line = text.lines().find(|l| l.strip_prefix(name).is_some_and(|r| r.starts_with(':')))?;
-    let kb: u64 = line[name.len() + 1..].split_whitespace().next()?.parse().ok()?;
-    Some(kb * 1024)
-}
-
-/// A process's proportional set size (what ipykernel reports where psutil has it), else RSS.
-fn process_memory(pid: u32) -> Option<u64> {
-    read(&format!("/proc/{pid}/smaps_rollup"))
-        .and_then(|t| kb_field(&t, "Pss"))
-        .or_else(|| read(&format!("/proc/{pid}/status")).and_then(|t| kb_field(&t, "VmRSS")))
 }
 
 /// psutil's `virtual_memory()` on Linux, from `/proc/meminfo`.
@@ -262,9 +206,6 @@ mod tests {
 
     #[test]
     fn proc_texts_are_read_like_psutil() {
-        let p = parse_stat("42 (a (b) c) S 7 42 42 0 -1 4194304 101 0 0 0 250 50 3 4 20 0 1 0").unwrap();
-        assert_eq!(p, Proc { ppid: 7, ticks: 300 });
-        assert!(parse_stat("garbage").is_none());
         let meminfo = "MemTotal:  1000 kB\nMemFree:  100 kB\nMemAvailable:  600 kB\nBuffers:  50 kB\n\
                        Cached:  300 kB\nSReclaimable:  50 kB\nActive:  10 kB\nInactive:  20 kB\n";
         let v = virtual_memory(meminfo);
@@ -272,16 +213,7 @@ mod tests {
         assert_eq!(v["available"], 600 * 1024);
         assert_eq!(v["used"], 500 * 1024, "total − free − buffers − cached (with SReclaimable)");
         assert_eq!(v["percent"], 40.0);
-        assert_eq!(kb_field("Pss:  238 kB\nPss_Dirty: 1 kB", "Pss"), Some(238 * 1024));
-        assert_eq!(kb_field("Pss_Dirty: 1 kB", "Pss"), None);
         assert_eq!(host_ticks("cpu  10 0 10 70 10 0 0 0 0 0\ncpu0 1"), Some((20, 100)));
-        let mut t = HashMap::new();
-        for (pid, ppid) in [(1, 0), (2, 1), (3, 2), (4, 1), (5, 9)] {
-            t.insert(pid, Proc { ppid, ticks: 0 });
-        }
-        let mut d = descendants(1, &t);
-        d.sort_unstable();
-        assert_eq!(d, vec![2, 3, 4]);
     }
 
     #[test]

@@ -22,17 +22,16 @@ mod magics;
 mod panic;
 mod pump;
 
-pub use errors::ErrorInfo;
-
-use crate::compile;
-use crate::control::{CONTROL_VAR, ControlServer};
-use crate::dep;
-use crate::hooks::{self, HOOK_TIMEOUT, Hooks};
-use crate::live;
-use crate::magic::{self, Magic};
-use crate::report::{CellRecord, History};
-use crate::stderr_sync::{SYNC_VAR, StderrSync};
-use crate::toolchain;
+use crate::cell::compile;
+use crate::cell::dep;
+use crate::cell::hooks::{self, HOOK_TIMEOUT, Hooks};
+use crate::cell::live;
+use crate::cell::magic::{self, Magic};
+use crate::cell::stderr_sync::{SYNC_VAR, StderrSync};
+use crate::cell::toolchain;
+use crate::output::{ErrorInfo, Output, Progress, Sink};
+use crate::session::control::{CONTROL_VAR, ControlServer};
+use crate::session::report::{CellRecord, History};
 use errors::{error_info, first_code_line, source_hash};
 use magics::RecordSetting;
 use pump::StreamPump;
@@ -45,72 +44,6 @@ use std::time::{Duration, Instant};
 
 /// Timeout of the heavier requests (snapshot, chart, summary).
 const SLOW_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// One output of a cell, in the order it is produced.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Output {
-    /// The cell's code is about to run with this execution count.
-    ExecuteInput {
-        /// The code as sent.
-        code: String,
-        /// Execution count.
-        count: u64,
-    },
-    /// Text on `stdout` or `stderr`.
-    Stream {
-        /// `stdout` or `stderr`.
-        name: &'static str,
-        /// The text (lines end with `\n`).
-        text: String,
-    },
-    /// The value of the cell's last expression, by MIME type.
-    ExecuteResult {
-        /// Execution count.
-        count: u64,
-        /// MIME type → data.
-        data: Map<String, Value>,
-    },
-    /// Something shown (reports, magics).
-    Display {
-        /// MIME type → data.
-        data: Map<String, Value>,
-    },
-    /// Something shown that a later [`Output::Update`] replaces in place (Jupyter's
-    /// `display_data` with a `display_id`): the live line.
-    Updatable {
-        /// The display id.
-        id: String,
-        /// MIME type → data.
-        data: Map<String, Value>,
-    },
-    /// Replaces what was shown under `id` (`update_display_data`): the live line's updates, and
-    /// the final report that takes its place.
-    Update {
-        /// The display id.
-        id: String,
-        /// MIME type → data.
-        data: Map<String, Value>,
-    },
-    /// The cell failed.
-    Error(ErrorInfo),
-}
-
-/// Where the engine's outputs go.
-pub trait Sink: Send + Sync {
-    /// One output, in order.
-    fn emit(&self, out: Output);
-    /// Asks the user for a line (the cell called `evcxr_input`); only called when the
-    /// request allowed stdin.
-    fn input(&self, prompt: &str, password: bool) -> String;
-    /// Whether a shown output can be replaced in place (a Jupyter frontend): then a long cell
-    /// gets a live line (`crate::live`). Headless runs keep final outputs only.
-    fn updates_in_place(&self) -> bool {
-        false
-    }
-    /// How the build of cell `cell`'s dependencies is coming along, every half second while
-    /// cargo builds them, for a sink without a live line (`run`'s console).
-    fn compiling(&self, _cell: u64, _progress: &compile::Progress) {}
-}
 
 /// The engine's sink: passes everything on and counts the outputs that are not the live line, so
 /// that the report can tell whether the live line is still the cell's last output.
@@ -154,7 +87,7 @@ impl Sink for Tally {
         self.inner.updates_in_place()
     }
 
-    fn compiling(&self, cell: u64, progress: &compile::Progress) {
+    fn compiling(&self, cell: u64, progress: &Progress) {
         self.inner.compiling(cell, progress);
     }
 }
@@ -178,7 +111,7 @@ pub struct Engine {
     sink: Arc<dyn Sink>,
     tally: Arc<Tally>,
     pump: StreamPump,
-    /// The barrier on the child's stderr (`crate::stderr_sync`).
+    /// The barrier on the child's stderr (`crate::cell::stderr_sync`).
     sync: Option<StderrSync>,
     count: u64,
     history: History,
@@ -200,7 +133,7 @@ pub struct Engine {
     /// `%gpumem diff` of cells.
     cell_ends: std::collections::BTreeMap<u64, (Option<u32>, i64)>,
     /// Every cell's record counted for the metrics endpoint, and the endpoint when it is on.
-    metrics: crate::metrics::Endpoint,
+    metrics: crate::session::metrics::Endpoint,
 }
 
 impl Engine {
@@ -241,12 +174,12 @@ impl Engine {
         }
         let (mut eval, outputs) = evcxr::EvalContext::with_subprocess_command(cmd)
             .map_err(|e| anyhow::anyhow!("evcxr failed to start: {e}"))?;
-        // Cells keep line tables for their own code (`crate::cell_lines`): sites then name
+        // Cells keep line tables for their own code (`crate::cell::cell_lines`): sites then name
         // their cell lines. Set as evcxr's `:build_env` does, so `install`'s prebuild and every
         // session build alike.
-        if crate::cell_lines::enabled() {
+        if crate::cell::cell_lines::enabled() {
             let mut state = eval.state();
-            for (key, value) in crate::cell_lines::build_envs(&std::env::current_exe()?) {
+            for (key, value) in crate::cell::cell_lines::build_envs(&std::env::current_exe()?) {
                 state.set_build_env(&key, &value);
             }
             // No code: evcxr only takes the new state (nothing is compiled).
@@ -255,7 +188,7 @@ impl Engine {
         let mut ctx = evcxr::CommandContext::with_eval_context(eval);
         let child = ctx.process_handle();
         let pump = StreamPump::start(outputs, sink.clone());
-        let (metrics, metrics_notice) = crate::metrics::Endpoint::from_env();
+        let (metrics, metrics_notice) = crate::session::metrics::Endpoint::from_env();
         if let Err(e) = ctx.execute(":load_config --quiet") {
             eprintln!("gpumem-kernel: evcxr startup configuration not loaded: {e}");
         }
@@ -274,7 +207,7 @@ impl Engine {
             interrupted,
             last_hook_us: (0, 0),
             notice: notices([
-                crate::build_dir::take_notice().map(|n| format!("gpumem-kernel: {n}")),
+                crate::cell::build_dir::take_notice().map(|n| format!("gpumem-kernel: {n}")),
                 sysroot.as_deref().and_then(toolchain::rust_src_notice),
                 metrics_notice,
             ]),
@@ -298,7 +231,7 @@ impl Engine {
     }
 
     /// The control channel to the crate in the child, for another thread.
-    pub fn shared_control(&self) -> crate::hooks::SharedControl {
+    pub fn shared_control(&self) -> crate::cell::hooks::SharedControl {
         self.hooks.shared_control()
     }
 
@@ -496,7 +429,7 @@ impl Engine {
         let ticker = match (&sampler, &self.compile) {
             (None, Some(watch)) if magic::has_code(run_code) => {
                 let sink = self.sink.clone();
-                let each = move |p: &compile::Progress| {
+                let each = move |p: &Progress| {
                     if p.building_dependencies() {
                         sink.compiling(count, p);
                     }
@@ -586,11 +519,11 @@ impl Engine {
         self.history.warn(&mut rec);
         self.metrics.observe(&rec);
         self.history.cells.push(rec.clone());
-        // A long session keeps its last cells; the rest is summarised (`crate::retention`).
-        let keep = crate::retention::keep();
-        crate::retention::trim(&mut self.history.cells, &mut self.history.dropped, keep);
-        crate::retention::trim_map(&mut self.cell_ends, keep);
-        self.hooks.trim_codes(keep.max(crate::retention::CODE_CELLS));
+        // A long session keeps its last cells; the rest is summarised (`crate::session::retention`).
+        let keep = crate::session::retention::keep();
+        crate::session::retention::trim(&mut self.history.cells, &mut self.history.dropped, keep);
+        crate::session::retention::trim_map(&mut self.cell_ends, keep);
+        self.hooks.trim_codes(keep.max(crate::session::retention::CODE_CELLS));
 
         // ---- %%gpumem: timeline, snapshot, then the session's own recording setting again
         if let Some((timeline, snap)) = cell_magic {

@@ -9,8 +9,8 @@
 //! notebook (stacks give the owners; labels come with every recorded event).
 
 use super::{Engine, SLOW_TIMEOUT};
-use crate::magic::DiffSide;
-use gpumem_nb::notebook::protocol::Op;
+use crate::cell::magic::DiffSide;
+use gpumem_nb::kernel::protocol::Op;
 use gpumem_nb::snapshot::diff::{LiveAlloc, SnapshotDiff, live, live_at};
 use gpumem_nb::snapshot::{Snapshot, json};
 

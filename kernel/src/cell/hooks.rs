@@ -9,10 +9,10 @@
 //! around a compiled program playing the notebook child, which is how the path is checked on a
 //! GPU machine where evcxr cannot compile cells.
 
-use crate::control::ControlServer;
-use crate::nvml::{self, NvmlSnapshot};
-use crate::report::{CellRecord, CrateReading, Readings, TrackedReadings, build_record, framework_parts};
-use gpumem_nb::notebook::protocol::{FrameworkReading, OomEvent, Op, Reply};
+use crate::session::control::ControlServer;
+use crate::session::nvml::{self, NvmlSnapshot};
+use crate::session::report::{CellRecord, CrateReading, Readings, TrackedReadings, build_record, framework_parts};
+use gpumem_nb::kernel::protocol::{FrameworkReading, OomEvent, Op, Reply};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -144,7 +144,7 @@ impl Hooks {
 
     /// Keeps the code of the newest `keep` cells only (what a reconnecting child is sent).
     pub fn trim_codes(&mut self, keep: usize) {
-        crate::retention::trim_map(&mut self.codes, keep);
+        crate::session::retention::trim_map(&mut self.codes, keep);
     }
 
     /// Notes a cell's code (before it runs) and sends it to the connected child.
@@ -212,7 +212,7 @@ impl Hooks {
             }
         }
         let us = t.elapsed().as_micros() as u64;
-        if gpumem_nb::notebook::control::times_wanted() {
+        if gpumem_nb::kernel::control::times_wanted() {
             // Beside the notebook process's own split (the same variable): the kernel's side.
             eprintln!(
                 "gpumem-kernel {name}: accepting the child {} µs, NVML {} µs, the request {} µs",
@@ -226,7 +226,7 @@ impl Hooks {
 }
 
 /// How many bytes of cell code one `cell_codes` request carries at most (a request line may
-/// not pass [`gpumem_nb::notebook::protocol::MAX_LINE`]); a cell's code longer than this is
+/// not pass [`gpumem_nb::kernel::protocol::MAX_LINE`]); a cell's code longer than this is
 /// not sent at all (its sites are named without lines).
 const MAX_CODE_BYTES: usize = 1 << 20;
 
@@ -290,7 +290,7 @@ pub fn record(cell: u64, before: &Before, after: &After) -> CellRecord {
             pid_after: after.pid,
         },
     );
-    rec.children = after.pid.map_or_else(Vec::new, |pid| gpumem_nb::notebook::children::of_tree(pid, &after.nvml));
+    rec.children = after.pid.map_or_else(Vec::new, |pid| gpumem_nb::kernel::children::of_tree(pid, &after.nvml));
     rec.hook_us = before.us + after.us;
     rec.oom = after.oom.clone();
     let frameworks_before = if before.pid == after.pid { before.frameworks.as_deref() } else { None };

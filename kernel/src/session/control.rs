@@ -13,7 +13,7 @@
 //!
 //! Requests and replies are single JSON lines: `{"id":n,"op":...}` → `{"id":n,"ok":...}`.
 
-use gpumem_nb::notebook::protocol::{self, Hello, Op, Reply, Request};
+use gpumem_nb::kernel::protocol::{self, Hello, Op, Reply, Request};
 use std::io::{BufRead, BufReader, ErrorKind, Write};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// The environment variable the crate reads.
-pub use gpumem_nb::notebook::protocol::CONTROL_VAR;
+pub use gpumem_nb::kernel::protocol::CONTROL_VAR;
 
 /// How long a connecting child has to send its hello.
 const HELLO_TIMEOUT: Duration = Duration::from_millis(500);
@@ -240,7 +240,7 @@ mod tests {
                 let req = protocol::parse_request(&line).unwrap();
                 let reply = match req.op {
                     Op::Read => Reply {
-                        devices: Some(vec![gpumem_nb::notebook::protocol::DeviceReading {
+                        devices: Some(vec![gpumem_nb::kernel::protocol::DeviceReading {
                             allocated: 42,
                             ..Default::default()
                         }]),

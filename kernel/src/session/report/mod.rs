@@ -9,12 +9,12 @@
 //!
 //! - the record's types ([`CellRecord`] and its parts), [`build_record`], the one-line report,
 //!   its details table and the `display_data` bundle are the library's
-//!   (`gpumem_nb::notebook::report`): the stock evcxr kernel's in-child reports build the same;
+//!   (`gpumem_nb::kernel::report`): the stock evcxr kernel's in-child reports build the same;
 //! - `history`: the session's [`History`].
 
 mod history;
 
-pub use gpumem_nb::notebook::report::{
+pub use gpumem_nb::kernel::report::{
     AllAllocations, AllocatorPart, CELL_MIME, CellRecord, CrateReading, LiveCost, NvmlPart, PlaceAll, PoolPart,
     Readings, SourceDelta, Sources, Span, TrackedReadings, all_allocations, allocator_absent, build_record,
     device_name, format_ms, framework_parts, line_html, quantity,
@@ -24,7 +24,7 @@ pub use history::History;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::nvml::{NvmlDevice, NvmlProcess, NvmlSnapshot};
+    use crate::session::nvml::{NvmlDevice, NvmlProcess, NvmlSnapshot};
     use serde_json::Value;
 
     fn reading(alloc: u64, resv: u64, peak: u64) -> CrateReading {
@@ -168,7 +168,7 @@ mod tests {
     /// burn's re-runs: the allocator saw nothing, cubecl's books say what grew.
     #[test]
     fn rerun_leak_of_a_watched_framework_says_live_tensors_or_pool_reserve() {
-        use gpumem_nb::notebook::protocol::{FrameworkPool, FrameworkReading};
+        use gpumem_nb::kernel::protocol::{FrameworkPool, FrameworkReading};
         let mib = 1u64 << 20;
         let books = |in_use: u64, reserved: u64| {
             vec![FrameworkReading {

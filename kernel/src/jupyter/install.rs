@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 /// The kernelspec's name (its directory).
 pub const KERNEL_NAME: &str = "gpumem";
 
-const TEMPLATE: &str = include_str!("../kernelspec/kernel.json");
+const TEMPLATE: &str = include_str!("../../kernelspec/kernel.json");
 
 /// Where to install.
 #[derive(Clone, Debug, PartialEq, Eq)]

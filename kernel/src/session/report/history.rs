@@ -13,8 +13,8 @@ pub struct History {
     pub cells: Vec<CellRecord>,
     /// `%gpumem budget`.
     pub budget: Option<u64>,
-    /// The cells no longer kept, summarised (`crate::retention`).
-    pub dropped: crate::retention::Dropped,
+    /// The cells no longer kept, summarised (`crate::session::retention`).
+    pub dropped: crate::session::retention::Dropped,
 }
 
 impl History {

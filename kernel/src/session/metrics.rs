@@ -4,8 +4,8 @@
 //! outlives restarts of the notebook child. Loopback (`127.0.0.1:9464`) unless an address is
 //! given.
 
+use gpumem_nb::kernel::report::CellRecord;
 use gpumem_nb::metrics::{self as om, Exported, Identity, METRICS_VAR, Server};
-use gpumem_nb::notebook::report::CellRecord;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -91,8 +91,8 @@ mod tests {
         let rec = CellRecord {
             cell: 4,
             status: "ok".into(),
-            allocator: Some(gpumem_nb::notebook::report::AllocatorPart {
-                allocated: gpumem_nb::notebook::report::Span { before: Some(0), after: Some(3 << 20) },
+            allocator: Some(gpumem_nb::kernel::report::AllocatorPart {
+                allocated: gpumem_nb::kernel::report::Span { before: Some(0), after: Some(3 << 20) },
                 ..Default::default()
             }),
             child_pid: Some(77),

@@ -7,14 +7,15 @@
 //!   "outputs → reply → idle": execute requests go to the engine thread and the task waits.
 //! - The control task answers `kernel_info`, `interrupt_request` (kills the evcxr child, which
 //!   evcxr restarts; the cell gets an error and its report), `shutdown_request` and
-//!   `usage_request` (`crate::usage`), also while a cell runs. Busy/idle describe execute
+//!   `usage_request` (`crate::jupyter::usage`), also while a cell runs. Busy/idle describe execute
 //!   requests: a control request publishes none while a cell runs, `usage_request` never.
 //! - stdin: `input_request` round trips for `evcxr_input`, when the request allows stdin.
 
-use crate::complete::{Completeness, is_complete};
-use crate::engine::{Engine, ErrorInfo, Outcome, Output, Sink};
-use crate::hooks::SharedControl;
-use crate::usage::Usage;
+use crate::cell::complete::{Completeness, is_complete};
+use crate::cell::engine::{Engine, Outcome};
+use crate::cell::hooks::SharedControl;
+use crate::jupyter::usage::Usage;
+use crate::output::{ErrorInfo, Output, Sink};
 use jupyter_protocol::{CodeMirrorMode, DisplayData, HelpLink, Media, Transient, UpdateDisplayData};
 use jupyter_zmq_client::{
     CommInfoReply, CompleteReply, CompleteRequest, ConnectionInfo, ErrorOutput, ExecuteInput, ExecuteReply,

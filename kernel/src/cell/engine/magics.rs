@@ -3,10 +3,10 @@
 //! last.
 
 use super::{Engine, SLOW_TIMEOUT};
-use crate::hooks::HOOK_TIMEOUT;
-use crate::magic::{self, ExportFormat, Magic};
+use crate::cell::hooks::HOOK_TIMEOUT;
+use crate::cell::magic::{self, ExportFormat, Magic};
 use gpumem_nb::RecordMode;
-use gpumem_nb::notebook::protocol::{Op, RecordRequest};
+use gpumem_nb::kernel::protocol::{Op, RecordRequest};
 use gpumem_nb::render::escape;
 use gpumem_nb::render::explain::ReservedView;
 use gpumem_nb::units::iec;
@@ -251,7 +251,7 @@ impl Engine {
         let Some((d, parts)) = reading.and_then(|d| d.explain.clone().map(|p| (d, p))) else {
             return self.magic_error("explain: device 0 is not open in the notebook");
         };
-        let pool = d.pool_used.zip(d.pool_reserved).map(|(used, reserved)| gpumem_nb::PoolUsage {
+        let pool = d.pool_used.zip(d.pool_reserved).map(|(used, reserved)| gpumem_nb::device::PoolUsage {
             used,
             reserved,
             used_high: d.pool_used_high.unwrap_or(used),

@@ -2,8 +2,8 @@
 //! (`panic::Capture`) to become the cell's error.
 
 use super::panic::{Capture, PanicText};
-use super::{Output, Sink};
-use crate::stderr_sync::MARK;
+use crate::cell::stderr_sync::MARK;
+use crate::output::{Output, Sink};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 

@@ -9,7 +9,7 @@
 //! default keeps the history's part of the kernel's memory within about 10 MiB in a session of
 //! any length (`scripts/soak.sh`, BENCHMARKS.md "Soak").
 
-use crate::report::CellRecord;
+use gpumem_nb::kernel::report::CellRecord;
 use serde::Serialize;
 use std::collections::BTreeMap;
 

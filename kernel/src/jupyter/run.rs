@@ -7,8 +7,9 @@
 //! tagged `raises-exception` may fail; any other failing cell (an error, or a panic) stops the
 //! run (unless `--allow-errors`) and makes the exit status 1.
 
-use crate::engine::{Engine, Output, Sink};
-use crate::report::CELL_MIME;
+use crate::cell::engine::Engine;
+use crate::output::{Output, Sink};
+use crate::session::report::CELL_MIME;
 use gpumem_nb::render::escape;
 use serde_json::{Map, Value, json};
 use std::path::{Path, PathBuf};
@@ -51,7 +52,7 @@ impl Sink for Collect {
         String::new()
     }
 
-    fn compiling(&self, cell: u64, progress: &crate::compile::Progress) {
+    fn compiling(&self, cell: u64, progress: &crate::output::Progress) {
         let Ok(mut shown) = self.progress_shown.lock() else { return };
         // The first line after two seconds (a short cell build says nothing), then every five.
         let due = match *shown {
@@ -195,7 +196,7 @@ pub fn run(opts: &RunOptions) -> anyhow::Result<i32> {
     if let Some(meta) = meta {
         meta.insert(
             "kernelspec".into(),
-            json!({"name": crate::install::KERNEL_NAME, "display_name": "Rust (gpumem)", "language": "rust"}),
+            json!({"name": crate::jupyter::install::KERNEL_NAME, "display_name": "Rust (gpumem)", "language": "rust"}),
         );
         meta.insert(
             "language_info".into(),
@@ -216,7 +217,7 @@ pub fn run(opts: &RunOptions) -> anyhow::Result<i32> {
     eprintln!(
         "gpumem-kernel run: {} code cells in {}, {} failed",
         i_code,
-        crate::report::format_ms(started.elapsed().as_secs_f64() * 1000.0),
+        crate::session::report::format_ms(started.elapsed().as_secs_f64() * 1000.0),
         failures.len()
     );
     for f in &failures {
@@ -370,7 +371,7 @@ table{border-collapse:collapse}footer{color:#888;font-size:12px;margin-top:32px}
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::ErrorInfo;
+    use crate::output::ErrorInfo;
 
     #[test]
     fn outputs_become_nbformat() {

@@ -10,14 +10,15 @@
 //! What it costs is measured on the sampler's own thread (its CPU time, [`LiveCost`]) and kept
 //! in the cell's record; `tests/overhead.rs` measures a long cell (BENCHMARKS.md).
 
-use crate::compile::{Progress, Watch};
-use crate::engine::{Output, Sink};
-use crate::hooks::{self, SharedControl};
-use crate::nvml::{self, NvmlSnapshot};
-use crate::report::{
+use crate::cell::compile::Watch;
+use crate::cell::hooks::{self, SharedControl};
+use crate::output::Progress;
+use crate::output::{Output, Sink};
+use crate::session::nvml::{self, NvmlSnapshot};
+use crate::session::report::{
     CrateReading, LiveCost, TrackedReadings, allocator_absent, device_name, format_ms, line_html, quantity,
 };
-use gpumem_nb::notebook::protocol::Op;
+use gpumem_nb::kernel::protocol::Op;
 use gpumem_nb::units::iec;
 use serde_json::{Map, Value};
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -235,7 +236,7 @@ pub fn thread_cpu() -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gpumem_nb::notebook::protocol::PlaceReading;
+    use gpumem_nb::kernel::protocol::PlaceReading;
 
     #[test]
     fn the_line_has_current_and_peak_so_far() {

@@ -20,10 +20,10 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
 /// How long a cell's reading waits for one framework's answer.
-pub const READ_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const READ_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A framework's reader: its numbers now.
-pub type Reader = Arc<dyn Fn() -> FrameworkReading + Send + Sync>;
+pub(crate) type Reader = Arc<dyn Fn() -> FrameworkReading + Send + Sync>;
 
 /// One watched framework.
 struct Watch {
@@ -34,42 +34,39 @@ struct Watch {
     busy: Arc<AtomicBool>,
 }
 
-/// The frameworks watched in this process (in the anchor).
+/// The frameworks watched in this process (one per process, in the anchor).
 #[derive(Default)]
 pub(crate) struct Watched {
     list: Mutex<Vec<Watch>>,
 }
 
 fn watched() -> &'static Watched {
-    &super::anchor::shared().frameworks
+    super::anchor::per_process!("frameworks", Watched, Watched::default)
 }
 
 /// Watches a framework from now on: every cell's reading asks `reader` too. `key` names what
 /// is watched (`cubecl cuda:0`); a second watch with the same key replaces the first.
-pub fn watch(key: &str, reader: Reader) {
-    let mut list = watched().list.lock().unwrap_or_else(|e| e.into_inner());
+#[cfg_attr(not(any(feature = "cubecl", feature = "cubecl010")), allow(dead_code))]
+pub(crate) fn watch(key: &str, reader: Reader) {
+    let mut list = crate::sync::lock(&watched().list);
     list.retain(|w| w.key != key);
     list.push(Watch { key: key.to_string(), reader, busy: Arc::new(AtomicBool::new(false)) });
 }
 
 /// Stops watching what `key` names; false when it was not watched.
-pub fn unwatch(key: &str) -> bool {
-    let mut list = watched().list.lock().unwrap_or_else(|e| e.into_inner());
+#[cfg_attr(not(any(feature = "cubecl", feature = "cubecl010")), allow(dead_code))]
+pub(crate) fn unwatch(key: &str) -> bool {
+    let mut list = crate::sync::lock(&watched().list);
     let n = list.len();
     list.retain(|w| w.key != key);
     list.len() != n
 }
 
-/// What is watched, by key.
-pub fn keys() -> Vec<String> {
-    watched().list.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|w| w.key.clone()).collect()
-}
-
 /// Every watched framework's numbers now, in the order they were watched; `None` when nothing
 /// is watched (the reply then has no `frameworks` field at all).
-pub fn readings() -> Option<Vec<FrameworkReading>> {
+pub(crate) fn readings() -> Option<Vec<FrameworkReading>> {
     let list: Vec<(String, Reader, Arc<AtomicBool>)> = {
-        let list = watched().list.lock().unwrap_or_else(|e| e.into_inner());
+        let list = crate::sync::lock(&watched().list);
         list.iter().map(|w| (w.key.clone(), Arc::clone(&w.reader), Arc::clone(&w.busy))).collect()
     };
     if list.is_empty() {
@@ -166,6 +163,6 @@ mod tests {
             assert!(unwatch(key), "{key}");
         }
         assert!(!unwatch("test sim:9"));
-        assert!(!keys().iter().any(|k| k.starts_with("test ")));
+        assert!(!crate::sync::lock(&watched().list).iter().any(|w| w.key.starts_with("test ")));
     }
 }

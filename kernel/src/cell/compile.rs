@@ -14,6 +14,7 @@
 //!
 //! Only Linux has `/proc` to find the build by; elsewhere [`Watch::poll`] says nothing.
 
+use crate::output::Progress;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -21,43 +22,6 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
-
-/// How far a cell's build has come.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Progress {
-    /// Packages of the graph whose library is built (earlier builds included).
-    pub built: usize,
-    /// Packages to build (the cells' own crate not counted); `None` while unknown.
-    pub total: Option<usize>,
-    /// Since the build was first seen.
-    pub elapsed: Duration,
-    /// This build has compiled a dependency and has not reached the cells' own crate yet.
-    pub dependencies: bool,
-    /// The dependencies cargo compiles now (or last did), by crate name.
-    pub compiling: Vec<String>,
-}
-
-impl Progress {
-    /// Whether dependencies are still being built (a first `:dep`), not only the cell itself:
-    /// what the live line and the console show.
-    pub fn building_dependencies(&self) -> bool {
-        self.dependencies
-    }
-
-    /// In words: "compiling dependencies: 34 of 63 crates built · 32 s" while some have never
-    /// been built; "recompiling gpumem_nb · 12 s" when all had been (a dependency changed: a
-    /// path crate edited or moved, other features); "compiling · 2 s" otherwise.
-    pub fn describe(&self) -> String {
-        let secs = format!("{} s", self.elapsed.as_secs());
-        match self.total {
-            Some(total) if self.built < total => {
-                format!("compiling dependencies: {} of {total} crates built · {secs}", self.built)
-            }
-            _ if !self.compiling.is_empty() => format!("recompiling {} · {secs}", self.compiling.join(", ")),
-            _ => format!("compiling · {secs}"),
-        }
-    }
-}
 
 /// Watches one build directory (evcxr's `EVCXR_TMPDIR`, where the cells' crate is).
 #[derive(Debug)]

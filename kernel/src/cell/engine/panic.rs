@@ -25,7 +25,7 @@
 //! and line where a [`Locate`] can say which (issue "which line holds my memory"), else by the
 //! cell alone.
 
-use super::ErrorInfo;
+use crate::output::ErrorInfo;
 
 /// Maps a line of evcxr's generated `src/lib.rs` to (cell, line in the cell), when known.
 pub(super) type Locate<'a> = &'a dyn Fn(u32) -> Option<(u64, u32)>;

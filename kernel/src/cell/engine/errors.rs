@@ -1,16 +1,7 @@
-//! A cell's error as Jupyter shows it ([`ErrorInfo`], from evcxr's errors), and what the
+//! A cell's error as Jupyter shows it (`ErrorInfo`, from evcxr's errors), and what the
 //! record keeps of the cell's code (its first line, a hash for re-run detection).
 
-/// A cell's error.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ErrorInfo {
-    /// Short name.
-    pub ename: String,
-    /// One-line value.
-    pub evalue: String,
-    /// Lines to show.
-    pub traceback: Vec<String>,
-}
+use crate::output::ErrorInfo;
 
 pub(super) fn error_info(e: &evcxr::Error, code: &str, interrupted: bool) -> ErrorInfo {
     match e {

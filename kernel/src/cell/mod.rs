@@ -1,0 +1,32 @@
+//! Running a cell: evcxr's `CommandContext` with everything around it. Where and how the cells
+//! are compiled (a build directory kept between kernel starts, the toolchain's parts, line
+//! tables, `:dep gpumem-nb` resolved to the kernel's own crate, a build's progress), the
+//! `%gpumem` magics and `is_complete`, the hooks that read memory before and after a cell, the
+//! live line while it runs, and the engine that puts them together.
+//!
+//! ## Layers
+//! 1. `build_dir`, `toolchain`, `cell_lines`, `dep`, `compile`, `magic`, `complete`,
+//!    `stderr_sync` — where evcxr compiles the cells (outside any cargo workspace); what the
+//!    kernel needs from the Rust toolchain; line tables in the cells' own code; `:dep
+//!    gpumem-nb` is the crate the kernel was built with; how far a cell's build has come; the
+//!    `%gpumem` / `%%gpumem` parser and the table its help comes from; `is_complete`; a barrier
+//!    on the evcxr child's stderr (a cell's panic before its report).
+//! 2. `hooks` — the per-cell readings: NVML and the crate's numbers around a cell.
+//! 3. `live` — the live line while a long cell runs.
+//! 4. `engine` — evcxr's `CommandContext`, the hooks, magics and reports, shared by the Jupyter
+//!    kernel and headless runs.
+
+pub mod build_dir;
+pub mod cell_lines;
+pub mod compile;
+pub mod complete;
+pub mod dep;
+pub mod magic;
+pub mod stderr_sync;
+pub mod toolchain;
+
+pub mod hooks;
+
+pub mod live;
+
+pub mod engine;
