@@ -347,7 +347,11 @@ fn main() {
     drop((pool_buf, raw, keep_blas, pinned, buf));
     alloc.empty_cache().expect("empty_cache");
     stream.synchronize().expect("sync");
-    c.check("the books recount", tracking::check().is_ok(), json!({"check": tracking::check().err()}));
+    c.check(
+        "the books recount",
+        tracking::check().is_ok(),
+        json!({"check": tracking::check().err().map(|e| e.to_string())}),
+    );
     println!("{}", json!({"status": if c.failed == 0 { "pass" } else { "FAIL" }, "failed": c.failed}));
     std::process::exit(if c.failed == 0 { 0 } else { 1 });
 }

@@ -113,7 +113,7 @@ impl<B: Backend> CachingAllocator<B> {
 
     /// Where the reserved bytes are: what the program asked for, rounding, frees waiting for
     /// streams, free cached blocks by pool and size class, and what [`Self::empty_cache`] would
-    /// return now; the parts add up to [`Self::memory_reserved`] ([`ReservedParts`]). Walks
+    /// return now; the parts add up to [`Self::memory_reserved`] ([`ReservedParts`](crate::blocks::ReservedParts)). Walks
     /// every block and copies the state once (without its history): for reports, not hot loops.
     pub fn reserved_parts(&self) -> crate::policy::ReservedParts {
         self.with_state(|s, _| s.reserved_parts())

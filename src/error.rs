@@ -34,6 +34,9 @@ pub enum Error {
     /// A fit could not be planned (nothing recorded, a recording that cannot be replayed).
     #[error("{0}")]
     Plan(String),
+    /// The metrics endpoint could not start (the address is taken, no thread for it).
+    #[error("metrics endpoint: {0}")]
+    Endpoint(String),
 }
 
 /// `Result` with this crate's [`Error`].

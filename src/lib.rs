@@ -12,7 +12,7 @@
 //! else has one path, in the module of its concern: [`mem`] (the ipyexperiments helpers),
 //! [`scope`] (`measure`, `save_memory_snapshot`), [`tracking`] (every allocation of the process,
 //! `top`), [`metrics`] (Prometheus), [`snapshot`], [`render`], [`replay`], [`plan`] (will it
-//! fit), [`pinned`], [`stats`], [`blocks`] (the allocator's raw API), [`device`] (backends and
+//! fit), [`pinned`], [`stats`], [`blocks`] (the allocator's raw API), [`device`](mod@device) (backends and
 //! NVML), [`frameworks`] (cubecl's pools for burn), [`units`], [`procfs`] (`/proc`), and
 //! [`kernel`] (what a Jupyter kernel shares with the crate). HOW_IT_WORKS.md walks through the rooms.
 //!

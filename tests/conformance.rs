@@ -1,8 +1,8 @@
 //! Conformance with PyTorch 2.11, measured on an H200 (`tests/fixtures/probe_results_*.json`,
-//! produced by `shared/reference/pytorch_golden/probe.py`). Each test replays one of the
+//! produced by `scripts/gpu/probe.py`). Each test replays one of the
 //! probe's scripted sequences on the simulated device and compares, at every checkpoint the
-//! probe recorded, the same statistics and the same segment/block layout (cases A–I and K of
-//! reference/pytorch_allocator.md §6). Invariants are recounted after every step.
+//! probe recorded, the same statistics and the same segment/block layout (the probe's cases
+//! A–I and K). Invariants are recounted after every step.
 
 use gpumem_nb::blocks::BlockId;
 use gpumem_nb::device::sim::SimBackend;

@@ -5,7 +5,8 @@
 //! measured on both sides. And on made-up programs: failures are skipped and named per label,
 //! other sources' allocations take the device's memory at 2 MiB granularity.
 
-use gpumem_nb::replay::fit::{self, GRANULARITY, Program};
+use gpumem_nb::device::sim::GRANULARITY;
+use gpumem_nb::replay::fit::{self, Program};
 use gpumem_nb::replay::{DeviceTrace, EventInfo, Foreign, ReplayOptions, TraceLine, read_recording, replay};
 use gpumem_nb::{AllocatorConfig, StreamId, TraceAction};
 use serde_json::Value;

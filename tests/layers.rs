@@ -1,22 +1,16 @@
-//! The crate's layer list (the numbered list in `src/lib.rs`) is true: every `crate::` path in
-//! non-test code of a folder or root file names itself or something on an earlier line, so the
-//! folders have no import cycle. Reads the sources; runs nothing of the crate.
+//! The layer lists are true. Each "house" (the crate in `src/lib.rs`, the notebook room in
+//! `src/notebook/mod.rs`, gpumem-kernel in `kernel/src/lib.rs` and each of its rooms' `mod.rs`)
+//! lists its units in layers (`//! N. `a`, `b` — …`); every `crate::` / `super::` path in
+//! non-test code of a unit names itself or a unit on an earlier line, so no unit imports one
+//! above it and no two import each other. No path goes through the crate root (a name the root
+//! only re-exports). HOW_IT_WORKS.md names every source file, and every file it names exists.
+//! Reads the sources; runs nothing of the crate.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-fn src() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
-}
-
-/// The unit (top folder or root file, without `.rs`) a source file belongs to.
-fn unit_of(path: &Path) -> Option<String> {
-    let rel = path.strip_prefix(src()).ok()?;
-    let first = rel.components().next()?.as_os_str().to_str()?.to_string();
-    match first.as_str() {
-        "bin" | "lib.rs" => None,
-        f => Some(f.trim_end_matches(".rs").to_string()),
-    }
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -30,42 +24,40 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// Layer of each unit, from the `//! N. …` list in lib.rs: the names in backticks before " — ".
-fn layers(lib: &str) -> BTreeMap<String, usize> {
+/// Layer of each unit, from the `//! N. …` list of a root file: the names in backticks before
+/// " — " (an item may wrap onto the next `//!` lines).
+fn layers(root: &str) -> BTreeMap<String, usize> {
     let mut out = BTreeMap::new();
-    for line in lib.lines() {
-        let Some(rest) = line.strip_prefix("//! ") else { continue };
-        let Some((num, rest)) = rest.split_once(". ") else { continue };
-        let Ok(n) = num.parse::<usize>() else { continue };
-        let head = rest.split(" — ").next().unwrap_or("");
-        for name in head.split('`').skip(1).step_by(2) {
-            out.insert(name.to_string(), n);
-        }
-    }
-    out
-}
-
-/// What the root re-exports (`pub use unit::…::{A, B as C}`) resolve to: name → unit.
-fn root_names(lib: &str) -> BTreeMap<String, String> {
-    let mut out = BTreeMap::new();
-    let flat: String = lib.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join(" ");
-    for stmt in flat.split(';') {
-        let Some(path) = stmt.trim().strip_prefix("pub use ") else { continue };
-        let unit = path.split("::").next().unwrap_or("").trim().to_string();
-        let names = path.rsplit("::").next().unwrap_or("").trim_matches(|c| c == '{' || c == '}' || c == ' ');
-        for n in names.split(',') {
-            let n = n.split(" as ").last().unwrap_or("").trim();
-            if !n.is_empty() {
-                out.insert(n.to_string(), unit.clone());
+    let mut open: Option<(usize, String)> = None;
+    for line in root.lines() {
+        let Some(rest) = line.strip_prefix("//! ") else {
+            open = None;
+            continue;
+        };
+        let numbered = rest.split_once(". ").and_then(|(num, rest)| Some((num.parse::<usize>().ok()?, rest)));
+        let (n, head) = match (numbered, &mut open) {
+            (Some((n, rest)), _) => (n, rest.to_string()),
+            (None, Some((n, head))) if rest.starts_with("  ") => (*n, format!("{head} {}", rest.trim())),
+            _ => {
+                open = None;
+                continue;
             }
+        };
+        match head.split_once(" — ") {
+            Some((names, _)) => {
+                for name in names.split('`').skip(1).step_by(2) {
+                    out.insert(name.to_string(), n);
+                }
+                open = None;
+            }
+            None => open = Some((n, head)),
         }
     }
-    // `pub type Allocator = CachingAllocator<…>`.
-    // Root names are for users: the crate itself names each thing by its own path.
     out
 }
 
-/// Non-test code of a file: without `#[cfg(test)] mod tests { … }` at its end and comments.
+/// Non-test code of a file: without `#[cfg(test)] mod tests { … }` at its end, and without
+/// comments.
 fn code(text: &str) -> String {
     let body = match text.find("#[cfg(test)]\nmod tests {") {
         Some(i) => &text[..i],
@@ -74,75 +66,252 @@ fn code(text: &str) -> String {
     body.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n")
 }
 
-#[test]
-fn every_import_points_to_an_earlier_layer() {
-    let lib = std::fs::read_to_string(src().join("lib.rs")).unwrap();
-    let layer = layers(&lib);
-    let names = root_names(&lib);
-    let mut files = Vec::new();
-    rust_files(&src(), &mut files);
-    let mut units = BTreeSet::new();
+/// A source file's module path inside its crate (`src/notebook/report/line.rs` →
+/// `notebook::report::line`; a `mod.rs` is its folder).
+fn module_path(src: &Path, file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(src).unwrap();
+    let mut parts: Vec<String> = rel.iter().map(|c| c.to_string_lossy().trim_end_matches(".rs").to_string()).collect();
+    if matches!(parts.last().map(String::as_str), Some("mod" | "lib" | "main")) {
+        parts.pop();
+    }
+    parts
+}
+
+/// Every module path a file's code names through `crate::` or `super::` (absolute, from the
+/// crate root), with groups (`crate::{a::X, b}`) taken item by item.
+fn imports(here: &[String], text: &str) -> Vec<Vec<String>> {
+    let ident = |s: &str| -> String { s.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect() };
+    let mut out = Vec::new();
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while i < text.len() {
+        let rest = &text[i..];
+        let starts_word =
+            i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_' || bytes[i - 1] == b':');
+        let (mut base, mut tail) = if starts_word && rest.starts_with("crate::") {
+            (Vec::new(), &rest[7..])
+        } else if starts_word && rest.starts_with("super::") {
+            (here[..here.len().saturating_sub(1)].to_vec(), &rest[7..])
+        } else {
+            i += rest.chars().next().map_or(1, char::len_utf8);
+            continue;
+        };
+        while let Some(t) = tail.strip_prefix("super::") {
+            base.pop();
+            tail = t;
+        }
+        let items: Vec<&str> = match tail.strip_prefix('{') {
+            Some(g) => {
+                let mut depth = 0;
+                let end = g
+                    .char_indices()
+                    .find(|&(_, c)| {
+                        match c {
+                            '{' => depth += 1,
+                            '}' if depth == 0 => return true,
+                            '}' => depth -= 1,
+                            _ => {}
+                        }
+                        false
+                    })
+                    .map_or(g.len(), |(j, _)| j);
+                g[..end].split(',').collect()
+            }
+            None => vec![tail],
+        };
+        for item in items {
+            let mut path = base.clone();
+            for seg in item.trim().split("::") {
+                let s = ident(seg);
+                if s.is_empty() || s == "self" {
+                    break;
+                }
+                path.push(s);
+                if seg.len() != ident(seg).len() {
+                    break;
+                }
+            }
+            if path.len() > base.len() {
+                out.push(path);
+            }
+        }
+        i += 7;
+    }
+    out
+}
+
+/// A house: a root file with a layer list and the folder whose children are its units.
+struct House {
+    name: &'static str,
+    /// The crate's `src/`.
+    src: PathBuf,
+    /// The house's module path inside the crate (empty: the crate itself).
+    at: Vec<String>,
+}
+
+/// Imports against a house's layer order (and paths that resolve to none of its units), one
+/// line each. `files` are the crate's sources with their text.
+fn check_house(house: &House, files: &[(PathBuf, String)]) -> Vec<String> {
+    let folder = house.at.iter().fold(house.src.clone(), |p, s| p.join(s));
+    let root_file = if house.at.is_empty() { "lib.rs" } else { "mod.rs" };
+    let root_text = files
+        .iter()
+        .find(|(p, _)| *p == folder.join(root_file))
+        .map(|(_, t)| t.clone())
+        .unwrap_or_else(|| panic!("{}: no {root_file}", house.name));
+    let layer = layers(&root_text);
+    assert!(!layer.is_empty(), "{}: {root_file} has no layer list", house.name);
     let mut bad = Vec::new();
-    let mut edges = 0;
-    for f in &files {
-        let Some(unit) = unit_of(f) else { continue };
-        units.insert(unit.clone());
-        if f.file_name().is_some_and(|n| n == "tests.rs") {
+    let mut units = BTreeSet::new();
+    for (file, text) in files {
+        let here = module_path(&house.src, file);
+        if !here.starts_with(&house.at) || here.len() == house.at.len() {
+            continue; // not in this house, or its root file
+        }
+        let unit = here[house.at.len()].clone();
+        if unit == "bin" || unit == "main" || file.file_name().is_some_and(|n| n == "tests.rs") {
             continue;
         }
-        let text = code(&std::fs::read_to_string(f).unwrap());
-        for (i, _) in text.match_indices("crate::") {
-            let rest = &text[i + 7..];
-            // `crate::{a::X, B}`: each item of the group.
-            let group: Vec<&str> = match rest.strip_prefix('{') {
-                Some(g) => g.split('}').next().unwrap_or("").split(',').collect(),
-                None => vec![rest],
+        units.insert(unit.clone());
+        for target in imports(&here, &code(text)) {
+            if !target.starts_with(&house.at) || target.len() == house.at.len() {
+                continue;
+            }
+            let to_unit = &target[house.at.len()];
+            if *to_unit == unit {
+                continue;
+            }
+            let (Some(&from), Some(&to)) = (layer.get(&unit), layer.get(to_unit)) else {
+                bad.push(format!(
+                    "{}: {} uses {} ({to_unit} is not a unit of {}'s layer list)",
+                    file.display(),
+                    unit,
+                    target.join("::"),
+                    house.name
+                ));
+                continue;
             };
-            for item in group {
-                let name: String = item.trim().chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
-                if name.is_empty() {
-                    continue;
-                }
-                let target = if layer.contains_key(&name) {
-                    name.clone()
-                } else {
-                    match names.get(&name) {
-                        Some(u) => u.clone(),
-                        None => {
-                            bad.push(format!("{}: crate::{name} resolves to no unit", f.display()));
-                            continue;
-                        }
-                    }
-                };
-                if target == unit {
-                    continue;
-                }
-                edges += 1;
-                let (Some(&from), Some(&to)) = (layer.get(&unit), layer.get(&target)) else {
-                    bad.push(format!("{}: {unit} or {target} is missing from lib.rs's layer list", f.display()));
-                    continue;
-                };
-                if to >= from {
-                    bad.push(format!(
-                        "{}: {unit} (layer {from}) uses crate::{name} ({target}, layer {to})",
-                        f.display()
-                    ));
-                }
+            if to >= from {
+                bad.push(format!(
+                    "{}: {unit} (layer {from} of {}) uses {} ({to_unit}, layer {to})",
+                    file.display(),
+                    house.name,
+                    target.join("::")
+                ));
             }
         }
     }
     for u in &units {
-        assert!(layer.contains_key(u), "src/{u} is not in lib.rs's layer list");
+        if !layer.contains_key(u) {
+            bad.push(format!("{}: {u} is not in its layer list", house.name));
+        }
     }
-    assert!(edges > 50, "the scan found only {edges} cross-unit paths: is it reading the sources?");
+    bad
+}
+
+fn sources(src: &Path) -> Vec<(PathBuf, String)> {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    files.sort();
+    files.into_iter().map(|f| (f.clone(), std::fs::read_to_string(&f).unwrap())).collect()
+}
+
+fn houses() -> Vec<(House, Vec<(PathBuf, String)>)> {
+    let lib = repo().join("src");
+    let kernel = repo().join("kernel/src");
+    let lib_files = sources(&lib);
+    let kernel_files = sources(&kernel);
+    let at = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    vec![
+        (House { name: "gpumem-nb", src: lib.clone(), at: vec![] }, lib_files.clone()),
+        (House { name: "gpumem-nb's notebook", src: lib, at: at(&["notebook"]) }, lib_files),
+        (House { name: "gpumem-kernel", src: kernel.clone(), at: vec![] }, kernel_files.clone()),
+        (House { name: "gpumem-kernel's session", src: kernel.clone(), at: at(&["session"]) }, kernel_files.clone()),
+        (House { name: "gpumem-kernel's cell", src: kernel.clone(), at: at(&["cell"]) }, kernel_files.clone()),
+        (House { name: "gpumem-kernel's jupyter", src: kernel, at: at(&["jupyter"]) }, kernel_files),
+    ]
+}
+
+#[test]
+fn every_import_points_to_an_earlier_layer_in_every_house() {
+    let mut bad = Vec::new();
+    for (house, files) in houses() {
+        bad.extend(check_house(&house, &files));
+    }
     bad.sort();
     bad.dedup();
-    assert!(bad.is_empty(), "imports against the layer list:\n{}", bad.join("\n"));
+    assert!(bad.is_empty(), "imports against the layer lists:\n{}", bad.join("\n"));
+}
+
+#[test]
+fn the_scan_sees_imports_and_a_bad_one_fails_it() {
+    // The scan reads real paths: the crate has many, in every form.
+    let (_, files) = houses().remove(0);
+    let n: usize = files.iter().map(|(f, t)| imports(&module_path(&repo().join("src"), f), &code(t)).len()).sum();
+    assert!(n > 300, "the scan found only {n} paths: is it reading the sources?");
+    // Forms: a group, `super::` chains, a path ending in an item.
+    let here = vec!["notebook".to_string(), "report".to_string(), "line".to_string()];
+    let got = imports(&here, "use crate::{a::B, c};\nlet x = super::super::tracking::top(3);\nuse super::Span;");
+    let want: Vec<Vec<String>> =
+        [vec!["a", "B"], vec!["c"], vec!["notebook", "tracking", "top"], vec!["notebook", "report", "Span"]]
+            .iter()
+            .map(|v| v.iter().map(|s| s.to_string()).collect())
+            .collect();
+    assert_eq!(got, want);
+    // A deliberate bad import in each house is caught: the notebook's registry (layer 2)
+    // reaching up to its session (layer 7), and the kernel's session reaching up to a cell.
+    for (house, mut files) in houses() {
+        let (unit, up) = match house.name {
+            "gpumem-nb's notebook" => ("registry.rs", "use crate::notebook::session::current;"),
+            "gpumem-kernel" => ("session/nvml.rs", "use crate::cell::engine::Engine;"),
+            "gpumem-nb" => ("units.rs", "use crate::allocator::Allocator;"),
+            _ => continue,
+        };
+        let folder = house.at.iter().fold(house.src.clone(), |p, s| p.join(s));
+        let (_, text) = files.iter_mut().find(|(p, _)| *p == folder.join(unit)).unwrap();
+        text.insert_str(0, &format!("{up}\n"));
+        let bad = check_house(&house, &files);
+        assert!(bad.len() == 1 && bad[0].contains("layer"), "{}: {bad:?}", house.name);
+    }
+}
+
+#[test]
+fn no_path_goes_through_the_crate_root() {
+    for (src, units) in [(repo().join("src"), "gpumem-nb"), (repo().join("kernel/src"), "gpumem-kernel")] {
+        let files = sources(&src);
+        let root = &files.iter().find(|(p, _)| *p == src.join("lib.rs")).unwrap().1;
+        // What the root declares as modules (the only names `crate::X` may start with).
+        let modules: BTreeSet<String> = root
+            .lines()
+            .filter_map(|l| {
+                let l = l.trim_start();
+                let l = l.strip_prefix("pub ").or_else(|| l.strip_prefix("pub(crate) ")).unwrap_or(l);
+                let name = l.strip_prefix("mod ")?;
+                Some(name.trim_end_matches([';', ' ', '{']).to_string())
+            })
+            .collect();
+        assert!(modules.len() >= 4, "{units}: modules {modules:?}");
+        let mut bad = Vec::new();
+        for (file, text) in &files {
+            if file.ends_with("lib.rs") || file.starts_with(src.join("bin")) {
+                continue;
+            }
+            for path in imports(&module_path(&src, file), &code(text)) {
+                if !modules.contains(&path[0]) {
+                    bad.push(format!("{}: crate::{}", file.display(), path.join("::")));
+                }
+            }
+        }
+        bad.sort();
+        bad.dedup();
+        assert!(bad.is_empty(), "{units}: paths through the crate root:\n{}", bad.join("\n"));
+    }
 }
 
 #[test]
 fn the_root_holds_at_most_eight_files_and_no_file_is_long() {
-    let root: Vec<String> = std::fs::read_dir(src())
+    let src = repo().join("src");
+    let root: Vec<String> = std::fs::read_dir(&src)
         .unwrap()
         .filter_map(|e| e.ok())
         .filter(|e| e.path().is_file())
@@ -151,8 +320,8 @@ fn the_root_holds_at_most_eight_files_and_no_file_is_long() {
         .collect();
     assert!(root.len() <= 8, "src/ root holds {} files besides lib.rs: {root:?}", root.len());
     let mut files = Vec::new();
-    rust_files(&src(), &mut files);
-    rust_files(&Path::new(env!("CARGO_MANIFEST_DIR")).join("kernel/src"), &mut files);
+    rust_files(&src, &mut files);
+    rust_files(&repo().join("kernel/src"), &mut files);
     for f in files {
         let n = std::fs::read_to_string(&f).unwrap().lines().count();
         assert!(n <= 900, "{} has {n} lines (at most 900)", f.display());
@@ -160,19 +329,37 @@ fn the_root_holds_at_most_eight_files_and_no_file_is_long() {
 }
 
 #[test]
+fn the_root_re_exports_at_most_thirty_names() {
+    let lib = std::fs::read_to_string(repo().join("src/lib.rs")).unwrap();
+    let flat: String = lib.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join(" ");
+    let mut names = Vec::new();
+    // Only the root's own `pub use` lines (not those inside its inline modules).
+    let top: String = flat.split("pub mod blocks").next().unwrap().to_string();
+    for stmt in top.split(';') {
+        let Some(path) = stmt.trim().rsplit("pub use ").next().filter(|_| stmt.contains("pub use ")) else { continue };
+        let group = path.rsplit("::").next().unwrap_or(path).trim_matches(|c| c == '{' || c == '}' || c == ' ');
+        names.extend(group.split(',').map(|n| n.split(" as ").last().unwrap().trim().to_string()));
+    }
+    names.retain(|n| !n.is_empty());
+    assert!(names.len() >= 10, "the scan found {names:?}");
+    assert!(names.len() <= 30, "the root re-exports {} names: {names:?}", names.len());
+}
+
+#[test]
 fn unsafe_code_is_denied_except_in_the_three_marked_modules() {
-    let lib = std::fs::read_to_string(src().join("lib.rs")).unwrap();
+    let src = repo().join("src");
+    let lib = std::fs::read_to_string(src.join("lib.rs")).unwrap();
     assert!(lib.contains("#![deny(unsafe_code)]"));
     let mut allowed = Vec::new();
     let mut files = Vec::new();
-    rust_files(&src(), &mut files);
+    rust_files(&src, &mut files);
     for f in files {
         let text = std::fs::read_to_string(&f).unwrap();
         let lines: Vec<&str> = text.lines().collect();
         for (i, l) in lines.iter().enumerate() {
             if l.contains("allow(unsafe_code)") {
                 let next = lines.get(i + 1).copied().unwrap_or("").trim();
-                allowed.push(format!("{}: {next}", f.strip_prefix(src()).unwrap().display()));
+                allowed.push(format!("{}: {next}", f.strip_prefix(&src).unwrap().display()));
             }
         }
     }
@@ -181,4 +368,38 @@ fn unsafe_code_is_denied_except_in_the_three_marked_modules() {
         allowed,
         ["device/mod.rs: pub mod cuda;", "notebook/mod.rs: pub(crate) mod anchor;", "record/unwind.rs: mod machine;"]
     );
+}
+
+/// HOW_IT_WORKS.md names every source file of both crates (under a `### `folder/`` heading, a
+/// bullet "- `file.rs`: …"), and every file it names exists.
+#[test]
+fn how_it_works_names_every_room() {
+    let doc = std::fs::read_to_string(repo().join("HOW_IT_WORKS.md")).unwrap();
+    let mut named = BTreeSet::new();
+    let mut folder: Option<String> = None;
+    for line in doc.lines() {
+        if let Some(h) = line.strip_prefix("### `") {
+            folder = h.split('`').next().filter(|f| f.ends_with('/')).map(str::to_string);
+        } else if line.starts_with("## ") {
+            folder = None;
+        } else if let (Some(dir), Some(item)) = (&folder, line.strip_prefix("- `")) {
+            let name = item.split('`').next().unwrap();
+            if name.ends_with(".rs") {
+                let path = format!("{dir}{name}");
+                assert!(named.insert(path.clone()), "HOW_IT_WORKS.md names {path} twice");
+            }
+        }
+    }
+    let mut files = Vec::new();
+    rust_files(&repo().join("src"), &mut files);
+    rust_files(&repo().join("kernel/src"), &mut files);
+    let actual: BTreeSet<String> = files
+        .iter()
+        .map(|f| f.strip_prefix(repo()).unwrap().to_string_lossy().into_owned())
+        .filter(|f| !f.ends_with("/tests.rs"))
+        .collect();
+    let missing: Vec<_> = actual.difference(&named).collect();
+    let stale: Vec<_> = named.difference(&actual).collect();
+    assert!(missing.is_empty(), "HOW_IT_WORKS.md does not name: {missing:?}");
+    assert!(stale.is_empty(), "HOW_IT_WORKS.md names files that do not exist: {stale:?}");
 }

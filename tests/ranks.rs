@@ -52,6 +52,6 @@ fn rank_files_are_written_and_replayed_rank_by_rank() {
     assert!(at("== rank 1:") < at("== rank 0:") && at("== rank 0:") < at("== every rank"), "{text}");
     // One rank's directory read where two are: a clear error naming them.
     let snap = gpumem_nb::snapshot::read(Path::new(d));
-    assert!(snap.unwrap_err().contains("2 ranks' snapshots"), "a directory of two ranks is ambiguous");
+    assert!(snap.unwrap_err().to_string().contains("2 ranks' snapshots"), "a directory of two ranks is ambiguous");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -21,6 +21,6 @@ fuzz_target!(|data: &[u8]| {
             }
             Err(e) => one_line(e.to_string()),
         },
-        Err(e) => one_line(e),
+        Err(e) => one_line(e.to_string()),
     }
 });

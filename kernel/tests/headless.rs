@@ -132,8 +132,12 @@ fn one_allocator_state_across_cells_and_exact_reports() {
         ("gpumem_nb::current()?.memory_allocated()", &[]),
         ("drop(keep);\ngpumem_nb::current()?.memory_allocated()", &[]),
         ("%gpumem history\n%gpumem export history.csv", &[]),
+        // Stack depths set in one cell hold in the next (each cell is its own library).
+        ("gpumem_nb::current()?.set_stack_depth(5);\ngpumem_nb::tracking::set_stack_depth(7);", &[]),
+        ("(gpumem_nb::current()?.stack_depth(), gpumem_nb::tracking::stack_depth())", &[]),
     ]);
     let (code, out, stderr) = run("state", &nb, &[]);
+    assert_eq!(result_text(&out, 7), "(5, 7)", "the depths one cell set are the next cell's (defaults: 12, 32)");
     assert_eq!(code, 0, "{stderr}");
     let mib64 = (64u64 << 20).to_string();
     assert_eq!(result_text(&out, 1), mib64, "cell 2 allocates");

@@ -230,7 +230,7 @@ def cmp_case(case, o, t):
             row(case, "segment frame counts", EXPLAINED,
                 f"ours {so}, torch {stt}: PyTorch drops a segment's stack when its head block is split "
                 "(the split makes a new head block without context_when_segment_allocated; "
-                "reference/pytorch_allocator.md §3 'Often empty'); gpumem-nb keeps it by segment address")
+                "PyTorch's snapshot docs: 'Often empty'); gpumem-nb keeps it by segment address")
         else:
             row(case, "segment frame counts", DIFF, f"ours {so}, torch {stt}")
     elif case == "leave_free":

@@ -1,7 +1,7 @@
 //! `gpumem-replay TRACE... [--alloc-conf STR] [--device-total SIZE] [--sequence] [--json]
 //! [--snapshot DIR] [--fit SIZE] [--explain]`
 //!
-//! TRACE is a recorded PyTorch allocator trace (`.tsv` / `.tsv.gz`, see `shared/traces`), a
+//! TRACE is a recorded PyTorch allocator trace (`.tsv` / `.tsv.gz`, see `tests/fixtures/traces/README.md`), a
 //! snapshot pickle written by `torch.cuda.memory._dump_snapshot` after
 //! `_record_memory_history(enabled="all")`, or one of gpumem-nb's own snapshots (a directory
 //! written by `Snapshot::save`, its `snapshot.pickle` or `snapshot.json`): the format is told by
@@ -491,7 +491,7 @@ fn plan(
         "fit": {"device_bytes": size, "policy": conf_text, "device_peak": r.device_peak, "allocated_peak": r.allocated_peak,
                 "requested_peak": r.requested_peak, "failures": r.failures, "num_alloc_retries": r.num_alloc_retries,
                 "skipped_ooms": r.skipped_ooms, "search": {"does_not_fit": search.does_not_fit, "live_peak": search.live_peak,
-                "granularity": fit::GRANULARITY, "probes": search.probes, "assumes": "fitting is monotone in the device size"},
+                "granularity": gpumem_nb::device::sim::GRANULARITY, "probes": search.probes, "assumes": "fitting is monotone in the device size"},
                 "min_device_by_policy": by_policy,
                 "modelled": "the program's allocations and frees, its empty_cache() calls, other sources' tracked allocations at 2 MiB granularity, PyTorch's out-of-memory path",
                 "not_modelled": "the CUDA context, other processes, NCCL and other untracked library memory, the CUDA pool's own caching, CUDA graphs"},

@@ -1,6 +1,6 @@
 //! [`AnyBackend`]: a device backend chosen at run time (a real GPU or the simulated device).
 //!
-//! The per-process registry ([`crate::notebook::registry`]) hands out allocators over this type, so code
+//! The per-process registry (behind [`crate::current`]) hands out allocators over this type, so code
 //! written against [`crate::Allocator`] runs unchanged with or without a GPU.
 #![forbid(unsafe_code)]
 

@@ -8,7 +8,7 @@
 //!   replay makes exactly the decisions PyTorch made.
 //!
 //! [`any::AnyBackend`] picks one of the device backends at run time (what the per-process
-//! registry, [`crate::notebook::registry`], hands out).
+//! registry, `crate::current`, hands out).
 //!
 //! # Contract
 //! Every method may be called only with the allocator's lock held (`&mut self`). Errors are

@@ -135,7 +135,7 @@ pub trait Backend {
     /// Restarts the pool's high-water marks at the current values (a cell's own peak).
     fn reset_pool_high_water(&mut self) {}
     /// Where the backend reports its own driver allocations (the simulated device: all of
-    /// them; a GPU: which of CUPTI's events were its own, as [`DriverCall::Claim`]s). Backends
+    /// them; a GPU: which of CUPTI's events were its own, as [`DriverCall::Claim`](crate::device::DriverCall::Claim)s). Backends
     /// that report nothing ignore it.
     fn set_driver_sink(&mut self, _sink: DriverSink) {}
     /// Creates a stream on the device and returns its handle (kept alive by the backend).

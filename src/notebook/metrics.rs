@@ -286,7 +286,7 @@ pub fn render(state: &State, who: &Identity) -> String {
 }
 
 /// The address in `spec`: `HOST:PORT`, or `PORT` alone (loopback); empty: [`DEFAULT_ADDR`].
-pub fn parse_addr(spec: &str) -> Result<std::net::SocketAddr, String> {
+pub fn parse_addr(spec: &str) -> crate::error::Result<std::net::SocketAddr> {
     let spec = spec.trim();
     let full = if spec.is_empty() {
         DEFAULT_ADDR.to_string()
@@ -295,7 +295,11 @@ pub fn parse_addr(spec: &str) -> Result<std::net::SocketAddr, String> {
     } else {
         spec.to_string()
     };
-    full.parse().map_err(|_| format!("not an address: `{spec}` (expected PORT or HOST:PORT, e.g. 127.0.0.1:9464)"))
+    full.parse().map_err(|_| {
+        crate::error::Error::Setting(format!(
+            "not an address: `{spec}` (expected PORT or HOST:PORT, e.g. 127.0.0.1:9464)"
+        ))
+    })
 }
 
 #[cfg(feature = "metrics")]
@@ -345,10 +349,10 @@ mod server {
     }
 
     /// Serves `text()` at `/metrics` on `addr` (see [`parse_addr`]) from a thread of its own.
-    pub fn serve_with(addr: &str, text: impl Fn() -> String + Send + 'static) -> Result<Server, String> {
+    pub fn serve_with(addr: &str, text: impl Fn() -> String + Send + 'static) -> crate::error::Result<Server> {
         let want = parse_addr(addr)?;
-        let http =
-            tiny_http::Server::http(want).map_err(|e| format!("metrics endpoint: cannot listen on {want}: {e}"))?;
+        let http = tiny_http::Server::http(want)
+            .map_err(|e| crate::error::Error::Endpoint(format!("cannot listen on {want}: {e}")))?;
         let addr = http.server_addr().to_ip().unwrap_or(want);
         let http = Arc::new(http);
         let h = http.clone();
@@ -369,16 +373,16 @@ mod server {
                     let _ = req.respond(resp);
                 }
             })
-            .map_err(|e| format!("metrics endpoint: no thread: {e}"))?;
+            .map_err(|e| crate::error::Error::Endpoint(format!("no thread: {e}")))?;
         Ok(Server { addr, http, thread: Some(thread) })
     }
 
     /// The stock evcxr kernel's endpoint: serves the per-cell records this process's hooks made
     /// (`notebook::stock`), on `addr` (`""`: [`DEFAULT_ADDR`], loopback). Keep the returned
     /// [`Server`] (in a variable of the notebook): dropping it stops the endpoint.
-    pub fn serve(addr: &str) -> Result<Server, String> {
+    pub fn serve(addr: &str) -> crate::error::Result<Server> {
         let who = Identity::of_process();
-        serve_with(addr, move || super::exported().render(&who))
+        serve_with(addr, move || crate::notebook::metrics::exported().render(&who))
     }
 }
 
@@ -487,7 +491,7 @@ mod tests {
             assert!(t.elapsed() < std::time::Duration::from_secs(5), "still listening after stop");
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
-        assert!(serve_with("nowhere", String::new).unwrap_err().contains("not an address"));
+        assert!(serve_with("nowhere", String::new).unwrap_err().to_string().contains("not an address"));
     }
 
     #[test]
@@ -502,6 +506,6 @@ mod tests {
         assert_eq!(parse_addr("").unwrap().to_string(), DEFAULT_ADDR);
         assert_eq!(parse_addr("9000").unwrap().to_string(), "127.0.0.1:9000");
         assert_eq!(parse_addr("0.0.0.0:9000").unwrap().to_string(), "0.0.0.0:9000");
-        assert!(parse_addr("localhost:x").unwrap_err().contains("not an address"));
+        assert!(parse_addr("localhost:x").unwrap_err().to_string().contains("not an address"));
     }
 }

@@ -163,7 +163,7 @@ fn record_all() -> RecordMode {
 
 /// `RecordMode` as PyTorch's strings (`"all"`, `"state"`, `"off"`).
 mod record_mode {
-    use super::RecordMode;
+    use crate::record::history::RecordMode;
     use serde::{Deserialize, Deserializer, Serializer};
 
     pub(super) fn serialize<S: Serializer>(m: &RecordMode, s: S) -> Result<S::Ok, S::Error> {
@@ -315,7 +315,7 @@ impl OwnerBytes {
 }
 
 /// The sites holding the most memory now and at the session's peak (`%gpumem top`,
-/// `gpumem_nb::top`).
+/// `gpumem_nb::tracking::top`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TopReport {
     /// `cupti`, `simulated`, `unavailable: …`.

@@ -64,7 +64,7 @@ fn switches() -> &'static Switches {
 }
 
 /// Turns the per-cell reports of the stock evcxr kernel on or off, from the next cell on
-/// (gpumem-kernel's reports are its own: `%gpumem auto off`). On by default.
+/// (gpumem-kernel's reports are its own: `%gpumem off` hides them). On by default.
 pub fn set_reports(on: bool) {
     switches().on.store(on, Ordering::SeqCst);
     if on {

@@ -1,5 +1,5 @@
 //! Tracking every device allocation of the process: when it starts, where the driver events go,
-//! and what reports read from it. The books themselves are [`crate::track`]'s.
+//! and what reports read from it. The books themselves are `crate::track`'s.
 //!
 //! Tracking starts with the process's first device: on a GPU by subscribing to CUPTI's driver
 //! callbacks (`device::cuda::cupti`), on the simulated device through its simulated driver.
@@ -268,7 +268,7 @@ pub fn stop() -> crate::error::Result<()> {
     if let TrackingStatus::Cupti { .. } = *status {
         #[cfg(feature = "cuda")]
         crate::device::cuda::cupti::stop()?;
-        *status = TrackingStatus::Unavailable("stopped (gpumem_nb::track::stop)".into());
+        *status = TrackingStatus::Unavailable("stopped (gpumem_nb::tracking::stop)".into());
     }
     Ok(())
 }
@@ -388,7 +388,7 @@ fn by_stack(tr: &Tracker, groups: impl Iterator<Item = (Place, crate::track::sta
 }
 
 /// The sites holding the most memory now, and those that held the most at the session's peak
-/// (since tracking began), per device: what `%gpumem top` shows (`gpumem_nb::top(n)` in the
+/// (since tracking began), per device: what `%gpumem top` shows (`gpumem_nb::tracking::top(n)` in the
 /// stock kernel).
 pub fn top(n: usize) -> crate::notebook::protocol::TopReport {
     let t = state();
@@ -557,7 +557,8 @@ pub fn snapshot(alloc: &crate::allocator::Allocator) -> Snapshot {
     snap
 }
 
-/// Recounts the books (tests).
-pub fn check() -> Result<(), String> {
-    lock(&state().tracker).check()
+/// Recounts the books from every tracked allocation; `Err` names the first count that
+/// disagrees.
+pub fn check() -> Result<(), crate::policy::InvariantViolation> {
+    lock(&state().tracker).check().map_err(crate::policy::InvariantViolation)
 }

@@ -8,7 +8,7 @@
 //!   were recorded), and the smallest device per policy ([`FitPlan`]). The replay itself is
 //!   [`crate::replay::fit`]; `gpumem-replay --fit` does the same for a PyTorch snapshot.
 //! - [`explain`]: every byte a device's allocator reserved, in parts that add up
-//!   ([`crate::ReservedParts`]), with the CUDA pool beside it.
+//!   ([`crate::blocks::ReservedParts`]), with the CUDA pool beside it.
 #![forbid(unsafe_code)]
 
 mod session;
@@ -39,7 +39,7 @@ pub fn fit_on(alloc: &Allocator, device_bytes: u64) -> Result<FitPlan> {
                 .into(),
         ));
     }
-    fit_snapshot(&crate::notebook::tracking::snapshot(alloc), device_bytes).map_err(Error::Plan)
+    fit_snapshot(&crate::notebook::tracking::snapshot(alloc), device_bytes)
 }
 
 /// Where a device's reserved bytes are now, with the CUDA pool's held bytes beside them.

@@ -1,6 +1,7 @@
 //! Will this session fit on a device of a given size: its recorded allocations of every source,
 //! replayed per policy, with each cell's verdict and the smallest device per policy.
 
+use crate::error::Error;
 use crate::policy::config::AllocatorConfig;
 use crate::replay::fit::{self, BEFORE_TRACE, Failure, POLICIES, Program};
 use crate::replay::{DeviceTrace, ReplayOptions, TraceStart, from_snapshot, replay, settings_conf};
@@ -77,15 +78,16 @@ pub struct FitPlan {
 /// Plans a fit from a snapshot with its trace (gpumem-nb's own, with tracked allocations, or
 /// PyTorch's): its first device with events. A trace that began after the first allocation is
 /// taken with what it shows of the earlier ones ([`TraceStart::Prologue`]).
-pub fn fit_snapshot(snap: &Snapshot, device_bytes: u64) -> Result<FitPlan, String> {
-    let rec = from_snapshot(snap, "the session's recording", TraceStart::Prologue).map_err(|e| e.to_string())?;
-    let trace = rec.devices.first().ok_or("nothing recorded")?;
+pub fn fit_snapshot(snap: &Snapshot, device_bytes: u64) -> Result<FitPlan, Error> {
+    let rec =
+        from_snapshot(snap, "the session's recording", TraceStart::Prologue).map_err(|e| Error::Plan(e.to_string()))?;
+    let trace = rec.devices.first().ok_or_else(|| Error::Plan("nothing recorded".into()))?;
     let recorded = AllocatorConfig::parse(&settings_conf(snap)).unwrap_or_default();
     plan(trace, &recorded, device_bytes)
 }
 
 /// Plans a fit for one device's trace, recorded under `recorded`.
-pub fn plan(trace: &DeviceTrace, recorded: &AllocatorConfig, device_bytes: u64) -> Result<FitPlan, String> {
+pub fn plan(trace: &DeviceTrace, recorded: &AllocatorConfig, device_bytes: u64) -> Result<FitPlan, Error> {
     // Where the program called empty_cache(): known from an exact replay of a complete trace.
     let markers = if trace.prologue.is_empty() && !recorded.compact {
         let opts = ReplayOptions { config: recorded.clone(), ..ReplayOptions::default() };
@@ -94,11 +96,11 @@ pub fn plan(trace: &DeviceTrace, recorded: &AllocatorConfig, device_bytes: u64) 
         Vec::new()
     };
     let program = Program::new(trace, markers, ReplayOptions::default().device_total);
-    let err = |e: crate::replay::TraceError| e.to_string();
+    let err = |e: crate::replay::TraceError| Error::Plan(e.to_string());
     let mut policies = Vec::new();
     let mut runs = Vec::new();
     for (name, conf) in POLICIES {
-        let config = AllocatorConfig::parse(conf).map_err(|e| e.to_string())?;
+        let config = AllocatorConfig::parse(conf)?;
         let r = fit::run(&program, &config, Some(device_bytes)).map_err(err)?;
         let s = fit::min_device(&program, &config).map_err(err)?;
         policies.push(PolicyFit {

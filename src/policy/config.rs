@@ -306,7 +306,7 @@ impl AllocatorConfig {
         })
     }
 
-    /// Reads [`ENV_VAR`]; unset or empty gives the default.
+    /// Reads `GPUMEM_NB_ALLOC_CONF`; unset or empty gives the default.
     pub fn from_env() -> Result<Self, ConfigError> {
         match std::env::var(ENV_VAR) {
             Ok(s) => Self::parse(&s),

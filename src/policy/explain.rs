@@ -100,17 +100,20 @@ impl ReservedParts {
 
     /// Whether the parts add up: `requested + rounding + pending_free + Σ cached = reserved`,
     /// and no more can be released than is free or pending.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), super::InvariantViolation> {
         let sum = self.requested + self.rounding + self.pending_free + self.cached_bytes();
         if sum != self.reserved {
-            return Err(format!("the parts add up to {sum} bytes, reserved is {}", self.reserved));
+            return Err(super::InvariantViolation(format!(
+                "the parts add up to {sum} bytes, reserved is {}",
+                self.reserved
+            )));
         }
         if self.releasable > self.pending_free + self.cached_bytes() {
-            return Err(format!(
+            return Err(super::InvariantViolation(format!(
                 "releasable {} exceeds the free and pending bytes {}",
                 self.releasable,
                 self.pending_free + self.cached_bytes()
-            ));
+            )));
         }
         Ok(())
     }

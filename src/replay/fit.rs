@@ -42,6 +42,7 @@
 use super::input::{DeviceTrace, EventInfo};
 use super::{TraceError, TraceLine};
 use crate::device::replay::ReplayBackend;
+use crate::device::sim::GRANULARITY;
 use crate::device::{EventId, StreamId};
 use crate::error::AllocError;
 use crate::policy::config::AllocatorConfig;
@@ -53,9 +54,6 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// The label of the allocations made before a trace began ([`super::TraceStart::Prologue`]).
 pub const BEFORE_TRACE: &str = "before recording";
-
-/// The step of device sizes: every reservation is a multiple of it.
-pub const GRANULARITY: u64 = 2 << 20;
 
 /// The policies a fit is planned under, as the notebook's table shows them: (name,
 /// configuration).

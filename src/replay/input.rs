@@ -1,4 +1,4 @@
-//! What a replay reads: a TSV trace (`shared/traces/README.md`), or a memory snapshot with its
+//! What a replay reads: a TSV trace (`tests/fixtures/traces/README.md`), or a memory snapshot with its
 //! trace: a pickle written by `torch.cuda.memory._dump_snapshot` after
 //! `torch.cuda.memory._record_memory_history(enabled="all")`, or a snapshot of gpumem-nb's own
 //! (`Snapshot::save`'s directory, its pickle or JSON, `gpumem_nb::tracking::snapshot`).
@@ -6,7 +6,7 @@
 //! A snapshot's `device_traces[d]` is device `d`'s ring buffer of events, oldest first, each a
 //! dict with `action`, `addr` (`device_free` for `oom`), `size`, `stream`, `time_us`,
 //! `compile_context`, `user_metadata` and, when a stack was recorded, `frames`
-//! (reference/pytorch_allocator.md §3.5). Every device with events becomes a [`DeviceTrace`].
+//! (as `torch.cuda.memory._snapshot()` returns them). Every device with events becomes a [`DeviceTrace`].
 //! gpumem-nb's own snapshots add the allocations of every other source it tracked (CUDA pool,
 //! driver, VMM, managed) as one-block segments whose events carry the source's name in
 //! `user_metadata` (`"cell 3 · CUDA pool (cuMemAllocAsync)"`): those become [`Foreign`] events,
@@ -251,7 +251,7 @@ pub fn read_recording(path: &Path) -> Result<Recording, TraceError> {
         let dev = DeviceTrace { device: 0, events, info, foreign: Vec::new(), skipped: 0, prologue: Vec::new() };
         return Ok(Recording { path: name, kind, devices: vec![dev], alloc_conf: None });
     }
-    let snap = crate::snapshot::read(path).map_err(|e| TraceError::file(&name, e))?;
+    let snap = crate::snapshot::read(path).map_err(|e| TraceError::file(&name, e.to_string()))?;
     let mut rec = from_snapshot(&snap, &name, TraceStart::Strict)?;
     if path.is_dir() && crate::snapshot::files::find_in_dir(path, "snapshot", "pickle").is_ok_and(|p| p.is_file()) {
         rec.kind = InputKind::SnapshotPickle;

@@ -1,6 +1,6 @@
 //! Replay of recorded PyTorch allocator traces through the policy, on the replay device.
 //!
-//! A trace (`shared/traces/README.md`) is one event a line, tab-separated:
+//! A trace (`tests/fixtures/traces/README.md`) is one event a line, tab-separated:
 //! `action addr size stream time_us`, optionally gzip-compressed. The replayer calls the
 //! policy for the caller-level events (`alloc`, `free_requested`, `free_completed`, `oom`) and
 //! checks that the policy produces the device-level events (`segment_*`) the trace recorded.

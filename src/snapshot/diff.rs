@@ -317,20 +317,22 @@ pub fn live(snap: &Snapshot) -> Vec<LiveAlloc> {
 /// `alloc` event, when the trace still holds it). An error when the trace does not fit the
 /// state (it misses events since `time_us`: recording started later, or its ring dropped
 /// them), or when there is no trace.
-pub fn live_at(snap: &Snapshot, time_us: i64) -> Result<Vec<LiveAlloc>, String> {
+pub fn live_at(snap: &Snapshot, time_us: i64) -> Result<Vec<LiveAlloc>, super::ReadError> {
     if snap.device_traces.iter().all(Vec::is_empty) {
-        return Err("the snapshot has no recorded history (record it: `%gpumem record on`)".into());
+        return Err(super::ReadError::NoHistory(
+            "the snapshot has no recorded history (record it: `%gpumem record on`)".into(),
+        ));
     }
     let mut state: BTreeMap<(i32, u64), LiveAlloc> =
         live(snap).into_iter().map(|x| ((x.device, x.address), x)).collect();
     let missing = |what: &str, e: &TraceSnap| {
-        format!(
+        super::ReadError::NoHistory(format!(
             "the recorded history misses events since then ({what} at {:#x}, {} B, {}): record from before that moment, \
              with a ring large enough",
             e.addr.unwrap_or(0),
             e.size,
             crate::units::format_utc(e.time_us)
-        )
+        ))
     };
     for (d, trace) in snap.device_traces.iter().enumerate() {
         let device = d as i32;
@@ -470,10 +472,10 @@ mod tests {
         snap.device_traces[0].remove(0);
         assert!(live_at(&snap, 5).is_ok(), "nothing contradicts it");
         snap.device_traces[0].insert(0, event("alloc", 0x1800, 8, 9, "", "x"));
-        let err = live_at(&snap, 5).unwrap_err();
+        let err = live_at(&snap, 5).unwrap_err().to_string();
         assert!(err.contains("misses events"), "{err}");
         snap.device_traces.clear();
-        assert!(live_at(&snap, 5).unwrap_err().contains("no recorded history"));
+        assert!(live_at(&snap, 5).unwrap_err().to_string().contains("no recorded history"));
     }
 
     #[test]
@@ -497,6 +499,6 @@ mod tests {
         assert_eq!(d.unchanged, Count { n: 1, bytes: 1 << 20 });
         assert!(d.groups.iter().any(|g| g.label == "cell 2" && g.appeared.bytes == 3 << 20), "{:?}", d.groups);
         let _ = keep;
-        assert!(super::super::json::from_str("{}").unwrap_err().contains("no `segments`"));
+        assert!(super::super::json::from_str("{}").unwrap_err().to_string().contains("no `segments`"));
     }
 }

@@ -48,7 +48,7 @@ pub fn rank_files(dir: &Path, stem: &str, ext: &str) -> Vec<PathBuf> {
 /// the one rank file there is. `Err` names the files when there are several ranks' and none is
 /// this process's (name one), and `Ok` of the plain name when there is none at all (reading it
 /// then says it is missing).
-pub fn find_in_dir(dir: &Path, stem: &str, ext: &str) -> Result<PathBuf, String> {
+pub fn find_in_dir(dir: &Path, stem: &str, ext: &str) -> Result<PathBuf, super::ReadError> {
     let plain = dir.join(format!("{stem}.{ext}"));
     if plain.is_file() {
         return Ok(plain);
@@ -60,12 +60,12 @@ pub fn find_in_dir(dir: &Path, stem: &str, ext: &str) -> Result<PathBuf, String>
     match rank_files(dir, stem, ext).as_slice() {
         [] => Ok(plain),
         [one] => Ok(one.clone()),
-        many => Err(format!(
+        many => Err(super::ReadError::Ambiguous(format!(
             "{}: {} ranks' snapshots ({}): name one file",
             dir.display(),
             many.len(),
             many.iter().filter_map(|p| p.file_name()?.to_str()).collect::<Vec<_>>().join(", ")
-        )),
+        ))),
     }
 }
 
@@ -94,7 +94,7 @@ mod tests {
             [dir.join("snapshot_rank0.pickle"), dir.join("snapshot_rank1.pickle")]
         );
         if rank().is_none() {
-            let e = find_in_dir(&dir, "snapshot", "pickle").unwrap_err();
+            let e = find_in_dir(&dir, "snapshot", "pickle").unwrap_err().to_string();
             assert!(e.contains("2 ranks' snapshots (snapshot_rank0.pickle, snapshot_rank1.pickle)"), "{e}");
         }
         std::fs::write(dir.join("snapshot.pickle"), b"x").unwrap();

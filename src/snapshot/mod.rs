@@ -1,15 +1,15 @@
 //! Memory snapshots with PyTorch's structure (`torch.cuda.memory._snapshot()`), and writers
 //! that PyTorch's own tools read.
 //!
-//! - [`model`]: the plain data (segments, blocks, device traces, allocator settings).
+//! - `model`: the plain data (segments, blocks, device traces, allocator settings).
 //! - [`pickle`]: pickle protocol 4 using only the opcodes `MemoryViz.js` understands, so the
 //!   file drags into pytorch.org/memory_viz and `python -m torch.cuda._memory_viz` reads it.
 //! - [`json`]: the same structure as JSON (the newest viewer accepts it too).
 //! - [`unpickle`]: a reader for the pickles PyTorch's `_dump_snapshot` (and ours) write;
 //!   [`read`] takes any snapshot file or directory.
-//! - [`timeline`]: the running totals after every event, rebuilt from a trace.
+//! - `timeline` ([`MemoryTimeline`]): the running totals after every event, rebuilt from a trace.
 //! - [`files`]: the files' names per rank (`snapshot_rank1.pickle` under `RANK=1`).
-//! - [`diff`]: two states compared allocation by allocation ([`diff()`], [`SnapshotDiff`]).
+//! - [`diff`](mod@diff): two states compared allocation by allocation ([`diff()`], [`SnapshotDiff`]).
 //!
 //! The offline HTML page, and writing all three files, are rendering: `crate::render`.
 //!
@@ -69,34 +69,70 @@ impl RawSnapshot {
     }
 }
 
+/// Why a snapshot could not be read, in one line naming the file where there is one.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReadError {
+    /// The file (or a directory's snapshot file) could not be read.
+    #[error("{}: cannot read: {source}", path.display())]
+    Io {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A directory holds several ranks' snapshots and none is this process's: name one file.
+    #[error("{0}")]
+    Ambiguous(String),
+    /// The bytes are not a memory snapshot (neither a pickle nor JSON of PyTorch's structure),
+    /// with where and why.
+    #[error("{0}")]
+    Malformed(String),
+    /// The snapshot's recorded history does not reach back to the moment asked for (none was
+    /// recorded, or its ring dropped events since then).
+    #[error("{0}")]
+    NoHistory(String),
+}
+
+impl ReadError {
+    /// The same error with the file's name in front (a bare `Malformed` comes from bytes).
+    fn in_file(self, path: &std::path::Path) -> ReadError {
+        match self {
+            ReadError::Malformed(why) => ReadError::Malformed(format!("{}: {why}", path.display())),
+            other => other,
+        }
+    }
+}
+
 /// Reads a snapshot from a file or directory, whatever wrote it: a pickle (PyTorch's
 /// `torch.cuda.memory._dump_snapshot`, or ours), its JSON form, or a directory written by
 /// `Snapshot::save` (its `snapshot.pickle`, else `snapshot.json`). The format is told by the
 /// content, not the name. Errors are one line naming the file.
-pub fn read(path: &std::path::Path) -> Result<Snapshot, String> {
+pub fn read(path: &std::path::Path) -> Result<Snapshot, ReadError> {
     let file = if path.is_dir() {
         let p = files::find_in_dir(path, "snapshot", "pickle")?;
         if p.is_file() { p } else { files::find_in_dir(path, "snapshot", "json")? }
     } else {
         path.to_path_buf()
     };
-    let name = file.display();
-    let bytes = std::fs::read(&file).map_err(|e| format!("{name}: cannot read: {e}"))?;
-    from_bytes(&bytes).map_err(|e| format!("{name}: {e}"))
+    let bytes = std::fs::read(&file).map_err(|source| ReadError::Io { path: file.clone(), source })?;
+    from_bytes(&bytes).map_err(|e| e.in_file(&file))
 }
 
 /// Reads a snapshot from a file's bytes: a pickle or JSON (see [`read`]).
 /// (A pickle of `torch.cuda.memory_snapshot()`'s list alone is its segments, with no trace, as
 /// `_memory_viz` reads it.)
-pub fn from_bytes(bytes: &[u8]) -> Result<Snapshot, String> {
+pub fn from_bytes(bytes: &[u8]) -> Result<Snapshot, ReadError> {
     if unpickle::looks_like_pickle(bytes) {
         // Straight from the pickle's objects: no intermediate tree of values.
-        let parsed = unpickle::parse(bytes).map_err(|e| e.to_string())?;
-        return tree::snapshot(parsed.root());
+        let parsed = unpickle::parse(bytes).map_err(|e| ReadError::Malformed(e.to_string()))?;
+        return tree::snapshot(parsed.root()).map_err(ReadError::Malformed);
     }
     if bytes.iter().find(|b| !b.is_ascii_whitespace()).is_some_and(|b| *b == b'{' || *b == b'[') {
-        let v: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| format!("not JSON ({e})"))?;
-        return tree::snapshot(&v);
+        let v: serde_json::Value =
+            serde_json::from_slice(bytes).map_err(|e| ReadError::Malformed(format!("not JSON ({e})")))?;
+        return tree::snapshot(&v).map_err(ReadError::Malformed);
     }
-    Err("not a memory snapshot: neither a pickle (protocol 2-5) nor JSON".into())
+    Err(ReadError::Malformed("not a memory snapshot: neither a pickle (protocol 2-5) nor JSON".into()))
 }

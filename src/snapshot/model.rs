@@ -1,5 +1,6 @@
 //! The snapshot as plain data, mirroring the dict `torch.cuda.memory._snapshot()` returns in
-//! PyTorch 2.11 (key names, order and meaning; see reference/pytorch_allocator.md §3).
+//! PyTorch 2.11 (key names, order and meaning: `torch/cuda/memory.py` and the `SnapshotInfo` of
+//! `c10/cuda/CUDACachingAllocator.h`).
 
 use super::RawSnapshot;
 use crate::record::frames::{Frame, Symbolizer};

@@ -1,7 +1,7 @@
 //! The snapshot as a pickle (protocol 4), written with only the opcodes PyTorch's web viewer
 //! (`MemoryViz.js`) reads: PROTO 4, FRAME, EMPTY_DICT/MARK/SETITEMS, EMPTY_LIST/APPENDS,
 //! SHORT_BINUNICODE/BINUNICODE, BININT1/BININT2/BININT/LONG1, NEWTRUE/NEWFALSE, BINFLOAT,
-//! TUPLE2, MEMOIZE with BINGET/LONG_BINGET, STOP (reference/pytorch_allocator.md §3.8).
+//! TUPLE2, MEMOIZE with BINGET/LONG_BINGET, STOP (what the pickle reader of PyTorch's `MemoryViz.js` accepts).
 //! Python's `pickle.load` and `torch.cuda._memory_viz` read it as well.
 //!
 //! Repeated strings (dict keys, action and state names, file names) are memoised and referred

@@ -1,10 +1,10 @@
 //! Allocator statistics with PyTorch's names and meaning (`memory_stats()`), plus peak slots.
 //!
 //! A [`Stat`] is four counters: `current`, `peak`, `allocated` (sum of increases) and `freed`
-//! (sum of decreases). A [`StatArray`] holds one per [`StatType`]: "all", "small_pool",
+//! (sum of decreases). A `StatArray` holds one per `StatType`: "all", "small_pool",
 //! "large_pool"; every update touches "all" and the block's own pool.
 //!
-//! Peak slots ([`PeakSlots`]) are what PyTorch lacks (issue 16266): independent peak trackers
+//! Peak slots (`PeakSlots`) are what PyTorch lacks (issue 16266): independent peak trackers
 //! that several scopes hold at once. Each slot remembers the highest allocated / reserved /
 //! active / requested bytes since it was opened or last reset, so resetting one slot (a notebook
 //! cell's) never disturbs another (an inner scope's) nor the global `peak`.

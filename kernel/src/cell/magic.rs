@@ -111,22 +111,47 @@ pub enum Magic {
 }
 
 impl Magic {
+    /// The row of [`COMMANDS`] this magic is (`None` for a magic that could not be understood).
+    pub fn command(&self) -> Option<&'static Command> {
+        let (verb, on_oom) = match self {
+            Magic::Help => ("help", false),
+            Magic::On => ("on", false),
+            Magic::Off => ("off", false),
+            Magic::History => ("history", false),
+            Magic::Plot => ("plot", false),
+            Magic::Summary => ("summary", false),
+            Magic::Top(_) => ("top", false),
+            Magic::Snapshot(_) => ("snapshot", false),
+            Magic::OnOom(_) => ("snapshot", true),
+            Magic::Diff(..) => ("diff", false),
+            Magic::Record { .. } => ("record", false),
+            Magic::Budget(_) => ("budget", false),
+            Magic::Fit(_) => ("fit", false),
+            Magic::Explain => ("explain", false),
+            Magic::Export(..) => ("export", false),
+            Magic::Metrics(_) => ("metrics", false),
+            Magic::Reset => ("reset", false),
+            Magic::Cell { .. } => ("%%gpumem", false),
+            Magic::Bad { .. } => return None,
+        };
+        COMMANDS.iter().find(|c| c.verb == verb && c.args.starts_with("--on-oom") == on_oom)
+    }
+
     /// Whether the magic shows or saves something, and so runs after the cell's code (so it
     /// includes that cell); the others change settings and take effect before the code runs.
+    /// Read from [`COMMANDS`], which `help` prints.
     pub fn runs_after_code(&self) -> bool {
-        matches!(
-            self,
-            Magic::History
-                | Magic::Plot
-                | Magic::Summary
-                | Magic::Top(_)
-                | Magic::Snapshot(_)
-                | Magic::Export(..)
-                | Magic::Diff(..)
-                | Magic::Fit(_)
-                | Magic::Explain
-        )
+        self.command().is_some_and(|c| c.when == When::AfterCode)
     }
+}
+
+/// When a magic runs, relative to its cell's code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum When {
+    /// A setting: it takes effect before the cell's code runs.
+    BeforeCode,
+    /// It shows or saves something: it runs after the cell's code, so it includes that cell.
+    AfterCode,
 }
 
 /// One row of the command table: what `help` prints and what the parser accepts.
@@ -137,36 +162,62 @@ pub struct Command {
     pub args: &'static str,
     /// What it does.
     pub what: &'static str,
+    /// When it runs ([`Magic::runs_after_code`] and the help's sentence come from here).
+    pub when: When,
 }
 
 /// Every magic, in the order `help` lists them.
-pub const COMMANDS: &[Command] = &[
-    Command { verb: "help", args: "", what: "this list" },
-    Command { verb: "on", args: "", what: "show the memory report after every cell (the default)" },
-    Command { verb: "off", args: "", what: "hide the per-cell report (cells are still measured and kept in history)" },
-    Command { verb: "history", args: "", what: "a table of every cell run in this session" },
-    Command { verb: "plot", args: "", what: "peak memory per cell as a chart, with the budget line" },
-    Command { verb: "summary", args: "", what: "the allocator's memory_summary() (needs gpumem-nb loaded)" },
+pub static COMMANDS: &[Command] = &[
+    Command { verb: "help", args: "", what: "this list", when: When::BeforeCode },
+    Command {
+        verb: "on",
+        args: "",
+        what: "show the memory report after every cell (the default)",
+        when: When::BeforeCode,
+    },
+    Command {
+        verb: "off",
+        args: "",
+        what: "hide the per-cell report (cells are still measured and kept in history)",
+        when: When::BeforeCode,
+    },
+    Command { verb: "history", args: "", what: "a table of every cell run in this session", when: When::AfterCode },
+    Command {
+        verb: "plot",
+        args: "",
+        what: "peak memory per cell as a chart, with the budget line",
+        when: When::AfterCode,
+    },
+    Command {
+        verb: "summary",
+        args: "",
+        what: "the allocator's memory_summary() (needs gpumem-nb loaded)",
+        when: When::AfterCode,
+    },
     Command {
         verb: "top",
         args: "[N]",
         what: "the N sites (function, cell:line) holding the most memory now and at the session's peak (default 5)",
+        when: When::AfterCode,
     },
     Command {
         verb: "snapshot",
         args: "[DIR]",
         what: "write snapshot.pickle, snapshot.json and trace_plot.html (default DIR: gpumem-snapshots/cell-N)",
+        when: When::AfterCode,
     },
     Command {
         verb: "snapshot",
         args: "--on-oom DIR|off",
         what: "when a cell runs out of memory, write a snapshot at that moment into DIR/cell-N; its report says why",
+        when: When::BeforeCode,
     },
     Command {
         verb: "diff",
         args: "A B",
         what: "compare two states allocation by allocation, by cell and owner; A, B: snapshot directories, `now`, or \
                cell numbers (what was live after that cell: needs `record on --stacks` from before it)",
+        when: When::AfterCode,
     },
     Command {
         verb: "fit",
@@ -174,35 +225,51 @@ pub const COMMANDS: &[Command] = &[
         what: "would this session's recorded allocations (every source) fit on a device of SIZE (e.g. 24GiB)? per \
                policy (default, expandable, compact) and per cell, with the first request that fails and the smallest \
                device per policy (needs `record on` from the first cell)",
+        when: When::AfterCode,
     },
     Command {
         verb: "explain",
         args: "",
         what: "every reserved byte of device 0: requested, rounding, pending frees, cached free blocks by pool and \
                size class, what empty_cache() returns, the largest free blocks, the CUDA pool beside it",
+        when: When::AfterCode,
     },
     Command {
         verb: "record",
         args: "on|off [--max-entries N] [--stacks]",
         what: "record the allocator's history (all events), optionally with Rust stacks",
+        when: When::BeforeCode,
     },
     Command {
         verb: "budget",
         args: "SIZE|off",
         what: "warn when a cell's peak goes over SIZE (e.g. 20GiB, 512MiB, 1.5G)",
+        when: When::BeforeCode,
     },
-    Command { verb: "export", args: "FILE.csv|FILE.json", what: "write the session's per-cell history to a file" },
+    Command {
+        verb: "export",
+        args: "FILE.csv|FILE.json",
+        what: "write the session's per-cell history to a file",
+        when: When::AfterCode,
+    },
     Command {
         verb: "metrics",
         args: "on [ADDR]|off",
         what: "serve every cell's numbers to Prometheus at http://ADDR/metrics (OpenMetrics; default \
                127.0.0.1:9464, loopback)",
+        when: When::BeforeCode,
     },
-    Command { verb: "reset", args: "", what: "forget this session's history (the allocator is untouched)" },
+    Command {
+        verb: "reset",
+        args: "",
+        what: "forget this session's history (the allocator is untouched)",
+        when: When::BeforeCode,
+    },
     Command {
         verb: "%%gpumem",
         args: "[--timeline] [--snapshot DIR]",
         what: "first line of a cell: record everything in that cell; show its timeline, write a snapshot",
+        when: When::BeforeCode,
     },
 ];
 
@@ -224,10 +291,24 @@ pub fn help_text() -> String {
         let head = magic_head(c);
         out.push_str(&format!("  {head:<width$}  {}\n", c.what));
     }
+    let named = |when: When| {
+        let mut v: Vec<String> = Vec::new();
+        for c in COMMANDS.iter().filter(|c| c.when == when && c.verb != "%%gpumem" && c.verb != "help") {
+            let name =
+                if c.args.starts_with("--on-oom") { "snapshot --on-oom".to_string() } else { c.verb.to_string() };
+            if !v.contains(&name) {
+                v.push(name);
+            }
+        }
+        v.join(", ")
+    };
+    out.push_str(&format!(
+        "\nSettings ({}) take effect before the cell's code runs; {} run after it, so they include that cell.\n",
+        named(When::BeforeCode),
+        named(When::AfterCode)
+    ));
     out.push_str(
-        "\nSettings (on, off, record, budget, reset, snapshot --on-oom) take effect before the cell's code runs; \
-         history, plot, summary, snapshot, diff, export, fit and explain run after it, so they include that cell.\n\
-         A magic line that cannot be understood fails the cell (a UsageError naming the line, with the \
+        "A magic line that cannot be understood fails the cell (a UsageError naming the line, with the \
          usage) before anything of it runs, so Run All stops there as at a compile error.\n\
          Magic lines become `// %gpumem …` comments, so compiler line numbers stay right; \
          evcxr's `:` commands (:dep, :vars, …) work as usual.\n\
@@ -380,7 +461,9 @@ fn parse_line_magic(args: &str) -> Result<Magic, String> {
         "record" => parse_record(rest),
         "metrics" => match rest {
             ["on"] => Ok(Magic::Metrics(Some(String::new()))),
-            ["on", addr] => gpumem_nb::metrics::parse_addr(addr).map(|_| Magic::Metrics(Some(addr.to_string()))),
+            ["on", addr] => gpumem_nb::metrics::parse_addr(addr)
+                .map(|_| Magic::Metrics(Some(addr.to_string())))
+                .map_err(|e| e.to_string()),
             ["off"] => Ok(Magic::Metrics(None)),
             _ => Err("`metrics` takes `on [ADDR]` (e.g. `on 127.0.0.1:9464`) or `off`".into()),
         },
@@ -625,6 +708,86 @@ mod tests {
         }
         assert!(h.contains("fails the cell (a UsageError naming the line"));
         assert!(usage().starts_with("usage: %gpumem help | on | off"));
+    }
+
+    #[test]
+    fn every_magic_is_a_row_of_the_table_and_the_help_says_when_each_runs() {
+        let all = [
+            Magic::Help,
+            Magic::On,
+            Magic::Off,
+            Magic::History,
+            Magic::Plot,
+            Magic::Summary,
+            Magic::Top(5),
+            Magic::Snapshot(None),
+            Magic::OnOom(None),
+            Magic::Diff(DiffSide::Now, DiffSide::Cell(1)),
+            Magic::Record { on: true, max_entries: None, stacks: false },
+            Magic::Budget(None),
+            Magic::Fit(1),
+            Magic::Explain,
+            Magic::Export(PathBuf::from("x.csv"), ExportFormat::Csv),
+            Magic::Metrics(None),
+            Magic::Reset,
+            Magic::Cell { timeline: false, snapshot: None },
+        ];
+        let rows: Vec<*const Command> = all.iter().map(|m| m.command().expect("a row") as *const Command).collect();
+        for (i, c) in COMMANDS.iter().enumerate() {
+            assert!(rows.contains(&(c as *const Command)), "row {i} ({} {}) is no magic", c.verb, c.args);
+        }
+        let h = help_text();
+        let sentence = h.lines().find(|l| l.starts_with("Settings (")).expect("the when sentence");
+        let (before, after) = sentence.split_once(" take effect before").unwrap();
+        for m in &all {
+            let c = m.command().unwrap();
+            if c.verb == "help" || c.verb == "%%gpumem" {
+                continue;
+            }
+            let name = if c.args.starts_with("--on-oom") { "snapshot --on-oom" } else { c.verb };
+            let side = if m.runs_after_code() { after } else { before };
+            assert!(side.contains(name), "{name} on the wrong side of: {sentence}");
+        }
+        assert!(after.contains("top") && before.contains("metrics"), "{sentence}");
+    }
+
+    /// Every `%gpumem VERB` a user reads (the READMEs, HOW_IT_WORKS.md, the notebooks, both
+    /// crates' messages and docs) names a verb of the table.
+    #[test]
+    fn every_magic_users_read_exists() {
+        fn below(dir: &std::path::Path, out: &mut Vec<PathBuf>) {
+            for e in std::fs::read_dir(dir).unwrap().flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    below(&p, out);
+                } else if p.extension().is_some_and(|x| x == "rs" || x == "ipynb") {
+                    out.push(p);
+                }
+            }
+        }
+        let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut files = vec![repo.join("README.md"), repo.join("kernel/README.md"), repo.join("HOW_IT_WORKS.md")];
+        for d in ["src", "kernel/src", "notebooks"] {
+            below(&repo.join(d), &mut files);
+        }
+        let mut seen = 0;
+        for f in &files {
+            let text = std::fs::read_to_string(f).unwrap();
+            let text = text.split("#[cfg(test)]\nmod tests {").next().unwrap();
+            for (i, _) in text.match_indices("%gpumem ") {
+                if text[..i].ends_with('%') {
+                    continue;
+                }
+                let word: String =
+                    text[i + 8..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-').collect();
+                if !word.starts_with(|c: char| c.is_ascii_alphabetic()) {
+                    continue;
+                }
+                seen += 1;
+                assert!(COMMANDS.iter().any(|c| c.verb == word), "{}: `%gpumem {word}` is no magic", f.display());
+            }
+        }
+        assert!(seen > 50, "the scan found {seen} magics");
     }
 
     #[test]

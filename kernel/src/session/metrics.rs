@@ -45,7 +45,7 @@ impl Endpoint {
         self.server = None;
         let state = self.state.clone();
         let who = self.who.clone();
-        let server = om::serve_with(addr, move || state.render(&who))?;
+        let server = om::serve_with(addr, move || state.render(&who)).map_err(|e| e.to_string())?;
         let at = server.addr();
         self.server = Some(server);
         Ok(at)

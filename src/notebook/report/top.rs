@@ -1,4 +1,4 @@
-//! The sites holding the most memory, as a table: `%gpumem top` and `gpumem_nb::top(n)`.
+//! The sites holding the most memory, as a table: `%gpumem top` and `gpumem_nb::tracking::top(n)`.
 
 use crate::notebook::protocol::{OwnerBytes, TopReport};
 use crate::render::{MimeBundle, Table};

@@ -3,7 +3,7 @@
 //! the data next to the `image/svg+xml`.
 //!
 //! - [`memory_over_time`]: allocated and reserved bytes stepping over the event sequence of a
-//!   trace ([`TraceEntry`] list or [`Snapshot`]), OOMs marked. The running totals come from
+//!   trace ([`TraceEntry`](crate::TraceEntry) list or [`Snapshot`](crate::snapshot::Snapshot)), OOMs marked. The running totals come from
 //!   [`crate::snapshot::MemoryTimeline`], which replays the trace's geometry (see there for what is exact).
 //! - [`segment_map`]: one bar per segment, blocks coloured by state.
 //! - [`peak_bars`]: grouped bars (and optional lines) per label with an optional budget line;

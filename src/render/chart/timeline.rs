@@ -225,8 +225,8 @@ fn draw_timeline(buf: &mut String, tl: &MemoryTimeline, title: &str, opts: &Char
     Ok(())
 }
 
-/// Allocated and reserved bytes over the events of a trace ([`TraceEntry`] list, e.g.
-/// `alloc.history()`, or a [`Snapshot`]), OOMs marked, y axis in IEC units.
+/// Allocated and reserved bytes over the events of a trace ([`TraceEntry`](crate::TraceEntry) list, e.g.
+/// `alloc.history()`, or a [`Snapshot`](crate::snapshot::Snapshot)), OOMs marked, y axis in IEC units.
 pub fn memory_over_time<S: TimelineSource + ?Sized>(source: &S) -> Chart {
     memory_over_time_with(source, &ChartOptions::default())
 }

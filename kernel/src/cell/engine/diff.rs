@@ -60,7 +60,7 @@ impl Engine {
             }
         }
         let snap = self.child_snapshot(count, now)?;
-        Ok((format!("after cell {cell}"), live_at(snap, ended)?))
+        Ok((format!("after cell {cell}"), live_at(snap, ended).map_err(|e| e.to_string())?))
     }
 
     /// The child's snapshot (every tracked allocation with its history), taken once.

@@ -280,7 +280,9 @@ impl Engine {
         let dir = std::env::temp_dir().join(format!("gpumem-fit-{}-{count}", std::process::id()));
         let reply = self.hooks.control().request(Op::Snapshot { dir: dir.display().to_string() }, SLOW_TIMEOUT);
         let planned = match reply {
-            Ok(_) => gpumem_nb::snapshot::read(&dir).and_then(|snap| gpumem_nb::plan::fit_snapshot(&snap, size)),
+            Ok(_) => gpumem_nb::snapshot::read(&dir)
+                .map_err(|e| e.to_string())
+                .and_then(|snap| gpumem_nb::plan::fit_snapshot(&snap, size).map_err(|e| e.to_string())),
             Err(e) => Err(e.to_string()),
         };
         let _ = std::fs::remove_dir_all(&dir);

@@ -2,7 +2,7 @@
 //! what std, evcxr and the kernel add folded away.
 //!
 //! evcxr runs a cell inside `catch_unwind` and tells its caller nothing when the cell panics
-//! (reference/evcxr.md: the parent returns `Ok`); the panic's only trace is std's panic hook
+//! (evcxr's `runtime.rs` catches it and the parent returns `Ok`); the panic's only trace is std's panic hook
 //! writing to the child's stderr:
 //!
 //! ```text
@@ -320,7 +320,7 @@ mod tests {
     use super::*;
 
     /// What std 1.95's hook wrote for `panic!("boom")` in cell 7 (run 4) of a child with pid
-    /// 8848, seen in JupyterLab (shared/reference/jupyterlab/70_cell7_panic.png).
+    /// 8848, seen in JupyterLab.
     const SEEN: &str = "\
 thread '<unnamed>' (8848) panicked at src/lib.rs:128:1:
 boom
