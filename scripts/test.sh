@@ -108,7 +108,11 @@ if cargo +nightly --version >/dev/null 2>&1; then
                 "$t" "$corpus" "seeds/$t" -- -max_total_time="$fuzz_seconds" -rss_limit_mb=2048 \
                 -dict="dict/$t.dict" > "$log" 2>&1); then
             tail -40 "$log"
-            echo "fuzz target $t failed: the input is under fuzz/artifacts/$t/ (turn it into a regression test)"
+            if grep -q 'failed to build fuzz script' "$log"; then
+                echo "fuzz target $t did not build (see the compiler's error above)"
+            else
+                echo "fuzz target $t failed: the input is under fuzz/artifacts/$t/ (turn it into a regression test)"
+            fi
             exit 1
         fi
         echo "$t: $(grep -E '^Done' "$log" | tail -1)"

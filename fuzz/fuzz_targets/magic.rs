@@ -5,7 +5,7 @@
 #![no_main]
 
 #[allow(dead_code, unreachable_pub)]
-#[path = "../../kernel/src/magic.rs"]
+#[path = "../../kernel/src/cell/magic.rs"]
 mod magic;
 
 use libfuzzer_sys::fuzz_target;

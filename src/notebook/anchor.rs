@@ -29,8 +29,17 @@ pub(crate) const ANCHOR_VAR: &str = "GPUMEM_NB_ANCHOR";
 
 /// Every per-process value, by name: its fingerprint and the address of its leaked value.
 struct Slots {
-    map: Mutex<HashMap<String, (String, usize)>>,
+    map: Mutex<HashMap<String, (String, Leaked)>>,
 }
+
+/// The address of a slot's leaked value, kept as a pointer (not an integer), so that the value
+/// stays reachable for tools that look for leaks (Miri).
+#[derive(Clone, Copy)]
+struct Leaked(*const ());
+
+// SAFETY: a `Leaked` points at a `Box::leak`ed value that is never freed and whose type is
+// `Send + Sync` (`slot`'s bound); the map only stores and returns the address.
+unsafe impl Send for Leaked {}
 
 /// The map this copy of the crate uses.
 static LOCAL: OnceLock<&'static Slots> = OnceLock::new();
@@ -124,10 +133,10 @@ pub(crate) fn slot<T: Send + Sync + 'static>(name: &str, init: impl FnOnce() -> 
         // and alignment, i.e. the same `T` compiled from the same source. It is the address of
         // a `Box::leak`ed `T` that is never freed, and `T: Sync`, so sharing `&'static T`
         // across threads and copies is sound.
-        return unsafe { &*(*addr as *const T) };
+        return unsafe { &*addr.0.cast::<T>() };
     }
     let value: &'static T = Box::leak(Box::new(init()));
-    map.insert(key, (fp, value as *const T as usize));
+    map.insert(key, (fp, Leaked((value as *const T).cast())));
     value
 }
 
