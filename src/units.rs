@@ -89,10 +89,10 @@ pub fn iec(bytes: u64) -> String {
     format!("{:.2} {unit}", bytes as f64 / div as f64)
 }
 
-/// A signed byte delta in IEC units with an explicit sign: `+2.00 MiB`, `-512 B`, `0 B`.
+/// A signed byte delta in IEC units with an explicit sign: `+2.00 MiB`, `-512 B`, `±0 B`.
 pub fn iec_delta(delta: i64) -> String {
     match delta {
-        0 => "0 B".to_string(),
+        0 => "±0 B".to_string(),
         d if d > 0 => format!("+{}", iec(d as u64)),
         d => format!("-{}", iec(d.unsigned_abs())),
     }
@@ -109,6 +109,11 @@ pub fn group_digits(n: u64) -> String {
         out.push(c);
     }
     out
+}
+
+/// `n` of a `noun` in words: `1 cell`, `3 cells` (`noun` takes an `s` for every count but one).
+pub fn count(n: usize, noun: &str) -> String {
+    if n == 1 { format!("1 {noun}") } else { format!("{} {noun}s", group_digits(n as u64)) }
 }
 
 /// Parses a size as a user writes it: `1024`, `512B`, `1.5GiB`, `20 MiB`, `2G` (binary units).
@@ -177,6 +182,13 @@ pub fn format_utc(time_us: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counts_in_words() {
+        assert_eq!(count(1, "cell"), "1 cell");
+        assert_eq!(count(0, "cell"), "0 cells");
+        assert_eq!(count(3001, "earlier cell"), "3,001 earlier cells");
+    }
 
     #[test]
     fn durations_have_three_significant_digits() {

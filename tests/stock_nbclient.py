@@ -47,41 +47,39 @@ def plan(repo):
         # The first use installs the hooks: reports from the next cell on.
         cell("let alloc = gpumem_nb::current().unwrap();\nalloc.backend_kind()", result={"text/plain": "Simulated"}),
         cell(f"let big = {alloc.format(64)};",
-             report=["all allocations now 64.00 MiB (Δ +64.00 MiB, peak 64.00 MiB)",
-                     "allocated now 64.00 MiB (Δ +64.00 MiB, peak 64.00 MiB)",
-                     "reserved now 64.00 MiB (Δ +64.00 MiB, peak 64.00 MiB)",
+             report=["allocated 64.00 MiB (+64.00 MiB)",
+                     "reserved 64.00 MiB (+64.00 MiB)",
                      # The cell's own code holds it (its body, no line: the stock kernel builds
                      # cells without line tables), not evcxr's runtime that called it.
-                     "top cell 3 64.00 MiB", "device free 7.94 GiB (simulated)"]),
+                     "top cell 3", "free 7.94 GiB"]),
         # A temporary: in the peak only (its segment stays cached: reserved, so allocated by the driver).
         cell(f"drop({alloc.format(32)});\nprintln!(\"temporary freed\");", stdout=["temporary freed"],
-             report=["all allocations now 96.00 MiB (Δ +32.00 MiB, peak 96.00 MiB)",
-                     "allocated now 64.00 MiB (Δ 0 B, peak 96.00 MiB)",
-                     "reserved now 96.00 MiB (Δ +32.00 MiB, peak 96.00 MiB)"]),
+             report=["allocated 64.00 MiB (±0 B, peak 96.00 MiB)",
+                     "reserved 96.00 MiB (+32.00 MiB)"]),
         cell('println!("before the panic");\npanic!("boom");', stdout=["before the panic"],
-             report=["allocated now 64.00 MiB (Δ 0 B, peak 64.00 MiB)"]),
-        cell("big.len()", result={"text/plain": str(64 << 20)}, report=["allocated now 64.00 MiB (Δ 0 B, peak 64.00 MiB)"]),
+             report=["allocated 64.00 MiB (±0 B)"]),
+        cell("big.len()", result={"text/plain": str(64 << 20)}, report=["allocated 64.00 MiB (±0 B)"]),
         cell("struct Table;\nimpl Table {\n    fn evcxr_display(&self) {\n"
              f'        println!("EVCXR_BEGIN_CONTENT text/html\\n{TABLE}\\nEVCXR_END_CONTENT");\n'
-             "    }\n}\nTable", result={"text/html": TABLE}, report=["allocated now 64.00 MiB (Δ 0 B, peak 64.00 MiB)"]),
+             "    }\n}\nTable", result={"text/html": TABLE}, report=["allocated 64.00 MiB (±0 B)"]),
         cell("gpumem_nb::kernel::set_reports(false);"),
         cell(f"let more = {alloc.format(8)};"),
         # Back on: from the cell after this one.
         cell("gpumem_nb::kernel::set_reports(true);"),
-        cell(f"let more2 = {alloc.format(8)};", report=["allocated now 80.00 MiB (Δ +8.00 MiB, peak 80.00 MiB)"]),
+        cell(f"let more2 = {alloc.format(8)};", report=["allocated 80.00 MiB (+8.00 MiB)"]),
         # The child dies (variables lost); the next use of the crate installs the hooks again.
         cell("std::process::abort();", error=True),
         cell("let alloc = gpumem_nb::current().unwrap();\nlet first = " + alloc.format(16) + ";"),
         # 8 MiB sits in a 20 MiB segment (PyTorch's rule for 1-10 MiB requests).
         cell(f"let second = {alloc.format(8)};",
-             report=["all allocations now 36.00 MiB (Δ +20.00 MiB, peak 36.00 MiB)",
-                     "allocated now 24.00 MiB (Δ +8.00 MiB, peak 24.00 MiB)"]),
+             report=["reserved 36.00 MiB (+20.00 MiB)",
+                     "allocated 24.00 MiB (+8.00 MiB)"]),
         cell(":restart", result={"text/plain": "Child process restarted\n"}),
         # evcxr 0.22 alone: the first cell after `:restart` asks the new child for the old
         # variables and aborts it ("Variable 'second' has gone missing"); then it is clean.
         cell("1", result=None, error=None),
         cell("let alloc = gpumem_nb::current().unwrap();\nlet third = " + alloc.format(4) + ";"),
-        cell(f"let fourth = {alloc.format(4)};", report=["allocated now 8.00 MiB (Δ +4.00 MiB, peak 8.00 MiB)"]),
+        cell(f"let fourth = {alloc.format(4)};", report=["allocated 8.00 MiB (+4.00 MiB)"]),
     ]
 
 

@@ -38,6 +38,7 @@ fn main() {
     // sync requests on a thread of its own (`stderr_sync`).
     gpumem_kernel::cell::cell_lines::wrap_if_asked();
     gpumem_kernel::cell::stderr_sync::serve_in_child();
+    gpumem_kernel::cell::user_error::watch_in_child();
     evcxr::runtime_hook();
     let args: Vec<String> = std::env::args().skip(1).collect();
     // Where evcxr compiles cells: a directory kept between kernel starts, outside any cargo
@@ -74,6 +75,11 @@ fn main() {
 
 fn real_main(args: &[String]) -> anyhow::Result<i32> {
     let first = args.first().map(String::as_str);
+    // `install --help`, `run -h`: the help, not an error.
+    if matches!(first, Some("install" | "run")) && args[1..].iter().any(|a| a == "--help" || a == "-h") {
+        print!("{HELP}");
+        return Ok(0);
+    }
     match first {
         None | Some("-h" | "--help" | "help") => {
             print!("{HELP}");

@@ -105,7 +105,10 @@ fn every_allocation_is_in_the_cell_record() {
         .iter()
         .find_map(|o| o["data"]["text/plain"].as_str().filter(|t| t.starts_with("[")))
         .unwrap_or_default();
-    assert!(line.contains("all allocations now ") && line.contains("(Δ +100.00 MiB, peak "), "{line}");
+    assert!(
+        line.contains(" · all allocations 100.00 MiB (+100.00 MiB"),
+        "the driver's view differs from reserved: {line}"
+    );
     // The export carries it.
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("nb-all");
     let csv = std::fs::read_to_string(dir.join("all.csv")).unwrap();
@@ -162,7 +165,7 @@ fn one_allocator_state_across_cells_and_exact_reports() {
     assert!(
         outputs(&out, 4)
             .iter()
-            .any(|o| o["data"]["text/plain"].as_str().is_some_and(|t| t.contains("allocated now 0 B (Δ -64.00 MiB"))),
+            .any(|o| o["data"]["text/plain"].as_str().is_some_and(|t| t.contains("allocated 0 B (-64.00 MiB)"))),
         "the report line says what the cell freed"
     );
     // History and export (magics-only cell: no report of its own).
@@ -280,6 +283,71 @@ fn unexpected_error_fails_the_run() {
     assert!(outputs(&out, 0).iter().any(|o| o["output_type"] == "error" && o["ename"] == "CompilationError"));
     assert!(outputs(&out, 1).is_empty(), "stops at the first failure");
     assert!(stderr.contains("1 failed"), "{stderr}");
+}
+
+/// A cell whose code returns `Err` (through `?`, an out-of-memory error among them) or whose
+/// value is an `Err` is an error: `ename`/`evalue` from the error, the record's status and the
+/// history's notes say so, the report line flags the out-of-memory with its size (no
+/// `--on-oom` asked), and an untagged one stops the run.
+#[test]
+fn errors_the_code_returns_fail_the_cell() {
+    let nb = notebook(&[
+        (":dep gpumem-nb", &[]),
+        ("let alloc = gpumem_nb::current()?;", &[]),
+        (
+            "fn check(x: i32) -> Result<i32, String> { if x > 0 { Ok(x) } else { Err(\"my own error\".into()) } }\ncheck(-1)?;",
+            &["raises-exception"],
+        ),
+        (
+            "use gpumem_nb::{DeviceBuffer, StreamId};\nlet big = DeviceBuffer::<u8>::zeros(&alloc, 1 << 40, StreamId::DEFAULT)?;",
+            &["raises-exception"],
+        ),
+        ("let r: Result<u32, String> = Err(\"bad input\".into());\nr", &["raises-exception"]),
+        ("alloc.memory_allocated()", &[]),
+        ("%gpumem history", &[]),
+    ]);
+    let (code, out, stderr) = run("errs", &nb, &[("GPUMEM_NB_DEVICE", "sim:8GiB")]);
+    assert_eq!(code, 0, "{stderr}");
+    let error = |i: usize| -> Value {
+        outputs(&out, i)
+            .iter()
+            .find(|o| o["output_type"] == "error")
+            .cloned()
+            .unwrap_or_else(|| panic!("cell {i}: {:?}", outputs(&out, i)))
+    };
+    let e = error(2);
+    assert_eq!((e["ename"].as_str(), e["evalue"].as_str()), (Some("Error"), Some("my own error")), "{e}");
+    let e = error(3);
+    assert_eq!(e["ename"], "OutOfMemoryError", "{e}");
+    assert!(e["evalue"].as_str().unwrap().starts_with("CUDA out of memory. Tried to allocate 1024.00 GiB"), "{e}");
+    let r = records(&out, 3)[0];
+    assert_eq!(r["status"], "oom", "{r}");
+    let line = outputs(&out, 3).iter().rev().find_map(|o| o["data"]["text/plain"].as_str()).unwrap();
+    assert!(line.contains("✗ out of memory: asked for 1.00 TiB"), "{line}");
+    assert!(line.chars().count() <= 120, "{} characters: {line}", line.chars().count());
+    assert_eq!(records(&out, 2)[0]["status"], "error");
+    let e = error(4);
+    assert_eq!((e["ename"].as_str(), e["evalue"].as_str()), (Some("Error"), Some("\"bad input\"")), "{e}");
+    assert_eq!(result_text(&out, 5), "0", "the session goes on after the errors");
+    let hist = outputs(&out, 6).iter().find_map(|o| o["data"]["text/html"].as_str()).unwrap();
+    assert!(hist.contains(">OOM") && hist.contains(">error"), "{hist}");
+
+    // Untagged, an `Err` stops the run there, as a panic does.
+    let nb = notebook(&[("let r: Result<(), String> = Err(\"stop\".into());\nr?;", &[]), ("1 + 1", &[])]);
+    let (code, out2, stderr) = run("errs-stop", &nb, &[]);
+    assert_eq!(code, 1, "{stderr}");
+    let e = outputs(&out2, 0).iter().find(|o| o["output_type"] == "error").cloned().unwrap();
+    assert_eq!(e["evalue"], "stop", "{e}");
+    assert!(outputs(&out2, 1).is_empty(), "stops at the first failure");
+}
+
+#[test]
+fn subcommands_take_help() {
+    for sub in ["install", "run"] {
+        let o = Command::new(env!("CARGO_BIN_EXE_gpumem-kernel")).args([sub, "--help"]).output().unwrap();
+        assert_eq!(o.status.code(), Some(0), "{sub} --help: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(String::from_utf8_lossy(&o.stdout).contains("USAGE"), "{sub} --help");
+    }
 }
 
 /// `:dep gpumem-nb` is the crate the kernel was built with: a version it does not satisfy is one
@@ -409,7 +477,12 @@ fn the_tour_explains_reserved_memory_and_plans_a_fit() {
     let json_of = |i: usize| -> Value {
         outputs(&nb, i)
             .iter()
-            .find_map(|o| o["data"].get("application/json").cloned())
+            .find_map(|o| {
+                o["data"]
+                    .get("application/vnd.gpumem.explain+json")
+                    .or(o["data"].get("application/vnd.gpumem.fit+json"))
+                    .cloned()
+            })
             .unwrap_or_else(|| panic!("cell {i} shows no JSON: {:?}", outputs(&nb, i)))
     };
     let mib = 1u64 << 20;

@@ -417,6 +417,15 @@ async fn protocol() {
         .expect("a report for the interrupted cell");
     assert_eq!(report["restarted"], true);
     assert_eq!(report["restart_reason"], "interrupted");
+    let err = out
+        .iter()
+        .find(|m| m.header.msg_type == "error")
+        .map(|m| serde_json::to_value(&m.content).unwrap())
+        .expect("the interrupted cell's error");
+    assert_eq!(err["ename"], "Interrupted", "{err}");
+    let evalue = err["evalue"].as_str().unwrap();
+    assert!(evalue.starts_with("the cell was interrupted: its process was stopped and started again"), "{evalue}");
+    assert!(!evalue.contains("SIGKILL"), "the signal is a detail of the traceback: {evalue}");
     let e = k.execute("2 * 21").await;
     assert_eq!(e.result_text().as_deref(), Some("42"));
 
@@ -534,7 +543,7 @@ async fn live_line_and_usage() {
     assert_eq!(shown.len(), 1, "one live line: {json:?}");
     let id = shown[0]["transient"]["display_id"].as_str().unwrap();
     let line = shown[0]["data"]["text/plain"].as_str().unwrap();
-    assert!(line.contains("running") && line.contains("allocated now 64.00 MiB (Δ 0 B, peak 64.00 MiB)"), "{line}");
+    assert!(line.contains("running") && line.contains("allocated 64.00 MiB (±0 B)"), "{line}");
     let updates: Vec<&serde_json::Value> =
         json.iter().filter(|(t, _)| t == "update_display_data").map(|(_, c)| c).collect();
     assert!(updates.iter().all(|u| u["transient"]["display_id"] == id), "{updates:?}");

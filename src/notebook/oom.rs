@@ -1,12 +1,13 @@
-//! Out of memory, caught as it happens (`%gpumem snapshot --on-oom DIR` in gpumem-kernel).
+//! Out of memory, caught as it happens.
 //!
-//! The kernel asks the crate in the child (control op `on_oom`) to watch every open device:
-//! each allocator gets an out-of-memory observer (data of the allocator, which every copy of
-//! the crate in the evcxr process shares). The first failure of a cell writes a snapshot into
-//! `DIR/cell-N` at that moment, while the state still holds what the failing code held, and the
-//! cell's `post` reply says why it failed in one line: what was asked for, what the device had
-//! free, and how the allocator's cached free memory was split (its largest block,
-//! fragmentation). Later failures of the same cell are counted, not snapshotted.
+//! From a cell's `pre` on, every open device is watched: each allocator gets an out-of-memory
+//! observer (data of the allocator, which every copy of the crate in the evcxr process shares).
+//! The cell's `post` reply says why its first failure happened, in one line: what was asked
+//! for, what the device had free, and how the allocator's cached free memory was split (its
+//! largest block, fragmentation); later failures of the same cell are counted. When the kernel
+//! asked for snapshots (control op `on_oom`, `%gpumem snapshot --on-oom DIR` in gpumem-kernel),
+//! the first failure also writes one into `DIR/cell-N` at that moment, while the state still
+//! holds what the failing code held.
 #![forbid(unsafe_code)]
 
 use super::protocol::{OomEvent, SnapshotPaths};
@@ -35,12 +36,11 @@ impl OomWatch {
         crate::sync::lock(&self.state)
     }
 
-    /// Watches every open device, snapshots going into `dir` (`None`: stops watching).
+    /// Where the first failure of a cell writes its snapshot (`None`: no snapshots).
     pub(crate) fn set_dir(self: &Arc<Self>, dir: Option<PathBuf>) {
-        let on = dir.is_some();
         self.lock().dir = dir;
         for a in super::registry::opened() {
-            if on { self.watch(&a) } else { a.set_oom_observer(None) }
+            self.watch(&a);
         }
     }
 
@@ -48,9 +48,6 @@ impl OomWatch {
     /// cell are watched from now on too).
     pub(crate) fn begin(self: &Arc<Self>, cell: u64) {
         let mut st = self.lock();
-        if st.dir.is_none() {
-            return;
-        }
         (st.cell, st.event) = (Some(cell), None);
         drop(st);
         for a in super::registry::opened() {
@@ -80,8 +77,7 @@ impl OomWatch {
             e.count += 1;
             return;
         }
-        let Some(dir) = st.dir.clone() else { return };
-        let dir = dir.join(st.cell.map_or_else(|| "oom".to_string(), |c| format!("cell-{c}")));
+        let dir = st.dir.clone().map(|d| d.join(st.cell.map_or_else(|| "oom".to_string(), |c| format!("cell-{c}"))));
         st.event = Some(describe(report, &alloc.segments()));
         drop(st);
         // The sites holding the device's memory as it failed (named outside the watch's lock).
@@ -96,6 +92,7 @@ impl OomWatch {
             }
         }
         // Written outside the watch's lock: another thread's failure meanwhile is counted.
+        let Some(dir) = dir else { return };
         let written = super::tracking::snapshot(alloc).save(&dir);
         if let Some(e) = &mut self.lock().event {
             match written {
@@ -177,5 +174,23 @@ mod tests {
         alloc.set_oom_observer(None);
         assert!(alloc.malloc(40 * mib, StreamId::DEFAULT).is_err());
         assert_eq!(seen.len(), 1, "no observer, nothing told");
+    }
+
+    /// Without a snapshot directory a cell's failure is still described (the report line flags
+    /// it), and nothing is written.
+    #[test]
+    fn a_cell_is_watched_without_a_snapshot_directory() {
+        let mib = 1u64 << 20;
+        let backend = crate::device::any::AnyBackend::Sim(SimBackend::new(0, 64 * mib));
+        let alloc = Arc::new(CachingAllocator::new(backend, AllocatorConfig::default()));
+        let watch = Arc::new(OomWatch::default());
+        watch.lock().cell = Some(7);
+        watch.watch(&alloc);
+        assert!(alloc.malloc(100 * mib, StreamId::DEFAULT).is_err());
+        assert!(alloc.malloc(100 * mib, StreamId::DEFAULT).is_err());
+        let e = watch.end().expect("the failure");
+        assert_eq!((e.requested, e.count), (100 * mib, 2));
+        assert!(e.files.is_none() && e.snapshot_error.is_none(), "{e:?}");
+        assert!(watch.end().is_none(), "taken");
     }
 }

@@ -364,6 +364,7 @@ impl Cells {
             return None;
         }
         let frameworks = reply.frameworks.take();
+        let oom = reply.oom.take();
         let (devices, tracked) = TrackedReadings::of_reply(reply);
         let nvml = nvml::snapshot();
         let pid = Some(std::process::id());
@@ -383,6 +384,7 @@ impl Cells {
         );
         rec.frameworks = framework_parts(p.frameworks.as_deref(), frameworks.as_deref());
         rec.status = if run.panicked { "panicked" } else { "ok" }.into();
+        rec.oom = oom;
         rec.wall_ms = wall.as_secs_f64() * 1e3;
         rec.hook_us = p.hook_us + t.elapsed().as_micros() as u64;
         super::metrics::exported().observe(&rec);

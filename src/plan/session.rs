@@ -79,6 +79,13 @@ pub struct FitPlan {
 /// PyTorch's): its first device with events. A trace that began after the first allocation is
 /// taken with what it shows of the earlier ones ([`TraceStart::Prologue`]).
 pub fn fit_snapshot(snap: &Snapshot, device_bytes: u64) -> Result<FitPlan, Error> {
+    if snap.device_traces.iter().all(Vec::is_empty) {
+        return Err(Error::Plan(
+            "nothing recorded to plan from: `%gpumem record on` (or the allocator's record_memory_history) from the \
+             first cell, then fit"
+                .into(),
+        ));
+    }
     let rec =
         from_snapshot(snap, "the session's recording", TraceStart::Prologue).map_err(|e| Error::Plan(e.to_string()))?;
     let trace = rec.devices.first().ok_or_else(|| Error::Plan("nothing recorded".into()))?;
@@ -259,3 +266,16 @@ impl fmt::Display for FitPlan {
 }
 
 crate::render::evcxr_display!(FitPlan);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nothing_recorded_is_said_in_the_notebooks_words() {
+        let snap = crate::snapshot::json::from_str(r#"{"segments": [], "device_traces": [[]]}"#).unwrap();
+        let err = fit_snapshot(&snap, 1 << 30).unwrap_err().to_string();
+        assert!(err.contains("`%gpumem record on`") && !err.contains("torch."), "{err}");
+        assert!(!err.contains('\n'), "{err}");
+    }
+}

@@ -69,6 +69,16 @@ pub struct Frame {
     pub line: u32,
 }
 
+impl Frame {
+    /// Whether the function has no name of its own a person would know: a closure
+    /// (`{closure#0}`) or a notebook cell's body (`run_user_code_N`). Such a frame is named by
+    /// where it is (`cell 22:2`), never by that symbol.
+    pub fn is_anonymous(&self) -> bool {
+        let name = self.name.strip_prefix("ctx::").unwrap_or(&self.name);
+        name.starts_with("run_user_code_") || name.contains("{closure") || name.contains("{{closure")
+    }
+}
+
 /// What one return address resolves to: its module and its frames (inlined ones expanded,
 /// innermost first).
 #[derive(Debug)]

@@ -129,6 +129,9 @@ pub struct Table {
     pub right: Vec<usize>,
     /// One line under the table: the source of the numbers.
     pub caption: String,
+    /// Columns whose cells the HTML form cuts to a number of characters, the whole text on
+    /// hover (code, say, so that the numbers stay in view in a narrow notebook).
+    pub cut: Vec<(usize, usize)>,
 }
 
 impl Table {
@@ -140,6 +143,13 @@ impl Table {
     /// Right-aligns these columns.
     pub fn right_align(mut self, cols: impl IntoIterator<Item = usize>) -> Self {
         self.right = cols.into_iter().collect();
+        self
+    }
+
+    /// Cuts column `col`'s cells to `chars` characters in the HTML form ("…" where cut, the
+    /// whole text in the cell's title); the text form keeps them whole.
+    pub fn cut_column(mut self, col: usize, chars: usize) -> Self {
+        self.cut.push((col, chars));
         self
     }
 
@@ -224,11 +234,18 @@ impl Table {
                 } else {
                     ("left", "min-width:18ch;")
                 };
+                let text = match self.cut.iter().find(|(col, _)| *col == i) {
+                    Some(&(_, n)) if c.chars().count() > n => format!(
+                        "<span title=\"{}\">{}…</span>",
+                        escape(c),
+                        escape(&c.chars().take(n.saturating_sub(1)).collect::<String>())
+                    ),
+                    _ => nowrap_units(&escape(c)),
+                };
                 let _ = write!(
                     h,
-                    "<td style=\"{}{wrap}text-align:{align};padding:2px 8px;vertical-align:top\">{}</td>",
+                    "<td style=\"{}{wrap}text-align:{align};padding:2px 8px;vertical-align:top\">{text}</td>",
                     sticky(i),
-                    nowrap_units(&escape(c))
                 );
             }
             h.push_str("</tr>");
@@ -320,6 +337,17 @@ mod tests {
         );
         assert!(html.contains("position:sticky;left:0"), "the first column stays in view: {html}");
         assert!(html.contains("var(--jp-layout-color0,#fff)"), "theme colours with fallbacks: {html}");
+    }
+
+    #[test]
+    fn a_cut_column_keeps_the_whole_text_on_hover() {
+        let mut t = Table::new(["n", "code"]).cut_column(1, 8);
+        t.row(["1", "let a = \"<long>\";"]);
+        t.row(["2", "short"]);
+        let html = t.to_html();
+        assert!(html.contains("<span title=\"let a = &quot;&lt;long&gt;&quot;;\">let a =…</span>"), "{html}");
+        assert!(html.contains(">short</td>"), "{html}");
+        assert!(t.to_text().contains("let a = \"<long>\";"), "the text form keeps it whole");
     }
 
     #[test]

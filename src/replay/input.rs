@@ -68,6 +68,10 @@ impl EventInfo {
     /// `name (filename:line)` of [`EventInfo::site`], or the label alone.
     pub fn describe(&self) -> Option<String> {
         match (self.site(), self.label.is_empty()) {
+            // A closure or a cell's body in a notebook cell: named by its place alone.
+            (Some(f), _) if f.filename.starts_with("cell ") && f.is_anonymous() => {
+                Some(format!("{}:{}", f.filename, f.line))
+            }
             (Some(f), _) => Some(format!("{} ({}:{})", f.name, f.filename, f.line)),
             (None, false) => Some(self.label.clone()),
             (None, true) => None,
@@ -632,4 +636,23 @@ pub fn check_start(trace: &[TraceSnap], segments: &[&Segment]) -> Result<(), (us
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_closure_in_a_cell_is_named_by_its_place() {
+        let f = |name: &str, filename: &str, line| Frame { name: name.into(), filename: filename.into(), line };
+        let info = |frames| EventInfo { label: "cell 22".into(), frames };
+        let closure = info(vec![f("{closure#0}", "cell 22", 2), f("run_user_code_21", "cell 22", 1)]);
+        assert_eq!(closure.describe().as_deref(), Some("cell 22:2"));
+        let body = info(vec![f("ctx::run_user_code_21", "cell 22", 3)]);
+        assert_eq!(body.describe().as_deref(), Some("cell 22:3"));
+        let named = info(vec![f("alloc48", "cell 3", 4)]);
+        assert_eq!(named.describe().as_deref(), Some("alloc48 (cell 3:4)"));
+        let torch = EventInfo { label: String::new(), frames: vec![f("forward", "/home/u/model.py", 10)] };
+        assert_eq!(torch.describe().as_deref(), Some("forward (/home/u/model.py:10)"));
+    }
 }

@@ -240,11 +240,7 @@ fn owner(frames: &[Frame]) -> String {
     // name it (`candle_core::tensor::Tensor::zeros ← cell 5:3`, `cell 5:3`).
     if let (Some(first), Some(cell)) = (frames.first(), frames.iter().find(|f| f.filename.starts_with("cell "))) {
         let at = format!("{}:{}", cell.filename, cell.line);
-        return if std::ptr::eq(first, cell) && first.name.starts_with("run_user_code_") {
-            at
-        } else {
-            format!("{} ← {at}", first.name)
-        };
+        return if std::ptr::eq(first, cell) && first.is_anonymous() { at } else { format!("{} ← {at}", first.name) };
     }
     match frames.first() {
         Some(f) => {

@@ -11,11 +11,15 @@
 //! - otherwise `$XDG_CACHE_HOME/gpumem-kernel/evcxr` (`~/.cache/gpumem-kernel/evcxr`), the same
 //!   for every clone and every way the kernel is started (the README's main command, Jupyter,
 //!   the tests), so the first build is shared;
-//! - when that one is claimed by a workspace, cannot be created, or is held by another kernel
-//!   (two notebooks open at once: two builds cannot share a directory), a private temporary
-//!   directory, removed when the kernel exits.
+//! - when that one is held by another kernel (two notebooks open at once: two builds cannot
+//!   share a directory), the first free of `evcxr-2` … `evcxr-8` beside it, kept too; the
+//!   first time one is used, it is seeded with a copy of the shared directory's build, so the
+//!   second notebook's first `:dep gpumem-nb` starts warm instead of building every dependency;
+//! - when none of those can be used (a workspace claims it, it cannot be created, all are held),
+//!   a private temporary directory, removed when the kernel exits.
 //!
-//! Every fallback is said once ([`Choice::notice`]): on the console and in the first cell.
+//! Every fallback is said once ([`Choice::notice`]): on the console, and in the first cell as a
+//! short display message.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -105,6 +109,83 @@ fn absolute(p: &Path) -> PathBuf {
     out
 }
 
+/// How many build directories kernels running at the same time get before falling back to a
+/// private one: the shared one and `evcxr-2` … `evcxr-8`.
+const SLOTS: usize = 8;
+
+/// The `n`th build directory beside the shared `first` (`n` from 2: `evcxr-2`).
+fn slot_path(first: &Path, n: usize) -> PathBuf {
+    let name = first.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    first.with_file_name(format!("{name}-{n}"))
+}
+
+/// Copies `from` (a cargo target directory) to `to`, file by file; what fails is left out
+/// (cargo rebuilds what is missing or stale). Returns the bytes copied.
+fn seed(from: &Path, to: &Path) -> u64 {
+    let mut bytes = 0;
+    let Ok(entries) = std::fs::read_dir(from) else { return 0 };
+    if std::fs::create_dir_all(to).is_err() {
+        return 0;
+    }
+    for e in entries.flatten() {
+        let (src, dst) = (e.path(), to.join(e.file_name()));
+        match e.file_type() {
+            Ok(t) if t.is_dir() => bytes += seed(&src, &dst),
+            Ok(t) if t.is_file() => {
+                if let Ok(n) = std::fs::copy(&src, &dst) {
+                    bytes += n;
+                    // Cargo decides freshness by modification times: keep the source's.
+                    if let Ok(m) = e.metadata().and_then(|m| m.modified()) {
+                        let _ = File::options().write(true).open(&dst).and_then(|f| f.set_modified(m));
+                    }
+                }
+            }
+            Ok(t) if t.is_symlink() => {
+                if let Ok(target) = std::fs::read_link(&src) {
+                    let _ = std::os::unix::fs::symlink(target, &dst);
+                }
+            }
+            _ => {}
+        }
+    }
+    bytes
+}
+
+/// The first free build directory beside the shared `first`, seeded from it the first time it
+/// is used; the directory and a notice saying so.
+fn beside(first: &Path) -> Option<(BuildDir, String)> {
+    for n in 2..=SLOTS {
+        let path = slot_path(first, n);
+        if claiming_workspace(&path).is_some() {
+            return None;
+        }
+        let fresh = !path.join("target").exists();
+        let Some(held) = lock(&path) else { continue };
+        let how = if fresh {
+            let t = std::time::Instant::now();
+            let bytes = seed(&first.join("target"), &path.join("target"));
+            if bytes > 0 {
+                format!(
+                    ", prepared from the shared one ({} of builds copied in {:.1} s)",
+                    gpumem_nb::units::iec(bytes),
+                    t.elapsed().as_secs_f64()
+                )
+            } else {
+                String::new()
+            }
+        } else {
+            String::new()
+        };
+        let notice = format!(
+            "another gpumem kernel is using {}: this one compiles cells in {}{how}",
+            first.display(),
+            path.display()
+        );
+        return Some((held, notice));
+    }
+    None
+}
+
 /// Creates and locks `path`; `None` when it cannot be created or another kernel holds it.
 pub fn lock(path: &Path) -> Option<BuildDir> {
     std::fs::create_dir_all(path).ok()?;
@@ -143,7 +224,12 @@ fn choose_from(requested: Option<PathBuf>, default: Option<PathBuf>) -> Choice {
                 ),
                 None => match lock(dir) {
                     Some(held) => return Choice { dir: Some(held), notice: None },
-                    None if dir.is_dir() => format!("{what} {dir_shown} is in use by another gpumem kernel"),
+                    None if dir.is_dir() => match beside(dir) {
+                        Some((held, notice)) => return Choice { dir: Some(held), notice: Some(notice) },
+                        None => {
+                            format!("{what} {dir_shown} and the {SLOTS} beside it are in use by other gpumem kernels")
+                        }
+                    },
                     None => format!("{what} {dir_shown} cannot be created"),
                 },
             }
@@ -199,14 +285,36 @@ mod tests {
         drop(dir);
         assert!(!private_path.exists(), "a private directory goes with the kernel");
 
-        // The default directory, free: used and locked; a second kernel falls back.
+        // The default directory, free: used and locked; a second kernel takes the one beside it,
+        // seeded with the first's build (modification times kept, for cargo).
         let shared = base.path().join("cache").join("gpumem-kernel").join("evcxr");
         let first = choose_from(None, Some(shared.clone()));
         assert!(first.notice.is_none());
         assert_eq!(first.dir.as_ref().map(|d| d.path.clone()), Some(shared.clone()));
+        let built = shared.join("target").join("debug").join("deps");
+        std::fs::create_dir_all(&built).unwrap();
+        std::fs::write(built.join("libdep.rlib"), b"built").unwrap();
+        let when = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000);
+        File::options().write(true).open(built.join("libdep.rlib")).unwrap().set_modified(when).unwrap();
         let second = choose_from(None, Some(shared.clone()));
-        assert!(second.notice.expect("said").contains("in use by another gpumem kernel"));
-        assert_ne!(second.dir.as_ref().map(|d| d.path.clone()), Some(shared.clone()));
+        let notice = second.notice.clone().expect("said");
+        assert!(
+            notice.starts_with("another gpumem kernel is using") && notice.contains("prepared from the shared one"),
+            "{notice}"
+        );
+        let dir2 = second.dir.as_ref().map(|d| d.path.clone()).unwrap();
+        assert_eq!(dir2, slot_path(&shared, 2));
+        let copy = dir2.join("target").join("debug").join("deps").join("libdep.rlib");
+        assert_eq!(std::fs::read(&copy).unwrap(), b"built");
+        assert_eq!(std::fs::metadata(&copy).unwrap().modified().unwrap(), when);
+        // A third takes the next; the second's, once free, is used again as it is.
+        let third = choose_from(None, Some(shared.clone()));
+        assert_eq!(third.dir.as_ref().map(|d| d.path.clone()), Some(slot_path(&shared, 3)));
+        drop(second);
+        let again = choose_from(None, Some(shared.clone()));
+        assert_eq!(again.dir.as_ref().map(|d| d.path.clone()), Some(dir2));
+        assert!(!again.notice.as_deref().unwrap().contains("prepared"), "already seeded");
+        drop((third, again));
         drop(first);
         let third = choose_from(Some(PathBuf::new()), Some(shared.clone()));
         assert_eq!(third.dir.map(|d| d.path), Some(shared), "free again; an empty EVCXR_TMPDIR is unset");

@@ -142,6 +142,11 @@ impl Hooks {
         r.connected.is_some()
     }
 
+    /// The code of the cells kept, by execution count.
+    pub fn codes(&self) -> &std::collections::BTreeMap<u64, String> {
+        &self.codes
+    }
+
     /// Keeps the code of the newest `keep` cells only (what a reconnecting child is sent).
     pub fn trim_codes(&mut self, keep: usize) {
         crate::session::retention::trim_map(&mut self.codes, keep);

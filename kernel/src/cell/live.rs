@@ -17,6 +17,7 @@ use crate::output::{Output, Sink};
 use crate::session::nvml::{self, NvmlSnapshot};
 use crate::session::report::{
     CrateReading, LiveCost, TrackedReadings, allocator_absent, device_name, format_ms, line_html, quantity,
+    short_device,
 };
 use gpumem_nb::kernel::protocol::Op;
 use gpumem_nb::units::iec;
@@ -91,7 +92,7 @@ pub fn line(cell: u64, elapsed: Duration, r: &LiveReading, base: &Baseline, pid:
     let reading = r.devices.as_deref().and_then(|v| v.iter().find(|d| d.device == 0).or(v.first()));
     let nvml = r.nvml.device_of(pid, reading.and_then(|a| a.uuid.as_deref()));
     let mut parts = vec![
-        format!("[{cell}] {}", device_name(reading, nvml)),
+        format!("[{cell}] {}", short_device(&device_name(reading, nvml))),
         format!("running {}", format_ms(elapsed.as_secs_f64() * 1000.0)),
     ];
     let place = reading.map(|a| a.device);
@@ -105,11 +106,6 @@ pub fn line(cell: u64, elapsed: Duration, r: &LiveReading, base: &Baseline, pid:
             None => None,
         }
     };
-    if let Some(p) = tracked {
-        let before =
-            base.tracked.as_ref().map(|t| t.places.iter().find(|b| b.device == p.device).map_or(0, |b| b.live));
-        parts.push(quantity("all allocations", Some(p.live), since(p.live, before), Some(p.peak), "peak"));
-    }
     match reading {
         Some(a) => {
             let b = base.devices.as_deref().and_then(|v| v.iter().find(|d| d.device == a.device));
@@ -117,24 +113,26 @@ pub fn line(cell: u64, elapsed: Duration, r: &LiveReading, base: &Baseline, pid:
             let reserved = since(a.reserved, b.map(|b| b.reserved));
             parts.push(quantity("allocated", Some(a.allocated), allocated, Some(a.peak_allocated), "peak"));
             parts.push(quantity("reserved", Some(a.reserved), reserved, Some(a.peak_reserved), "peak"));
-            if let Some(used) = a.pool_used.filter(|&u| u > 0 || a.pool_used_high.unwrap_or(0) > 0) {
-                let d = b.and_then(|b| b.pool_used).map(|u| used as i64 - u as i64);
-                parts.push(quantity("CUDA pool", Some(used), d, a.pool_used_high, "peak"));
-            }
         }
         None => parts.push(allocator_absent(false, base.declared)),
     }
-    if let Some(used) = nvml.zip(pid).and_then(|(d, p)| d.process_used(p)) {
-        let before = base.nvml.devices.iter().find(|d| nvml.is_some_and(|n| n.uuid == d.uuid));
-        let d = before.zip(pid).and_then(|(b, p)| b.process_used(p)).map(|b| used as i64 - b as i64);
-        parts.push(format!("{} (NVML)", quantity("process", Some(used), d, None, "peak")));
+    // Every allocation of the process on the device, where it differs from reserved (as the
+    // report line).
+    if let Some(p) = tracked.filter(|p| reading.is_none_or(|a| a.reserved != p.live)) {
+        let before =
+            base.tracked.as_ref().map(|t| t.places.iter().find(|b| b.device == p.device).map_or(0, |b| b.live));
+        parts.push(quantity("all allocations", Some(p.live), since(p.live, before), Some(p.peak), "peak"));
+    }
+    if let Some(a) = reading
+        && let Some(used) = a.pool_used.filter(|&u| u > 0 || a.pool_used_high.unwrap_or(0) > 0)
+    {
+        let b = base.devices.as_deref().and_then(|v| v.iter().find(|d| d.device == a.device));
+        let d = b.and_then(|b| b.pool_used).map(|u| used as i64 - u as i64);
+        parts.push(quantity("CUDA pool", Some(used), d, a.pool_used_high, "peak"));
     }
     match (nvml, reading.and_then(|a| a.device_free)) {
-        (Some(d), _) => parts.push(format!("device free {}", iec(d.free))),
-        (None, Some(free)) => {
-            let sim = if reading.is_some_and(CrateReading::is_simulated) { " (simulated)" } else { "" };
-            parts.push(format!("device free {}{sim}", iec(free)));
-        }
+        (Some(d), _) => parts.push(format!("free {}", iec(d.free))),
+        (None, Some(free)) => parts.push(format!("free {}", iec(free))),
         (None, None) => {}
     }
     parts.join(" · ")
@@ -273,13 +271,12 @@ mod tests {
         let l = line(7, Duration::from_millis(2500), &r, &base, Some(1));
         assert_eq!(
             l,
-            "[7] sim:0 (simulated) · running 2.50 s · all allocations now 90.00 MiB (Δ +26.00 MiB, peak 200.00 MiB) \
-             · allocated now 64.00 MiB (Δ 0 B, peak 96.00 MiB) · reserved now 80.00 MiB (Δ +16.00 MiB, peak 100.00 MiB) \
-             · device free 1.00 GiB (simulated)"
+            "[7] sim · running 2.50 s · allocated 64.00 MiB (±0 B, peak 96.00 MiB) · reserved 80.00 MiB (+16.00 MiB, \
+             peak 100.00 MiB) · all allocations 90.00 MiB (+26.00 MiB, peak 200.00 MiB) · free 1.00 GiB"
         );
         // Loaded during the cell: the changes are from nothing.
         let l = line(7, Duration::from_millis(2500), &r, &Baseline::default(), Some(1));
-        assert!(l.contains("allocated now 64.00 MiB (Δ +64.00 MiB, peak 96.00 MiB)"), "{l}");
+        assert!(l.contains("allocated 64.00 MiB (+64.00 MiB, peak 96.00 MiB)"), "{l}");
         let none = line(2, Duration::from_secs(3), &LiveReading::default(), &Baseline::default(), None);
         assert_eq!(
             none,

@@ -317,6 +317,31 @@ pub fn help_text() -> String {
     out
 }
 
+/// The `help` as a table (one row per magic: how it is written, what it does, when it runs),
+/// and the notes under it: what JupyterLab shows (the text form is [`help_text`]).
+pub fn help_html() -> String {
+    let mut t = gpumem_nb::render::Table::new(["magic", "what it does", "runs"]);
+    for c in COMMANDS {
+        let when = match (c.verb, c.when) {
+            ("help", _) => "",
+            ("%%gpumem", _) => "around the cell's code",
+            (_, When::BeforeCode) => "before the cell's code",
+            (_, When::AfterCode) => "after the cell's code",
+        };
+        t.row([magic_head(c), c.what.to_string(), when.to_string()]);
+    }
+    let text = help_text();
+    let notes: String = text
+        .split_once("\n\n")
+        .map_or("", |(_, rest)| rest)
+        .split_once("\n\n")
+        .map_or("", |(_, notes)| notes)
+        .lines()
+        .map(|l| format!("<p style=\"margin:4px 0\">{}</p>", gpumem_nb::render::escape(l)))
+        .collect();
+    format!("<div class=\"gpumem-help\"><b>gpumem kernel magics</b>{}{notes}</div>", t.to_html())
+}
+
 fn magic_head(c: &Command) -> String {
     if c.verb == "%%gpumem" {
         format!("%%gpumem {}", c.args)
@@ -325,6 +350,39 @@ fn magic_head(c: &Command) -> String {
     } else {
         format!("%gpumem {} {}", c.verb, c.args)
     }
+}
+
+/// The verb of the table nearest to a mistyped one (at most two letters changed, added, removed
+/// or swapped), when there is one.
+fn closest_verb(word: &str) -> Option<&'static str> {
+    // Optimal string alignment distance: a swap of two neighbours is one edit.
+    fn distance(a: &[char], b: &[char]) -> usize {
+        let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+        for (i, row) in d.iter_mut().enumerate() {
+            row[0] = i;
+        }
+        for (j, cell) in d[0].iter_mut().enumerate() {
+            *cell = j;
+        }
+        for i in 1..=a.len() {
+            for j in 1..=b.len() {
+                let cost = usize::from(a[i - 1] != b[j - 1]);
+                d[i][j] = (d[i - 1][j] + 1).min(d[i][j - 1] + 1).min(d[i - 1][j - 1] + cost);
+                if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                    d[i][j] = d[i][j].min(d[i - 2][j - 2] + 1);
+                }
+            }
+        }
+        d[a.len()][b.len()]
+    }
+    let w: Vec<char> = word.to_lowercase().chars().collect();
+    COMMANDS
+        .iter()
+        .filter(|c| c.verb != "%%gpumem")
+        .map(|c| (distance(&w, &c.verb.chars().collect::<Vec<_>>()), c.verb))
+        .filter(|&(d, v)| d <= 2 && d < v.len())
+        .min_by_key(|&(d, _)| d)
+        .map(|(_, v)| v)
 }
 
 /// Splits a cell into its magics and the code for evcxr (magic lines commented out).
@@ -467,7 +525,10 @@ fn parse_line_magic(args: &str) -> Result<Magic, String> {
             ["off"] => Ok(Magic::Metrics(None)),
             _ => Err("`metrics` takes `on [ADDR]` (e.g. `on 127.0.0.1:9464`) or `off`".into()),
         },
-        other => Err(format!("unknown verb `{other}`")),
+        other => Err(match closest_verb(other) {
+            Some(v) => format!("unknown verb `{other}` (did you mean `{v}`?)"),
+            None => format!("unknown verb `{other}`"),
+        }),
     }
 }
 
@@ -788,6 +849,25 @@ mod tests {
             }
         }
         assert!(seen > 50, "the scan found {seen} magics");
+    }
+
+    #[test]
+    fn help_is_a_table_with_its_notes() {
+        let h = help_html();
+        assert!(h.contains("<table") && !h.contains("<pre"), "{h}");
+        assert_eq!(h.matches("<tr style").count(), COMMANDS.len() + 1, "the header and a row per magic");
+        assert!(h.contains("after the cell&#39;s code") && h.contains("Settings ("), "{h}");
+    }
+
+    #[test]
+    fn a_typo_gets_a_did_you_mean() {
+        let err = |line: &str| match &parse(line).0[..] {
+            [Magic::Bad { error, .. }] => error.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(err("%gpumem histroy"), "unknown verb `histroy` (did you mean `history`?)");
+        assert_eq!(err("%gpumem explian"), "unknown verb `explian` (did you mean `explain`?)");
+        assert_eq!(err("%gpumem frobnicate"), "unknown verb `frobnicate`");
     }
 
     #[test]

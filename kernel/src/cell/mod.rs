@@ -11,9 +11,11 @@
 //!    gpumem-nb` is the crate the kernel was built with; how far a cell's build has come; the
 //!    `%gpumem` / `%%gpumem` parser and the table its help comes from; `is_complete`; a barrier
 //!    on the evcxr child's stderr (a cell's panic before its report).
-//! 2. `hooks` — the per-cell readings: NVML and the crate's numbers around a cell.
-//! 3. `live` — the live line while a long cell runs.
-//! 4. `engine` — evcxr's `CommandContext`, the hooks, magics and reports, shared by the Jupyter
+//! 2. `user_error` — in the child, the mark that a cell's code returned `Err` (evcxr keeps it
+//!    to itself), put on stderr in order for the stream pump.
+//! 3. `hooks` — the per-cell readings: NVML and the crate's numbers around a cell.
+//! 4. `live` — the live line while a long cell runs.
+//! 5. `engine` — evcxr's `CommandContext`, the hooks, magics and reports, shared by the Jupyter
 //!    kernel and headless runs.
 
 pub mod build_dir;
@@ -24,6 +26,7 @@ pub mod dep;
 pub mod magic;
 pub mod stderr_sync;
 pub mod toolchain;
+pub mod user_error;
 
 pub mod hooks;
 

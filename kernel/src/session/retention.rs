@@ -60,8 +60,8 @@ impl Dropped {
         let statuses: Vec<String> = self.statuses.iter().map(|(s, n)| format!("{n} {s}")).collect();
         let peak = self.peak_max.map_or(String::new(), |p| format!(", highest peak {}", gpumem_nb::units::iec(p)));
         Some(format!(
-            "{} earlier cells not kept ([{first}]–[{last}]: {}{peak}; {HISTORY_VAR} keeps {})",
-            self.cells,
+            "{} not kept ([{first}]–[{last}]: {}{peak}; {HISTORY_VAR} keeps {})",
+            gpumem_nb::units::count(self.cells as usize, "earlier cell"),
             statuses.join(", "),
             keep()
         ))

@@ -176,17 +176,15 @@ impl FrameworkPart {
         Some(self.in_use.delta()? + self.padding.delta()?)
     }
 
-    /// The line's words, in the report's now/Δ vocabulary:
-    /// `cubecl in use now 64.00 MiB (Δ +64.00 MiB, cached 12.00 MiB, reserved 76.00 MiB)`.
+    /// The line's words, in the report's vocabulary: `cubecl in use 64.00 MiB (+64.00 MiB,
+    /// cached 12.00 MiB)` (what it reserved is in the details).
     pub fn line(&self) -> String {
         match (&self.error, self.in_use.after) {
             (Some(e), _) => format!("{} n/a ({e})", self.framework),
             (None, Some(after)) => {
-                let mut more: Vec<String> =
-                    self.in_use.delta().map(|d| format!("Δ {}", iec_delta(d))).into_iter().collect();
+                let mut more: Vec<String> = self.in_use.delta().map(iec_delta).into_iter().collect();
                 more.push(format!("cached {}", iec(self.cached.after.unwrap_or(0))));
-                more.push(format!("reserved {}", iec(self.reserved.after.unwrap_or(0))));
-                format!("{} in use now {} ({})", self.framework, iec(after), more.join(", "))
+                format!("{} in use {} ({})", self.framework, iec(after), more.join(", "))
             }
             (None, None) => format!("{} n/a", self.framework),
         }
@@ -313,7 +311,7 @@ mod tests {
         assert_eq!(sliced.cached.after, Some(24 * MIB - 7 * MIB - 512));
         assert_eq!(f.live_delta(), Some(70 * MIB as i64 + 512));
         let line = f.line();
-        assert_eq!(line, "cubecl in use now 71.00 MiB (Δ +70.00 MiB, cached 17.00 MiB, reserved 88.00 MiB)");
+        assert_eq!(line, "cubecl in use 71.00 MiB (+70.00 MiB, cached 17.00 MiB)");
         let mut t = crate::render::Table::new(["", "before", "after", "Δ", "peak in cell", "source"]);
         f.rows(&mut t);
         let text = t.to_text();
@@ -331,7 +329,7 @@ mod tests {
         let after = [reading(vec![pool("sliced", 0, 3 * MIB, 0, 8 * MIB, 1)])];
         let f = &framework_parts(None, Some(&after))[0];
         assert_eq!((f.in_use.before, f.in_use.delta()), (None, None));
-        assert_eq!(f.line(), "cubecl in use now 3.00 MiB (cached 5.00 MiB, reserved 8.00 MiB)");
+        assert_eq!(f.line(), "cubecl in use 3.00 MiB (cached 5.00 MiB)");
         let failed = [FrameworkReading { error: Some("no answer in 2 s".into()), ..reading(vec![]) }];
         let f = &framework_parts(Some(&after), Some(&failed))[0];
         assert_eq!((f.in_use.after, f.reserved.after), (None, None));
@@ -358,7 +356,7 @@ mod tests {
         let g = reserve.growth().unwrap();
         assert_eq!(
             (g.bytes, g.detail.as_deref()),
-            (32 * MIB as i64, Some("cubecl: live tensors 0 B, pool reserve +32.00 MiB"))
+            (32 * MIB as i64, Some("cubecl: live tensors ±0 B, pool reserve +32.00 MiB"))
         );
         let noise = rec(vec![pool("sliced", 0, 0, 0, 8 * MIB, 1)], vec![pool("sliced", 0, 4096, 0, 8 * MIB, 1)]);
         assert_eq!(noise.growth(), None, "a few KiB of a framework's own buffers is no leak");

@@ -7,23 +7,18 @@ use serde_json::Value;
 use std::fmt::Write as _;
 
 impl CellRecord {
-    fn simulated(&self) -> bool {
-        self.allocator.as_ref().is_some_and(|a| a.backend != crate::device::BackendKind::Cuda)
-    }
-
-    /// The compact line (text form; the HTML summary is the same words). With tracking on it
-    /// leads with every allocation of the process on the device, whoever made it. The live line
-    /// while a long cell runs (gpumem-kernel's `live`) shows the same quantities the same way
-    /// ([`quantity`]): each one's value now, its change over the cell (Δ) and its peak in the cell.
+    /// The line a person reads at a glance (text form; the HTML summary is the same words):
+    /// the cell, the device (`sim` or `cuda:N`), the time, the allocator's allocated and reserved
+    /// bytes with their change over the cell (and the cell's peak, where it went above both
+    /// ends), every allocation of the process on the device only where it differs from reserved
+    /// (other libraries allocated too), the CUDA pool and watched frameworks where they hold
+    /// memory, the site holding the most, the device's free memory, then what went wrong. The
+    /// details table has every number with its source, and a legend. The live line while a long
+    /// cell runs (gpumem-kernel's `live`) shows the same quantities the same way
+    /// ([`quantity`]).
     pub fn line(&self) -> String {
-        let mut parts = vec![format!("[{}] {}", self.cell, self.device), format_ms(self.wall_ms)];
-        let all = self.all_allocations.as_ref();
-        if let Some(all) = all.filter(|a| a.is_tracked()) {
-            parts.push(quantity("all allocations", all.after, all.delta(), all.peak, "peak"));
-            if let Some(top) = all.top.first() {
-                parts.push(format!("top {} {}", top.site(), iec(top.bytes)));
-            }
-        }
+        let mut parts = vec![format!("[{}] {}", self.cell, short_device(&self.device)), format_ms(self.wall_ms)];
+        let all = self.all_allocations.as_ref().filter(|a| a.is_tracked());
         match &self.allocator {
             Some(a) => {
                 let peak = if a.peak_is_cell { "peak" } else { "peak since load" };
@@ -32,61 +27,55 @@ impl CellRecord {
             }
             None => parts.push(allocator_absent(self.restarted && self.crate_loaded.before, self.crate_declared)),
         }
+        if let Some(all) = all {
+            let reserved = self.allocator.as_ref().and_then(|a| a.reserved.after);
+            if reserved != all.after {
+                parts.push(quantity("all allocations", all.after, all.delta(), all.peak, "peak"));
+            }
+        }
         if let Some(p) = &self.pool
             && (p.used.after.unwrap_or(0) > 0 || p.used_high.unwrap_or(0) > 0)
         {
             parts.push(quantity("CUDA pool", p.used.after, p.used.delta(), p.used_high, "peak"));
         }
         parts.extend(self.frameworks.iter().map(|f| f.line()));
-        // NVML's number only where NVML answered (the details table says why not, otherwise).
-        if self.nvml.process.after.is_some() {
-            parts.push(format!(
-                "{} (NVML)",
-                quantity("process", self.nvml.process.after, self.nvml.process.delta(), None, "peak")
-            ));
+        if let Some(top) = all.and_then(|a| a.top.first()) {
+            parts.push(format!("top {}", top.site()));
         }
         if !self.children.is_empty() {
             let total: u64 = self.children.iter().map(|c| c.used).sum();
-            let who: Vec<String> = self.children.iter().map(|c| format!("{} {}", c.name, c.pid)).collect();
-            parts.push(format!("child processes {} ({}; {})", iec(total), who.join(", "), self.children[0].source));
+            parts.push(format!("child processes {} ({})", iec(total), self.children.len()));
         }
         if let Some((free, _)) = self.device_free_total() {
-            let sim = if self.simulated() && self.nvml.device_free.is_none() { " (simulated)" } else { "" };
-            parts.push(format!("device free {}{sim}", iec(free)));
+            parts.push(format!("free {}", iec(free)));
         }
-        if let Some(all) = all.filter(|a| a.is_tracked()) {
+        if let Some(all) = all {
             for p in all.devices.iter().filter(|p| p.device != all.device && (p.after > 0 || p.peak > 0)) {
                 let delta = p.before.map(|b| p.after as i64 - b as i64);
                 let place = p.device.map_or("host pinned".to_string(), |d| format!("device {d} all allocations"));
                 parts.push(quantity(&place, Some(p.after), delta, Some(p.peak), "peak"));
             }
         }
-        if let Some(all) = all.filter(|a| !a.is_tracked()) {
-            parts.push(format!("tracking {}", short(&all.tracking, 90)));
+        if let Some(all) = self.all_allocations.as_ref().filter(|a| !a.is_tracked()) {
+            parts.push(format!("tracking {}", all.tracking.split(':').next().unwrap_or("")));
         }
         let mut line = parts.join(" · ");
+        if let Some(o) = &self.oom {
+            let _ = write!(line, " · ✗ out of memory: asked for {}", iec(o.requested));
+            if o.count > 1 {
+                let _ = write!(line, " ({} failures)", o.count);
+            }
+            if let Some(f) = &o.files {
+                let dir = std::path::Path::new(&f.html).parent().unwrap_or(std::path::Path::new(""));
+                let _ = write!(line, " · snapshot then: {}", dir.display());
+            }
+        }
         if self.restarted {
             let why = self.restart_reason.as_deref().unwrap_or("child process replaced");
-            let _ = write!(line, " · ⟳ child restarted ({why}; variables lost)");
+            let _ = write!(line, " · ⟳ restarted ({why}; variables lost)");
         }
         for w in &self.warnings {
             let _ = write!(line, " · ⚠ {w}");
-        }
-        if let Some(o) = &self.oom {
-            let _ = write!(line, " · ⚠ {}", o.why);
-            if o.count > 1 {
-                let _ = write!(line, " ({} failures in the cell)", o.count);
-            }
-            match (&o.files, &o.snapshot_error) {
-                (Some(f), _) => {
-                    let dir = std::path::Path::new(&f.html).parent().unwrap_or(std::path::Path::new(""));
-                    let _ = write!(line, " · snapshot then: {}", dir.display());
-                }
-                (None, Some(e)) => {
-                    let _ = write!(line, " · no snapshot: {e}");
-                }
-                (None, None) => {}
-            }
         }
         line
     }
@@ -218,14 +207,35 @@ impl CellRecord {
         for f in &self.frameworks {
             f.rows(&mut t);
         }
-        t.row([
-            "this process (total)".into(),
-            b(self.nvml.process.before),
-            b(self.nvml.process.after),
-            d(&self.nvml.process),
-            "–".into(),
-            self.sources.process.clone(),
-        ]);
+        if let Some(o) = &self.oom {
+            t.row([
+                "out of memory".into(),
+                "–".into(),
+                iec(o.requested),
+                "–".into(),
+                "–".into(),
+                format!("{} (the allocator, as it failed)", o.why),
+            ]);
+        }
+        if let Some(why) = &self.nvml.unavailable {
+            t.row([
+                "this process (total)".into(),
+                "–".into(),
+                "–".into(),
+                "–".into(),
+                "–".into(),
+                format!("NVML: {why}"),
+            ]);
+        } else {
+            t.row([
+                "this process (total)".into(),
+                b(self.nvml.process.before),
+                b(self.nvml.process.after),
+                d(&self.nvml.process),
+                "–".into(),
+                self.sources.process.clone(),
+            ]);
+        }
         let held = |s: fn(&Span) -> Option<u64>| -> Option<u64> {
             let proc_ = s(&self.nvml.process)?;
             let alloc = self.allocator.as_ref().and_then(|a| s(&a.reserved)).unwrap_or(0);
@@ -233,22 +243,24 @@ impl CellRecord {
             Some(proc_.saturating_sub(alloc + pool))
         };
         let rest = Span { before: held(|s| s.before), after: held(|s| s.after) };
-        t.row([
-            "rest of this process".into(),
-            b(rest.before),
-            b(rest.after),
-            d(&rest),
-            "–".into(),
-            "NVML total − allocator reserved − CUDA pool (context, libraries, other allocations)".into(),
-        ]);
-        t.row([
-            "other processes".into(),
-            "–".into(),
-            b(self.nvml.others_after),
-            "–".into(),
-            "–".into(),
-            "NVML, every other pid on the device".into(),
-        ]);
+        if self.nvml.unavailable.is_none() {
+            t.row([
+                "rest of this process".into(),
+                b(rest.before),
+                b(rest.after),
+                d(&rest),
+                "–".into(),
+                "NVML total − allocator reserved − CUDA pool (context, libraries, other allocations)".into(),
+            ]);
+            t.row([
+                "other processes".into(),
+                "–".into(),
+                b(self.nvml.others_after),
+                "–".into(),
+                "–".into(),
+                "NVML, every other pid on the device".into(),
+            ]);
+        }
         if let Some((free, total)) = self.device_free_total() {
             t.row([
                 "device free / total".into(),
@@ -260,15 +272,14 @@ impl CellRecord {
             ]);
         }
         let mut cap = format!(
-            "cell {} · child pid {} · wall {} · kernel hooks {}",
+            "cell {} · {} · child pid {} · wall {} · kernel hooks {}",
             self.cell,
+            self.device,
             self.child_pid.map_or("?".into(), |p| p.to_string()),
             format_ms(self.wall_ms),
             crate::units::format_duration_us(self.hook_us as i64)
         );
-        if let Some(why) = &self.nvml.unavailable {
-            let _ = write!(cap, " · {why}");
-        }
+        cap.push_str(LEGEND);
         t.caption(cap)
     }
 
@@ -290,6 +301,13 @@ impl CellRecord {
         m
     }
 }
+
+/// What the line's words mean, under every details table.
+pub(crate) const LEGEND: &str = " · allocated: blocks gpumem-nb's allocator handed out; reserved: the segments it holds from \
+     the device (allocated + cached); all allocations: every allocation of the process on the device, whoever made \
+     it (the allocator's segments, the CUDA pool, the driver, libraries), shown on the line when it differs from \
+     reserved; (+x): the change over the cell; peak: the highest in the cell, where above both ends; top: the site \
+     holding the most; free: the device's free memory";
 
 /// A report line (or the live line) as HTML: the same words, in JupyterLab's code font and
 /// secondary text colour (its theme variables, with fallbacks that read on white), numbers kept
@@ -316,23 +334,32 @@ pub fn line_html(line: &str, class: &str, warn: bool, extra: &str, details: Opti
     }
 }
 
-/// One quantity as the report line and the live line show it: `allocated now 64.00 MiB (Δ +0 B,
-/// peak 160.00 MiB)`: the value now (at the end of the cell, for a report), its change since the
-/// cell began, and the highest it was in the cell (`peak` names it, e.g. `peak since load`).
-/// `n/a` when the value is unknown.
+/// One quantity as the report line and the live line show it: `allocated 64.00 MiB (+16.00 MiB)`:
+/// the value now (at the end of the cell, for a report) and its change since the cell began
+/// (`±0 B` for none), with the highest it was in the cell (`peak` names it, e.g. `peak since
+/// load`) only where that went above both ends. `n/a` when the value is unknown.
 pub fn quantity(name: &str, now: Option<u64>, delta: Option<i64>, peak: Option<u64>, peak_name: &str) -> String {
     let Some(now) = now else { return format!("{name} n/a") };
     let mut more = Vec::new();
     if let Some(d) = delta {
-        more.push(format!("Δ {}", iec_delta(d)));
+        more.push(iec_delta(d));
     }
-    if let Some(p) = peak {
+    let before = delta.map_or(now, |d| (now as i64 - d).max(0) as u64);
+    if let Some(p) = peak.filter(|&p| p > now.max(before)) {
         more.push(format!("{peak_name} {}", iec(p)));
     }
-    if more.is_empty() {
-        format!("{name} now {}", iec(now))
+    if more.is_empty() { format!("{name} {}", iec(now)) } else { format!("{name} {} ({})", iec(now), more.join(", ")) }
+}
+
+/// The device as the line names it: `sim` for the simulated device, `cuda:N` for a GPU (the
+/// details table and the record have its full name).
+pub fn short_device(device: &str) -> String {
+    if device.ends_with("(simulated)") {
+        "sim".into()
+    } else if device.starts_with("cuda:") {
+        device.split_whitespace().next().unwrap_or(device).to_string()
     } else {
-        format!("{name} now {} ({})", iec(now), more.join(", "))
+        device.to_string()
     }
 }
 
@@ -347,11 +374,6 @@ pub fn allocator_absent(restarted_after_load: bool, declared: bool) -> String {
     } else {
         "allocator n/a (gpumem-nb not in this notebook: `:dep gpumem-nb`)".into()
     }
-}
-
-/// At most `n` characters of `s`, with "…" when cut.
-fn short(s: &str, n: usize) -> String {
-    if s.chars().count() <= n { s.to_string() } else { format!("{}…", s.chars().take(n).collect::<String>()) }
 }
 
 /// Milliseconds in the crate's one duration format ([`crate::units::format_duration`]):

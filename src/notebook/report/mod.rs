@@ -18,7 +18,7 @@ mod record;
 mod top;
 
 pub use framework::{FRAMEWORK_GROWTH_MIN, FrameworkPart, Growth, PoolKindPart, framework_parts};
-pub use line::{allocator_absent, format_ms, line_html, quantity};
+pub use line::{allocator_absent, format_ms, line_html, quantity, short_device};
 pub use record::{
     AllAllocations, AllocatorPart, CELL_MIME, CellRecord, CrateReading, LiveCost, NvmlPart, PlaceAll, PoolPart,
     Readings, SourceDelta, Sources, Span, TrackedReadings, all_allocations, build_record, device_name,

@@ -3,7 +3,9 @@
 
 use crate::output::ErrorInfo;
 
-pub(super) fn error_info(e: &evcxr::Error, code: &str, interrupted: bool) -> ErrorInfo {
+/// evcxr's error as Jupyter's: `held` is what the child held on its devices when the cell began
+/// (released if the child was stopped).
+pub(super) fn error_info(e: &evcxr::Error, code: &str, interrupted: bool, held: Option<u64>) -> ErrorInfo {
     match e {
         evcxr::Error::CompilationErrors(errors) => {
             let mut tb = Vec::new();
@@ -49,17 +51,22 @@ pub(super) fn error_info(e: &evcxr::Error, code: &str, interrupted: bool) -> Err
         }
         evcxr::Error::SubprocessTerminated(msg) => {
             let ename = if interrupted { "Interrupted" } else { "SubprocessTerminated" };
-            let mut tb: Vec<String> = msg.lines().map(str::to_string).collect();
-            tb.push(if interrupted {
-                "The cell was interrupted: the evcxr child was stopped and started again (variables are lost; \
-                 gpumem's per-cell history is kept)."
-                    .to_string()
+            let released = match held.filter(|&b| b > 0) {
+                Some(b) => format!(", and the {} it held on the device was released", gpumem_nb::units::iec(b)),
+                None => String::new(),
+            };
+            let evalue = if interrupted {
+                format!("the cell was interrupted: its process was stopped and started again{released}")
             } else {
-                "The evcxr child process died and was started again (variables are lost; gpumem's per-cell \
-                 history is kept)."
-                    .to_string()
-            });
-            ErrorInfo { ename: ename.into(), evalue: msg.lines().last().unwrap_or("").to_string(), traceback: tb }
+                format!("the notebook's process ended and was started again{released}")
+            };
+            let mut tb = vec![
+                format!("\x1b[1;31m{ename}\x1b[0m: {evalue}"),
+                "Variables are lost; gpumem's per-cell history is kept.".to_string(),
+            ];
+            // What evcxr said (the signal), last: the detail, not the headline.
+            tb.extend(msg.lines().map(|l| format!("  ({l})")));
+            ErrorInfo { ename: ename.into(), evalue, traceback: tb }
         }
         other => {
             let msg = other.to_string();
@@ -70,6 +77,46 @@ pub(super) fn error_info(e: &evcxr::Error, code: &str, interrupted: bool) -> Err
             }
         }
     }
+}
+
+/// The error a cell's code returned through `?`: `lines` are the last stderr lines before the
+/// child's mark (the error's text is last), `oom` the allocator's out-of-memory failure in the
+/// cell when it had one. An out-of-memory error is `OutOfMemoryError` (PyTorch's
+/// `torch.cuda.OutOfMemoryError`) with its first line as the value; any other is `Error` with
+/// the error's last line.
+pub(super) fn returned_error(lines: &[String], oom: bool) -> ErrorInfo {
+    let oom_line = lines.iter().rev().find(|l| l.starts_with("CUDA out of memory"));
+    let (ename, evalue) = match oom_line {
+        Some(l) => ("OutOfMemoryError", l.clone()),
+        None if oom => ("OutOfMemoryError", last_line(lines)),
+        None => ("Error", last_line(lines)),
+    };
+    let traceback = vec![
+        format!("\x1b[1;31m{ename}\x1b[0m: {evalue}"),
+        "The cell's code returned this error through `?`: it stopped there, and the variables it \
+         defined are not kept."
+            .to_string(),
+    ];
+    ErrorInfo { ename: ename.into(), evalue, traceback }
+}
+
+/// The error a cell's value is (`Err(…)` as the last expression), when it is one.
+pub(super) fn value_error(text_plain: Option<&str>) -> Option<ErrorInfo> {
+    let text = text_plain?.trim();
+    let inner = text.strip_prefix("Err(")?.strip_suffix(')')?;
+    let evalue = inner.lines().next().unwrap_or("").to_string();
+    Some(ErrorInfo {
+        ename: "Error".into(),
+        evalue: evalue.clone(),
+        traceback: vec![
+            format!("\x1b[1;31mError\x1b[0m: {evalue}"),
+            "The cell's value is an `Err`: shown above, and the cell counts as failed.".into(),
+        ],
+    })
+}
+
+fn last_line(lines: &[String]) -> String {
+    lines.iter().rev().find(|l| !l.trim().is_empty()).cloned().unwrap_or_else(|| "the cell returned an error".into())
 }
 
 pub(super) fn first_code_line(code: &str) -> String {
@@ -92,6 +139,27 @@ pub(super) fn source_hash(code: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn returned_errors_and_err_values() {
+        let lines = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let e = returned_error(&lines(&["a note the cell printed", "my own error"]), false);
+        assert_eq!((e.ename.as_str(), e.evalue.as_str()), ("Error", "my own error"));
+        let oom =
+            "CUDA out of memory. Tried to allocate 1024.00 GiB. GPU 0 (simulated) has a total capacity of 80.00 GiB";
+        let e = returned_error(&lines(&[oom, "  with more"]), false);
+        assert_eq!((e.ename.as_str(), e.evalue.as_str()), ("OutOfMemoryError", oom));
+        let e = returned_error(&lines(&["out of memory, said otherwise"]), true);
+        assert_eq!(e.ename, "OutOfMemoryError");
+        assert_eq!(returned_error(&[], false).evalue, "the cell returned an error");
+        let e = value_error(Some("Err(\"bad input\")")).unwrap();
+        assert_eq!((e.ename.as_str(), e.evalue.as_str()), ("Error", "\"bad input\""));
+        assert!(
+            value_error(Some("Ok(3)")).is_none()
+                && value_error(Some("Errand")).is_none()
+                && value_error(None).is_none()
+        );
+    }
 
     #[test]
     fn code_helpers() {

@@ -13,6 +13,14 @@ use gpumem_nb::units::iec;
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
 
+/// `%gpumem explain`'s parts for programs, beside its table. A vendor type: JupyterLab renders
+/// the richest MIME type it knows, and `application/json` would show as a collapsed tree instead
+/// of the table (classic Notebook and VS Code rank it the same way).
+pub(super) const EXPLAIN_MIME: &str = "application/vnd.gpumem.explain+json";
+
+/// `%gpumem fit`'s plan for programs, beside its table (see [`EXPLAIN_MIME`]).
+pub(super) const FIT_MIME: &str = "application/vnd.gpumem.fit+json";
+
 /// `%gpumem record` as the session wants it (re-sent to every new child).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(super) struct RecordSetting {
@@ -102,7 +110,13 @@ impl Engine {
                 let n = self.history.cells.len();
                 self.history.cells.clear();
                 self.history.dropped = Default::default();
-                self.stream("stdout", format!("gpumem: forgot {n} cells of history (the allocator is untouched)"));
+                self.stream(
+                    "stdout",
+                    format!(
+                        "gpumem: forgot {} of history (the allocator is untouched)",
+                        gpumem_nb::units::count(n, "cell")
+                    ),
+                );
             }
             Magic::Record { on, max_entries, stacks } => {
                 self.record = RecordSetting { on: *on, max_entries: *max_entries, stacks: *stacks };
@@ -155,8 +169,7 @@ impl Engine {
                 }
             }
             Magic::Help => {
-                let h = magic::help_text();
-                self.display_text_html(&h, format!("<pre style=\"font-size:12px\">{}</pre>", escape(&h)));
+                self.display_text_html(&magic::help_text(), magic::help_html());
             }
             _ => {}
         }
@@ -226,7 +239,11 @@ impl Engine {
                 match std::fs::write(path, body) {
                     Ok(()) => self.stream(
                         "stdout",
-                        format!("gpumem: wrote {} cells to {}", self.history.cells.len(), path.display()),
+                        format!(
+                            "gpumem: wrote {} to {}",
+                            gpumem_nb::units::count(self.history.cells.len(), "cell"),
+                            path.display()
+                        ),
                     ),
                     Err(e) => self.magic_error(&format!("export: cannot write {}: {e}", path.display())),
                 }
@@ -264,7 +281,7 @@ impl Engine {
         m.insert("text/plain".into(), Value::String(b.text));
         m.insert("text/html".into(), Value::String(b.html.unwrap_or_default()));
         let data = serde_json::json!({"device": view.device, "parts": view.parts, "pool_held": view.pool_held()});
-        m.insert("application/json".into(), data);
+        m.insert(EXPLAIN_MIME.into(), data);
         self.display(m);
     }
 
@@ -292,7 +309,7 @@ impl Engine {
                 let mut m = Map::new();
                 m.insert("text/plain".into(), Value::String(b.text));
                 m.insert("text/html".into(), Value::String(b.html.unwrap_or_default()));
-                m.insert("application/json".into(), plan.to_json());
+                m.insert(FIT_MIME.into(), plan.to_json());
                 self.display(m);
             }
             Err(e) => self.magic_error(&format!("fit: {e}")),

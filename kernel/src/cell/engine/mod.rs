@@ -31,7 +31,7 @@ use crate::cell::stderr_sync::{SYNC_VAR, StderrSync};
 use crate::cell::toolchain;
 use crate::output::{ErrorInfo, Output, Progress, Sink};
 use crate::session::control::{CONTROL_VAR, ControlServer};
-use crate::session::report::{CellRecord, History};
+use crate::session::report::{CellRecord, CrateReading, History};
 use errors::{error_info, first_code_line, source_hash};
 use magics::RecordSetting;
 use pump::StreamPump;
@@ -275,7 +275,7 @@ impl Engine {
     }
 
     fn magic_error(&self, what: &str) {
-        self.stream("stderr", format!("%gpumem: {what}\n{}", magic::usage()));
+        self.stream("stderr", format!("%gpumem: {what}\n"));
     }
 
     /// Runs one cell: magics, hooks, evcxr, report.
@@ -283,8 +283,21 @@ impl Engine {
         self.count += 1;
         let count = self.count;
         self.sink.emit(Output::ExecuteInput { code: code.to_string(), count });
+        // What the kernel had to say at its start: a short message in the report's style (not
+        // stderr, which a notebook shows as an alarm).
         if let Some(notice) = self.notice.take() {
-            self.stream("stderr", notice);
+            let html = notice
+                .lines()
+                .map(|l| {
+                    format!(
+                        "<div class=\"gpumem-notice\" style=\"font-family:var(--jp-code-font-family,monospace);\
+                         font-size:var(--jp-code-font-size,12px);color:{}\">ⓘ {}</div>",
+                        gpumem_nb::render::TEXT2,
+                        gpumem_nb::render::escape(l)
+                    )
+                })
+                .collect();
+            self.display_text_html(&notice, html);
         }
         let (magics, run_code) = magic::parse(code);
         // What the history shows of the cell: its code as written (not the `:dep` evcxr gets).
@@ -367,6 +380,9 @@ impl Engine {
         allow_stdin: bool,
         cell_magic: Option<&(bool, Option<PathBuf>)>,
     ) -> Ran {
+        // The cell's time is what its user waits for: from here to its report (the hooks, the
+        // build, the code).
+        let started = Instant::now();
         // ---- pre hooks
         self.hooks.poll(self.child_pid());
         self.hooks.note_code(count, run_code);
@@ -446,7 +462,6 @@ impl Engine {
         } else {
             Ok(evcxr::EvalOutputs::new())
         };
-        let wall = t0.elapsed();
         let live = sampler.map(live::Sampler::stop);
         if let Some(t) = ticker {
             t.stop();
@@ -463,7 +478,15 @@ impl Engine {
         // ---- outputs: result or error
         let interrupted = self.interrupted.swap(false, Ordering::SeqCst);
         let panicked = self.pump.panics().pop();
-        let locate = |_line: u32| -> Option<(u64, u32)> { None };
+        // A panic's places in evcxr's generated code, as cell lines: the generated `lib.rs` is
+        // still the panicking cell's (read only when there is a panic).
+        let lines = panicked.as_ref().and_then(|_| {
+            let lib = std::env::var_os("EVCXR_TMPDIR").map(|d| PathBuf::from(d).join("src").join("lib.rs"))?;
+            let text = std::fs::read_to_string(lib).ok()?;
+            let codes: Vec<(u64, &str)> = self.hooks.codes().iter().map(|(c, s)| (*c, s.as_str())).collect();
+            Some(gpumem_nb::kernel::cells::LineMap::build(&text, &codes))
+        });
+        let locate = |line: u32| -> Option<(u64, u32)> { lines.as_ref()?.lookup(line) };
         let mut error = None;
         let mut terminated: Option<String> = None;
         match result {
@@ -473,15 +496,39 @@ impl Engine {
                     let info = panic::error_info(p, count, &locate);
                     self.sink.emit(Output::Error(info.clone()));
                     error = Some(info);
-                } else if !data.is_empty() && !is_unit(&data) {
-                    self.sink.emit(Output::ExecuteResult { count, data });
+                } else {
+                    // An `Err` the code returned through `?`, or an `Err` as the cell's value.
+                    let returned = self.pump.returned_error().map(|lines| {
+                        let ooms = |r: &Option<Vec<CrateReading>>| {
+                            r.as_ref().map_or(0, |r| r.iter().map(|d| d.num_ooms).sum::<u64>())
+                        };
+                        let oom = after.oom.is_some() || ooms(&after.crate_readings) > ooms(&before.crate_readings);
+                        errors::returned_error(&lines, oom)
+                    });
+                    let value = errors::value_error(data.get("text/plain").and_then(Value::as_str));
+                    if !data.is_empty() && !is_unit(&data) {
+                        self.sink.emit(Output::ExecuteResult { count, data });
+                    }
+                    if let Some(info) = returned.or(value) {
+                        self.sink.emit(Output::Error(info.clone()));
+                        error = Some(info);
+                    }
                 }
             }
             Err(e) => {
                 if let evcxr::Error::SubprocessTerminated(msg) = &e {
                     terminated = Some(msg.lines().last().unwrap_or("").to_string());
                 }
-                let mut info = error_info(&e, run_code, interrupted);
+                // What the stopped process held on its devices (NVML's process memory, else
+                // every tracked allocation, else the allocator's reserved bytes), at the
+                // cell's start: released with it.
+                let held = before
+                    .pid
+                    .map(|p| before.nvml.devices.iter().filter_map(|d| d.process_used(p)).sum::<u64>())
+                    .filter(|&b| b > 0)
+                    .or_else(|| before.tracked.as_ref().map(|t| t.places.iter().map(|p| p.live).sum::<u64>()))
+                    .or_else(|| before.crate_readings.as_ref().map(|r| r.iter().map(|d| d.reserved).sum::<u64>()));
+                let mut info = error_info(&e, run_code, interrupted, held);
                 // A panic that ended the child (it was not caught): its text first.
                 if let Some(p) = &panicked {
                     let mut tb = panic::error_info(p, count, &locate).traceback;
@@ -495,6 +542,8 @@ impl Engine {
         let mut rec = hooks::record(count, &before, &after);
         rec.status = if panicked.is_some() {
             "panicked".into()
+        } else if error.as_ref().is_some_and(|e| e.ename == "OutOfMemoryError") {
+            "oom".into()
         } else if error.is_some() {
             "error".into()
         } else {
@@ -502,7 +551,7 @@ impl Engine {
         };
         rec.first_line = shown.to_string();
         rec.source_hash = source_hash(run_code);
-        rec.wall_ms = wall.as_secs_f64() * 1000.0;
+        rec.wall_ms = started.elapsed().as_secs_f64() * 1000.0;
         rec.crate_declared = self.own_declared;
         rec.live = live.as_ref().filter(|l| l.id.is_some()).map(|l| l.cost.clone());
         if rec.restarted {

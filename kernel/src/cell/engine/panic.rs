@@ -62,12 +62,28 @@ pub(super) struct Capture {
     blank: bool,
     /// Blocks taken so far.
     pub panics: Vec<PanicText>,
+    /// The last ordinary stderr lines (at most [`RECENT`]): an error the cell's code returned is
+    /// printed there just before the child marks it.
+    recent: std::collections::VecDeque<String>,
+    /// The stderr lines before the child's mark that the cell's code returned `Err`
+    /// (`crate::cell::user_error`), when it did.
+    pub returned_error: Option<Vec<String>>,
 }
+
+/// How many of the last stderr lines a [`Capture`] keeps for an error the cell returned.
+const RECENT: usize = 16;
 
 impl Capture {
     /// A capture for a cell running on thread `tid` (the child's pid).
     pub(super) fn new(tid: Option<u32>) -> Capture {
-        Capture { tid, state: State::Outside, blank: false, panics: Vec::new() }
+        Capture {
+            tid,
+            state: State::Outside,
+            blank: false,
+            panics: Vec::new(),
+            recent: std::collections::VecDeque::new(),
+            returned_error: None,
+        }
     }
 
     /// Feeds one stderr line; returns the lines to pass on as ordinary stderr (none while in a
@@ -113,8 +129,18 @@ impl Capture {
             self.blank = true;
         } else {
             out.push(line.to_string());
+            if self.recent.len() == RECENT {
+                self.recent.pop_front();
+            }
+            self.recent.push_back(line.to_string());
         }
         out
+    }
+
+    /// The child's mark that the cell's code returned `Err`: the lines before it are the
+    /// error's text.
+    pub(super) fn returned_err(&mut self) {
+        self.returned_error = Some(self.recent.drain(..).collect());
     }
 
     /// The end of the cell: a blank line still held back.
@@ -282,8 +308,9 @@ pub(super) fn error_info(p: &PanicText, cell: u64, locate: Locate<'_>) -> ErrorI
             owners.iter().rposition(|o| *o == Owner::Cell).or_else(|| owners.iter().rposition(|o| *o == Owner::Dep));
         let shown: Vec<(usize, &Frame)> = match (first, last) {
             (Some(a), Some(b)) if a <= b => (a..=b)
-                // `__rust_try` without a place of the cell's is std's `catch_unwind` glue.
-                .filter(|&i| owners[i] != Owner::Internal && !(all[i].name == "__rust_try" && owners[i] == Owner::Std))
+                // std's frames between the notebook's (closure shims, `?`'s conversions,
+                // `catch_unwind` glue) are folded as much as evcxr's and the kernel's.
+                .filter(|&i| owners[i] != Owner::Internal && owners[i] != Owner::Std)
                 .map(|i| (i, &all[i]))
                 .collect(),
             _ => Vec::new(),
@@ -421,6 +448,36 @@ note: Some details are omitted, run with `RUST_BACKTRACE=full` for a verbose bac
             e.traceback[2..],
             ["stack backtrace (innermost first; 5 frames of std, evcxr and gpumem-kernel hidden):", "   0: cell [2]"]
         );
+    }
+
+    #[test]
+    fn std_frames_between_the_notebooks_are_folded() {
+        // A cell that also uses `?`: its body runs inside a closure, called through std's shims.
+        let rustc = "/rustc/59807616e1fa2540724bfbac14d7976d7e4a3860/library";
+        let p = PanicText {
+            location: "src/lib.rs:30:5".into(),
+            message: vec!["boom".into()],
+            backtrace: [
+                "   0: __rustc::rust_begin_unwind".to_string(),
+                "   1: ctx::helper".into(),
+                "             at src/lib.rs:30:5".into(),
+                "   2: ctx::run_user_code_4::{{closure}}".into(),
+                "             at src/lib.rs:52:9".into(),
+                "   3: core::ops::function::FnOnce::call_once".into(),
+                format!("             at {rustc}/core/src/ops/function.rs:250:5"),
+                "   4: std::panicking::try::do_call".into(),
+                format!("             at {rustc}/std/src/panicking.rs:589:40"),
+                "   5: run_user_code_4".into(),
+                "             at src/lib.rs:50:5".into(),
+                "   6: load_and_run".into(),
+            ]
+            .to_vec(),
+        };
+        let e = error_info(&p, 4, &|l| l.checked_sub(20).map(|x| (4, x)));
+        let tb = e.traceback.join("\n");
+        assert!(!tb.contains("/rustc/") && !tb.contains("core::ops"), "{tb}");
+        assert!(e.traceback[0].ends_with("at cell [4] line 10:"), "{tb}");
+        assert!(!tb.contains("closure"), "a closure of the cell is the cell: {tb}");
     }
 
     #[test]

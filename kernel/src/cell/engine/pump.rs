@@ -58,6 +58,12 @@ impl Forward {
         if name == "stderr" && l.starts_with(MARK) {
             return marker == Some(l.as_str());
         }
+        if name == "stderr" && l == crate::cell::user_error::MARK {
+            if let Ok(mut c) = self.capture.lock() {
+                c.returned_err();
+            }
+            return false;
+        }
         let passed = if name == "stderr" {
             match self.capture.lock() {
                 Ok(mut c) => c.line(&l),
@@ -163,6 +169,12 @@ impl StreamPump {
     /// stderr.
     pub(super) fn panics(&self) -> Vec<PanicText> {
         self.capture.lock().map(|c| c.panics.clone()).unwrap_or_default()
+    }
+
+    /// The text of the error the cell's code returned (`?`), when it returned one: the stderr
+    /// lines before the child's mark.
+    pub(super) fn returned_error(&self) -> Option<Vec<String>> {
+        self.capture.lock().ok().and_then(|c| c.returned_error.clone())
     }
 
     /// Waits until every line received so far has been emitted, and stderr up to `marker` (the

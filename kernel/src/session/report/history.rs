@@ -1,7 +1,7 @@
 //! The session's history: warnings that need earlier cells, the table, the peaks chart, CSV
 //! and JSON export.
 
-use super::{CellRecord, format_ms};
+use super::{CellRecord, format_ms, short_device};
 use gpumem_nb::render::chart::{Series, peak_bars};
 use gpumem_nb::render::{MimeBundle, Table};
 use gpumem_nb::units::{iec, iec_delta};
@@ -20,8 +20,13 @@ pub struct History {
 impl History {
     /// Fills in the record's warnings (budget, headroom, re-run leak).
     pub fn warn(&self, rec: &mut CellRecord) {
+        // The cell's own doing: a peak over the budget that the cell raised above what it
+        // started with (memory already held before the cell warned in the cell that made it).
+        let held_before = rec.allocator.as_ref().and_then(|a| a.allocated.before).unwrap_or(0)
+            + rec.pool.as_ref().and_then(|p| p.used.before).unwrap_or(0);
         if let (Some(budget), Some(peak)) = (self.budget, rec.peak_total())
             && peak > budget
+            && peak > held_before
         {
             rec.warnings.push(format!("over budget: peak {} > {}", iec(peak), iec(budget)));
         } else if let (Some(budget), None, Some(p)) = (self.budget, rec.peak_total(), rec.nvml.process.after)
@@ -60,10 +65,11 @@ impl History {
         let opt = |v: Option<u64>| v.map_or("–".into(), iec);
         let optd = |v: Option<i64>| v.map_or("–".into(), iec_delta);
         type Col<'a> = (&'a str, bool, Box<dyn Fn(&CellRecord) -> String + 'a>);
+        // The numbers and notes first, the code last (cut, whole on hover): at 900 px the
+        // numbers stay in view.
         let mut cols: Vec<Col<'_>> = vec![
             ("cell", false, Box::new(|c: &CellRecord| format!("[{}]", c.cell))),
-            ("code", false, Box::new(|c: &CellRecord| c.first_line.clone())),
-            ("device", false, Box::new(|c: &CellRecord| c.device.clone())),
+            ("device", false, Box::new(|c: &CellRecord| short_device(&c.device))),
         ];
         if tracked {
             cols.push((
@@ -99,6 +105,23 @@ impl History {
             cols.push(("Δ process", true, Box::new(move |c: &CellRecord| optd(c.nvml.process.delta()))));
         }
         cols.push(("wall", true, Box::new(|c: &CellRecord| format_ms(c.wall_ms))));
+        cols.push((
+            "notes",
+            false,
+            Box::new(|c: &CellRecord| {
+                let mut notes: Vec<String> = Vec::new();
+                match c.status.as_str() {
+                    "ok" => {}
+                    "oom" => notes.push("OOM".into()),
+                    other => notes.push(other.to_string()),
+                }
+                if c.restarted {
+                    notes.push("child restarted".into());
+                }
+                notes.extend(c.warnings.iter().cloned());
+                notes.join("; ")
+            }),
+        ));
         if tracked {
             cols.push((
                 "top site",
@@ -111,28 +134,14 @@ impl History {
                 }),
             ));
         }
-        cols.push((
-            "notes",
-            false,
-            Box::new(|c: &CellRecord| {
-                let mut notes: Vec<String> = Vec::new();
-                if c.status != "ok" {
-                    notes.push(c.status.clone());
-                }
-                if c.restarted {
-                    notes.push("child restarted".into());
-                }
-                notes.extend(c.warnings.iter().cloned());
-                notes.join("; ")
-            }),
-        ));
+        cols.push(("code", false, Box::new(|c: &CellRecord| c.first_line.clone())));
         let right: Vec<usize> = cols.iter().enumerate().filter(|(_, c)| c.1).map(|(i, _)| i).collect();
-        let mut t = Table::new(cols.iter().map(|c| c.0)).right_align(right);
+        let mut t = Table::new(cols.iter().map(|c| c.0)).right_align(right).cut_column(cols.len() - 1, 32);
         for c in &self.cells {
             t.row(cols.iter().map(|col| (col.2)(c)));
         }
         // Each source named only where it answered for some cell.
-        let mut caption = vec![format!("{} cells this session", self.cells.len())];
+        let mut caption = vec![format!("{} this session", gpumem_nb::units::count(self.cells.len(), "cell"))];
         caption.extend(self.dropped.line());
         if let Some(tracking) = self
             .cells

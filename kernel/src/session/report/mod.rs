@@ -17,7 +17,7 @@ mod history;
 pub use gpumem_nb::kernel::report::{
     AllAllocations, AllocatorPart, CELL_MIME, CellRecord, CrateReading, LiveCost, NvmlPart, PlaceAll, PoolPart,
     Readings, SourceDelta, Sources, Span, TrackedReadings, all_allocations, allocator_absent, build_record,
-    device_name, format_ms, framework_parts, line_html, quantity,
+    device_name, format_ms, framework_parts, line_html, quantity, short_device,
 };
 pub use history::History;
 
@@ -61,18 +61,51 @@ mod tests {
             },
         );
         let line = rec.line();
-        assert!(line.starts_with("[3] sim:0 (simulated)"), "{line}");
-        assert!(line.contains("allocated now 512.00 MiB (Δ +512.00 MiB, peak 1.00 GiB)"), "{line}");
-        assert!(line.contains("reserved now 512.00 MiB (Δ +512.00 MiB, peak 512.00 MiB)"), "{line}");
-        assert!(!line.contains("process"), "NVML did not answer: no process number, no NVML named: {line}");
-        assert!(line.contains("device free 80.00 GiB (simulated)"), "{line}");
+        assert_eq!(
+            line,
+            "[3] sim · 0 µs · allocated 512.00 MiB (+512.00 MiB, peak 1.00 GiB) · reserved 512.00 MiB (+512.00 MiB) \
+             · free 80.00 GiB"
+        );
+        assert!(line.chars().count() <= 120, "{line}");
         assert!(!rec.restarted);
         let d = rec.display();
         assert!(d["text/html"].as_str().unwrap().contains("<details>"));
         assert_eq!(d[CELL_MIME]["allocator"]["allocated"]["after"], 512 << 20);
         assert_eq!(d[CELL_MIME]["cell"], 3);
         let text = rec.details().to_text();
-        assert!(text.contains("allocator: allocated") && text.contains("other processes"), "{text}");
+        assert!(text.contains("allocator: allocated") && text.contains("allocated: blocks"), "{text}");
+        // Without NVML it is said once, and the rows that would need it are left out.
+        assert_eq!(text.matches("NVML is unavailable").count(), 1, "{text}");
+        assert!(!text.contains("other processes") && !text.contains("rest of this process"), "{text}");
+    }
+
+    #[test]
+    fn the_budget_warns_in_the_cell_that_raised_the_peak_only() {
+        let none = NvmlSnapshot::default();
+        let mk = |before: u64, after: u64, peak: u64| {
+            let (b, a) = ([reading(before, before, before)], [reading(after, after, peak)]);
+            build_record(
+                5,
+                &Readings {
+                    crate_before: Some(&b),
+                    crate_after: Some(&a),
+                    tracked_before: None,
+                    tracked_after: None,
+                    slot_opened: true,
+                    nvml_before: &none,
+                    nvml_after: &none,
+                    pid_before: Some(1),
+                    pid_after: Some(1),
+                },
+            )
+        };
+        let h = History { budget: Some(1 << 30), ..Default::default() };
+        let mut grew = mk(512 << 20, 2 << 30, 2 << 30);
+        h.warn(&mut grew);
+        assert_eq!(grew.warnings, vec!["over budget: peak 2.00 GiB > 1.00 GiB".to_string()]);
+        let mut idle = mk(2 << 30, 2 << 30, 2 << 30);
+        h.warn(&mut idle);
+        assert!(idle.warnings.is_empty(), "2 GiB held since an earlier cell: this one allocated nothing");
     }
 
     #[test]
@@ -109,8 +142,9 @@ mod tests {
         let h = History { budget: Some(1 << 30), ..Default::default() };
         h.warn(&mut rec);
         let line = rec.line();
-        assert!(line.contains("NVIDIA H100"), "{line}");
-        assert!(line.contains("child restarted"), "{line}");
+        assert!(line.starts_with("[4] NVIDIA H100"), "{line}");
+        assert!(rec.details().to_text().contains("NVIDIA H100"));
+        assert!(line.contains("⟳ restarted"), "{line}");
         assert!(line.contains("over budget: process 2.00 GiB > 1.00 GiB"), "{line}");
         assert!(line.contains("low headroom"), "{line}");
     }
@@ -203,11 +237,7 @@ mod tests {
         let mut first = mk(1, (0, 64 * mib), (0, 96 * mib));
         h.warn(&mut first);
         assert!(first.warnings.is_empty(), "a first run is no re-run: {:?}", first.warnings);
-        assert!(
-            first.line().contains("cubecl in use now 0 B (Δ 0 B, cached 96.00 MiB, reserved 96.00 MiB)"),
-            "{}",
-            first.line()
-        );
+        assert!(first.line().contains("cubecl in use 0 B (±0 B, cached 96.00 MiB)"), "{}", first.line());
         h.cells.push(first);
         let mut kept = mk(2, (0, 96 * mib), (32 * mib, 96 * mib));
         h.warn(&mut kept);
@@ -221,7 +251,7 @@ mod tests {
         h.warn(&mut grew);
         assert_eq!(
             grew.warnings,
-            ["re-run leak: same code as [2], this run left +64.00 MiB more (cubecl: live tensors 0 B, pool reserve \
+            ["re-run leak: same code as [2], this run left +64.00 MiB more (cubecl: live tensors ±0 B, pool reserve \
               +64.00 MiB)"]
         );
         let mut steady = mk(4, (32 * mib, 160 * mib), (32 * mib, 160 * mib));
