@@ -43,6 +43,16 @@ fn a_foreign_library_allocates(mib: u64) -> gpumem_nb::mem::DriverBuffer {
     gpumem_nb::mem::driver_alloc_mib(mib).unwrap()
 }
 
+#[inline(never)]
+fn a_big_buffer(alloc: &std::sync::Arc<gpumem_nb::Allocator>) -> DeviceBuffer<u8> {
+    DeviceBuffer::<u8>::zeros(alloc, 64 << 20, StreamId::DEFAULT).unwrap()
+}
+
+#[inline(never)]
+fn a_small_buffer(alloc: &std::sync::Arc<gpumem_nb::Allocator>) -> DeviceBuffer<u8> {
+    DeviceBuffer::<u8>::zeros(alloc, 4 << 20, StreamId::DEFAULT).unwrap()
+}
+
 #[test]
 fn every_allocation_of_the_process_is_counted_per_cell() {
     // SAFETY: this test binary has a single test, and nothing reads the environment before
@@ -166,6 +176,28 @@ fn every_allocation_of_the_process_is_counted_per_cell() {
 
     drop(buf);
     drop(keep);
+    alloc.empty_cache().unwrap();
+
+    // Sites name the code holding memory: a buffer of the allocator by its own stack and cell,
+    // not by the code that made the segment it sits in; a dropped buffer is not live; the
+    // allocator's cached free bytes are a row of their own.
+    let (_, _) = cell(&mut ch, 5, || drop(a_big_buffer(&alloc)));
+    let mut small = None;
+    let (_, after) = cell(&mut ch, 6, || small = Some(a_small_buffer(&alloc)));
+    assert_eq!(alloc.memory_reserved(), 64 * MIB, "the 4 MiB buffer sits in the cached 64 MiB segment");
+    let held = after.top.iter().find(|t| t.function.as_deref() != Some(gpumem_nb::kernel::protocol::CACHED_FREE));
+    let held = held.expect("a site holding memory");
+    assert_eq!(held.bytes, 4 * MIB, "{:?}", after.top);
+    assert!(held.site().contains("a_small_buffer"), "{held:?}");
+    assert!(held.segment.as_deref().is_some_and(|s| s.contains("a_big_buffer")), "made its segment: {held:?}");
+    let top = tracking::top(5);
+    let now = &top.places.iter().find(|p| p.device == Some(0)).unwrap().now;
+    assert!(!now.iter().any(|s| s.site().contains("a_big_buffer")), "the dropped buffer holds nothing: {now:?}");
+    let cached = now.iter().find(|s| s.function.as_deref() == Some(gpumem_nb::kernel::protocol::CACHED_FREE));
+    assert_eq!(cached.map(|c| c.bytes), Some(60 * MIB), "{now:?}");
+    let table = top.table().to_text();
+    assert!(table.contains("in a segment made at") && table.contains("cached by the allocator, free"), "{table}");
+    drop(small);
     alloc.empty_cache().unwrap();
     let r = ask(&mut ch, Op::Read);
     assert_eq!(dev0(&r).live, 0, "everything returned");

@@ -237,9 +237,19 @@ impl Session {
             Op::Live => Ok(self.readings(id, Full { owners: false, explain: false, frameworks: false })),
             Op::Record(RecordRequest { enabled, max_entries, stacks }) => {
                 let max_entries = max_entries.map_or(usize::MAX, |m| m.min(usize::MAX as u64) as usize);
-                let context = if *stacks { StackContext::All } else { StackContext::None };
+                // Live blocks keep their stacks whatever is recorded (see `block_stacks`).
+                let blocks = tracking::block_stacks();
+                let context = match (stacks, blocks) {
+                    (true, _) => StackContext::All,
+                    (false, Some(b)) => b.context,
+                    (false, None) => StackContext::None,
+                };
+                let options = match (*enabled, blocks) {
+                    (crate::record::history::RecordMode::Off, Some(b)) => b,
+                    _ => HistoryOptions { enabled: *enabled, context, max_entries },
+                };
                 for a in super::registry::opened() {
-                    a.record_memory_history_with(HistoryOptions { enabled: *enabled, context, max_entries });
+                    a.record_memory_history_with(options);
                 }
                 tracking::set_recording((*enabled != crate::record::history::RecordMode::Off).then_some(max_entries));
                 Ok(Reply::ok(id))

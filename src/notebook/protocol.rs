@@ -269,6 +269,10 @@ pub struct SourceReading {
     pub peak: u64,
 }
 
+/// How the allocator's cached free memory is named among the sites (its `function`): memory no
+/// code holds, kept for reuse.
+pub const CACHED_FREE: &str = "cached by the allocator, free";
+
 /// Live bytes of one site: the allocations made at one place.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct OwnerBytes {
@@ -292,6 +296,10 @@ pub struct OwnerBytes {
     /// `cell`/`line` point), as `[cell, line]`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub called_from: Option<(u64, u32)>,
+    /// For blocks of gpumem-nb's allocator: the site that made the segment they are in, where
+    /// it is another (a later buffer reusing a cached segment).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub segment: Option<String>,
 }
 
 impl OwnerBytes {

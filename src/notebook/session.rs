@@ -3,7 +3,9 @@
 //! process from then on:
 //!
 //! 1. tracking of every device allocation (CUPTI on a GPU, the simulated driver otherwise),
-//!    subscribed before the device is opened so that the backend's sink reports to it;
+//!    subscribed before the device is opened so that the backend's sink reports to it; and, with
+//!    its stacks, the stack of every live block of the allocator (so that sites name the code
+//!    holding memory);
 //! 2. the control channel to gpumem-kernel, when the kernel asked for it (`GPUMEM_NB_CONTROL`);
 //! 3. the stock evcxr kernel's per-cell hooks, when the process is an evcxr child without
 //!    gpumem-kernel.
@@ -25,6 +27,10 @@ use std::sync::Arc;
 pub fn device(index: usize) -> Result<Arc<Allocator>> {
     let (alloc, opened) = registry::open(index, start_tracking)?;
     if opened {
+        if let Some(options) = tracking::block_stacks() {
+            alloc.set_stack_depth(tracking::BLOCK_STACK_DEPTH);
+            alloc.record_memory_history_with(options);
+        }
         control::start_if_requested();
         stock::start_if_evcxr();
     }

@@ -12,7 +12,7 @@
 //! opened the device, which reaches the same state (Note [Sinks are data, not statics]).
 #![forbid(unsafe_code)]
 
-use super::protocol::{OwnerBytes, PlaceReading, SourceReading};
+use super::protocol::{CACHED_FREE, OwnerBytes, PlaceReading, SourceReading};
 use crate::device::DriverEvent;
 use crate::record::frames::{self, Frames};
 use crate::snapshot::{BlockSnap, Segment, Snapshot, TraceSnap};
@@ -289,6 +289,23 @@ pub fn stack_depth() -> usize {
     state().stack_depth.load(Ordering::Relaxed)
 }
 
+/// What gpumem-nb's allocator records of its own in a notebook when nothing else is asked: the
+/// stack of every live block (PyTorch's `_record_memory_history(enabled="state",
+/// context="state")`), so that sites name the code holding memory, not the code that made a
+/// segment; `None` when tracking takes no stacks (`GPUMEM_NB_TRACK=nostacks`, `off`).
+pub(crate) fn block_stacks() -> Option<crate::record::history::HistoryOptions> {
+    use crate::record::history::{HistoryOptions, RecordMode, StackContext};
+    (status().is_on() && stack_depth() > 0).then_some(HistoryOptions {
+        enabled: RecordMode::State,
+        context: StackContext::State,
+        max_entries: 1,
+    })
+}
+
+/// Frames each live block's stack walks (see [`block_stacks`]): deep enough to pass the
+/// allocator's, the buffer's and evcxr's frames to the notebook's.
+pub(crate) const BLOCK_STACK_DEPTH: usize = 16;
+
 /// Labels tracked allocations from now on ("cell 3"); `None` clears it.
 pub(crate) fn set_label(label: Option<&str>) {
     lock(&state().tracker).set_label(label);
@@ -338,18 +355,21 @@ fn place_reading(place: Place, t: &PlaceTotals, top: Vec<OwnerBytes>) -> PlaceRe
 /// top sites of what is live when `owners` (which symbolises their stacks).
 pub(crate) fn readings(slot: Option<TrackSlot>, owners: bool) -> Vec<PlaceReading> {
     let t = state();
+    // The allocator's blocks, read before the tracker's lock is taken (the allocator reports to
+    // the tracker under its own lock: never the other way round).
+    let blocks = if owners { allocator_blocks() } else { Vec::new() };
     let (totals, live) = {
         let tr = lock(&t.tracker);
         let totals = match slot.and_then(|s| tr.slot(s)) {
             Some(s) => s,
             None => tr.totals().clone(),
         };
-        let live = if owners { live_by_stack(&tr) } else { HashMap::new() };
+        let live = if owners { live_now(&tr, blocks) } else { LiveNow::default() };
         let peak = if owners { peak_by_stack(&tr) } else { HashMap::new() };
         (totals, (live, peak))
     };
     let (live, peak) = live;
-    let tops = top_sites(&live, TOP);
+    let tops = live_sites(&live, TOP);
     // What held the session's peak is named now too (cached per stack), while the cell's
     // library and its `lib.rs` are the ones its code was built from: `%gpumem top` asked later,
     // after other cells rewrote `lib.rs`, still gives those sites their lines.
@@ -367,9 +387,81 @@ const TOP: usize = 5;
 /// Live bytes by place, stack and cell (the label's number): what sites are named from.
 type ByStack = HashMap<(Place, Option<Frames>, u64), u64>;
 
-/// The live allocations summed by place, stack and cell (under the tracker's lock: no symbols).
-fn live_by_stack(tr: &Tracker) -> ByStack {
-    by_stack(tr, tr.stack_books().live())
+/// One device's allocator, as its blocks show it: every segment with its blocks, and the label
+/// texts by id (blocks carry ids).
+type AllocatorBlocks = (Place, Vec<crate::policy::SegmentView>, Vec<String>);
+
+/// Every opened allocator's segments and labels (each under its own lock).
+fn allocator_blocks() -> Vec<AllocatorBlocks> {
+    super::registry::opened()
+        .iter()
+        .map(|a| {
+            let (segments, labels) = a.with_state(|s, _| (s.segments(), s.labels()));
+            (Some(a.device()), segments, labels)
+        })
+        .collect()
+}
+
+/// What is live now, for naming sites: every tracked allocation but the allocator's segments,
+/// which show as their blocks instead (each allocated block under its own stack and cell; the
+/// free ones the allocator keeps cached, one amount per device), so that a site is the code
+/// holding the memory, not the code that happened to make a segment.
+#[derive(Default)]
+struct LiveNow {
+    by_stack: ByStack,
+    /// For the allocator's block groups: the stack that made the segment they are in.
+    segment: HashMap<(Place, Option<Frames>, u64), Option<Frames>>,
+    /// Per device: the allocator's cached free bytes.
+    cached: HashMap<Place, u64>,
+}
+
+/// See [`LiveNow`] (under the tracker's lock: no symbols).
+fn live_now(tr: &Tracker, blocks: Vec<AllocatorBlocks>) -> LiveNow {
+    let mut out = LiveNow::default();
+    let shown_by_block: Vec<Place> = blocks.iter().map(|b| b.0).collect();
+    let mut cells: HashMap<u32, u64> = HashMap::new();
+    for a in tr.live() {
+        if a.source == Source::Allocator && shown_by_block.contains(&a.device) {
+            continue;
+        }
+        let cell = *cells.entry(a.label).or_insert_with(|| label_cell(tr.label_name(a.label)));
+        *out.by_stack.entry((a.device, a.frames.clone(), cell)).or_default() += a.size;
+    }
+    for (place, segments, labels) in blocks {
+        for seg in segments {
+            let made_by = tr.live_at(seg.address).and_then(|t| t.frames.clone());
+            for b in seg.blocks {
+                if b.allocated {
+                    let cell = labels.get(b.tag as usize).map_or(0, |l| label_cell(l));
+                    let key = (place, b.frames.clone(), cell);
+                    *out.by_stack.entry(key.clone()).or_default() += b.size;
+                    out.segment.entry(key).or_insert_with(|| made_by.clone());
+                } else {
+                    *out.cached.entry(place).or_default() += b.size;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The `n` largest sites per place of what is live now, with the allocator's cached free
+/// memory as a row of its own.
+fn live_sites(live: &LiveNow, n: usize) -> HashMap<Place, Vec<OwnerBytes>> {
+    let mut out = top_sites_in(&live.by_stack, &live.segment, usize::MAX);
+    for (place, &cached) in live.cached.iter().filter(|(_, c)| **c > 0) {
+        out.entry(*place).or_default().push(OwnerBytes {
+            owner: "gpumem-nb allocator".into(),
+            bytes: cached,
+            function: Some(CACHED_FREE.into()),
+            ..Default::default()
+        });
+    }
+    for rows in out.values_mut() {
+        rows.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.owner.cmp(&b.owner)).then(a.line.cmp(&b.line)));
+        rows.truncate(n);
+    }
+    out
 }
 
 /// What was live at each place's peak, summed the same way.
@@ -393,11 +485,12 @@ fn by_stack(tr: &Tracker, groups: impl Iterator<Item = (Place, crate::track::sta
 pub fn top(n: usize) -> crate::notebook::protocol::TopReport {
     let t = state();
     let status = status();
+    let blocks = allocator_blocks();
     let (live, peak, totals) = {
         let tr = lock(&t.tracker);
-        (live_by_stack(&tr), peak_by_stack(&tr), tr.totals().clone())
+        (live_now(&tr, blocks), peak_by_stack(&tr), tr.totals().clone())
     };
-    let (mut now, mut at_peak) = (top_sites(&live, n), top_sites(&peak, n));
+    let (mut now, mut at_peak) = (live_sites(&live, n), top_sites(&peak, n));
     let places = totals
         .iter()
         .filter(|(_, t)| t.total.peak > 0)
@@ -420,19 +513,45 @@ fn label_cell(label: &str) -> u64 {
 /// The `n` largest sites per place (symbolising outside the tracker's lock, each distinct stack
 /// once).
 fn top_sites(live: &ByStack, n: usize) -> HashMap<Place, Vec<OwnerBytes>> {
+    top_sites_in(live, &HashMap::new(), n)
+}
+
+/// [`top_sites`], with for some groups (the allocator's blocks) the stack that made the segment
+/// they are in: named beside a site where it is another.
+fn top_sites_in(
+    live: &ByStack,
+    segment: &HashMap<(Place, Option<Frames>, u64), Option<Frames>>,
+    n: usize,
+) -> HashMap<Place, Vec<OwnerBytes>> {
     let mut owners = owners_for_report(state());
     let owners = owners.get();
-    let mut sums: HashMap<Place, HashMap<Site, u64>> = HashMap::new();
-    for ((place, frames, cell), size) in live {
+    let mut sums: HashMap<Place, HashMap<Site, (u64, Option<String>)>> = HashMap::new();
+    for (key, size) in live {
+        let (place, frames, cell) = key;
         let site = match frames {
             Some(f) => owners.site(f, *cell),
+            None if *cell > 0 => {
+                Site { owner: "notebook cell (no stack)".into(), cell: Some(*cell), ..Site::default() }
+            }
             None => Site::unknown("unknown (no stack)"),
         };
-        *sums.entry(*place).or_default().entry(site).or_default() += size;
+        let made = segment.get(key).cloned().flatten().map(|f| owner_bytes(owners.site(&f, 0), 0).site());
+        let e = sums.entry(*place).or_default().entry(site).or_default();
+        e.0 += size;
+        if e.1.is_none() {
+            e.1 = made;
+        }
     }
     sums.into_iter()
         .map(|(place, m)| {
-            let mut v: Vec<OwnerBytes> = m.into_iter().map(|(site, bytes)| owner_bytes(site, bytes)).collect();
+            let mut v: Vec<OwnerBytes> = m
+                .into_iter()
+                .map(|(site, (bytes, made))| {
+                    let mut o = owner_bytes(site, bytes);
+                    o.segment = made.filter(|s| *s != o.site());
+                    o
+                })
+                .collect();
             v.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.owner.cmp(&b.owner)).then(a.line.cmp(&b.line)));
             v.truncate(n);
             (place, v)
@@ -448,6 +567,7 @@ fn owner_bytes(site: Site, bytes: u64) -> OwnerBytes {
         cell: site.cell,
         line: site.line,
         called_from: site.called_from,
+        segment: None,
     }
 }
 

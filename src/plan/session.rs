@@ -79,7 +79,8 @@ pub struct FitPlan {
 /// PyTorch's): its first device with events. A trace that began after the first allocation is
 /// taken with what it shows of the earlier ones ([`TraceStart::Prologue`]).
 pub fn fit_snapshot(snap: &Snapshot, device_bytes: u64) -> Result<FitPlan, Error> {
-    if snap.device_traces.iter().all(Vec::is_empty) {
+    // A notebook's allocator keeps its last event only, unless recording was asked for.
+    if snap.device_traces.iter().all(|t| t.len() <= 1) {
         return Err(Error::Plan(
             "nothing recorded to plan from: `%gpumem record on` (or the allocator's record_memory_history) from the \
              first cell, then fit"

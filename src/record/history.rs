@@ -152,8 +152,12 @@ impl Default for History {
 }
 
 impl History {
-    /// Sets what is recorded. `Off` clears the ring; `State` keeps one entry.
+    /// Sets what is recorded. `Off` clears the ring; `State` keeps one entry, which leaving
+    /// `State` forgets too (it tracked the live blocks' state, not a history to continue).
     pub fn set_mode(&mut self, mode: RecordMode, max_entries: usize) {
+        if self.mode == RecordMode::State && mode != RecordMode::State {
+            self.entries.clear();
+        }
         self.mode = mode;
         self.max_entries = match mode {
             RecordMode::State => 1,

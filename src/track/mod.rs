@@ -217,6 +217,11 @@ impl Tracker {
         self.label = self.labels.intern(label);
     }
 
+    /// The live allocation at `addr` (a segment of the allocator: its driver allocation).
+    pub(crate) fn live_at(&self, addr: u64) -> Option<&TrackedAlloc> {
+        self.live.get(&addr)
+    }
+
     /// The text of a label id ("" for none).
     pub(crate) fn label_name(&self, id: u32) -> &str {
         self.labels.name(id)

@@ -126,6 +126,7 @@ impl StackBooks {
     }
 
     /// Live bytes per key on each place.
+    #[cfg(test)]
     pub(crate) fn live(&self) -> impl Iterator<Item = (Place, Key, u64)> + '_ {
         self.places.iter().flat_map(|(p, b)| b.live.iter().map(|(k, v)| (*p, *k, *v)))
     }

@@ -39,7 +39,11 @@ impl CellRecord {
             parts.push(quantity("CUDA pool", p.used.after, p.used.delta(), p.used_high, "peak"));
         }
         parts.extend(self.frameworks.iter().map(|f| f.line()));
-        if let Some(top) = all.and_then(|a| a.top.first()) {
+        // The code holding the most (the allocator's cached free memory is no one's).
+        let held = |t: &&crate::notebook::protocol::OwnerBytes| {
+            t.function.as_deref() != Some(crate::notebook::protocol::CACHED_FREE)
+        };
+        if let Some(top) = all.and_then(|a| a.top.iter().find(held)) {
             parts.push(format!("top {}", top.site()));
         }
         if !self.children.is_empty() {

@@ -8,7 +8,14 @@ impl TopReport {
     /// One table: for every place, the sites holding the most memory now, then those that held
     /// the most at the session's peak.
     pub fn table(&self) -> Table {
-        let mut t = Table::new(["", "site (function ← cell:line)", "owner", "bytes", "share"]).right_align([3, 4]);
+        // A buffer of gpumem-nb's allocator is named by its own site; the segment it sits in
+        // (made by an earlier, maybe dropped, buffer) only in a column of its own.
+        let segments = self.places.iter().flat_map(|p| p.now.iter().chain(&p.at_peak)).any(|s| s.segment.is_some());
+        let mut head = vec!["", "site (function ← cell:line)", "owner", "bytes", "share"];
+        if segments {
+            head.push("in a segment made at");
+        }
+        let mut t = Table::new(head).right_align([3, 4]);
         for p in &self.places {
             let place = p.device.map_or("host pinned".to_string(), |d| format!("device {d}"));
             let mut part = |what: String, total: u64, sites: &[OwnerBytes]| {
@@ -19,7 +26,11 @@ impl TopReport {
                         format!("{:.0} %", 100.0 * s.bytes as f64 / total as f64)
                     };
                     let head = if i == 0 { what.clone() } else { String::new() };
-                    t.row([head, s.site(), s.owner.clone(), iec(s.bytes), share]);
+                    let mut row = vec![head, s.site(), s.owner.clone(), iec(s.bytes), share];
+                    if segments {
+                        row.push(s.segment.clone().unwrap_or_default());
+                    }
+                    t.row(row);
                 }
             };
             part(format!("{place}: live now ({})", iec(p.live)), p.live, &p.now);
