@@ -6,7 +6,7 @@
 //! helpers never re-lock. Stacks for history are captured before the lock is taken.
 #![forbid(unsafe_code)]
 
-use crate::device::{Backend, BackendKind, DeviceError, PoolUsage, StreamId};
+use crate::device::{Backend, BackendKind, DeviceError, LostContext, PoolUsage, StreamId};
 use crate::policy::config::AllocatorConfig;
 use crate::policy::{AllocError, Allocation, BlockId, BlockView, DeviceState, InvariantViolation, SegmentView};
 use crate::record::history::{HistoryOptions, RecordMode, StackContext, TraceEntry};
@@ -43,6 +43,11 @@ pub struct CachingAllocator<B: Backend> {
     /// Told of every out-of-memory failure (data of this allocator, so every copy of the crate
     /// in an evcxr process reaches the same one).
     oom_observer: Mutex<Option<OomObserver>>,
+    /// The device's lost context, once any call reported one: from then on the allocator
+    /// touches the device no more (no frees into a dead context, no panics from drops).
+    lost: Mutex<Option<LostContext>>,
+    /// Whether `lost` is set (read without the lock on every operation).
+    is_lost: AtomicBool,
 }
 
 impl<B: Backend> std::fmt::Debug for CachingAllocator<B> {
@@ -63,6 +68,8 @@ impl<B: Backend> CachingAllocator<B> {
             stacks: AtomicBool::new(false),
             stack_depth: AtomicUsize::new(crate::record::frames::DEFAULT_DEPTH),
             oom_observer: Mutex::new(None),
+            lost: Mutex::new(None),
+            is_lost: AtomicBool::new(false),
         }
     }
 
@@ -122,12 +129,16 @@ impl<B: Backend> CachingAllocator<B> {
     /// The CUDA stream-ordered pool of this device (cudarc's `CudaSlice` and candle allocate
     /// there): used and reserved bytes with their high-water marks. `None` without one.
     pub fn pool_usage(&self) -> Option<PoolUsage> {
+        if self.lost().is_some() {
+            return None;
+        }
         self.with_state(|_, b| b.pool_usage())
     }
 
     /// A new stream on this device (a CUDA stream, or a simulated one).
     pub fn new_stream(&self) -> Result<StreamId, DeviceError> {
-        self.with_state(|_, b| b.new_stream())
+        self.alive()?;
+        self.note(self.with_state(|_, b| b.new_stream()))
     }
 
     /// The caller's stack when stacks are being recorded, captured before the lock is taken.
@@ -169,9 +180,61 @@ impl<B: Backend> CachingAllocator<B> {
         })
     }
 
+    /// The device's lost CUDA context, once a call on it reported one (a kernel's illegal address,
+    /// a device-side assert, …): every later operation of this allocator then fails with
+    /// [`DeviceError::ContextLost`] without touching the device, and frees are dropped.
+    pub fn lost(&self) -> Option<LostContext> {
+        if self.is_lost.load(Ordering::Acquire) { crate::sync::lock(&self.lost).clone() } else { None }
+    }
+
+    /// Notes what a device call returned: a lost context is kept (the first one wins).
+    pub(crate) fn note<T>(&self, r: Result<T, DeviceError>) -> Result<T, DeviceError> {
+        if let Err(DeviceError::ContextLost(l)) = &r {
+            let mut lost = crate::sync::lock(&self.lost);
+            if lost.is_none() {
+                *lost = Some(l.clone());
+                self.is_lost.store(true, Ordering::Release);
+            }
+        }
+        r
+    }
+
+    /// `Err` once the context is lost.
+    fn alive(&self) -> Result<(), DeviceError> {
+        match self.lost() {
+            Some(l) => Err(DeviceError::ContextLost(l)),
+            None => Ok(()),
+        }
+    }
+
+    /// `torch.cuda.synchronize()`: waits until everything queued on the device so far has run.
+    /// A kernel's fault launched earlier is reported here (CUDA reports faults asynchronously),
+    /// and the context is noted as lost.
+    pub fn synchronize(&self) -> Result<(), DeviceError> {
+        self.alive()?;
+        // The wait runs outside the allocator's lock where the backend allows it: a long
+        // kernel then holds up no other call of the allocator.
+        let r = match self.with_state(|_, b| b.synchronizer()) {
+            Some(wait) => wait(),
+            None => self.with_state(|_, b| b.synchronize()),
+        };
+        self.note(r)
+    }
+
+    /// A point where the device reports what the work queued before it did (`call` names the
+    /// copy it stands for): on the simulated device, where an injected fault fires.
+    pub(crate) fn fault_point(&self, call: &'static str) -> Result<(), DeviceError> {
+        self.alive()?;
+        self.note(self.with_state(|_, b| b.fault_point(call)))
+    }
+
     /// Allocates `size` bytes on `stream` (the raw API; [`crate::DeviceBuffer`] is the safe one).
     pub fn malloc(&self, size: u64, stream: StreamId) -> Result<Allocation, AllocError> {
+        self.alive()?;
         let r = self.with_context(|s, b| s.malloc(b, size, stream));
+        if let Err(AllocError::Device(e)) = &r {
+            let _ = self.note(Err::<(), _>(e.clone()));
+        }
         if let Err(AllocError::OutOfMemory(report)) = &r {
             let observer = crate::sync::lock(&self.oom_observer).clone();
             if let Some(observe) = observer {
@@ -190,7 +253,8 @@ impl<B: Backend> CachingAllocator<B> {
 
     /// Frees a block from [`CachingAllocator::malloc`]. Freeing a block twice is an error value.
     pub fn free(&self, block: BlockId) -> Result<(), DeviceError> {
-        self.with_context(|s, b| s.free(b, block))
+        self.alive()?;
+        self.note(self.with_context(|s, b| s.free(b, block)))
     }
 
     /// `record_stream`: the block is used on `stream` too; its reuse waits for that stream.
@@ -200,7 +264,8 @@ impl<B: Backend> CachingAllocator<B> {
 
     /// `torch.cuda.empty_cache()`.
     pub fn empty_cache(&self) -> Result<(), DeviceError> {
-        self.with_context(|s, b| s.empty_cache(b))
+        self.alive()?;
+        self.note(self.with_context(|s, b| s.empty_cache(b)))
     }
 
     /// A copy of the statistics.
@@ -245,7 +310,8 @@ impl<B: Backend> CachingAllocator<B> {
 
     /// `torch.cuda.mem_get_info()`: `(free, total)` bytes of the whole device.
     pub fn mem_get_info(&self) -> Result<(u64, u64), DeviceError> {
-        self.with_state(|_, b| b.mem_get_info())
+        self.alive()?;
+        self.note(self.with_state(|_, b| b.mem_get_info()))
     }
 
     /// `torch.cuda.memory_summary()`, PyTorch's text.

@@ -155,9 +155,14 @@ impl<T: Element> DeviceBuffer<T> {
     pub fn zeros(alloc: &Arc<Allocator>, len: usize, stream: StreamId) -> Result<Self> {
         #[allow(unused_mut)]
         let mut buf = Self::alloc(alloc, len, stream)?;
-        if !buf.simulated() {
+        if buf.simulated() {
+            alloc.fault_point("cuMemsetD8Async")?;
+        } else {
             #[cfg(feature = "cuda")]
-            buf.cuda_mut()?.write_zeros()?;
+            {
+                let r = buf.cuda_mut()?.write_zeros();
+                alloc.note(r)?;
+            }
         }
         Ok(buf)
     }
@@ -180,24 +185,29 @@ impl<T: Element> DeviceBuffer<T> {
             )));
         }
         if self.simulated() {
+            self.alloc.fault_point("cuMemcpyHtoDAsync_v2")?;
             self.sim = (!src.is_empty()).then(|| src.to_vec());
             return Ok(());
         }
         #[cfg(feature = "cuda")]
-        self.cuda_mut()?.write_from_host(src)?;
+        {
+            let r = self.cuda_mut()?.write_from_host(src);
+            self.alloc.note(r)?;
+        }
         Ok(())
     }
 
     /// Copies the contents to a new `Vec` (waits for the buffer's stream).
     pub fn to_host(&self) -> Result<Vec<T>> {
         if self.simulated() {
+            self.alloc.fault_point("cuMemcpyDtoHAsync_v2")?;
             return Ok(match &self.sim {
                 Some(v) => v.clone(),
                 None => vec![T::ZERO; self.len],
             });
         }
         #[cfg(feature = "cuda")]
-        return Ok(self.cuda()?.read_to_host()?);
+        return Ok(self.alloc.note(self.cuda()?.read_to_host())?);
         #[cfg(not(feature = "cuda"))]
         Err(Error::Unsupported(format!(
             "to_host on the {} device needs the `cuda` feature",

@@ -16,10 +16,9 @@ use cubecl_runtime_010::memory_management::{
 };
 use cubecl_runtime_010::server::IoError;
 use cubecl_runtime_010::storage::{ComputeStorage, StorageHandle, StorageId, StorageUtilization};
-use gpumem_nb::device::nvml::NvmlSnapshot;
 use gpumem_nb::frameworks::cubecl010;
 use gpumem_nb::kernel::protocol::{Op, Reply};
-use gpumem_nb::kernel::report::{CellRecord, Readings, TrackedReadings, build_record, framework_parts};
+use gpumem_nb::kernel::report::CellRecord;
 use gpumem_nb::mem::DriverBuffer;
 use gpumem_nb::units::{MIB, iec_delta};
 use gpumem_nb::{Allocator, tracking};
@@ -82,7 +81,6 @@ type Memory = Arc<Mutex<MemoryManagement<SimStorage>>>;
 /// One cell's readings, built into its record as the kernels build it.
 struct Cells {
     ch: Channel,
-    none: NvmlSnapshot,
 }
 
 impl Cells {
@@ -94,29 +92,8 @@ impl Cells {
 
     /// Runs `work` as cell `n` with the source `code`; its record.
     fn run(&mut self, n: u64, code: &str, work: &mut dyn FnMut()) -> CellRecord {
-        let mut pre = self.ask(Op::Pre { cell: n });
-        let fw_before = pre.frameworks.take();
-        let (dev_before, tracked_before) = TrackedReadings::of_reply(pre);
-        work();
-        let mut post = self.ask(Op::Post { cell: n });
+        let (mut rec, _) = self.ch.cell(n, work);
         tracking::check().unwrap();
-        let fw_after = post.frameworks.take();
-        let (dev_after, tracked_after) = TrackedReadings::of_reply(post);
-        let mut rec = build_record(
-            n,
-            &Readings {
-                crate_before: Some(&dev_before),
-                crate_after: Some(&dev_after),
-                tracked_before: tracked_before.as_ref(),
-                tracked_after: tracked_after.as_ref(),
-                slot_opened: true,
-                nvml_before: &self.none,
-                nvml_after: &self.none,
-                pid_before: Some(1),
-                pid_after: Some(1),
-            },
-        );
-        rec.frameworks = framework_parts(fw_before.as_deref(), fw_after.as_deref());
         rec.source_hash = code.into();
         rec
     }
@@ -149,7 +126,7 @@ fn cubecls_books_sit_beside_its_pages_cell_by_cell() {
     )));
     let m = Arc::clone(&mem);
     cubecl010::watch_usage("sim stream 0", move || Ok(m.lock().unwrap().memory_usage())).unwrap();
-    let mut cells = Cells { ch: Channel::new(), none: NvmlSnapshot::default() };
+    let mut cells = Cells { ch: Channel::new() };
     // The storage's pages: (bytes cubecl asked for, bytes the driver gave).
     let pages = |mem: &Memory| {
         let mut g = mem.lock().unwrap();

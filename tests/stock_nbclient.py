@@ -8,7 +8,9 @@ Runs a notebook that loads the crate with `:dep`, and checks every cell: from th
 first use of the crate, a report line as the last stdout line, with exact numbers (a 64 MiB
 allocation is +64.00 MiB; a temporary shows in the peak only), the record beside a value or an
 HTML table without changing them, a panic reported, `set_reports(false)`, and after the child
-crashes and after `:restart`, the hooks back by themselves from the next use on. The cells' own
+crashes and after `:restart`, the hooks back by themselves from the next use on; what a
+framework's own thread allocates after the cell's code returned counted in that cell; a kernel's
+fault (injected on the simulated device) named on the line and on stderr, once. The cells' own
 outputs are compared whole, with the report line taken out.
 """
 
@@ -23,7 +25,7 @@ from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_notebook
 
 CELL_MIME = "application/vnd.gpumem.cell+json"
-REPORT = re.compile(r"^\[(\d+)\] sim:0 \(simulated\) · ")
+REPORT = re.compile(r"^\[(\d+)\] sim · ")
 TABLE = "<table><tr><th>n</th></tr><tr><td>1</td></tr></table>"
 
 
@@ -32,10 +34,11 @@ def fail(msg):
     sys.exit(1)
 
 
-def cell(code, stdout=(), report=None, result=None, error=False):
+def cell(code, stdout=(), report=None, result=None, error=False, stderr=()):
     """One cell: its own stdout lines, its report's required parts (None: no report), its own
-    execute_result data, whether it ends in an error (None: either)."""
-    return {"code": code, "stdout": list(stdout), "report": report, "result": result, "error": error}
+    execute_result data, whether it ends in an error (None: either), what its stderr must say."""
+    return {"code": code, "stdout": list(stdout), "report": report, "result": result, "error": error,
+            "stderr": list(stderr)}
 
 
 def plan(repo):
@@ -80,6 +83,22 @@ def plan(repo):
         cell("1", result=None, error=None),
         cell("let alloc = gpumem_nb::current().unwrap();\nlet third = " + alloc.format(4) + ";"),
         cell(f"let fourth = {alloc.format(4)};", report=["allocated 8.00 MiB (+4.00 MiB)"]),
+        # A framework's device thread (the simulated one, batched as cubecl's): what the cell
+        # queued runs after its code returned, and lands in that cell (the reading settles the
+        # queue first); 20 MiB reserved + 36 MiB from the driver.
+        cell("let q = gpumem_nb::frameworks::SimQueue::start(\"model\", 32).unwrap();\nq.watch().unwrap();",
+             report=[]),
+        cell("q.alloc_later(20);\nq.alloc_later(16);\nassert_eq!(q.held(), 0);",
+             report=["all allocations 56.00 MiB (+36.00 MiB)"]),
+        # A kernel's fault (injected: the simulated device's next copy faults): the report says
+        # the context is lost instead of numbers, stderr says why once and leaves the restart
+        # to the user (the stock kernel has no restart of its own).
+        cell("alloc.with_backend(|b| b.as_sim_mut().map(|s| s.inject_fault(gpumem_nb::device::Fault::IllegalAddress)));\n"
+             "let back = fourth.to_host();",
+             report=["✗ CUDA context lost (illegal address)"],
+             stderr=["CUDA_ERROR_ILLEGAL_ADDRESS: the CUDA context of this notebook's process is lost (illegal "
+                     "address), first reported by cuMemcpyDtoHAsync_v2 in cell", "CUDA_LAUNCH_BLOCKING=1",
+                     "Restart the kernel to go on"]),
     ]
 
 
@@ -115,6 +134,10 @@ def main():
                 if f" · {part} · " not in reports[0] + " · ":
                     fail(f"{where}: {part!r} not in {reports[0]!r}")
             runs.append(int(REPORT.match(reports[0]).group(1)))
+        stderr = "".join(o.text for o in outs if o.output_type == "stream" and o.name == "stderr")
+        for part in want["stderr"]:
+            if part not in stderr:
+                fail(f"{where}: {part!r} not on stderr: {stderr!r}")
         errors = [o for o in outs if o.output_type == "error"]
         if want["error"] is not None and bool(errors) != want["error"]:
             fail(f"{where}: errors {[(e.ename, e.evalue) for e in errors]}")

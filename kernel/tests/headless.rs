@@ -445,7 +445,12 @@ fn diffs_and_out_of_memory_snapshots() {
         serde_json::from_str(&std::fs::read_to_string(dir.join("oom/cell-7/snapshot.json")).unwrap()).unwrap();
     assert!(snap.to_string().contains("\"oom\""), "the failure is in the snapshot's history");
     let line = outputs(&out, 6).iter().find_map(|o| o["data"]["text/plain"].as_str().filter(|t| t.starts_with("[7]")));
-    assert!(line.is_some_and(|l| l.contains("⚠ out of memory") && l.contains("snapshot then:")), "{line:?}");
+    assert!(
+        line.is_some_and(|l| l.contains("✗ out of memory: asked for 9.00 GiB") && l.contains("snapshot then:")),
+        "{line:?}"
+    );
+    // kernel/README.md ("Out of memory") shows this line.
+    eprintln!("out-of-memory line: {}", line.unwrap_or_default());
     let summary =
         outputs(&out, 6).iter().find_map(|o| o["data"]["text/html"].as_str().filter(|h| h.contains("gpumem-report")));
     assert!(summary.is_some_and(|h| h.contains("href=\"oom/cell-7/trace_plot.html\"")), "{summary:?}");
@@ -543,4 +548,53 @@ fn the_tour_explains_reserved_memory_and_plans_a_fit() {
     assert!(text.contains(&format!("{temp_label}: ")) && text.contains("no ("), "{text}");
     assert!(!text.contains("yes"), "no policy fits 512 MiB: {text}");
     assert!(text.contains("Not modelled: the CUDA context"), "{text}");
+}
+
+/// README's "Reading the numbers" shows a cell's code and its line: the line is what that code's
+/// cell shows (all but its wall time).
+#[test]
+fn the_readme_line_is_what_its_cell_shows() {
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
+    let section = &readme[readme.find("## Reading the numbers").expect("the section")..];
+    let block = |fence: &str| -> String {
+        let start = section.find(fence).unwrap_or_else(|| panic!("no {fence} block")) + fence.len();
+        section[start..][..section[start..].find("\n```").unwrap()].trim().to_string()
+    };
+    let (code, shown) = (block("```rust\n"), block("```text\n"));
+    let nb = notebook(&[(":dep gpumem-nb", &[]), (&code, &[])]);
+    let (status, out, stderr) = run("readme-line", &nb, &[]);
+    assert_eq!(status, 0, "{stderr}");
+    let line = outputs(&out, 1)
+        .iter()
+        .find_map(|o| o["data"]["text/plain"].as_str().filter(|t| t.starts_with("[2] ")))
+        .unwrap_or_else(|| panic!("no line: {:?}", outputs(&out, 1)))
+        .to_string();
+    fn but_time(l: &str) -> Vec<&str> {
+        l.split(" · ").enumerate().filter(|(i, _)| *i != 1).map(|(_, p)| p).collect()
+    }
+    assert_eq!(but_time(&shown), but_time(&line), "README shows:\n{shown}\nthe cell shows:\n{line}");
+}
+
+/// `%gpumem record on` in the cell whose code first uses the device (the crate connects in the
+/// middle of that cell): that cell's allocations are recorded, and `fit` plans from them.
+/// So is `--on-oom` there: its out of memory is caught.
+#[test]
+fn settings_of_the_first_cell_apply_to_its_own_code() {
+    let nb = notebook(&[
+        (":dep gpumem-nb", &[]),
+        (
+            "%gpumem record on\n%gpumem snapshot --on-oom oom\nlet alloc = gpumem_nb::current()?;\nlet k = gpumem_nb::DeviceBuffer::<u8>::zeros(&alloc, 32 << 20, gpumem_nb::StreamId::DEFAULT)?;\nlet big = gpumem_nb::DeviceBuffer::<u8>::zeros(&alloc, 1 << 40, gpumem_nb::StreamId::DEFAULT);\nbig.is_err()",
+            &[],
+        ),
+        ("%gpumem fit 1GiB", &[]),
+    ]);
+    let (code, out, stderr) = run("first-cell-settings", &nb, &[]);
+    assert_eq!(code, 0, "{stderr}");
+    let rec = records(&out, 1)[0];
+    assert!(rec["oom"]["requested"] == json!(1u64 << 40), "the OOM watch was armed: {rec}");
+    let fit = outputs(&out, 2);
+    assert!(
+        fit.iter().any(|o| o["data"].get("application/vnd.gpumem.fit+json").is_some()),
+        "fit planned from the first cell's recording: {fit:?}"
+    );
 }

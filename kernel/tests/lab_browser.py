@@ -20,6 +20,13 @@ user meets:
   output area itself does not overflow), the chart fits the output area.
 - Light, dark and high-contrast themes: the report line's text against its background has a
   contrast ratio of at least 4.5, and the chart's background follows the theme.
+- A second notebook, opened while the first one's kernel runs: its kernel starts warm (its first
+  cell reports within twice the first notebook's first cell), and what it says at its start is
+  a display message, not stderr. Run All there: `%gpumem explain` and `%gpumem fit` render as
+  HTML tables (no JSON tree), `%gpumem help` as a table, the report line takes at most two lines
+  at 1400 px, and an out-of-memory cell stops Run All (an error, `OutOfMemoryError`, the line
+  flags it); run from the next cell on, a cell whose code returns `Err` stops it too.
+- The tour notebook in JupyterLab, light and dark, at 1400 and 900 px: screenshots.
 
 Screenshots of each stage go to OUT_DIR. Every wait has a time limit; nothing leaves the machine.
 """
@@ -56,6 +63,21 @@ CELLS = [
     "%gpumem nonsense",
 ]
 LONG, HISTORY, PLOT, PANIC, AFTER, BAD = 2, 3, 4, 5, 6, 7
+
+# The second notebook.
+CELLS2 = [
+    ":dep gpumem-nb",
+    "%gpumem record on\n"
+    "let alloc = gpumem_nb::current()?;\n"
+    "let k = gpumem_nb::DeviceBuffer::<u8>::zeros(&alloc, 32 << 20, gpumem_nb::StreamId::DEFAULT)?;",
+    "%gpumem explain",
+    "%gpumem fit 1GiB",
+    "%gpumem help",
+    "let huge = gpumem_nb::DeviceBuffer::<u8>::zeros(&alloc, 1 << 40, gpumem_nb::StreamId::DEFAULT)?;",
+    'let r: Result<(), String> = Err("my own error".into());\nr?;',
+    "2 + 2",
+]
+EXPLAIN, FIT, HELP, OOM, ERR, LAST = 2, 3, 4, 5, 6, 7
 TIMEOUT_RUN_ALL = float(os.environ.get("GPUMEM_LAB_RUN_ALL_TIMEOUT", "900"))
 
 
@@ -89,7 +111,8 @@ def free_port():
     return port
 
 
-def notebook():
+def notebook(cells=None):
+    cells = CELLS if cells is None else cells
     return {
         "nbformat": 4,
         "nbformat_minor": 5,
@@ -99,7 +122,7 @@ def notebook():
         },
         "cells": [
             {"cell_type": "code", "id": f"c{i}", "metadata": {}, "source": c, "outputs": [], "execution_count": None}
-            for i, c in enumerate(CELLS)
+            for i, c in enumerate(cells)
         ],
     }
 
@@ -109,6 +132,22 @@ JS = r"""
 window.gpumemTest = {
   panel() { return window.jupyterapp.shell.currentWidget; },
   cells() { return this.panel().content.widgets; },
+  // How the outputs of cell i render: tables, JSON trees, the report line's number of lines.
+  rendered(i) {
+    const area = this.cells()[i].node.querySelector('.jp-OutputArea');
+    if (!area) return null;
+    const summary = area.querySelector('.gpumem-report summary');
+    let lines = 0;
+    if (summary) {
+      const r = document.createRange();
+      r.selectNodeContents(summary);
+      lines = new Set([...r.getClientRects()].filter(x => x.width > 0).map(x => Math.round(x.top))).size;
+    }
+    return {tables: area.querySelectorAll('table').length, json: area.querySelectorAll('.jp-RenderedJSON').length,
+            notices: area.querySelectorAll('.gpumem-notice').length,
+            stderr: area.querySelectorAll('[data-mime-type="application/vnd.jupyter.stderr"]').length,
+            help: area.querySelectorAll('.gpumem-help table').length, lines};
+  },
   kernelStatus() {
     const p = this.panel();
     const k = p && p.sessionContext && p.sessionContext.session && p.sessionContext.session.kernel;
@@ -427,6 +466,103 @@ def main():
             dark = theme != "JupyterLab Light"
             bg = js("return gpumemTest.lum(gpumemTest.parse(arguments[0]))", ch["bg"])
             check((bg < 0.2) if dark else (bg > 0.8), f"{theme}: the chart's background follows the theme", ch)
+        # ---- A second notebook while the first one's kernel runs.
+        first_ms = next(o["data"][CELL_MIME]["wall_ms"] for o in st[0]["model"] if CELL_MIME in o.get("data", {}))
+        json.dump(notebook(CELLS2), open(os.path.join(work, "notebooks", "second.ipynb"), "w"), indent=1)
+        js("window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Light'})")
+        js("window.jupyterapp.commands.execute('application:toggle-right-area')")
+        driver.set_window_size(1400, 1000)
+        js("window.jupyterapp.commands.execute('docmanager:open', {path: 'second.ipynb'})")
+        wait("the second notebook", lambda: js(
+            "const w = window.jupyterapp.shell.currentWidget; return !!(w && w.context && "
+            "w.context.path === 'second.ipynb' && w.content.widgets.length >= arguments[0])", len(CELLS2)), 120)
+        wait("the second kernel to be idle", lambda: js("return gpumemTest.kernelStatus()") == "idle", 180)
+        js("gpumemTest.replies = []; gpumemTest.watchReplies()")
+        t_second = time.monotonic()
+        js("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+
+        def second_settled():
+            s = js("return gpumemTest.state()")
+            done = s[OOM]["count"] is not None and any(o["report"] for o in s[OOM]["outputs"])
+            return s if done and js("return gpumemTest.kernelStatus()") == "idle" else None
+
+        st2 = wait("Run All of the second notebook to stop at the out-of-memory cell", second_settled, TIMEOUT_RUN_ALL)
+        time.sleep(1.0)
+        st2 = js("return gpumemTest.state()")
+        print(f"second notebook: Run All {time.monotonic() - t_second:.1f} s")
+        second_ms = next(o["data"][CELL_MIME]["wall_ms"] for o in st2[0]["model"] if CELL_MIME in o.get("data", {}))
+        check(second_ms <= 2 * first_ms,
+              f"the second kernel's first cell ({second_ms / 1000:.1f} s) within 2x the first's ({first_ms / 1000:.1f} s)")
+        r0 = js("return gpumemTest.rendered(0)")
+        check(r0["notices"] >= 1 and r0["stderr"] == 0, "the second kernel's start is a display message, not stderr", r0)
+        for i, what in ((EXPLAIN, "explain"), (FIT, "fit")):
+            r = js("return gpumemTest.rendered(arguments[0])", i)
+            check(r["tables"] >= 1 and r["json"] == 0, f"%gpumem {what} renders as an HTML table, no JSON tree", r)
+            keys = [k for o in st2[i]["model"] for k in o.get("data", {})]
+            check("application/json" not in keys and f"application/vnd.gpumem.{what}+json" in keys,
+                  f"%gpumem {what}: its data under a vendor MIME type", keys)
+        r = js("return gpumemTest.rendered(arguments[0])", HELP)
+        check(r["help"] == 1, "%gpumem help renders as a table", r)
+        r = js("return gpumemTest.rendered(arguments[0])", 1)
+        check(1 <= r["lines"] <= 2, "at 1400 px the report line takes at most two lines", r)
+        shot("06_second_notebook.png")
+        model = st2[OOM]["model"]
+        err = next((o for o in model if o["output_type"] == "error"), None)
+        check(err is not None and err["ename"] == "OutOfMemoryError" and err["evalue"].startswith("CUDA out of memory"),
+              "the out-of-memory cell is an error: OutOfMemoryError, the OOM's first line", err)
+        # A number and its unit are kept together with a no-break space.
+        line = next(o["report"] for o in st2[OOM]["outputs"] if o["report"]).replace("\u00a0", " ")
+        check("✗ out of memory: asked for 1.00 TiB" in line, "its report line flags the OOM with its size", line)
+        replies = js("return gpumemTest.replies.slice()")
+        check(replies[:OOM] == ["ok"] * OOM and replies[OOM:OOM + 1] == ["error"]
+              and all(r == "aborted" for r in replies[OOM + 1:]),
+              "execute_reply: error for the OOM cell, and Run All stopped there", replies)
+        check(st2[ERR]["count"] is None and st2[LAST]["count"] is None, "the cells after the OOM did not run")
+        js("const p = gpumemTest.panel(); p.content.activeCellIndex = arguments[0];"
+           "window.jupyterapp.commands.execute('notebook:run-all-below');", ERR)
+        wait("the Err cell", lambda: (lambda s: s if s[ERR]["model"] else None)(js("return gpumemTest.state()")), 120)
+        wait("the kernel to be idle", lambda: js("return gpumemTest.kernelStatus()") == "idle", 60)
+        time.sleep(1.0)
+        st2 = js("return gpumemTest.state()")
+        err = next((o for o in st2[ERR]["model"] if o["output_type"] == "error"), None)
+        check(err is not None and err["ename"] == "Error" and err["evalue"] == "my own error",
+              "a cell whose code returns Err is an error with the error as its value", err)
+        check(st2[LAST]["count"] is None, "and Run All (below) stopped there", st2[LAST])
+        shot("07_second_notebook_errors.png")
+
+        # ---- The tour in JupyterLab, light and dark, 1400 and 900 px wide.
+        js("return window.jupyterapp.serviceManager.sessions.shutdownAll()")
+        time.sleep(2.0)
+        tour_dir = os.path.join(work, "notebooks")
+        shutil.copy(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "notebooks", "tour.ipynb"),
+                    os.path.join(tour_dir, "tour.ipynb"))
+        js("window.jupyterapp.commands.execute('docmanager:open', {path: 'tour.ipynb'})")
+        wait("the tour", lambda: js(
+            "const w = window.jupyterapp.shell.currentWidget; return !!(w && w.context && w.context.path === 'tour.ipynb' "
+            "&& w.content.widgets.length > 20)"), 120)
+        wait("the tour's kernel to be idle", lambda: js("return gpumemTest.kernelStatus()") == "idle", 180)
+        js("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+        n_tour = js("return gpumemTest.cells().length")
+
+        def tour_done():
+            s = js("return gpumemTest.state()")
+            last = max(i for i, c in enumerate(s) if js("return gpumemTest.cells()[arguments[0]].model.type", i) == "code")
+            return s if s[last]["count"] is not None and js("return gpumemTest.kernelStatus()") == "idle" else None
+
+        wait("the tour to run", tour_done, TIMEOUT_RUN_ALL)
+        time.sleep(1.0)
+        # The cell that makes the first buffer: its report line under it.
+        target = js("return gpumemTest.cells().findIndex(c => c.model.sharedModel.getSource().startsWith('let x = DeviceBuffer'))")
+        check(target > 0, "the tour's first buffer cell", n_tour)
+        for theme, tname in (("JupyterLab Light", "light"), ("JupyterLab Dark", "dark")):
+            js("window.jupyterapp.commands.execute('apputils:change-theme', {theme: arguments[0]})", theme)
+            wait(f"the theme {theme}", lambda: js("return document.body.dataset.jpThemeName") == theme, 30)
+            for width in (1400, 900):
+                driver.set_window_size(width, 1000)
+                time.sleep(1.0)
+                js("gpumemTest.cells()[arguments[0]].node.scrollIntoView()", target)
+                time.sleep(0.5)
+                shot(f"tour_{tname}_{width}.png")
         print(f"PASS: JupyterLab browser test in {time.monotonic() - t0:.0f} s (Run All {run_all_s:.0f} s); screenshots in {out}")
     except Failed as e:
         if driver is not None:

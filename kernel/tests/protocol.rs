@@ -61,6 +61,15 @@ impl Executed {
             .collect()
     }
 
+    /// The text forms of the cell's `display_data` (what its magics showed), one per line.
+    fn display_text(&self) -> String {
+        self.of_type("display_data")
+            .iter()
+            .filter_map(|d| d["data"]["text/plain"].as_str())
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     fn result_text(&self) -> Option<String> {
         self.of_type("execute_result").first().map(|r| r["data"]["text/plain"].as_str().unwrap().to_string())
     }
@@ -92,6 +101,15 @@ impl Executed {
             .into_iter()
             .map(|(_, m)| serde_json::to_value(&m.content).unwrap()["data"][CELL_MIME].clone())
             .collect()
+    }
+}
+
+/// A test that fails leaves no kernel behind (it would hold the shared build directory and send
+/// the next test's kernel to another one).
+impl Drop for Kernel {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
     }
 }
 
@@ -217,6 +235,14 @@ impl Kernel {
             }
         }
         Executed { iopub, reply }
+    }
+
+    /// A kernel whose first cell loaded gpumem-nb (`:dep gpumem-nb`).
+    async fn with_crate(name: &str) -> Kernel {
+        let mut k = Kernel::start(name).await;
+        let e = k.execute(":dep gpumem-nb").await;
+        assert_eq!(e.status(), ReplyStatus::Ok, "{:?}", e.json());
+        k
     }
 
     async fn execute(&mut self, code: &str) -> Executed {
@@ -549,7 +575,7 @@ async fn live_line_and_usage() {
     assert!(updates.iter().all(|u| u["transient"]["display_id"] == id), "{updates:?}");
     let (last, before_last) = updates.split_last().expect("the report replaces the live line");
     assert!(last["data"].get(CELL_MIME).is_some(), "the last update is the report: {last}");
-    assert!(last["data"]["text/plain"].as_str().unwrap().starts_with("[3] sim:0"), "{last}");
+    assert!(last["data"]["text/plain"].as_str().unwrap().starts_with("[3] sim · "), "{last}");
     let live_updates = before_last.iter().filter(|u| u["data"]["text/plain"].as_str().unwrap().contains("running"));
     assert!(live_updates.count() >= 2, "at least two in-place updates before the report: {updates:?}");
     assert_eq!(e.reports().len(), 1, "no second report");
@@ -637,7 +663,7 @@ async fn sites_name_functions_cells_and_lines() {
     assert_eq!(of40["function"], serde_json::Value::Null, "the cell's own code: {of40}");
     assert_eq!(of40["owner"], "notebook cell");
     let line = e.reports_text();
-    assert!(line.contains(&format!("top alloc48 (cell {}:3) ← cell {cell}:2 48.00 MiB", cell - 1)), "{line}");
+    assert!(line.contains(&format!("top alloc48 (cell {}:3) ← cell {cell}:2", cell - 1)), "{line}");
 
     // The allocator's buffers: a 64 MiB DeviceBuffer on line 2 (its segment holds the bytes).
     let e = k
@@ -655,12 +681,7 @@ async fn sites_name_functions_cells_and_lines() {
 
     // %gpumem top: live now and at the session's peak, with their sites.
     let e = k.execute("drop(a);\n%gpumem top 3").await;
-    let text = e
-        .of_type("display_data")
-        .iter()
-        .filter_map(|d| d["data"]["text/plain"].as_str())
-        .collect::<Vec<_>>()
-        .join("\n");
+    let text = e.display_text();
     assert!(text.contains("live now") && text.contains("at the session's peak"), "{text}");
     assert!(text.contains(&format!("cell {cell}:2")), "the buffer's site: {text}");
     assert!(text.contains("alloc48"), "gone now, but held memory at the peak: {text}");
@@ -769,5 +790,109 @@ async fn compile_progress_on_the_live_line() {
     // other output came in between.
     let last = json.iter().rfind(|(t, _)| t == "display_data" || t == "update_display_data").expect("a report");
     assert!(last.1["data"].get(CELL_MIME).is_some(), "the report is the cell's last display: {last:?}");
+    k.shutdown().await;
+}
+
+/// A GPU fault (issue 34), on the simulated device told to fault at its next copy: the cell in
+/// which it happens replies `error` naming the fault and the lost context, and its line says so
+/// instead of numbers; the next cell with code is refused with the same cause; `%gpumem restart`
+/// gives a working cell on a fresh process; the history keeps cells 1–4, the faulting one
+/// flagged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_fault_is_named_and_survived() {
+    let mut k = Kernel::with_crate("fault").await;
+    let e = k
+        .execute("use gpumem_nb::{DeviceBuffer, StreamId};\nlet keep = DeviceBuffer::<u8>::zeros(&gpumem_nb::current()?, 256 << 20, StreamId::DEFAULT)?;")
+        .await;
+    assert_eq!(e.status(), ReplyStatus::Ok, "{:?}", e.json());
+
+    // Cell 3: the fault, seen by the copy; the code goes on as if the copy's error did not
+    // matter (a notebook often does): the cell is an error all the same.
+    let e = k
+        .execute(
+            "gpumem_nb::current()?.with_backend(|b| b.as_sim_mut().map(|s| s.inject_fault(gpumem_nb::device::Fault::IllegalAddress)));\nlet back = keep.to_host();\nprintln!(\"copied: {}\", back.is_ok());",
+        )
+        .await;
+    assert_eq!(e.status(), ReplyStatus::Error, "{:?}", e.json());
+    let errors = e.of_type("error");
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0]["ename"], "CUDA_ERROR_ILLEGAL_ADDRESS", "{errors:?}");
+    let evalue = errors[0]["evalue"].as_str().unwrap();
+    assert!(
+        evalue.contains("CUDA context of this notebook's process is lost (illegal address)")
+            && evalue.contains("cuMemcpyDtoHAsync_v2 in cell 3"),
+        "{evalue}"
+    );
+    let tb = errors[0]["traceback"].as_array().unwrap().iter().map(|l| l.as_str().unwrap()).collect::<Vec<_>>();
+    assert!(tb.iter().any(|l| l.contains("CUDA_LAUNCH_BLOCKING=1")), "{tb:?}");
+    assert!(tb.iter().any(|l| l.contains("%gpumem restart")), "{tb:?}");
+    let line = e.reports_text();
+    assert!(line.starts_with("[3] ") && line.contains("✗ CUDA context lost (illegal address)"), "{line}");
+    assert!(!line.contains("allocated"), "no numbers it can no longer read: {line}");
+    assert_eq!(e.reports()[0]["status"], "lost", "{}", e.reports()[0]);
+
+    // Cell 4: refused, with the same cause (not a bare driver code from a call that fails).
+    let e =
+        k.execute("let more = DeviceBuffer::<u8>::zeros(&gpumem_nb::current()?, 64 << 20, StreamId::DEFAULT)?;").await;
+    assert_eq!(e.status(), ReplyStatus::Error, "{:?}", e.json());
+    let errors = e.of_type("error");
+    assert_eq!(errors[0]["ename"], "CUDA_ERROR_ILLEGAL_ADDRESS", "{errors:?}");
+    let evalue = errors[0]["evalue"].as_str().unwrap();
+    assert!(evalue.contains("lost in cell 3 (illegal address): this cell did not run"), "{evalue}");
+
+    // Cell 5: a fresh process, the same cell's code works on it.
+    let e = k
+        .execute(
+            "%gpumem restart\nlet more = gpumem_nb::DeviceBuffer::<u8>::zeros(&gpumem_nb::current()?, 64 << 20, gpumem_nb::StreamId::DEFAULT)?;",
+        )
+        .await;
+    assert_eq!(e.status(), ReplyStatus::Ok, "{:?}", e.json());
+    assert!(e.stream("stdout").contains("the CUDA context was lost in cell 3"), "{:?}", e.json());
+    let rec = &e.reports()[0];
+    assert_eq!(rec["cell"], 5, "{rec}");
+    assert_eq!(rec["restarted"], true, "{rec}");
+    assert_eq!(rec["allocator"]["allocated"]["after"], 64u64 << 20, "{rec}");
+    assert!(rec["lost"].is_null(), "{rec}");
+
+    // The history: cells 1–5, cell 3 flagged as the loss, cell 4 as not run.
+    let e = k.execute("%gpumem history").await;
+    assert_eq!(e.status(), ReplyStatus::Ok, "{:?}", e.json());
+    let text = e.display_text();
+    let row =
+        |n: u64| text.lines().find(|l| l.contains(&format!("[{n}]"))).unwrap_or_else(|| panic!("no [{n}]: {text}"));
+    for n in 1..=5 {
+        row(n);
+    }
+    assert!(row(3).contains("✗ CUDA context lost (illegal address)"), "{text}");
+    assert!(row(4).contains("not run: the CUDA context was lost"), "{text}");
+    assert!(!row(5).contains("lost"), "{text}");
+    k.shutdown().await;
+}
+
+/// Memory a framework allocates on its own thread after the cell's code returned (issue 32):
+/// `SimQueue`, the simulated device thread with a batched queue as cubecl's, through a real
+/// client. The cell that queued it owns it (its line, its record's framework part), its site is
+/// `← cell N`, and `%gpumem top` names that cell.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_framework_thread_lands_in_the_cell_that_queued_it() {
+    let mut k = Kernel::with_crate("queue").await;
+    let e = k.execute("let q = gpumem_nb::frameworks::SimQueue::start(\"model\", 32)?;\nq.watch()?;").await;
+    assert_eq!(e.status(), ReplyStatus::Ok, "{:?}", e.json());
+    // Queued, not run, when the code returns: the reading settles the queue first.
+    let e = k.execute("q.alloc_later(20);\nq.alloc_later(16);\nassert_eq!(q.held(), 0);").await;
+    assert_eq!(e.status(), ReplyStatus::Ok, "{:?}", e.json());
+    let rec = &e.reports()[0];
+    let cell = rec["cell"].as_u64().unwrap();
+    let line = e.reports_text();
+    assert!(line.contains("all allocations 36.00 MiB (+36.00 MiB)"), "{line}");
+    assert!(line.contains("simqueue in use 36.00 MiB (+36.00 MiB"), "the framework's own figures: {line}");
+    assert!(rec["unsettled"].as_array().is_none_or(|v| v.is_empty()), "{rec}");
+    let top = rec["all_allocations"]["top"].as_array().unwrap_or_else(|| panic!("{rec}"));
+    let site = top.iter().find(|t| t["bytes"] == serde_json::json!(36u64 << 20)).unwrap_or_else(|| panic!("{top:?}"));
+    assert_eq!((&site["cell"], &site["queued"]), (&serde_json::json!(cell), &serde_json::json!(true)), "{site}");
+    let e = k.execute("assert_eq!(q.held(), 36 << 20);\n%gpumem top").await;
+    assert_eq!(e.status(), ReplyStatus::Ok, "{:?}", e.json());
+    let text = e.display_text();
+    assert!(text.contains(&format!("← cell {cell}")), "{text}");
     k.shutdown().await;
 }

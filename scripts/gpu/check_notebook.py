@@ -32,6 +32,19 @@ Assertions (exit 1 when one fails):
   `children` lists that PID, named NAME, from NVML, holding at least 256 MiB, and the notebook's
   own allocated bytes did not move in that cell; `no-children`: the record lists no child.
 
+- cells tagged `context-lost=CODE` (issue 34): the cell ended in an error named CODE whose value
+  says the CUDA context is lost, its record's status is `lost` and its line says
+  `✗ CUDA context lost`; `refused`: the cell did not run, its error names a fault and says so;
+  `restarted`: the record says the child was restarted before it; `history-lost`: the history
+  table's row of the lost cell flags it.
+- cells tagged `queued-lands` (issue 32): the tracked delta from the driver and the CUDA pool
+  covers what cubecl holds after the cell (in use + cached), within 2 MiB a page, and the
+  record says nothing failed to settle; `parts-add-up`: NVML's per-process delta is tracked +
+  the CUDA pool's cache + the named rest (context and modules), and the rest is within
+  [-2 MiB, 2 MiB] unless the cell launched a kernel for the first time (tag `first-launches`:
+  rest ≥ -2 MiB only); `top-cells-cubecl`: in the cell's `%gpumem top` table, every row whose
+  site is cubecl's names the cell that queued it (`← cell N`).
+
 --stock (the stock evcxr kernel): a record comes only beside a cell's value, so cells without one
 are listed but not failed (tagged cells end in a value, and must have one), and the warnings
 (re-run leaks) are gpumem-kernel's: growth tags are skipped.
@@ -84,6 +97,13 @@ def main():
             for name in tag[len("top-names="):].split(","):
                 if name not in (result or ""):
                     failures.append(f"cell {i} ({first}): {name!r} not in the top table: {(result or '')[:300]}")
+        if "top-cells-cubecl" in tags:
+            text = "".join(
+                "".join(o.get("data", {}).get("text/plain", "")) for o in outs if o.get("output_type") == "display_data"
+            )
+            cub = [l for l in text.splitlines() if "cubecl" in l.lower()]
+            if not cub or any("← cell " not in l for l in cub):
+                failures.append(f"cell {i} ({first}): cubecl rows of %gpumem top without their cell: {cub or text[:400]}")
         if magic_only:
             continue
         checked = {"nvml-matches", "cubecl-pools", "cubecl-matches-tracked", "returns-allocated", "returns-reserved"}
@@ -197,6 +217,9 @@ def main():
                     f"cell {i} ({first}): NVML Δ {nv} vs the crate's reserved Δ {reserved} "
                     f"({row['unexplained_by_tracking'] / MIB:+.2f} MiB unexplained)"
                 )
+        fault_checks(i, first, tags, errors, r, row["line"], failures)
+        queued_checks(i, first, tags, r, alla, cubecl, row, failures)
+    history_checks(nb, failures)
     for row in rows:
         print(json.dumps(row))
     if out_json:
@@ -205,6 +228,82 @@ def main():
         print("FAIL:", f)
     print(f"{path}: {len(rows)} reports, {len(failures)} failures")
     return 1 if failures else 0
+
+
+FAULT_CODES = ("CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_MISALIGNED_ADDRESS", "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+               "CUDA_ERROR_ASSERT", "CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR_LAUNCH_TIMEOUT",
+               "CUDA_ERROR_HARDWARE_STACK_ERROR", "CUDA_ERROR_INVALID_PC", "CUDA_ERROR_INVALID_ADDRESS_SPACE")
+
+
+def fault_checks(i, first, tags, errors, r, line, failures):
+    where = f"cell {i} ({first})"
+    for tag in (t for t in tags if t.startswith("context-lost=")):
+        code = tag[len("context-lost="):]
+        e = errors[0] if errors else {}
+        if e.get("ename") != code or "is lost" not in e.get("evalue", ""):
+            failures.append(f"{where}: expected error {code} saying the context is lost, got {e.get('ename')}: {e.get('evalue')}")
+        if r.get("status") != "lost" or "✗ CUDA context lost" not in line:
+            failures.append(f"{where}: record status {r.get('status')!r}, line {line!r}")
+    if "refused" in tags:
+        e = errors[0] if errors else {}
+        if e.get("ename") not in FAULT_CODES or "did not run" not in e.get("evalue", ""):
+            failures.append(f"{where}: not refused with the fault's cause: {e.get('ename')}: {e.get('evalue')}")
+        if r.get("status") != "refused":
+            failures.append(f"{where}: record status {r.get('status')!r}")
+    if "restarted" in tags and not r.get("restarted"):
+        failures.append(f"{where}: the record does not say the child was restarted: {r.get('restart_reason')}")
+
+
+def history_checks(nb, failures):
+    lost = []
+    for cell in nb["cells"]:
+        for o in cell.get("outputs", []):
+            rec = o.get("data", {}).get(CELL_MIME)
+            if rec and rec.get("status") == "lost":
+                lost.append(rec["cell"])
+    for i, cell in enumerate(nb["cells"]):
+        if "history-lost" not in cell.get("metadata", {}).get("tags", []):
+            continue
+        text = "".join(
+            "".join(o.get("data", {}).get("text/plain", "")) for o in cell.get("outputs", []) if o.get("output_type") == "display_data"
+        )
+        if not lost:
+            failures.append(f"cell {i}: no cell lost the context, nothing for the history to flag")
+        for n in lost:
+            row = next((l for l in text.splitlines() if f"[{n}]" in l), None)
+            if row is None or "CUDA context lost" not in row:
+                failures.append(f"cell {i}: the history's row [{n}] does not flag the lost context: {row!r}")
+
+
+def queued_checks(i, first, tags, r, alla, cubecl, row, failures):
+    where = f"cell {i} ({first})"
+    if "queued-lands" in tags:
+        got = source_delta(alla, "driver") + source_delta(alla, "pool")
+        after = lambda k: ((cubecl or {}).get(k) or {}).get("after") or 0
+        held = after("in_use") + after("cached")
+        if not cubecl or got + 2 * MIB < held:
+            failures.append(f"{where}: tracked driver + pool Δ {got} < cubecl's in use + cached after {held}")
+        if r.get("unsettled"):
+            failures.append(f"{where}: not settled: {r['unsettled']}")
+    if "parts-add-up" in tags or "first-launches" in tags:
+        nv = row["nvml_delta"]
+        tracked = row["all_delta"]
+        pool = r.get("pool") or {}
+        def cache(end):
+            res, used = (pool.get("reserved") or {}).get(end), (pool.get("used") or {}).get(end)
+            return 0 if not pool else (None if res is None or used is None else res - used)
+        c0, c1 = cache("before"), cache("after")
+        if nv is None or tracked is None or c0 is None or c1 is None:
+            failures.append(f"{where}: no NVML, tracked or pool figures to add up: {nv}, {tracked}, {pool}")
+            return
+        rest = nv - tracked - (c1 - c0)
+        row["nvml_rest"] = rest
+        low, high = -2 * MIB, (None if "first-launches" in tags else 2 * MIB)
+        if rest < low or (high is not None and rest > high):
+            failures.append(f"{where}: NVML Δ {nv} = tracked {tracked} + pool cache {c1 - c0} + rest {rest}: rest out of bounds")
+        shown = "CUDA context and modules (NVML)" in row["line"]
+        if shown != (abs(rest) >= MIB):
+            failures.append(f"{where}: the line {'names' if shown else 'omits'} a rest of {rest / MIB:+.2f} MiB")
 
 
 if __name__ == "__main__":

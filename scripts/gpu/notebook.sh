@@ -30,6 +30,11 @@
 #                     bash scripts/gpu/notebook.sh warm notebooks/gpu_burn.ipynb stock
 #                     bash scripts/gpu/notebook.sh stock notebooks/gpu_burn.ipynb && python3 \
 #                       scripts/gpu/check_notebook.py "$OUT/gpu_burn-stock.ipynb" --stock --require-tracking cupti
+# A GPU fault (issue 34), still warm:
+#                     bash scripts/gpu/notebook.sh run notebooks/gpu_fault.ipynb
+# burn's memory in the cell that queued it (issue 32), after `warm notebooks/gpu_burn.ipynb`
+# (the same :dep lines, so the same build):
+#                     bash scripts/gpu/notebook.sh run notebooks/gpu_burn_async.ipynb
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$repo"

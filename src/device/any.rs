@@ -130,6 +130,15 @@ impl Backend for AnyBackend {
     fn reset_pool_high_water(&mut self) {
         dispatch!(self, b => b.reset_pool_high_water())
     }
+    fn synchronize(&mut self) -> Result<(), DeviceError> {
+        dispatch!(self, b => Backend::synchronize(b))
+    }
+    fn synchronizer(&mut self) -> Option<super::Synchronizer> {
+        dispatch!(self, b => b.synchronizer())
+    }
+    fn fault_point(&mut self, call: &'static str) -> Result<(), DeviceError> {
+        dispatch!(self, b => b.fault_point(call))
+    }
     fn set_driver_sink(&mut self, sink: super::DriverSink) {
         dispatch!(self, b => b.set_driver_sink(sink))
     }

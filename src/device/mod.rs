@@ -31,4 +31,4 @@ pub mod cuda;
 pub use driver::{DriverCall, DriverEvent, DriverKind, DriverSink};
 pub use element::Element;
 pub(crate) use seam::{Backend, BackendKind, StreamId};
-pub use seam::{DeviceError, EventId, PoolUsage, ProcessMemory};
+pub use seam::{DeviceError, EventId, Fault, LostContext, PoolUsage, ProcessMemory, Synchronizer};

@@ -43,6 +43,9 @@ impl BackendKind {
     }
 }
 
+/// A device's wait for its queued work, detached from the backend ([`Backend::synchronizer`]).
+pub type Synchronizer = Box<dyn FnOnce() -> Result<(), DeviceError> + Send>;
+
 /// Device-level failure.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DeviceError {
@@ -53,6 +56,10 @@ pub enum DeviceError {
     /// The device or a library it needs (the CUDA driver, NVML, CUPTI) cannot be used here,
     /// with the reason in one line.
     Unavailable(String),
+    /// The process's CUDA context is lost: a kernel faulted (an illegal address, a device-side
+    /// assert, …), and every later call on the device fails the same way until the process
+    /// ends. The allocator stops touching the device from then on.
+    ContextLost(LostContext),
 }
 
 impl fmt::Display for DeviceError {
@@ -61,7 +68,104 @@ impl fmt::Display for DeviceError {
             DeviceError::OutOfMemory => f.write_str("device out of memory"),
             DeviceError::Driver(s) => write!(f, "CUDA driver error: {s}"),
             DeviceError::Unavailable(s) => f.write_str(s),
+            DeviceError::ContextLost(l) => write!(f, "{l}"),
         }
+    }
+}
+
+/// The faults that poison a CUDA context ("sticky" errors: every later call of the process on
+/// the device fails with the same code).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fault {
+    /// `CUDA_ERROR_ILLEGAL_ADDRESS`: a kernel read or wrote outside memory it may touch.
+    IllegalAddress,
+    /// `CUDA_ERROR_MISALIGNED_ADDRESS`.
+    MisalignedAddress,
+    /// `CUDA_ERROR_ILLEGAL_INSTRUCTION`.
+    IllegalInstruction,
+    /// `CUDA_ERROR_ASSERT`: a device-side `assert` failed.
+    DeviceAssert,
+    /// `CUDA_ERROR_LAUNCH_FAILED`: an exception while a kernel ran.
+    LaunchFailed,
+    /// `CUDA_ERROR_LAUNCH_TIMEOUT`: a kernel ran past the watchdog.
+    LaunchTimeout,
+    /// `CUDA_ERROR_HARDWARE_STACK_ERROR`.
+    HardwareStackError,
+    /// `CUDA_ERROR_INVALID_PC`.
+    InvalidPc,
+    /// `CUDA_ERROR_INVALID_ADDRESS_SPACE`.
+    InvalidAddressSpace,
+}
+
+impl Fault {
+    /// Every fault.
+    pub const ALL: [Fault; 9] = [
+        Fault::IllegalAddress,
+        Fault::MisalignedAddress,
+        Fault::IllegalInstruction,
+        Fault::DeviceAssert,
+        Fault::LaunchFailed,
+        Fault::LaunchTimeout,
+        Fault::HardwareStackError,
+        Fault::InvalidPc,
+        Fault::InvalidAddressSpace,
+    ];
+
+    /// The driver's name for it (`CUDA_ERROR_ILLEGAL_ADDRESS`).
+    pub fn code(self) -> &'static str {
+        match self {
+            Fault::IllegalAddress => "CUDA_ERROR_ILLEGAL_ADDRESS",
+            Fault::MisalignedAddress => "CUDA_ERROR_MISALIGNED_ADDRESS",
+            Fault::IllegalInstruction => "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+            Fault::DeviceAssert => "CUDA_ERROR_ASSERT",
+            Fault::LaunchFailed => "CUDA_ERROR_LAUNCH_FAILED",
+            Fault::LaunchTimeout => "CUDA_ERROR_LAUNCH_TIMEOUT",
+            Fault::HardwareStackError => "CUDA_ERROR_HARDWARE_STACK_ERROR",
+            Fault::InvalidPc => "CUDA_ERROR_INVALID_PC",
+            Fault::InvalidAddressSpace => "CUDA_ERROR_INVALID_ADDRESS_SPACE",
+        }
+    }
+
+    /// In words (`illegal address`).
+    pub fn what(self) -> &'static str {
+        match self {
+            Fault::IllegalAddress => "illegal address",
+            Fault::MisalignedAddress => "misaligned address",
+            Fault::IllegalInstruction => "illegal instruction",
+            Fault::DeviceAssert => "device-side assert",
+            Fault::LaunchFailed => "launch failure",
+            Fault::LaunchTimeout => "launch timeout",
+            Fault::HardwareStackError => "hardware stack error",
+            Fault::InvalidPc => "invalid program counter",
+            Fault::InvalidAddressSpace => "invalid address space",
+        }
+    }
+
+    /// The fault a driver code names, when it is one of those that poison a context.
+    pub fn from_code(code: &str) -> Option<Fault> {
+        Fault::ALL.into_iter().find(|f| f.code() == code)
+    }
+}
+
+/// A lost CUDA context: the fault and the call that first reported it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LostContext {
+    /// What went wrong.
+    pub fault: Fault,
+    /// The driver call that first failed with it (`cuMemcpyDtoHAsync_v2`).
+    pub call: String,
+}
+
+impl fmt::Display for LostContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "CUDA context lost: {} ({} in {}); every later call on the device fails: restart the process",
+            self.fault.what(),
+            self.fault.code(),
+            self.call
+        )
     }
 }
 
@@ -138,6 +242,23 @@ pub trait Backend {
     /// them; a GPU: which of CUPTI's events were its own, as [`DriverCall::Claim`](crate::device::DriverCall::Claim)s). Backends
     /// that report nothing ignore it.
     fn set_driver_sink(&mut self, _sink: DriverSink) {}
+    /// Waits until everything queued on the device so far has run (`cuCtxSynchronize`): where
+    /// a fault of a kernel launched earlier is reported. Backends with nothing queued answer
+    /// `Ok`.
+    fn synchronize(&mut self) -> Result<(), DeviceError> {
+        Ok(())
+    }
+    /// The same wait, as a call that needs no `&mut self` (so that it can run outside the
+    /// allocator's lock, on a thread of its own); `None` where [`Backend::synchronize`] does.
+    fn synchronizer(&mut self) -> Option<Synchronizer> {
+        None
+    }
+    /// A point where the device reports what the work queued before it did, for a backend that
+    /// does no work of its own (the simulated device's copies): an injected fault fires here.
+    /// `call` names the driver call it stands for.
+    fn fault_point(&mut self, _call: &'static str) -> Result<(), DeviceError> {
+        Ok(())
+    }
     /// Creates a stream on the device and returns its handle (kept alive by the backend).
     /// Backends without streams answer `Err(Driver("streams not supported"))`.
     fn new_stream(&mut self) -> Result<StreamId, DeviceError> {

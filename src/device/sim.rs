@@ -48,9 +48,33 @@ pub struct SimBackend {
     /// Its row in the simulated process table (`sim_procs`), once its use is published: the
     /// notebook's device, not the many a plan or a test makes.
     published: Option<super::sim_procs::Row>,
+    /// A fault injected for the next launch or copy ([`SimBackend::inject_fault`]).
+    pending_fault: Option<super::Fault>,
+    /// The lost context, once a fault fired: every later call fails with it, as on a GPU.
+    lost: Option<super::LostContext>,
 }
 
 impl SimBackend {
+    /// Makes the next launch or copy of this device fault with `fault`, as a kernel writing
+    /// out of bounds does on a GPU: that call, and every later one, fails with
+    /// [`DeviceError::ContextLost`] (the test path of a lost context, without a GPU).
+    pub fn inject_fault(&mut self, fault: super::Fault) {
+        self.pending_fault = Some(fault);
+    }
+
+    /// The lost context, once an injected fault fired.
+    pub fn lost(&self) -> Option<&super::LostContext> {
+        self.lost.as_ref()
+    }
+
+    /// `Err` once the context is lost (every call of a lost context fails).
+    fn alive(&self) -> Result<(), DeviceError> {
+        match &self.lost {
+            Some(l) => Err(DeviceError::ContextLost(l.clone())),
+            None => Ok(()),
+        }
+    }
+
     /// A simulated device of `capacity` bytes.
     pub fn new(device: i32, capacity: u64) -> Self {
         let mut free_ranges = BTreeMap::new();
@@ -70,6 +94,8 @@ impl SimBackend {
             driver_allocs: HashMap::new(),
             sink: None,
             published: None,
+            pending_fault: None,
+            lost: None,
         }
     }
 
@@ -130,6 +156,7 @@ impl SimBackend {
     /// GPU): capacity rounded up to the 2 MiB granularity, reported to the sink as another
     /// library's allocation. `Err(OutOfMemory)` when the device is full.
     pub fn driver_alloc(&mut self, size: u64) -> Result<u64, DeviceError> {
+        self.alive()?;
         if size == 0 {
             return Err(DeviceError::Driver("CUDA_ERROR_INVALID_VALUE (simulated): 0 bytes".into()));
         }
@@ -232,13 +259,26 @@ impl Backend for SimBackend {
     fn total_memory(&self) -> u64 {
         self.capacity
     }
+    /// Where an injected fault fires (the streams' simulated work is [`SimBackend::synchronize`]'s,
+    /// which tests drive on their own).
+    fn synchronize(&mut self) -> Result<(), DeviceError> {
+        self.fault_point("cuCtxSynchronize")
+    }
+    fn fault_point(&mut self, call: &'static str) -> Result<(), DeviceError> {
+        if let Some(fault) = self.pending_fault.take() {
+            self.lost = Some(super::LostContext { fault, call: call.to_string() });
+        }
+        self.alive()
+    }
     fn mem_get_info(&mut self) -> Result<(u64, u64), DeviceError> {
+        self.alive()?;
         Ok((self.capacity - self.used, self.capacity))
     }
     fn set_driver_sink(&mut self, sink: DriverSink) {
         self.sink = Some(sink);
     }
     fn reserve(&mut self, size: u64, _stream: StreamId) -> Result<u64, DeviceError> {
+        self.alive()?;
         self.consume(size)?;
         let addr = self.take_range(size).inspect_err(|_| self.used -= size)?;
         self.report(

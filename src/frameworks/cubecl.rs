@@ -55,7 +55,9 @@ pub fn watch_report(
 ) -> crate::error::Result<()> {
     crate::notebook::session::current()?;
     let label = device.to_string();
-    watched::watch(&key(device), Arc::new(move || reading(&label, &report())));
+    // cubecl 0.11's report is a blocking call on the device's queue: what was queued before it
+    // runs first (no separate settle step, which would need the notebook's stream id).
+    watched::watch(&key(device), Arc::new(move || reading(&label, &report())), None);
     Ok(())
 }
 

@@ -46,8 +46,16 @@ pub const KIND: &str = "all pools";
 pub fn watch<R: Runtime>(client: &ComputeClient<R>) -> crate::error::Result<String> {
     let stream = StreamId::current();
     let device = format!("{} stream {}", R::name(client), stream.value);
-    let client = client.clone();
-    watch_usage(&device, move || stream.executes(|| client.memory_usage()).map_err(|e| format!("{e:?}")))?;
+    let (c, flusher) = (client.clone(), client.clone());
+    // Before every reading: what the notebook queued runs first. cubecl keeps up to 32 tasks
+    // (a model's creation, its first launches) in its device queue until something blocks; a
+    // flush runs them all (every stream's: one queue per device), on the notebook's stream id.
+    let settle = move || stream.executes(|| flusher.flush()).map_err(|e| format!("{e:?}"));
+    watch_usage_settled(
+        &device,
+        move || stream.executes(|| c.memory_usage()).map_err(|e| format!("{e:?}")),
+        Some(Arc::new(settle)),
+    )?;
     Ok(device)
 }
 
@@ -56,6 +64,14 @@ pub fn watch<R: Runtime>(client: &ComputeClient<R>) -> crate::error::Result<Stri
 pub fn watch_usage(
     device: &str,
     usage: impl Fn() -> Result<MemoryUsage, String> + Send + Sync + 'static,
+) -> crate::error::Result<()> {
+    watch_usage_settled(device, usage, None)
+}
+
+fn watch_usage_settled(
+    device: &str,
+    usage: impl Fn() -> Result<MemoryUsage, String> + Send + Sync + 'static,
+    settle: Option<watched::Settler>,
 ) -> crate::error::Result<()> {
     crate::notebook::session::current()?;
     let label = device.to_string();
@@ -71,6 +87,7 @@ pub fn watch_usage(
                 pools: Vec::new(),
             },
         }),
+        settle,
     );
     Ok(())
 }

@@ -7,8 +7,13 @@
 //! - `cubecl010` (feature `cubecl010`): cubecl 0.10's totals, for burn 0.21:
 //!   `frameworks::cubecl010::watch(&client)`.
 //!
-//! Without a feature nothing here is compiled, and without a `watch` nothing is read.
+//! - [`SimQueue`]: a framework with a device thread and a batched queue on the simulated
+//!   device, for tests and demonstrations of what a cell queues (no feature).
+//!
+//! Without a `watch` nothing is read.
 
+mod sim_queue;
+pub use sim_queue::SimQueue;
 #[cfg(feature = "cubecl")]
 pub mod cubecl;
 #[cfg(feature = "cubecl010")]

@@ -9,8 +9,9 @@
 //! are [`super::protocol`]'s.
 #![forbid(unsafe_code)]
 
-use super::protocol::{self, DeviceReading, Hello, Op, RecordRequest, Reply, SnapshotPaths};
+use super::protocol::{self, DeviceReading, Hello, Op, RecordRequest, Reply, Settled, SnapshotPaths};
 use super::tracking;
+use super::watched::SETTLE_TIMEOUT;
 use crate::allocator::Allocator;
 use crate::device::Backend;
 use crate::record::history::{HistoryOptions, StackContext};
@@ -38,11 +39,22 @@ pub(crate) fn start_if_requested() {
     if started.swap(true, Ordering::SeqCst) {
         return;
     }
-    connect(std::path::Path::new(&path));
+    let path = std::path::Path::new(&path);
+    let mut session = Session::default();
+    // What the kernel asks of every child as it connects, applied before the cell's first use
+    // of the device goes on (the kernel sends it again when it accepts the connection).
+    if let Ok(text) = std::fs::read_to_string(protocol::on_connect_path(path)) {
+        for op in text.lines().filter_map(|l| serde_json::from_str::<Op>(l).ok()) {
+            if matches!(op, Op::Record(_) | Op::OnOom { .. }) {
+                let _ = session.try_handle(0, &op);
+            }
+        }
+    }
+    connect(path, session);
 }
 
 #[cfg(unix)]
-fn connect(path: &std::path::Path) {
+fn connect(path: &std::path::Path, session: Session) {
     let Ok(mut stream) = std::os::unix::net::UnixStream::connect(path) else { return };
     if writeln!(stream, "{}", protocol::to_line(&Hello::new())).is_err() {
         return;
@@ -50,16 +62,19 @@ fn connect(path: &std::path::Path) {
     let Ok(reader) = stream.try_clone() else { return };
     let _ = std::thread::Builder::new()
         .name("gpumem-control".into())
-        .spawn(move || serve(std::io::BufReader::new(reader), stream));
+        .spawn(move || serve_with(session, std::io::BufReader::new(reader), stream));
 }
 
 #[cfg(not(unix))]
-fn connect(_path: &std::path::Path) {}
+fn connect(_path: &std::path::Path, _session: Session) {}
 
 /// Answers requests until the kernel closes the connection (or a line exceeds
 /// [`protocol::MAX_LINE`], which ends the conversation: the peer is broken).
-pub fn serve(mut reader: impl BufRead, mut out: impl Write) {
-    let mut session = Session::default();
+pub fn serve(reader: impl BufRead, out: impl Write) {
+    serve_with(Session::default(), reader, out)
+}
+
+fn serve_with(mut session: Session, mut reader: impl BufRead, mut out: impl Write) {
     let mut buf = Vec::new();
     loop {
         buf.clear();
@@ -106,9 +121,14 @@ pub(crate) struct Session {
 /// One device's numbers now; peaks since `slot` was opened when there is one; with `explain`,
 /// where its reserved bytes are.
 pub(crate) fn reading(alloc: &Allocator, slot: Option<SlotId>, explain: bool) -> DeviceReading {
+    // A lost context is not touched: its numbers are the allocator's own, as they stood.
+    let lost = alloc.lost();
     let (stats, peaks, pool, info, uuid, parts) = alloc.with_state(|s, b| {
         let peaks = slot.and_then(|id| s.slot_peaks(id));
         let parts = explain.then(|| s.reserved_parts());
+        if lost.is_some() {
+            return (s.stats().clone(), peaks, None, None, None, parts);
+        }
         (s.stats().clone(), peaks, b.pool_usage(), b.mem_get_info().ok(), device_uuid(b), parts)
     });
     let (peak_allocated, peak_reserved) = match peaks {
@@ -134,6 +154,7 @@ pub(crate) fn reading(alloc: &Allocator, slot: Option<SlotId>, explain: bool) ->
         num_ooms: count(stats.num_ooms),
         uuid,
         explain: parts,
+        lost,
     }
 }
 
@@ -164,6 +185,38 @@ struct Full {
 
 impl Full {
     const ALL: Full = Full { owners: true, explain: true, frameworks: true };
+}
+
+/// Brings every open device and watched framework to a point where the work queued before now
+/// has run (each on a thread of its own, all within [`SETTLE_TIMEOUT`]): a cell's reading then
+/// counts what the cell queued (a framework allocates on its own device thread, a kernel's
+/// fault shows in the cell that launched it). What did not settle in time is read as it is;
+/// `None` when everything settled.
+pub(crate) fn settle() -> Option<Vec<Settled>> {
+    let end = std::time::Instant::now() + SETTLE_TIMEOUT;
+    let mut waiting = Vec::new();
+    for a in super::registry::opened() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let t = std::time::Instant::now();
+        let key = format!("device {}", a.device());
+        let spawned = std::thread::Builder::new().name("gpumem-settle".into()).spawn(move || {
+            let _ = tx.send(a.synchronize());
+        });
+        if spawned.is_ok() {
+            waiting.push((key, rx, t));
+        }
+    }
+    let mut late: Vec<Settled> =
+        super::watched::settle(SETTLE_TIMEOUT).into_iter().filter(|s| s.error.is_some()).collect();
+    for (key, rx, t) in waiting {
+        let left = end.saturating_duration_since(std::time::Instant::now());
+        // A lost context is noted by the allocator (the reading says so); not a settle failure.
+        if rx.recv_timeout(left).is_err() {
+            let error = Some(format!("still busy after {:.1} s: read as it is", SETTLE_TIMEOUT.as_secs_f64()));
+            late.push(Settled { key, waited_us: t.elapsed().as_micros() as u64, error });
+        }
+    }
+    (!late.is_empty()).then_some(late)
 }
 
 impl Session {
@@ -200,6 +253,8 @@ impl Session {
     fn try_handle(&mut self, id: u64, op: &Op) -> Result<Reply, String> {
         match op {
             Op::Pre { cell } => {
+                // What earlier cells queued lands before this one's baseline, not in it.
+                let unsettled = settle();
                 for a in super::registry::opened() {
                     a.set_label(Some(&format!("cell {cell}")));
                     let slot = a.with_state(|s, b| {
@@ -217,10 +272,12 @@ impl Session {
                 self.oom.begin(*cell);
                 // Nothing reads owners before a cell (the record's `top` is what is live after
                 // it), and naming them symbolises stacks: only `post` does.
-                Ok(self.readings(id, Full { owners: false, explain: false, frameworks: true }))
+                Ok(Reply { unsettled, ..self.readings(id, Full { owners: false, explain: false, frameworks: true }) })
             }
             Op::Post { .. } => {
-                let r = Reply { oom: self.oom.end(), ..self.readings(id, Full::ALL) };
+                // The cell's label and slots are still open: what it queued counts as its own.
+                let unsettled = settle();
+                let r = Reply { oom: self.oom.end(), unsettled, ..self.readings(id, Full::ALL) };
                 for a in super::registry::opened() {
                     if let Some(slot) = self.slots.remove(&a.device()) {
                         a.with_state(|s, _| s.close_slot(slot));
@@ -233,7 +290,10 @@ impl Session {
                 tracking::set_label(None);
                 Ok(r)
             }
-            Op::Read => Ok(self.readings(id, Full::ALL)),
+            Op::Read => {
+                let unsettled = settle();
+                Ok(Reply { unsettled, ..self.readings(id, Full::ALL) })
+            }
             Op::Live => Ok(self.readings(id, Full { owners: false, explain: false, frameworks: false })),
             Op::Record(RecordRequest { enabled, max_entries, stacks }) => {
                 let max_entries = max_entries.map_or(usize::MAX, |m| m.min(usize::MAX as u64) as usize);
@@ -255,6 +315,7 @@ impl Session {
                 Ok(Reply::ok(id))
             }
             Op::Snapshot { dir } => {
+                settle();
                 let files =
                     tracking::snapshot(&*device0()?).save(std::path::Path::new(dir)).map_err(|e| e.to_string())?;
                 Ok(Reply { files: Some(SnapshotPaths::from(&files)), ..Reply::ok(id) })
@@ -282,7 +343,10 @@ impl Session {
                 tracking::set_cell_codes(codes.iter().map(|(cell, code)| (*cell, code.as_str())));
                 Ok(Reply::ok(id))
             }
-            Op::Top { n } => Ok(Reply { top: Some(tracking::top(*n)), ..Reply::ok(id) }),
+            Op::Top { n } => {
+                settle();
+                Ok(Reply { top: Some(tracking::top(*n)), ..Reply::ok(id) })
+            }
         }
     }
 }

@@ -18,6 +18,15 @@ use serde::{Deserialize, Serialize};
 /// The environment variable naming the kernel's control socket.
 pub const CONTROL_VAR: &str = "GPUMEM_NB_CONTROL";
 
+/// The file beside the control socket where the kernel keeps the requests a child applies as
+/// it connects (`record`, `on_oom`: one [`Op`] per line, JSON), read by the crate before its
+/// first device is used: `%gpumem record on` in the cell of the first use records that use.
+pub fn on_connect_path(socket: &std::path::Path) -> std::path::PathBuf {
+    let mut name = socket.file_name().unwrap_or_default().to_os_string();
+    name.push(".on-connect");
+    socket.with_file_name(name)
+}
+
 /// The longest line either end accepts (a hostile or broken peer cannot make the other end
 /// buffer without bound). Replies with an SVG chart stay far below it.
 pub const MAX_LINE: usize = 16 << 20;
@@ -234,6 +243,10 @@ pub struct DeviceReading {
     /// Where the reserved bytes are (`post` and `read` only: not the live line's readings).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub explain: Option<crate::policy::ReservedParts>,
+    /// The device's CUDA context, lost (a kernel faulted): the numbers are the allocator's as
+    /// they stood, the device is no longer read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost: Option<crate::device::LostContext>,
 }
 
 impl DeviceReading {
@@ -269,6 +282,18 @@ pub struct SourceReading {
     pub peak: u64,
 }
 
+/// One watched framework's settle step before a reading (its queued work run first).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Settled {
+    /// What was settled (`cubecl cuda stream 0`, `device 0`).
+    pub key: String,
+    /// How long it took, microseconds.
+    pub waited_us: u64,
+    /// Why it did not settle (no answer in time: read as it is; its error); `None`: settled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
 /// How the allocator's cached free memory is named among the sites (its `function`): memory no
 /// code holds, kept for reuse.
 pub const CACHED_FREE: &str = "cached by the allocator, free";
@@ -300,12 +325,27 @@ pub struct OwnerBytes {
     /// it is another (a later buffer reusing a cached segment).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub segment: Option<String>,
+    /// Made on another thread than the cell's (a framework's device thread, a worker) while
+    /// `cell` ran: work the cell queued.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub queued: bool,
 }
 
 impl OwnerBytes {
     /// The site in words: `candle_core::tensor::Tensor::zeros ← cell 5:3`, `cell 5:3`,
     /// `alloc48 (cell 4:2) ← cell 5:2`, or the owner when nothing more is known.
     pub fn site(&self) -> String {
+        if self.queued
+            && let Some(c) = self.cell
+        {
+            // `cubecl ← cell 3`: the framework (its crate's first word), and the cell that
+            // queued the work.
+            let who = self.owner.split("::").next().unwrap_or(&self.owner);
+            let who = who.split('_').next().unwrap_or(who);
+            // A thread whose only named frames are the runtime's (`libstd-….so`): no one to name.
+            let who = if who.contains(".so") { "a thread" } else { who };
+            return format!("{who} ← cell {c}");
+        }
         let at = match (self.cell, self.line) {
             (Some(c), Some(l)) => Some(format!("cell {c}:{l}")),
             (Some(c), None) => Some(format!("cell {c}")),
@@ -513,6 +553,11 @@ pub struct Reply {
     /// queue), absent when none is watched.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub frameworks: Option<Vec<FrameworkReading>>,
+    /// What did not settle before the reading (`pre`, `post`, `read`, `top`, `snapshot`): a
+    /// device or framework still busy after the settle time, read as it was. Absent when all
+    /// settled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unsettled: Option<Vec<Settled>>,
 }
 
 impl Reply {
@@ -544,6 +589,29 @@ pub fn to_line<T: Serialize>(msg: &T) -> String {
 
 #[cfg(test)]
 mod tests {
+    /// A site in words: the function and the cell line that led there; memory a framework's own
+    /// thread made, by the framework and the cell that queued it.
+    #[test]
+    fn sites_in_words() {
+        let b = |owner: &str, function: Option<&str>, cell: Option<u64>, line: Option<u32>, queued: bool| OwnerBytes {
+            owner: owner.into(),
+            function: function.map(str::to_string),
+            cell,
+            line,
+            queued,
+            ..Default::default()
+        };
+        assert_eq!(b("notebook cell", None, Some(4), Some(1), false).site(), "cell 4:1");
+        assert_eq!(
+            b("candle_core::…", Some("candle_core::Tensor::zeros"), Some(3), Some(2), false).site(),
+            "candle_core::Tensor::zeros ← cell 3:2"
+        );
+        let cubecl =
+            b("cubecl_cuda::…", Some("<cubecl_cuda::GpuStorage as ComputeStorage>::alloc"), Some(4), None, true);
+        assert_eq!(cubecl.site(), "cubecl ← cell 4");
+        assert_eq!(b("libstd-d1237ef7159db0a2.so", None, Some(17), None, true).site(), "a thread ← cell 17");
+    }
+
     use super::*;
 
     #[test]

@@ -27,8 +27,24 @@ use std::sync::Arc;
 pub fn device(index: usize) -> Result<Arc<Allocator>> {
     let (alloc, opened) = registry::open(index, start_tracking)?;
     if opened {
-        if let Some(options) = tracking::block_stacks() {
+        use crate::record::history::{HistoryOptions, RecordMode, StackContext};
+        // The cells run on the thread that first opens a device: stacks walked elsewhere are
+        // a framework's or a worker's, made for the cell that was running.
+        crate::record::frames::set_home_thread();
+        let blocks = tracking::block_stacks();
+        if blocks.is_some() {
             alloc.set_stack_depth(tracking::BLOCK_STACK_DEPTH);
+        }
+        // `%gpumem record on` before the first use: the new allocator records from its start.
+        let options = match tracking::recording() {
+            Some(max_entries) => Some(HistoryOptions {
+                enabled: RecordMode::All,
+                context: blocks.map_or(StackContext::None, |b| b.context),
+                max_entries,
+            }),
+            None => blocks,
+        };
+        if let Some(options) = options {
             alloc.record_memory_history_with(options);
         }
         control::start_if_requested();

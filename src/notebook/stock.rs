@@ -45,7 +45,7 @@ const END_CONTENT: &[u8] = b"EVCXR_END_CONTENT";
 const TYPE_CHANGED: &[u8] = b"EVCXR_VARIABLE_CHANGED_TYPE:";
 
 /// The longest a cell waits for one reading; past it the cell has no report.
-const HOOK_TIMEOUT: Duration = Duration::from_secs(3);
+const HOOK_TIMEOUT: Duration = Duration::from_secs(4);
 
 /// The process-wide switches (in the anchor).
 pub(crate) struct Switches {
@@ -324,6 +324,8 @@ impl Hooks for Worker {
 struct Cells {
     session: Session,
     pending: Option<Pending>,
+    /// The cell in which the device's CUDA context was lost, once said.
+    lost_in: Option<u64>,
 }
 
 struct Pending {
@@ -343,8 +345,10 @@ impl Cells {
             return;
         }
         let t = Instant::now();
-        let nvml = nvml::snapshot();
+        // The crate settles and reads first, NVML last: what earlier cells queued is the
+        // driver's by then.
         let mut reply = self.session.handle(run, &Op::Pre { cell: run });
+        let nvml = nvml::snapshot();
         if reply.ok {
             let frameworks = reply.frameworks.take();
             let (devices, tracked) = TrackedReadings::of_reply(reply);
@@ -365,6 +369,7 @@ impl Cells {
         }
         let frameworks = reply.frameworks.take();
         let oom = reply.oom.take();
+        let unsettled = reply.unsettled.take().unwrap_or_default();
         let (devices, tracked) = TrackedReadings::of_reply(reply);
         let nvml = nvml::snapshot();
         let pid = Some(std::process::id());
@@ -383,8 +388,26 @@ impl Cells {
             },
         );
         rec.frameworks = framework_parts(p.frameworks.as_deref(), frameworks.as_deref());
-        rec.status = if run.panicked { "panicked" } else { "ok" }.into();
+        rec.status = if rec.lost.is_some() {
+            "lost"
+        } else if run.panicked {
+            "panicked"
+        } else {
+            "ok"
+        }
+        .into();
         rec.oom = oom;
+        rec.unsettled = unsettled;
+        if let Some(l) = rec.lost.as_ref().filter(|_| self.lost_in.is_none()) {
+            // Said once, where it happened; the stock kernel has no restart of its own to offer.
+            self.lost_in = Some(p.run);
+            eprintln!(
+                "{}: {}\n{}\nRestart the kernel to go on (Kernel → Restart Kernel…; variables are lost).",
+                l.fault.code(),
+                super::report::lost_message(l, p.run),
+                super::report::LOST_ASYNC_HINT
+            );
+        }
         rec.wall_ms = wall.as_secs_f64() * 1e3;
         rec.hook_us = p.hook_us + t.elapsed().as_micros() as u64;
         super::metrics::exported().observe(&rec);

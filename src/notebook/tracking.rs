@@ -568,6 +568,7 @@ fn owner_bytes(site: Site, bytes: u64) -> OwnerBytes {
         line: site.line,
         called_from: site.called_from,
         segment: None,
+        queued: site.queued,
     }
 }
 

@@ -14,7 +14,7 @@
 //! reader is an error in its reading.
 #![forbid(unsafe_code)]
 
-use super::protocol::FrameworkReading;
+use super::protocol::{FrameworkReading, Settled};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
@@ -25,11 +25,21 @@ pub(crate) const READ_TIMEOUT: Duration = Duration::from_secs(2);
 /// A framework's reader: its numbers now.
 pub(crate) type Reader = Arc<dyn Fn() -> FrameworkReading + Send + Sync>;
 
+/// Brings a framework to a point where everything queued before the call has run (cubecl:
+/// `client.flush()`), so that what a cell queued is allocated before its reading; `Err` says
+/// why it could not.
+pub(crate) type Settler = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+
+/// How long a reading waits, in all, for the devices and the watched frameworks to run what was
+/// queued before it; what does not answer by then is read as it is, and the reply says so.
+pub(crate) const SETTLE_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// One watched framework.
 struct Watch {
     /// `framework device` (`cubecl cuda:0`): watching the same again replaces it.
     key: String,
     reader: Reader,
+    settle: Option<Settler>,
     /// A reading that has not answered yet (no second one is started meanwhile).
     busy: Arc<AtomicBool>,
 }
@@ -46,20 +56,63 @@ fn watched() -> &'static Watched {
 
 /// Watches a framework from now on: every cell's reading asks `reader` too. `key` names what
 /// is watched (`cubecl cuda:0`); a second watch with the same key replaces the first.
-#[cfg_attr(not(any(feature = "cubecl", feature = "cubecl010")), allow(dead_code))]
-pub(crate) fn watch(key: &str, reader: Reader) {
+pub(crate) fn watch(key: &str, reader: Reader, settle: Option<Settler>) {
     let mut list = crate::sync::lock(&watched().list);
     list.retain(|w| w.key != key);
-    list.push(Watch { key: key.to_string(), reader, busy: Arc::new(AtomicBool::new(false)) });
+    list.push(Watch { key: key.to_string(), reader, settle, busy: Arc::new(AtomicBool::new(false)) });
 }
 
 /// Stops watching what `key` names; false when it was not watched.
-#[cfg_attr(not(any(feature = "cubecl", feature = "cubecl010")), allow(dead_code))]
 pub(crate) fn unwatch(key: &str) -> bool {
     let mut list = crate::sync::lock(&watched().list);
     let n = list.len();
     list.retain(|w| w.key != key);
     list.len() != n
+}
+
+/// Settles every watched framework (each on a thread of its own, all against one `deadline`,
+/// so that N frameworks cost at most `deadline`): what did not answer in time, or failed, with
+/// why. A framework without a settle step counts as settled.
+pub(crate) fn settle(deadline: Duration) -> Vec<Settled> {
+    let list: Vec<(String, Settler, Arc<AtomicBool>)> = {
+        let list = crate::sync::lock(&watched().list);
+        list.iter().filter_map(|w| Some((w.key.clone(), Arc::clone(w.settle.as_ref()?), Arc::clone(&w.busy)))).collect()
+    };
+    let end = std::time::Instant::now() + deadline;
+    let mut waiting = Vec::new();
+    let mut out = Vec::new();
+    for (key, settle, busy) in list {
+        if busy.swap(true, Ordering::SeqCst) {
+            out.push(Settled { key, waited_us: 0, error: Some("its previous reading has not answered yet".into()) });
+            continue;
+        }
+        let (tx, rx) = mpsc::channel();
+        let flag = Arc::clone(&busy);
+        let t = std::time::Instant::now();
+        let spawned = std::thread::Builder::new().name("gpumem-settle".into()).spawn(move || {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| settle()));
+            flag.store(false, Ordering::SeqCst);
+            let _ = tx.send(r);
+        });
+        match spawned {
+            Ok(_) => waiting.push((key, rx, t)),
+            Err(e) => {
+                busy.store(false, Ordering::SeqCst);
+                out.push(Settled { key, waited_us: 0, error: Some(format!("no thread to settle it on ({e})")) });
+            }
+        }
+    }
+    for (key, rx, t) in waiting {
+        let left = end.saturating_duration_since(std::time::Instant::now());
+        let error = match rx.recv_timeout(left) {
+            Ok(Ok(Ok(()))) => None,
+            Ok(Ok(Err(why))) => Some(why),
+            Ok(Err(_)) => Some("its settle step panicked".into()),
+            Err(_) => Some(format!("no answer in {:.1} s: read as it is", deadline.as_secs_f64())),
+        };
+        out.push(Settled { key, waited_us: t.elapsed().as_micros() as u64, error });
+    }
+    out
 }
 
 /// Every watched framework's numbers now, in the order they were watched; `None` when nothing
@@ -132,9 +185,9 @@ mod tests {
     /// reading, the others still answer, and nothing is left watched afterwards.
     #[test]
     fn readers_answer_fail_alone_and_are_replaced_by_key() {
-        watch("test sim:9", Arc::new(|| reading(1)));
-        watch("test sim:9", Arc::new(|| reading(2)));
-        watch("test panics", Arc::new(|| panic!("server gone\nsecond line")));
+        watch("test sim:9", Arc::new(|| reading(1)), None);
+        watch("test sim:9", Arc::new(|| reading(2)), None);
+        watch("test panics", Arc::new(|| panic!("server gone\nsecond line")), None);
         let (tx, rx) = mpsc::channel::<()>();
         let rx = Mutex::new(rx);
         watch(
@@ -143,6 +196,7 @@ mod tests {
                 let _ = rx.lock().unwrap().recv();
                 reading(3)
             }),
+            None,
         );
         let r = readings().unwrap();
         let mine: Vec<&FrameworkReading> = r.iter().filter(|r| r.framework == "test").collect();

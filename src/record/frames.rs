@@ -21,6 +21,33 @@ pub(crate) const MAX_FRAMES: usize = 64;
 /// frames at about 1 µs per event (BENCHMARKS.md).
 pub(crate) const DEFAULT_DEPTH: usize = 12;
 
+/// Put after a stack's frames when it was walked on another thread than the one that runs the
+/// notebook's cells ([`set_home_thread`]): not an address (no code lies at 1).
+pub(crate) const OFF_HOME: usize = 1;
+
+/// The thread that runs the notebook's cells: the one that opened the first device.
+static HOME: std::sync::OnceLock<std::thread::ThreadId> = std::sync::OnceLock::new();
+
+/// Marks the calling thread as the one that runs the cells (the first call wins). Stacks walked
+/// on other threads (a framework's device thread, a worker) carry [`OFF_HOME`].
+pub(crate) fn set_home_thread() {
+    let _ = HOME.set(std::thread::current().id());
+}
+
+/// A stack's frames without the thread mark, and whether it was walked off the cells' thread.
+pub(crate) fn thread_of(frames: &[usize]) -> (&[usize], bool) {
+    match frames.split_last() {
+        Some((&OFF_HOME, rest)) => (rest, true),
+        _ => (frames, false),
+    }
+}
+
+fn mark_thread(v: &mut Vec<usize>) {
+    if HOME.get().is_some_and(|home| *home != std::thread::current().id()) {
+        v.push(OFF_HOME);
+    }
+}
+
 /// Captures the current stack as raw instruction pointers, [`DEFAULT_DEPTH`] frames deep.
 #[cfg(test)]
 #[inline(never)]
@@ -36,6 +63,7 @@ pub(crate) fn capture_depth(limit: usize) -> Frames {
     SCRATCH.with(|v| {
         let mut v = v.borrow_mut();
         super::unwind::capture(limit, &mut v);
+        mark_thread(&mut v);
         Arc::from(&v[..])
     })
 }
@@ -49,6 +77,7 @@ pub(crate) fn with_captured<R>(limit: usize, f: impl FnOnce(&[usize], u64) -> R)
     SCRATCH.with(|v| {
         let mut v = v.borrow_mut();
         let serial = super::unwind::capture(limit, &mut v);
+        mark_thread(&mut v);
         f(&v, serial)
     })
 }
@@ -306,7 +335,7 @@ impl Symbolizer {
     /// outside whatever lock guards this symbolizer.
     pub(crate) fn tables_to_read(&mut self, frames: &[usize]) -> TablesToRead {
         let mut out: TablesToRead = Vec::new();
-        for &ip in frames {
+        for &ip in thread_of(frames).0 {
             if self.cache.contains_key(&ip) {
                 continue;
             }
@@ -333,7 +362,7 @@ impl Symbolizer {
 
     /// Every frame of a captured stack, innermost first (inlined frames expanded).
     pub(crate) fn symbolize_all(&mut self, frames: &[usize]) -> Vec<Frame> {
-        frames.iter().flat_map(|&ip| self.resolve_ip(ip)).collect()
+        thread_of(frames).0.iter().flat_map(|&ip| self.resolve_ip(ip)).collect()
     }
 
     /// The user's frames of a captured stack, innermost first.

@@ -47,6 +47,9 @@ pub(crate) struct Site {
     /// The running cell's line that led there, when the innermost notebook frame is elsewhere
     /// (in a function an earlier cell defined).
     pub called_from: Option<(u64, u32)>,
+    /// No notebook frame is on the stack: a thread of a framework (cubecl's device thread, a
+    /// worker) did what the cell running then had queued, and `cell` is that cell.
+    pub queued: bool,
 }
 
 impl Site {
@@ -230,6 +233,7 @@ impl Owners {
     }
 
     fn compute(&mut self, frames: &[usize], label_cell: u64) -> Site {
+        let (frames, off_home) = crate::record::frames::thread_of(frames);
         // The module of every frame first, from the address alone: CUDA's layers, the C runtime
         // and other libraries are known by their file name, so only the frames of the program
         // and of the notebook's cells have their symbols read (a library's symbol table is read
@@ -327,6 +331,11 @@ impl Owners {
             site.cell = cell;
             site.line = line;
             site.called_from = outermost.filter(|o| Some(*o) != cell.zip(line));
+        } else if label_cell > 0 && off_home {
+            // Another thread's stack (a framework's device thread, a worker): the cell is the
+            // one that was running, whose queued work this was.
+            site.cell = Some(label_cell);
+            site.queued = true;
         }
         site
     }
@@ -336,6 +345,7 @@ impl Owners {
     /// evcxr's runner, which names no site: for gpumem-kernel's own binary on the development
     /// machine its tables took about 170 MiB of the notebook process and 0.1 s).
     fn frames_to_warm(&mut self, frames: &[usize]) -> Vec<usize> {
+        let frames = crate::record::frames::thread_of(frames).0;
         let modules: Vec<Arc<str>> = frames.iter().map(|&ip| self.symbols.module_name(ip)).collect();
         let in_cell = modules.iter().any(|m| m.starts_with("libcode_"));
         let exe = self.exe.as_deref().filter(|_| !in_cell);
@@ -363,6 +373,7 @@ impl Owners {
     /// Where the caller of the CUDA API starts in a stack (frames before it are ours, CUPTI's
     /// and the driver's): what a snapshot shows of the stack.
     pub(crate) fn caller_index(&mut self, frames: &[usize]) -> usize {
+        let frames = crate::record::frames::thread_of(frames).0;
         let modules: Vec<Arc<str>> = frames.iter().map(|&ip| self.symbols.module_name(ip)).collect();
         caller_of(&modules)
     }
@@ -370,6 +381,7 @@ impl Owners {
     /// The notebook's frames of a stack, for snapshots: each frame of a cell library mapped to
     /// `cell N` and its line where the line map knows it, the others as symbolised.
     pub(crate) fn frames(&mut self, frames: &[usize]) -> Vec<crate::record::frames::Frame> {
+        let frames = crate::record::frames::thread_of(frames).0;
         let start = self.caller_index(frames);
         let mut out = Vec::new();
         for &ip in &frames[start..] {

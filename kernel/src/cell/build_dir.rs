@@ -13,8 +13,9 @@
 //!   the tests), so the first build is shared;
 //! - when that one is held by another kernel (two notebooks open at once: two builds cannot
 //!   share a directory), the first free of `evcxr-2` … `evcxr-8` beside it, kept too; the
-//!   first time one is used, it is seeded with a copy of the shared directory's build, so the
-//!   second notebook's first `:dep gpumem-nb` starts warm instead of building every dependency;
+//!   first time one is used, it is seeded with a copy of the shared directory's build, and at
+//!   every later use it takes what the shared one built since (a new gpumem-nb), so the second
+//!   notebook's first `:dep gpumem-nb` starts warm instead of building every dependency;
 //! - when none of those can be used (a workspace claims it, it cannot be created, all are held),
 //!   a private temporary directory, removed when the kernel exits.
 //!
@@ -119,8 +120,9 @@ fn slot_path(first: &Path, n: usize) -> PathBuf {
     first.with_file_name(format!("{name}-{n}"))
 }
 
-/// Copies `from` (a cargo target directory) to `to`, file by file; what fails is left out
-/// (cargo rebuilds what is missing or stale). Returns the bytes copied.
+/// Copies `from` (a cargo target directory) to `to`, file by file: what `to` lacks, and what
+/// `from` has built since (a newer modification time; a file `to` built itself later stays).
+/// What fails is left out (cargo rebuilds what is missing or stale). Returns the bytes copied.
 fn seed(from: &Path, to: &Path) -> u64 {
     let mut bytes = 0;
     let Ok(entries) = std::fs::read_dir(from) else { return 0 };
@@ -132,6 +134,12 @@ fn seed(from: &Path, to: &Path) -> u64 {
         match e.file_type() {
             Ok(t) if t.is_dir() => bytes += seed(&src, &dst),
             Ok(t) if t.is_file() => {
+                let newer = |m: std::io::Result<std::fs::Metadata>| m.and_then(|m| m.modified()).ok();
+                if let (Some(ours), Some(theirs)) = (newer(std::fs::metadata(&dst)), newer(e.metadata()))
+                    && ours >= theirs
+                {
+                    continue;
+                }
                 if let Ok(n) = std::fs::copy(&src, &dst) {
                     bytes += n;
                     // Cargo decides freshness by modification times: keep the source's.
@@ -161,20 +169,22 @@ fn beside(first: &Path) -> Option<(BuildDir, String)> {
         }
         let fresh = !path.join("target").exists();
         let Some(held) = lock(&path) else { continue };
-        let how = if fresh {
-            let t = std::time::Instant::now();
-            let bytes = seed(&first.join("target"), &path.join("target"));
-            if bytes > 0 {
-                format!(
-                    ", prepared from the shared one ({} of builds copied in {:.1} s)",
-                    gpumem_nb::units::iec(bytes),
-                    t.elapsed().as_secs_f64()
-                )
-            } else {
-                String::new()
-            }
-        } else {
-            String::new()
+        // Seeded the first time; later, brought up to date with what the shared one built since
+        // (a new gpumem-nb, a dependency another notebook added).
+        let t = std::time::Instant::now();
+        let bytes = seed(&first.join("target"), &path.join("target"));
+        let how = match (bytes, fresh) {
+            (0, _) => String::new(),
+            (_, true) => format!(
+                ", prepared from the shared one ({} of builds copied in {:.1} s)",
+                gpumem_nb::units::iec(bytes),
+                t.elapsed().as_secs_f64()
+            ),
+            (_, false) => format!(
+                ", updated from the shared one ({} of newer builds copied in {:.1} s)",
+                gpumem_nb::units::iec(bytes),
+                t.elapsed().as_secs_f64()
+            ),
         };
         let notice = format!(
             "another gpumem kernel is using {}: this one compiles cells in {}{how}",
@@ -312,8 +322,23 @@ mod tests {
         assert_eq!(third.dir.as_ref().map(|d| d.path.clone()), Some(slot_path(&shared, 3)));
         drop(second);
         let again = choose_from(None, Some(shared.clone()));
-        assert_eq!(again.dir.as_ref().map(|d| d.path.clone()), Some(dir2));
+        assert_eq!(again.dir.as_ref().map(|d| d.path.clone()), Some(dir2.clone()));
         assert!(!again.notice.as_deref().unwrap().contains("prepared"), "already seeded");
+        assert!(!again.notice.as_deref().unwrap().contains("updated"), "nothing newer: {:?}", again.notice);
+        drop(again);
+        // The shared one builds a new version of a crate; the slot built one of its own since:
+        // the next use of the slot takes the shared one's newer file and keeps its own.
+        let later = when + std::time::Duration::from_secs(60);
+        std::fs::write(built.join("libdep.rlib"), b"rebuilt").unwrap();
+        File::options().write(true).open(built.join("libdep.rlib")).unwrap().set_modified(later).unwrap();
+        let own = dir2.join("target").join("debug").join("deps").join("libown.rlib");
+        std::fs::write(&own, b"the slot's").unwrap();
+        std::fs::write(built.join("libown.rlib"), b"the shared one's, older").unwrap();
+        File::options().write(true).open(built.join("libown.rlib")).unwrap().set_modified(when).unwrap();
+        let again = choose_from(None, Some(shared.clone()));
+        assert!(again.notice.as_deref().unwrap().contains("updated from the shared one"), "{:?}", again.notice);
+        assert_eq!(std::fs::read(&copy).unwrap(), b"rebuilt");
+        assert_eq!(std::fs::read(&own).unwrap(), b"the slot's");
         drop((third, again));
         drop(first);
         let third = choose_from(Some(PathBuf::new()), Some(shared.clone()));

@@ -16,8 +16,9 @@ use gpumem_nb::kernel::protocol::{FrameworkReading, OomEvent, Op, Reply};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// Timeout of the per-cell control requests.
-pub const HOOK_TIMEOUT: Duration = Duration::from_secs(3);
+/// Timeout of the per-cell control requests: their reading, after the crate's settle step
+/// (at most a second: the devices and watched frameworks run what was queued first).
+pub const HOOK_TIMEOUT: Duration = Duration::from_secs(4);
 
 /// What the hooks read before a cell.
 pub struct Before {
@@ -50,6 +51,8 @@ pub struct After {
     /// The watched frameworks' own numbers (cubecl's pools), when one is watched.
     pub frameworks: Option<Vec<FrameworkReading>>,
     /// The cell's first out-of-memory failure, when `%gpumem snapshot --on-oom` watches.
+    /// What did not settle before the reading (read as it stood).
+    pub unsettled: Vec<gpumem_nb::kernel::protocol::Settled>,
     pub oom: Option<OomEvent>,
     /// Time the hooks took, microseconds.
     pub us: u64,
@@ -110,11 +113,34 @@ impl Hooks {
     /// one that turns recording on.
     pub fn set_record_on_connect(&mut self, request: Option<Op>) {
         self.on_connect = request;
+        self.write_on_connect();
     }
 
     /// The `on_oom` request sent to every child as it connects (`None`: nothing is sent).
     pub fn set_oom_on_connect(&mut self, request: Option<Op>) {
         self.oom_on_connect = request;
+        self.write_on_connect();
+    }
+
+    /// Keeps both requests in the file beside the socket that the crate reads as it connects
+    /// (`protocol::on_connect_path`): a child that first uses its device in the middle of a
+    /// cell applies them at once, before the kernel accepts its connection after the cell.
+    fn write_on_connect(&self) {
+        let path = gpumem_nb::kernel::protocol::on_connect_path(lock(&self.control).socket_path());
+        let lines: String = [&self.on_connect, &self.oom_on_connect]
+            .into_iter()
+            .flatten()
+            .filter_map(|op| serde_json::to_string(op).ok())
+            .map(|l| l + "\n")
+            .collect();
+        let written =
+            if lines.is_empty() { std::fs::remove_file(&path).or(Ok(())) } else { std::fs::write(&path, lines) };
+        if let Err(e) = written {
+            eprintln!(
+                "gpumem-kernel: {}: {e} (a child connecting mid-cell records from the next cell)",
+                path.display()
+            );
+        }
     }
 
     /// Accepts a (re)connecting child `pid` and sends it the recording setting. True when one
@@ -195,35 +221,39 @@ impl Hooks {
         let (nvml, mut reply, us) = self.read(Op::Post { cell }, pid);
         let oom = reply.as_mut().and_then(|r| r.oom.take());
         let frameworks = reply.as_mut().and_then(|r| r.frameworks.take());
+        let unsettled = reply.as_mut().and_then(|r| r.unsettled.take()).unwrap_or_default();
         let (crate_readings, tracked) = readings(reply);
-        After { pid, nvml, crate_readings, tracked, frameworks, oom, us }
+        After { pid, nvml, crate_readings, tracked, frameworks, oom, unsettled, us }
     }
 
-    /// One side of the hooks: accept a (re)connecting child, read NVML, ask the crate for `op`
-    /// (`pre` or `post`); with the time it took, in microseconds.
+    /// One side of the hooks: accept a (re)connecting child, ask the crate for `op` (`pre` or
+    /// `post`: it settles first, so what the cell queued has run), then read NVML, last, when
+    /// the memory the cell queued is the driver's; with the time it took, in microseconds.
     fn read(&mut self, op: Op, pid: Option<u32>) -> (NvmlSnapshot, Option<Reply>, u64) {
         let t = Instant::now();
         self.poll(pid);
         let polled = t.elapsed();
-        let nvml = nvml::read();
-        let read_nvml = t.elapsed();
         let mut reply = None;
-        let mut control = self.control();
         let name = op.name();
-        if control.connected().is_some() {
-            match control.request(op, HOOK_TIMEOUT) {
-                Ok(r) => reply = Some(r),
-                Err(e) => eprintln!("gpumem-kernel: {name}-cell reading failed: {e}"),
+        {
+            let mut control = self.control();
+            if control.connected().is_some() {
+                match control.request(op, HOOK_TIMEOUT) {
+                    Ok(r) => reply = Some(r),
+                    Err(e) => eprintln!("gpumem-kernel: {name}-cell reading failed: {e}"),
+                }
             }
         }
+        let requested = t.elapsed();
+        let nvml = nvml::read();
         let us = t.elapsed().as_micros() as u64;
         if gpumem_nb::kernel::control::times_wanted() {
             // Beside the notebook process's own split (the same variable): the kernel's side.
             eprintln!(
-                "gpumem-kernel {name}: accepting the child {} µs, NVML {} µs, the request {} µs",
+                "gpumem-kernel {name}: accepting the child {} µs, the request {} µs, NVML {} µs",
                 polled.as_micros(),
-                (read_nvml - polled).as_micros(),
-                us - read_nvml.as_micros() as u64
+                (requested - polled).as_micros(),
+                us - requested.as_micros() as u64
             );
         }
         (nvml, reply, us)
@@ -298,6 +328,7 @@ pub fn record(cell: u64, before: &Before, after: &After) -> CellRecord {
     rec.children = after.pid.map_or_else(Vec::new, |pid| gpumem_nb::kernel::children::of_tree(pid, &after.nvml));
     rec.hook_us = before.us + after.us;
     rec.oom = after.oom.clone();
+    rec.unsettled = after.unsettled.clone();
     let frameworks_before = if before.pid == after.pid { before.frameworks.as_deref() } else { None };
     rec.frameworks = framework_parts(frameworks_before, after.frameworks.as_deref());
     rec

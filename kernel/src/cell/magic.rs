@@ -92,6 +92,9 @@ pub enum Magic {
     Metrics(Option<String>),
     /// `%gpumem reset`: forget this session's history (not the allocator's state).
     Reset,
+    /// `%gpumem restart`: a fresh notebook process (as `:restart`), the history kept: after a
+    /// lost CUDA context, the way on.
+    Restart,
     /// `%%gpumem [--timeline] [--snapshot DIR]`: full history for this one cell.
     Cell {
         /// Show the memory-over-time chart of the cell after it runs.
@@ -131,6 +134,7 @@ impl Magic {
             Magic::Export(..) => ("export", false),
             Magic::Metrics(_) => ("metrics", false),
             Magic::Reset => ("reset", false),
+            Magic::Restart => ("restart", false),
             Magic::Cell { .. } => ("%%gpumem", false),
             Magic::Bad { .. } => return None,
         };
@@ -263,6 +267,12 @@ pub static COMMANDS: &[Command] = &[
         verb: "reset",
         args: "",
         what: "forget this session's history (the allocator is untouched)",
+        when: When::BeforeCode,
+    },
+    Command {
+        verb: "restart",
+        args: "",
+        what: "a fresh notebook process, as :restart, the history kept (after a lost CUDA context: the way on)",
         when: When::BeforeCode,
     },
     Command {
@@ -479,6 +489,7 @@ fn parse_line_magic(args: &str) -> Result<Magic, String> {
             _ => Err("top takes at most one argument: N".into()),
         },
         "reset" => no_args(Magic::Reset),
+        "restart" => no_args(Magic::Restart),
         "snapshot" => match rest {
             [] => Ok(Magic::Snapshot(None)),
             [opt, ..] if opt.starts_with("--on-oom") => parse_on_oom(rest),
@@ -791,6 +802,7 @@ mod tests {
             Magic::Export(PathBuf::from("x.csv"), ExportFormat::Csv),
             Magic::Metrics(None),
             Magic::Reset,
+            Magic::Restart,
             Magic::Cell { timeline: false, snapshot: None },
         ];
         let rows: Vec<*const Command> = all.iter().map(|m| m.command().expect("a row") as *const Command).collect();

@@ -186,9 +186,14 @@ fn init_failure(e: DriverError, call: &str) -> String {
     format!("{why} ({call}: {})", code_name(e))
 }
 
-/// Any driver failure as [`DeviceError::Driver`], naming the call.
+/// Any driver failure as [`DeviceError::Driver`], naming the call; a fault that poisons the
+/// context (an illegal address, a device-side assert, …) as [`DeviceError::ContextLost`].
 fn driver(call: &str, e: DriverError) -> DeviceError {
-    DeviceError::Driver(format!("{} in {call}", code_name(e)))
+    let code = code_name(e);
+    match crate::device::Fault::from_code(&code) {
+        Some(fault) => DeviceError::ContextLost(crate::device::LostContext { fault, call: call.to_string() }),
+        None => DeviceError::Driver(format!("{code} in {call}")),
+    }
 }
 
 /// Like [`driver`], but `CUDA_ERROR_OUT_OF_MEMORY` becomes [`DeviceError::OutOfMemory`] (the
@@ -431,6 +436,15 @@ impl Backend for CudaBackend {
     fn mem_get_info(&mut self) -> Result<(u64, u64), DeviceError> {
         let (free, total) = self.ctx.mem_get_info().map_err(|e| driver("cuMemGetInfo_v2", e))?;
         Ok((free as u64, total as u64))
+    }
+
+    fn synchronize(&mut self) -> Result<(), DeviceError> {
+        self.ctx.synchronize().map_err(|e| driver("cuCtxSynchronize", e))
+    }
+
+    fn synchronizer(&mut self) -> Option<crate::device::Synchronizer> {
+        let ctx = self.ctx.clone();
+        Some(Box::new(move || ctx.synchronize().map_err(|e| driver("cuCtxSynchronize", e))))
     }
 
     fn reserve(&mut self, size: u64, _stream: StreamId) -> Result<u64, DeviceError> {

@@ -6,6 +6,23 @@ use crate::units::{iec, iec_delta};
 use serde_json::Value;
 use std::fmt::Write as _;
 
+/// What a lost CUDA context means, for the cell in which it was first seen (the error's value
+/// in gpumem-kernel, the message on stderr in the stock kernel): the fault, the call that
+/// reported it, and that nothing on the device works from here on.
+pub fn lost_message(l: &crate::device::LostContext, cell: u64) -> String {
+    format!(
+        "the CUDA context of this notebook's process is lost ({}), first reported by {} in cell {cell}: every later \
+         call on the device fails",
+        l.fault.what(),
+        l.call
+    )
+}
+
+/// Why the faulting launch may be earlier than the call that reported it, and how to pin it.
+pub const LOST_ASYNC_HINT: &str = "CUDA reports a kernel's fault at a later call: the faulting launch may be earlier \
+     in the cell. To pin it, `:env CUDA_LAUNCH_BLOCKING=1` (every launch then waits for its kernel) and run the cell \
+     again.";
+
 impl CellRecord {
     /// The line a person reads at a glance (text form; the HTML summary is the same words):
     /// the cell, the device (`sim` or `cuda:N`), the time, the allocator's allocated and reserved
@@ -17,7 +34,26 @@ impl CellRecord {
     /// cell runs (gpumem-kernel's `live`) shows the same quantities the same way
     /// ([`quantity`]).
     pub fn line(&self) -> String {
-        let mut parts = vec![format!("[{}] {}", self.cell, short_device(&self.device)), format_ms(self.wall_ms)];
+        let mut parts = vec![format!("[{}] {}", self.cell, short_device(&self.device))];
+        if self.status == "refused" {
+            // Refused before it ran (the context was lost in an earlier cell): nothing to time.
+            parts.push(format!(
+                "✗ not run: the CUDA context is lost ({})",
+                self.lost.as_ref().map_or("a kernel faulted", |l| l.fault.what())
+            ));
+            parts.push("restart the kernel's process to go on (variables are lost)".into());
+            return parts.join(" · ");
+        }
+        parts.push(format_ms(self.wall_ms));
+        // A lost context: its numbers can no longer be read; NVML's still can.
+        if let Some(l) = &self.lost {
+            parts.push(format!("✗ CUDA context lost ({})", l.fault.what()));
+            if let Some(p) = self.nvml.process.after {
+                parts.push(format!("process {} (NVML)", iec(p)));
+            }
+            parts.push("restart the kernel's process to go on (variables are lost)".into());
+            return parts.join(" · ");
+        }
         let all = self.all_allocations.as_ref().filter(|a| a.is_tracked());
         match &self.allocator {
             Some(a) => {
@@ -45,6 +81,11 @@ impl CellRecord {
         };
         if let Some(top) = all.and_then(|a| a.top.iter().find(held)) {
             parts.push(format!("top {}", top.site()));
+        }
+        // What NVML counts beyond every tracked allocation and the CUDA pool's cache, where it
+        // is not nothing (a MiB of noise aside): the CUDA context, the kernels' code.
+        if let Some(g) = self.nvml_gap().filter(|g| g.rest.unsigned_abs() >= 1 << 20) {
+            parts.push(format!("{} CUDA context and modules (NVML)", iec_delta(g.rest)));
         }
         if !self.children.is_empty() {
             let total: u64 = self.children.iter().map(|c| c.used).sum();
@@ -77,6 +118,9 @@ impl CellRecord {
         if self.restarted {
             let why = self.restart_reason.as_deref().unwrap_or("child process replaced");
             let _ = write!(line, " · ⟳ restarted ({why}; variables lost)");
+        }
+        for u in &self.unsettled {
+            let _ = write!(line, " · ⚠ {} did not settle: {}", u.key, u.error.as_deref().unwrap_or(""));
         }
         for w in &self.warnings {
             let _ = write!(line, " · ⚠ {w}");
@@ -247,6 +291,21 @@ impl CellRecord {
             Some(proc_.saturating_sub(alloc + pool))
         };
         let rest = Span { before: held(|s| s.before), after: held(|s| s.after) };
+        if let Some(g) = self.nvml_gap() {
+            t.row([
+                "NVML's change, explained".into(),
+                "–".into(),
+                "–".into(),
+                iec_delta(g.nvml),
+                "–".into(),
+                format!(
+                    "= all allocations {} + CUDA pool cache {} + CUDA context and modules (no tracker sees them) {}",
+                    iec_delta(g.tracked),
+                    iec_delta(g.pool_cache),
+                    iec_delta(g.rest)
+                ),
+            ]);
+        }
         if self.nvml.unavailable.is_none() {
             t.row([
                 "rest of this process".into(),
@@ -290,7 +349,11 @@ impl CellRecord {
     /// The display_data bundle: text/plain, text/html, and the JSON record.
     pub fn display(&self) -> serde_json::Map<String, Value> {
         let line = self.line();
-        let warn = !self.warnings.is_empty() || self.restarted || self.oom.is_some();
+        let warn = !self.warnings.is_empty()
+            || self.restarted
+            || self.oom.is_some()
+            || self.lost.is_some()
+            || !self.unsettled.is_empty();
         let html = line_html(
             &line,
             "gpumem-report",
@@ -384,4 +447,79 @@ pub fn allocator_absent(restarted_after_load: bool, declared: bool) -> String {
 /// `850 µs`, `12.3 ms`, `1.23 s`, `2 min 5 s`.
 pub fn format_ms(ms: f64) -> String {
     crate::units::format_duration(std::time::Duration::from_secs_f64(ms.max(0.0) / 1e3))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{AllAllocations, PoolPart};
+    use super::*;
+
+    /// A cell on a GPU where NVML grew by 128 MiB: tracked allocations +139.80 MiB, of which the
+    /// CUDA pool reused 11.80 MiB it had cached; and one where 9.37 MiB more than that is
+    /// NVML's alone (a kernel's first launch loads its module).
+    #[test]
+    fn nvml_s_change_is_explained_and_its_rest_named_only_when_not_nothing() {
+        let mib = 1u64 << 20;
+        let rec = |nvml_after: u64| CellRecord {
+            cell: 9,
+            device: "cuda:0 NVIDIA H200".into(),
+            nvml: super::super::NvmlPart {
+                process: Span { before: Some(1000 * mib), after: Some(nvml_after) },
+                ..Default::default()
+            },
+            all_allocations: Some(AllAllocations {
+                tracking: "cupti".into(),
+                before: Some(500 * mib),
+                after: Some(500 * mib + 139 * mib + 4 * mib / 5),
+                ..Default::default()
+            }),
+            pool: Some(PoolPart {
+                used: Span { before: Some(100 * mib), after: Some(100 * mib + 139 * mib + 4 * mib / 5) },
+                reserved: Span { before: Some(200 * mib), after: Some(328 * mib) },
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let exact = rec(1128 * mib);
+        let g = exact.nvml_gap().unwrap();
+        assert_eq!((g.nvml, g.pool_cache, g.rest), (128 * mib as i64, -(11 * mib as i64 + 4 * mib as i64 / 5), 0));
+        assert!(!exact.line().contains("CUDA context"), "{}", exact.line());
+        let loaded = rec(1128 * mib + 9 * mib + 3 * mib / 8);
+        assert_eq!(loaded.nvml_gap().unwrap().rest, 9 * mib as i64 + 3 * mib as i64 / 8);
+        assert!(loaded.line().contains(" · +9.38 MiB CUDA context and modules (NVML)"), "{}", loaded.line());
+        let details = loaded.details().to_text();
+        assert!(details.contains("= all allocations +139.80 MiB + CUDA pool cache -11.80 MiB"), "{details}");
+    }
+
+    /// A lost context: the line names it and shows NVML's last reading instead of numbers the
+    /// allocator can no longer read; a later cell refused for it says it did not run.
+    #[test]
+    fn a_lost_context_is_named_instead_of_numbers() {
+        let lost = crate::device::LostContext {
+            fault: crate::device::Fault::IllegalAddress,
+            call: "cuMemcpyDtoHAsync_v2".into(),
+        };
+        let mut rec = CellRecord {
+            cell: 3,
+            device: "cuda:0 NVIDIA H200".into(),
+            wall_ms: 12.0,
+            lost: Some(lost.clone()),
+            status: "lost".into(),
+            allocator: Some(Default::default()),
+            nvml: super::super::NvmlPart {
+                process: Span { before: None, after: Some(788 << 20) },
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let line = rec.line();
+        assert!(line.contains("✗ CUDA context lost (illegal address) · process 788.00 MiB (NVML)"), "{line}");
+        assert!(!line.contains("allocated"), "{line}");
+        rec.status = "refused".into();
+        let line = rec.line();
+        assert!(line.starts_with("[3] cuda:0 · ✗ not run: the CUDA context is lost (illegal address)"), "{line}");
+        assert!(
+            lost_message(&lost, 3).contains("lost (illegal address), first reported by cuMemcpyDtoHAsync_v2 in cell 3")
+        );
+    }
 }

@@ -306,6 +306,14 @@ pub struct CellRecord {
     /// pid, with names; NVML, or the simulated process table): not in its own numbers above.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub children: Vec<crate::notebook::children::ChildProcess>,
+    /// The device's CUDA context, lost by the end of the cell (a kernel faulted): the device
+    /// can no longer be read, and every later call on it fails until the process restarts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost: Option<crate::device::LostContext>,
+    /// A device or watched framework that did not run what the cell queued within the settle
+    /// time: the numbers after the cell are as they stood, without that work.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unsettled: Vec<crate::notebook::protocol::Settled>,
 }
 
 /// What a cell's live line cost the kernel (see `crate::live`).
@@ -332,7 +340,35 @@ pub struct Sources {
     pub device: String,
 }
 
+/// NVML's change of this process's memory over a cell, split into what explains it: every
+/// tracked allocation, the CUDA pool's cache (reserved − used: memory the stream-ordered pool
+/// keeps after frees, or reuses before asking for more), and the rest, which no tracker sees
+/// (the CUDA context, the code of the kernels loaded, a kernel's local memory).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NvmlGap {
+    /// NVML's change, bytes.
+    pub nvml: i64,
+    /// Every tracked allocation's change on that device.
+    pub tracked: i64,
+    /// The CUDA pool's cache's change.
+    pub pool_cache: i64,
+    /// What is left: `nvml − tracked − pool_cache`.
+    pub rest: i64,
+}
+
 impl CellRecord {
+    /// NVML's change over the cell, explained (see [`NvmlGap`]); `None` where NVML or tracking
+    /// has no number for both ends (a restart, no GPU).
+    pub fn nvml_gap(&self) -> Option<NvmlGap> {
+        let nvml = self.nvml.process.delta()?;
+        let tracked = self.all_allocations.as_ref()?.delta()?;
+        let cache = |s: fn(&Span) -> Option<u64>| {
+            self.pool.as_ref().map_or(Some(0), |p| Some(s(&p.reserved)? as i64 - s(&p.used)? as i64))
+        };
+        let pool_cache = cache(|s| s.after)? - cache(|s| s.before)?;
+        Some(NvmlGap { nvml, tracked, pool_cache, rest: nvml - tracked - pool_cache })
+    }
+
     /// What the budget is compared with: the cell's peak of live memory, the allocator's
     /// allocated peak plus the CUDA pool's used high-water mark (cached but free memory does
     /// not count: it is reusable).
@@ -472,6 +508,7 @@ pub fn build_record(cell: u64, r: &Readings<'_>) -> CellRecord {
         };
     }
     rec.device = device_name(after0, dev_after);
+    rec.lost = r.crate_after.and_then(|v| v.iter().find_map(|d| d.lost.clone()));
     rec
 }
 

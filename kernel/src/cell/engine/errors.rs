@@ -119,6 +119,35 @@ fn last_line(lines: &[String]) -> String {
     lines.iter().rev().find(|l| !l.trim().is_empty()).cloned().unwrap_or_else(|| "the cell returned an error".into())
 }
 
+/// The error of the cell in which the device's CUDA context was lost: the fault's driver name,
+/// and what it means, which call noticed it, why it may have been an earlier launch, and what
+/// to do.
+pub(super) fn context_lost(l: &gpumem_nb::device::LostContext, cell: u64) -> ErrorInfo {
+    let evalue = gpumem_nb::kernel::report::lost_message(l, cell);
+    ErrorInfo {
+        ename: l.fault.code().into(),
+        evalue: evalue.clone(),
+        traceback: vec![
+            format!("\x1b[1;31m{}\x1b[0m: {evalue}", l.fault.code()),
+            gpumem_nb::kernel::report::LOST_ASYNC_HINT.into(),
+            "`%gpumem restart` starts a fresh notebook process (variables are lost, the history is kept).".into(),
+        ],
+    }
+}
+
+/// A cell with code after the context was lost in cell `cell`: refused, with the same cause.
+pub(super) fn refused_after_loss(l: &gpumem_nb::device::LostContext, cell: u64) -> ErrorInfo {
+    let evalue = format!(
+        "the CUDA context was lost in cell {cell} ({}): this cell did not run; `%gpumem restart` starts a fresh process",
+        l.fault.what()
+    );
+    ErrorInfo {
+        ename: l.fault.code().into(),
+        evalue: evalue.clone(),
+        traceback: vec![format!("\x1b[1;31m{}\x1b[0m: {evalue}", l.fault.code())],
+    }
+}
+
 pub(super) fn first_code_line(code: &str) -> String {
     let l = code.lines().map(str::trim).find(|l| !l.is_empty() && !l.starts_with("//")).unwrap_or("");
     if l.chars().count() > 48 { format!("{}…", l.chars().take(47).collect::<String>()) } else { l.to_string() }

@@ -106,6 +106,22 @@ impl Engine {
                 Some(at) => self.stream("stdout", format!("gpumem: metrics endpoint at {at} stopped")),
                 None => self.stream("stdout", "gpumem: metrics endpoint was off"),
             },
+            Magic::Restart => {
+                self.restart_child();
+                let lost = self.lost.take();
+                let was = match &lost {
+                    Some((cell, l)) => format!(" (the CUDA context was lost in cell {cell}: {})", l.fault.what()),
+                    None => String::new(),
+                };
+                self.restarted_by_magic = Some(match &lost {
+                    Some((cell, _)) => format!("%gpumem restart, the context lost in cell {cell}"),
+                    None => "%gpumem restart".into(),
+                });
+                self.stream(
+                    "stdout",
+                    format!("gpumem: a fresh notebook process{was}; variables are lost, the history is kept"),
+                );
+            }
             Magic::Reset => {
                 let n = self.history.cells.len();
                 self.history.cells.clear();

@@ -120,9 +120,14 @@ pub struct Engine {
     interrupted: Arc<AtomicBool>,
     /// Hook timings of the last cell (pre, post), microseconds.
     pub last_hook_us: (u64, u64),
-    /// Said once, on `stderr` of the first cell (a fallback build directory, a toolchain
+    /// Said once, as a display message of the first cell (another build directory, a toolchain
     /// without `rust-src`).
     notice: Option<String>,
+    /// The cell in which the notebook process's CUDA context was lost, and why: cells with code
+    /// are refused until `%gpumem restart`.
+    lost: Option<(u64, gpumem_nb::device::LostContext)>,
+    /// Why `%gpumem restart` replaced the child before this cell's code (its record says so).
+    restarted_by_magic: Option<String>,
     /// The cells' build, watched for the live line and the console.
     compile: Option<Arc<Mutex<compile::Watch>>>,
     /// The gpumem-nb this kernel was built with (what `:dep gpumem-nb` loads).
@@ -215,6 +220,8 @@ impl Engine {
                 .map(|d| Arc::new(Mutex::new(compile::Watch::new(std::path::Path::new(&d))))),
             own: dep::Own::of_this_build(),
             own_declared: false,
+            lost: None,
+            restarted_by_magic: None,
             cell_ends: Default::default(),
             metrics,
         })
@@ -336,7 +343,24 @@ impl Engine {
         }
         let mut outcome = Outcome { count, error: None, record: None };
         let mut live = None;
-        if magic::has_code(&run_code) {
+        if let Some((cell, lost)) = self.lost.clone().filter(|_| magic::has_code(&run_code)) {
+            // Every call on a lost context fails: the code does not run.
+            let info = errors::refused_after_loss(&lost, cell);
+            self.sink.emit(Output::Error(info.clone()));
+            let mut rec = self.history.cells.last().cloned().unwrap_or_default();
+            rec = CellRecord {
+                cell: count,
+                label: format!("cell {count}"),
+                status: "refused".into(),
+                first_line: shown.to_string(),
+                device: rec.device,
+                lost: Some(lost),
+                ..Default::default()
+            };
+            self.history.cells.push(rec.clone());
+            outcome.error = Some(info);
+            outcome.record = Some(rec);
+        } else if magic::has_code(&run_code) {
             let ran = self.run_cell(count, &run_code, &shown, allow_stdin, cell_magic.as_ref());
             outcome.error = ran.error;
             outcome.record = Some(ran.record);
@@ -347,6 +371,8 @@ impl Engine {
                 self.stream("stderr", "%%gpumem: the cell has no code to record");
             }
         }
+        // A restart in a cell without code is said by its own message, not by a later record.
+        self.restarted_by_magic = None;
         for m in magics.iter().filter(|m| m.runs_after_code()) {
             self.run_output_magic(m, count);
         }
@@ -489,11 +515,25 @@ impl Engine {
         let locate = |line: u32| -> Option<(u64, u32)> { lines.as_ref()?.lookup(line) };
         let mut error = None;
         let mut terminated: Option<String> = None;
+        // The device's CUDA context lost in this cell (a kernel faulted): the cell's error,
+        // whatever its code made of the failing call.
+        let lost_here = after
+            .crate_readings
+            .as_ref()
+            .and_then(|v| v.iter().find_map(|d| d.lost.clone()))
+            .filter(|_| self.lost.is_none());
         match result {
             Ok(out) => {
                 let data = mime_map(out.content_by_mime_type);
                 if let Some(p) = &panicked {
-                    let info = panic::error_info(p, count, &locate);
+                    let mut info = panic::error_info(p, count, &locate);
+                    // The code panicked on a failing call of the lost context: the loss is
+                    // the cell's error, the panic its detail.
+                    if let Some(l) = &lost_here {
+                        let mut lost = errors::context_lost(l, count);
+                        lost.traceback.append(&mut info.traceback);
+                        info = lost;
+                    }
                     self.sink.emit(Output::Error(info.clone()));
                     error = Some(info);
                 } else {
@@ -509,7 +549,8 @@ impl Engine {
                     if !data.is_empty() && !is_unit(&data) {
                         self.sink.emit(Output::ExecuteResult { count, data });
                     }
-                    if let Some(info) = returned.or(value) {
+                    let lost = lost_here.as_ref().map(|l| errors::context_lost(l, count));
+                    if let Some(info) = lost.or(returned).or(value) {
                         self.sink.emit(Output::Error(info.clone()));
                         error = Some(info);
                     }
@@ -540,7 +581,12 @@ impl Engine {
             }
         }
         let mut rec = hooks::record(count, &before, &after);
-        rec.status = if panicked.is_some() {
+        if let Some(l) = lost_here {
+            self.lost = Some((count, l));
+        }
+        rec.status = if error.as_ref().is_some_and(|e| gpumem_nb::device::Fault::from_code(&e.ename).is_some()) {
+            "lost".into()
+        } else if panicked.is_some() {
             "panicked".into()
         } else if error.as_ref().is_some_and(|e| e.ename == "OutOfMemoryError") {
             "oom".into()
@@ -554,7 +600,11 @@ impl Engine {
         rec.wall_ms = started.elapsed().as_secs_f64() * 1000.0;
         rec.crate_declared = self.own_declared;
         rec.live = live.as_ref().filter(|l| l.id.is_some()).map(|l| l.cost.clone());
-        if rec.restarted {
+        if let Some(why) = self.restarted_by_magic.take() {
+            // `%gpumem restart` replaced the child before the cell's readings began.
+            rec.restarted = true;
+            rec.restart_reason = Some(why);
+        } else if rec.restarted {
             rec.restart_reason = Some(if interrupted {
                 "interrupted".into()
             } else if let Some(t) = &terminated {

@@ -104,7 +104,11 @@ impl History {
             cols.push(("process", true, Box::new(move |c: &CellRecord| opt(c.nvml.process.after))));
             cols.push(("Δ process", true, Box::new(move |c: &CellRecord| optd(c.nvml.process.delta()))));
         }
-        cols.push(("wall", true, Box::new(|c: &CellRecord| format_ms(c.wall_ms))));
+        cols.push((
+            "wall",
+            true,
+            Box::new(|c: &CellRecord| if c.status == "refused" { "–".into() } else { format_ms(c.wall_ms) }),
+        ));
         cols.push((
             "notes",
             false,
@@ -113,6 +117,11 @@ impl History {
                 match c.status.as_str() {
                     "ok" => {}
                     "oom" => notes.push("OOM".into()),
+                    "lost" => notes.push(format!(
+                        "✗ CUDA context lost ({})",
+                        c.lost.as_ref().map_or("a kernel faulted", |l| l.fault.what())
+                    )),
+                    "refused" => notes.push("not run: the CUDA context was lost".into()),
                     other => notes.push(other.to_string()),
                 }
                 if c.restarted {
