@@ -185,7 +185,7 @@ impl Backend for Discard {
 impl DeviceState {
     /// Where the reserved bytes are now (see [`ReservedParts`]). `&mut` only to set the
     /// recorded history aside while the state is copied; nothing observable changes.
-    pub fn reserved_parts(&mut self) -> ReservedParts {
+    pub(crate) fn reserved_parts(&mut self) -> ReservedParts {
         let mut parts = self.reserved_parts_kept();
         parts.releasable = self.releasable_bytes();
         parts

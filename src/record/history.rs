@@ -133,7 +133,7 @@ pub enum RecordMode {
 
 /// The ring of recorded events.
 #[derive(Clone, Debug)]
-pub struct History {
+pub(crate) struct History {
     mode: RecordMode,
     context: StackContext,
     max_entries: usize,
@@ -154,7 +154,7 @@ impl Default for History {
 impl History {
     /// Sets what is recorded. `Off` clears the ring; `State` keeps one entry, which leaving
     /// `State` forgets too (it tracked the live blocks' state, not a history to continue).
-    pub fn set_mode(&mut self, mode: RecordMode, max_entries: usize) {
+    pub(crate) fn set_mode(&mut self, mode: RecordMode, max_entries: usize) {
         if self.mode == RecordMode::State && mode != RecordMode::State {
             self.entries.clear();
         }
@@ -171,34 +171,24 @@ impl History {
         }
     }
     /// The current mode.
-    pub fn mode(&self) -> RecordMode {
+    pub(crate) fn mode(&self) -> RecordMode {
         self.mode
     }
     /// Sets where stacks are kept.
-    pub fn set_context(&mut self, context: StackContext) {
+    pub(crate) fn set_context(&mut self, context: StackContext) {
         self.context = context;
     }
     /// Where stacks are kept (`None` while recording is off).
-    pub fn context(&self) -> StackContext {
+    pub(crate) fn context(&self) -> StackContext {
         if self.mode == RecordMode::Off { StackContext::None } else { self.context }
     }
     /// The ring size.
-    pub fn max_entries(&self) -> usize {
+    pub(crate) fn max_entries(&self) -> usize {
         self.max_entries
-    }
-    /// Whether events are being recorded.
-    #[inline]
-    pub fn is_on(&self) -> bool {
-        self.mode != RecordMode::Off
-    }
-    /// Appends an event when recording is on.
-    #[inline]
-    pub fn record(&mut self, action: TraceAction, addr: u64, size: u64, stream: StreamId) {
-        self.record_with(action, addr, size, stream, None, 0);
     }
     /// Appends an event with its stack and label when recording is on.
     #[inline(always)]
-    pub fn record_with(
+    pub(crate) fn record_with(
         &mut self,
         action: TraceAction,
         addr: u64,
@@ -228,16 +218,12 @@ impl History {
         self.entries.push_back(TraceEntry { action, addr, size, stream, time_us: now_us(), frames, label });
     }
     /// The recorded events, oldest first.
-    pub fn entries(&self) -> &VecDeque<TraceEntry> {
+    pub(crate) fn entries(&self) -> &VecDeque<TraceEntry> {
         &self.entries
     }
     /// Removes and returns the recorded events.
-    pub fn drain(&mut self) -> Vec<TraceEntry> {
+    pub(crate) fn drain(&mut self) -> Vec<TraceEntry> {
         self.entries.drain(..).collect()
-    }
-    /// Empties the ring, keeping the mode.
-    pub fn clear(&mut self) {
-        self.entries.clear();
     }
 }
 

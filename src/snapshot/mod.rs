@@ -55,7 +55,7 @@ pub struct RawSnapshot {
 impl RawSnapshot {
     /// Copies the state, then records PyTorch's "snapshot" event as `_snapshot()` does (after
     /// the copy: a snapshot's own event shows up in the next snapshot, not in itself).
-    pub fn take(state: &mut DeviceState, device: i32) -> Self {
+    pub(crate) fn take(state: &mut DeviceState, device: i32) -> Self {
         let raw = RawSnapshot {
             device,
             segments: state.segments(),

@@ -15,7 +15,7 @@ impl DeviceState {
 
     /// The caller releases a block. It returns to the pool now, or once events on every other
     /// stream that used it complete (Note [Cross-stream frees]).
-    pub fn free<B: Backend>(&mut self, dev: &mut B, block: BlockId) -> Result<(), DeviceError> {
+    pub(crate) fn free<B: Backend>(&mut self, dev: &mut B, block: BlockId) -> Result<(), DeviceError> {
         let id = self.check_allocated(block)?;
         let b = self.arena.get_mut(id);
         b.allocated = false;
@@ -41,7 +41,7 @@ impl DeviceState {
     }
 
     /// `record_stream`: the block is also used on `stream`.
-    pub fn record_stream(&mut self, block: BlockId, stream: StreamId) -> Result<(), DeviceError> {
+    pub(crate) fn record_stream(&mut self, block: BlockId, stream: StreamId) -> Result<(), DeviceError> {
         let id = self.check_allocated(block)?;
         let b = self.arena.get_mut(id);
         if stream != b.stream {
@@ -69,7 +69,7 @@ impl DeviceState {
     }
 
     /// Returns blocks whose stream events have all completed (runs at every malloc).
-    pub fn process_events<B: Backend>(&mut self, dev: &mut B) -> Result<(), DeviceError> {
+    pub(crate) fn process_events<B: Backend>(&mut self, dev: &mut B) -> Result<(), DeviceError> {
         if self.pending.is_empty() {
             return Ok(());
         }

@@ -11,7 +11,7 @@ impl DeviceState {
     /// Allocates `orig_size` bytes for `stream`, PyTorch's sequence: process completed events,
     /// best fit from the pool, else a new segment; on failure free oversize cached blocks (with
     /// `max_split_size`), then every cached block, and retry; then out-of-memory.
-    pub fn malloc<B: Backend>(
+    pub(crate) fn malloc<B: Backend>(
         &mut self,
         dev: &mut B,
         orig_size: u64,

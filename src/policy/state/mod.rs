@@ -112,7 +112,7 @@ impl SegmentView {
 
 /// The caching state of one device.
 #[derive(Clone, Debug)]
-pub struct DeviceState {
+pub(crate) struct DeviceState {
     config: AllocatorConfig,
     device: i32,
     arena: Arena,
@@ -172,7 +172,7 @@ fn dec(arr: &mut StatArray, pool: PoolKind, n: u64) {
 
 impl DeviceState {
     /// A fresh state for device `device` with the given configuration.
-    pub fn new(device: i32, config: AllocatorConfig) -> Self {
+    pub(crate) fn new(device: i32, config: AllocatorConfig) -> Self {
         let stats = DeviceStats::new(config.max_split_size_reported());
         DeviceState {
             config,
@@ -199,55 +199,50 @@ impl DeviceState {
     }
 
     /// Whether out-of-memory reports carry [`crate::ReservedParts`] (on by default).
-    pub fn set_explain_ooms(&mut self, on: bool) {
+    pub(crate) fn set_explain_ooms(&mut self, on: bool) {
         self.explain_ooms = on;
     }
 
     /// The configuration.
-    pub fn config(&self) -> &AllocatorConfig {
+    pub(crate) fn config(&self) -> &AllocatorConfig {
         &self.config
     }
 
     /// The statistics.
-    pub fn stats(&self) -> &DeviceStats {
+    pub(crate) fn stats(&self) -> &DeviceStats {
         &self.stats
     }
 
     /// `reset_peak_memory_stats`.
-    pub fn reset_peak_stats(&mut self) {
+    pub(crate) fn reset_peak_stats(&mut self) {
         self.stats.reset_peak();
     }
 
     /// `reset_accumulated_memory_stats`.
-    pub fn reset_accumulated_stats(&mut self) {
+    pub(crate) fn reset_accumulated_stats(&mut self) {
         self.stats.reset_accumulated();
     }
 
     /// Bytes currently obtained from the device.
-    pub fn total_reserved(&self) -> u64 {
+    pub(crate) fn total_reserved(&self) -> u64 {
         self.total_reserved
     }
 
     /// Labels blocks allocated and events recorded from now on (e.g. "cell 3"); `None`
     /// clears the label. Returns the label's id.
-    pub fn set_label(&mut self, label: Option<&str>) -> u32 {
+    pub(crate) fn set_label(&mut self, label: Option<&str>) -> u32 {
         self.current_tag = self.labels.intern(label);
         self.current_tag
     }
 
     /// Every label text, indexed by id (id 0 is "").
-    pub fn labels(&self) -> Vec<String> {
+    pub(crate) fn labels(&self) -> Vec<String> {
         self.labels.all()
-    }
-
-    /// The text of a label id ("" for 0 or an unknown id).
-    pub fn label_name(&self, id: u32) -> &str {
-        self.labels.name(id)
     }
 
     /// The stack of the operation about to run (captured by the caller outside the lock);
     /// kept until the next call.
-    pub fn set_op_context(&mut self, frames: Option<Frames>) {
+    pub(crate) fn set_op_context(&mut self, frames: Option<Frames>) {
         self.op_ctx = frames;
     }
 
@@ -275,7 +270,7 @@ impl DeviceState {
     }
 
     /// Records PyTorch's "snapshot" event (size: bytes of active blocks).
-    pub fn record_snapshot_event(&mut self) {
+    pub(crate) fn record_snapshot_event(&mut self) {
         let active = self.stats.active_bytes[0].current as u64;
         let frames = self.ctx_for_alloc_event();
         self.trace(TraceAction::Snapshot, 0, active, StreamId::DEFAULT, frames);
@@ -312,21 +307,21 @@ impl DeviceState {
     // Peak slots
 
     /// Opens an independent peak tracker starting at the current values.
-    pub fn open_slot(&mut self) -> SlotId {
+    pub(crate) fn open_slot(&mut self) -> SlotId {
         let now = self.now_peaks();
         self.slots.open(now)
     }
     /// Peaks seen by a slot since it was opened or reset.
-    pub fn slot_peaks(&self, id: SlotId) -> Option<SlotPeaks> {
+    pub(crate) fn slot_peaks(&self, id: SlotId) -> Option<SlotPeaks> {
         self.slots.get(id)
     }
     /// Restarts a slot at the current values; other slots and global peaks are untouched.
-    pub fn reset_slot(&mut self, id: SlotId) -> bool {
+    pub(crate) fn reset_slot(&mut self, id: SlotId) -> bool {
         let now = self.now_peaks();
         self.slots.reset(id, now)
     }
     /// Closes a slot, returning its peaks.
-    pub fn close_slot(&mut self, id: SlotId) -> Option<SlotPeaks> {
+    pub(crate) fn close_slot(&mut self, id: SlotId) -> Option<SlotPeaks> {
         self.slots.close(id)
     }
 
@@ -334,7 +329,7 @@ impl DeviceState {
     // Memory fraction
 
     /// `set_per_process_memory_fraction`: limit reserved memory to `fraction · total`.
-    pub fn set_memory_fraction(&mut self, fraction: f64, total: u64) -> Result<(), String> {
+    pub(crate) fn set_memory_fraction(&mut self, fraction: f64, total: u64) -> Result<(), String> {
         if !(0.0..=1.0).contains(&fraction) {
             return Err(format!("invalid fraction {fraction}: must be between 0 and 1"));
         }
@@ -342,14 +337,14 @@ impl DeviceState {
         Ok(())
     }
     /// The limit as a fraction of `total` (1.0 when none is set).
-    pub fn memory_fraction(&self, total: u64) -> f64 {
+    pub(crate) fn memory_fraction(&self, total: u64) -> f64 {
         match self.allowed {
             Some(a) if total > 0 => a as f64 / total as f64,
             _ => 1.0,
         }
     }
     /// The per-process limit in bytes, if set.
-    pub fn allowed_bytes(&self) -> Option<u64> {
+    pub(crate) fn allowed_bytes(&self) -> Option<u64> {
         self.allowed
     }
 }

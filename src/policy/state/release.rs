@@ -7,7 +7,7 @@ use crate::device::{Backend, DeviceError};
 impl DeviceState {
     /// `empty_cache`: wait for pending stream events, then return every fully free segment
     /// (and every fully free page of expandable segments) to the device.
-    pub fn empty_cache<B: Backend>(&mut self, dev: &mut B) -> Result<(), DeviceError> {
+    pub(crate) fn empty_cache<B: Backend>(&mut self, dev: &mut B) -> Result<(), DeviceError> {
         self.release_cached_blocks(dev)
     }
 

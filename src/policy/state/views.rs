@@ -7,7 +7,7 @@ pub(crate) type Contexts = (Option<Frames>, HashMap<u32, Frames>, HashMap<u64, F
 
 impl DeviceState {
     /// Information about an allocated block.
-    pub fn block(&self, id: BlockId) -> Option<BlockView> {
+    pub(crate) fn block(&self, id: BlockId) -> Option<BlockView> {
         let b = self.arena.slots.get(id.0 as usize).filter(|b| b.live)?;
         Some(self.view(id.0, b))
     }
@@ -25,7 +25,7 @@ impl DeviceState {
     }
 
     /// Segments as PyTorch's snapshot reports them, sorted by address.
-    pub fn segments(&self) -> Vec<SegmentView> {
+    pub(crate) fn segments(&self) -> Vec<SegmentView> {
         let mut out = Vec::new();
         for (head_id, head) in self.arena.live() {
             if !head.mapped {
@@ -62,7 +62,7 @@ impl DeviceState {
     /// Orders the streams with pending events so that blocks whose addresses come first in
     /// `addrs` are checked first (others keep their order, after them). PyTorch visits streams
     /// in hash-map order; a replay uses this to follow the order a trace recorded.
-    pub fn prioritize_pending(&mut self, addrs: &[u64]) {
+    pub(crate) fn prioritize_pending(&mut self, addrs: &[u64]) {
         let arena = &self.arena;
         self.pending.sort_by_key(|(_, q)| {
             q.front().and_then(|&(_, id)| addrs.iter().position(|&a| a == arena.get(id).addr)).unwrap_or(usize::MAX)
@@ -70,7 +70,8 @@ impl DeviceState {
     }
 
     /// Number of blocks waiting on stream events.
-    pub fn pending_frees(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn pending_frees(&self) -> usize {
         self.pending.iter().map(|(_, q)| q.len()).sum()
     }
 
