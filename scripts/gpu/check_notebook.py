@@ -121,7 +121,8 @@ def main():
         row = {
             "cell": r["cell"],
             "code": first[:60],
-            "line": next((o["data"]["text/plain"] for o in outs if CELL_MIME in o.get("data", {})), ""),
+            # nbformat on disk may keep a multi-line string as a list of lines.
+            "line": "".join(next((o["data"]["text/plain"] for o in outs if CELL_MIME in o.get("data", {})), "")),
             "tracking": alla.get("tracking"),
             "allocator_reserved_delta": delta(a.get("reserved")),
             "pool_reserved_delta": delta(pool.get("reserved")),

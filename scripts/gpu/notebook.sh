@@ -7,13 +7,14 @@
 # builds the kernel, vendors every crate the notebooks load, downloads the Jupyter client's
 # wheels, packs them with a minimal Rust toolchain (rustc, cargo, std, rust-lld, rust-src and
 # the standard library's own crates, which evcxr's type inference reads) into one
-# xz stream and splits it into .gpu-nb1/ .gpu-nb2/ .gpu-nb3/ (ignored by git; each fits the
+# xz stream and splits it into .gpu-nb1/ .gpu-nb2/ … of 40 MiB each (ignored by git; each fits the
 # device tool's 64 MiB per call).
 #
-# There, three calls back to back while the machine stays warm (it keeps /opt between calls):
+# There, one call per part back to back while the machine stays warm (it keeps /opt between
+# calls; `pack` says how many parts, four for 159 MiB), the last one going on with `setup`:
 #     carry .gpu-nb1:  bash scripts/gpu/notebook.sh stash 1
-#     carry .gpu-nb2:  bash scripts/gpu/notebook.sh stash 2
-#     carry .gpu-nb3:  bash scripts/gpu/notebook.sh stash 3 && bash scripts/gpu/notebook.sh setup \
+#     …
+#     carry .gpu-nb4:  bash scripts/gpu/notebook.sh stash 4 && bash scripts/gpu/notebook.sh setup \
 #                      && bash scripts/gpu/notebook.sh run notebooks/tour.ipynb notebooks/gpu_cublas.ipynb
 # then, still warm:   bash scripts/gpu/notebook.sh run notebooks/gpu_candle.ipynb
 #                     bash scripts/gpu/notebook.sh jupyter notebooks/gpu_cublas.ipynb
@@ -53,7 +54,7 @@ pack() {
     # binary): a target directory shared with another clone may hold a kernel compiled there,
     # which cargo would not rebuild for this one. Touching the file that reads the path makes
     # it this checkout's.
-    touch kernel/src/dep.rs
+    touch kernel/src/cell/dep.rs
     cargo build --release -p gpumem-kernel
     cp "$CARGO_TARGET_DIR/release/gpumem-kernel" "$work/payload/bin/"
     strip "$work/payload/bin/gpumem-kernel"
@@ -137,20 +138,27 @@ PY
     # A bare `:dep gpumem-nb` loads the checkout the kernel was built from (its path is compiled
     # into the kernel): `setup` points that path at the repo on the GPU machine.
     echo "$repo" > "$work/payload/kernel-source.txt"
-    step "one xz stream, split in three"
+    step "one xz stream, split in parts that travel beside the working tree"
     (cd "$work/payload" && tar cf - .) | xz -T0 -6 > "$work/payload.tar.xz"
-    local size
-    size=$(stat -c %s "$work/payload.tar.xz")
-    local exclude
+    split_parts
+}
+
+split_parts() {
+    # Each call carries the working tree too (64 MiB in all, the device tool's limit): parts of
+    # at most 40 MiB leave the tree 24 MiB.
+    local work="$CARGO_TARGET_DIR/gpu-nb-pack" exclude n i
     exclude="$(git rev-parse --git-path info/exclude)"
     mkdir -p "$(dirname "$exclude")"
-    for i in 1 2 3; do
-        rm -rf ".gpu-nb$i" && mkdir -p ".gpu-nb$i"
+    rm -rf .gpu-nb[0-9]* "$work"/part*
+    split -b 40M -d -a 1 "$work/payload.tar.xz" "$work/part"
+    n=$(ls "$work"/part* | wc -l)
+    for i in $(seq 1 "$n"); do
+        mkdir -p ".gpu-nb$i"
         grep -qx "/.gpu-nb$i/" "$exclude" 2>/dev/null || echo "/.gpu-nb$i/" >> "$exclude"
+        mv "$work/part$((i - 1))" ".gpu-nb$i/part"
     done
-    split -n 3 -d -a 1 "$work/payload.tar.xz" "$work/part"
-    for i in 1 2 3; do mv "$work/part$((i - 1))" ".gpu-nb$i/part"; done
-    du -sh .gpu-nb1 .gpu-nb2 .gpu-nb3 "$work/payload.tar.xz"
+    du -sh .gpu-nb[0-9]* "$work/payload.tar.xz"
+    echo "$n parts: one device call each (carry .gpu-nbN: notebook.sh stash N), then setup"
 }
 
 stash() {
@@ -162,7 +170,8 @@ stash() {
 setup() {
     local t0=$SECONDS
     rm -rf "$root" && mkdir -p "$root"
-    cat "$stage/part1" "$stage/part2" "$stage/part3" | xz -d -T0 | tar xf - -C "$root"
+    # The parts in order (part1, part2, …, part10 after part9).
+    ls "$stage"/part* | sort -V | xargs cat | xz -d -T0 | tar xf - -C "$root"
     mkdir -p "$root/cargo-home"
     cat > "$root/cargo-home/config.toml" <<EOF
 [source.crates-io]
@@ -367,6 +376,7 @@ PY
 case "${1:-}" in
     pack) pack ;;
     stash) stash "$2" ;;
+    split) split_parts ;;
     setup) setup ;;
     run) shift; run_nb "$@" ;;
     jupyter) shift; jupyter_nb "$@" ;;

@@ -72,7 +72,17 @@ impl CellRecord {
         if let Some(p) = &self.pool
             && (p.used.after.unwrap_or(0) > 0 || p.used_high.unwrap_or(0) > 0)
         {
-            parts.push(quantity("CUDA pool", p.used.after, p.used.delta(), p.used_high, "peak"));
+            let mut q = quantity("CUDA pool", p.used.after, p.used.delta(), p.used_high, "peak");
+            // What the pool keeps reserved beyond what is in use: the driver (and NVML) still
+            // count it, whatever the allocations freed.
+            let cached = p.reserved.after.zip(p.used.after).map_or(0, |(r, u)| r.saturating_sub(u));
+            if cached >= 1 << 20 {
+                q = match q.strip_suffix(')') {
+                    Some(open) => format!("{open}, cached {})", iec(cached)),
+                    None => format!("{q} (cached {})", iec(cached)),
+                };
+            }
+            parts.push(q);
         }
         parts.extend(self.frameworks.iter().map(|f| f.line()));
         // The code holding the most (the allocator's cached free memory is no one's).
@@ -487,8 +497,27 @@ mod tests {
         let loaded = rec(1128 * mib + 9 * mib + 3 * mib / 8);
         assert_eq!(loaded.nvml_gap().unwrap().rest, 9 * mib as i64 + 3 * mib as i64 / 8);
         assert!(loaded.line().contains(" · +9.38 MiB CUDA context and modules (NVML)"), "{}", loaded.line());
+        // The pool's cache is on the line: the driver counts it, whatever was freed.
+        assert!(
+            loaded.line().contains(" · CUDA pool 239.80 MiB (+139.80 MiB, cached 88.20 MiB) · "),
+            "{}",
+            loaded.line()
+        );
         let details = loaded.details().to_text();
         assert!(details.contains("= all allocations +139.80 MiB + CUDA pool cache -11.80 MiB"), "{details}");
+        // The first cell that uses the GPU (NVML had nothing of the process before, the crate
+        // was not loaded): the CUDA context is the rest, the pool empty before.
+        let mut first = rec(0);
+        first.nvml.process = Span { before: Some(0), after: Some(532 * mib) };
+        first.all_allocations.as_mut().unwrap().before = Some(0);
+        first.all_allocations.as_mut().unwrap().after = Some(2 * mib);
+        first.pool = Some(PoolPart {
+            used: Span { before: None, after: Some(0) },
+            reserved: Span { before: None, after: Some(0) },
+            ..Default::default()
+        });
+        assert_eq!(first.nvml_gap().unwrap().rest, 530 * mib as i64);
+        assert!(first.line().contains(" · +530.00 MiB CUDA context and modules (NVML)"), "{}", first.line());
     }
 
     /// A lost context: the line names it and shows NVML's last reading instead of numbers the

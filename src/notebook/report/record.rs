@@ -365,7 +365,10 @@ impl CellRecord {
         let cache = |s: fn(&Span) -> Option<u64>| {
             self.pool.as_ref().map_or(Some(0), |p| Some(s(&p.reserved)? as i64 - s(&p.used)? as i64))
         };
-        let pool_cache = cache(|s| s.after)? - cache(|s| s.before)?;
+        // Before the process's first CUDA call (NVML had nothing of it) no pool held anything,
+        // though the crate, not loaded yet, could not say so.
+        let fresh = self.nvml.process.before == Some(0);
+        let pool_cache = cache(|s| s.after)? - cache(|s| s.before).or(fresh.then_some(0))?;
         Some(NvmlGap { nvml, tracked, pool_cache, rest: nvml - tracked - pool_cache })
     }
 
