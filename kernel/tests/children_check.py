@@ -88,8 +88,13 @@ def run():
     text = "".join(
         o.data.get("text/plain", "") for o in nb.cells[1].outputs if o.output_type == "display_data" and CELL_MIME in o.data
     )
-    if f"child processes 48.00 MiB (gpumem-demo {pid}; simulated)" not in text:
+    if f"child processes 48.00 MiB (gpumem-demo {pid})" not in text:
         fail(f"the report line does not name the worker: {text[:400]!r}")
+    html = "".join(
+        o.data.get("text/html", "") for o in nb.cells[1].outputs if o.output_type == "display_data" and CELL_MIME in o.data
+    )
+    if f"child process gpumem-demo (pid {pid}) on sim-0" not in html or "simulated device&#x27;s process table" not in html and "simulated device's process table" not in html:
+        fail(f"the details table does not list the worker with its source: {html[:600]!r}")
     print(f"OK: the worker (pid {pid}, gpumem-demo, 48 MiB on sim-0) is in its cell's report, apart from the notebook's own 64 MiB; gone after it stopped")
 
 

@@ -99,7 +99,14 @@ impl CellRecord {
         }
         if !self.children.is_empty() {
             let total: u64 = self.children.iter().map(|c| c.used).sum();
-            parts.push(format!("child processes {} ({})", iec(total), self.children.len()));
+            // One or two workers by name and pid; more by count (the details list each).
+            let who = if self.children.len() <= 2 {
+                let named: Vec<String> = self.children.iter().map(|c| format!("{} {}", c.name, c.pid)).collect();
+                named.join(", ")
+            } else {
+                format!("{} processes", self.children.len())
+            };
+            parts.push(format!("child processes {} ({who})", iec(total)));
         }
         if let Some((free, _)) = self.device_free_total() {
             parts.push(format!("free {}", iec(free)));
@@ -334,6 +341,21 @@ impl CellRecord {
                 "NVML, every other pid on the device".into(),
             ]);
         }
+        for c in &self.children {
+            let source = match c.source.as_str() {
+                "nvml" => "NVML, a process below the notebook's in the process tree",
+                "simulated" => "the simulated device's process table, a process below the notebook's",
+                other => other,
+            };
+            t.row([
+                format!("child process {} (pid {}) on {}", c.name, c.pid, c.device),
+                "–".into(),
+                iec(c.used),
+                "–".into(),
+                "–".into(),
+                source.to_string(),
+            ]);
+        }
         if let Some((free, total)) = self.device_free_total() {
             t.row([
                 "device free / total".into(),
@@ -518,6 +540,30 @@ mod tests {
         });
         assert_eq!(first.nvml_gap().unwrap().rest, 530 * mib as i64);
         assert!(first.line().contains(" · +530.00 MiB CUDA context and modules (NVML)"), "{}", first.line());
+    }
+
+    /// A cell's workers: one or two by name and pid on the line, more by count; each in the
+    /// details with its bytes and where the figure comes from.
+    #[test]
+    fn child_processes_are_named_on_the_line_and_listed_in_the_details() {
+        let child = |pid: u32, used: u64| crate::notebook::children::ChildProcess {
+            pid,
+            name: "gpumem-demo".into(),
+            device: "sim-0".into(),
+            used,
+            source: "simulated".into(),
+        };
+        let mut rec = CellRecord { cell: 2, children: vec![child(41, 48 << 20)], ..Default::default() };
+        assert!(rec.line().contains(" · child processes 48.00 MiB (gpumem-demo 41)"), "{}", rec.line());
+        rec.children.push(child(42, 16 << 20));
+        assert!(rec.line().contains(" · child processes 64.00 MiB (gpumem-demo 41, gpumem-demo 42)"), "{}", rec.line());
+        rec.children.push(child(43, 1 << 20));
+        assert!(rec.line().contains(" · child processes 65.00 MiB (3 processes)"), "{}", rec.line());
+        let details = rec.details().to_text();
+        for pid in [41, 42, 43] {
+            assert!(details.contains(&format!("child process gpumem-demo (pid {pid}) on sim-0")), "{details}");
+        }
+        assert!(details.contains("the simulated device's process table"), "{details}");
     }
 
     /// A lost context: the line names it and shows NVML's last reading instead of numbers the
