@@ -93,7 +93,7 @@ def run():
     html = "".join(
         o.data.get("text/html", "") for o in nb.cells[1].outputs if o.output_type == "display_data" and CELL_MIME in o.data
     )
-    if f"child process gpumem-demo (pid {pid}) on sim-0" not in html or "simulated device&#x27;s process table" not in html and "simulated device's process table" not in html:
+    if f"child process gpumem-demo (pid {pid}) on sim-0" not in html or "simulated device&#39;s process table" not in html:
         fail(f"the details table does not list the worker with its source: {html[:600]!r}")
     print(f"OK: the worker (pid {pid}, gpumem-demo, 48 MiB on sim-0) is in its cell's report, apart from the notebook's own 64 MiB; gone after it stopped")
 
