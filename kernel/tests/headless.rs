@@ -598,3 +598,81 @@ fn settings_of_the_first_cell_apply_to_its_own_code() {
         "fit planned from the first cell's recording: {fit:?}"
     );
 }
+
+/// Writes a path crate `dir/name` with `manifest_extra` after its `[package]` and `lib` as its
+/// `src/lib.rs`.
+fn path_crate(dir: &Path, name: &str, manifest_extra: &str, lib: &str) -> PathBuf {
+    let root = dir.join(name);
+    std::fs::create_dir_all(root.join("src")).unwrap();
+    std::fs::write(
+        root.join("Cargo.toml"),
+        format!("[package]\nname = \"{name}\"\nversion = \"0.1.0\"\nedition = \"2021\"\n{manifest_extra}"),
+    )
+    .unwrap();
+    std::fs::write(root.join("src/lib.rs"), lib).unwrap();
+    root
+}
+
+/// One copy of a `:dep` crate for the session: a `static` counter bumped from three cells reads
+/// 1, 2, 3 (evcxr alone links a copy into each cell: 1, 1, 1), and the crate uses `libc` and
+/// `cfg-if` (crates that use `core` directly, which evcxr's own dylib mode cannot build). A crate
+/// that cannot be loaded that way (its library is named otherwise than its package) is said in
+/// one line that names it, and its cells still run, linked per cell; `:allow_static_linking 1`
+/// turns the mechanism off for later `:dep`s.
+#[test]
+fn dependencies_are_loaded_once_for_the_session() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("session-deps");
+    let _ = std::fs::remove_dir_all(&dir);
+    let counter = path_crate(
+        &dir,
+        "counter",
+        "[dependencies]\nlibc = \"0.2\"\ncfg-if = \"1\"\n",
+        "use std::sync::atomic::{AtomicUsize, Ordering};\n\
+         static COUNT: AtomicUsize = AtomicUsize::new(0);\n\
+         cfg_if::cfg_if! {\n    if #[cfg(unix)] {\n        pub fn pid() -> i32 { unsafe { libc::getpid() } }\n    } else {\n        pub fn pid() -> i32 { 0 }\n    }\n}\n\
+         pub fn bump() -> usize { COUNT.fetch_add(1, Ordering::SeqCst) + 1 }\n",
+    );
+    let other = path_crate(
+        &dir,
+        "other-name",
+        "[lib]\nname = \"othername\"\n",
+        "use std::sync::atomic::{AtomicUsize, Ordering};\n\
+         static COUNT: AtomicUsize = AtomicUsize::new(0);\n\
+         pub fn bump() -> usize { COUNT.fetch_add(1, Ordering::SeqCst) + 1 }\n",
+    );
+    let later = path_crate(&dir, "later", "", "pub fn answer() -> u32 { 42 }\n");
+    let dep = |name: &str, p: &Path| format!(":dep {name} = {{ path = {:?} }}", p.display().to_string());
+    let cells = [
+        format!("{}\ncounter::bump()", dep("counter", &counter)),
+        "counter::bump()".to_string(),
+        "assert_eq!(counter::pid() as u32, std::process::id());\ncounter::bump()".to_string(),
+        format!("{}\nothername::bump()", dep("other-name", &other)),
+        "othername::bump()".to_string(),
+        format!(":allow_static_linking 1\n{}\nlater::answer()", dep("later", &later)),
+        "counter::bump()".to_string(),
+    ];
+    let cells: Vec<(&str, &[&str])> = cells.iter().map(|c| (c.as_str(), &[][..])).collect();
+    let (code, out, stderr) = run("session-deps", &notebook(&cells), &[]);
+    assert_eq!(code, 0, "{stderr}");
+    let results: Vec<String> = (0..cells.len()).map(|i| result_text(&out, i)).collect();
+    assert_eq!(results, ["1", "2", "3", "1", "1", "42", "4"], "one counter for the session: {stderr}");
+    let notices = |i: usize| -> String {
+        outputs(&out, i)
+            .iter()
+            .filter(|o| o["output_type"] == "display_data" && o["data"].get(CELL_MIME).is_none())
+            .filter_map(|o| o["data"]["text/plain"].as_str())
+            .collect()
+    };
+    assert!(!notices(0).contains("cannot be loaded"), "{}", notices(0));
+    let fallback = notices(3);
+    assert_eq!(fallback.lines().count(), 1, "{fallback}");
+    assert!(
+        fallback.starts_with("gpumem-kernel: other-name cannot be loaded once for the session (")
+            && fallback.contains("statics are per cell"),
+        "{fallback}"
+    );
+    assert!(notices(5).contains("linked into each cell"), "{}", notices(5));
+    // The generation is a crate of its own, named by what it holds, in the shared directory.
+    let src = outputs(&out, 0).iter().filter_map(|o| o["text"].as_str()).collect::<String>();
+    assert!(!src.contains("gpumem_deps_"), "the loading cell is the kernel's, not shown: {src}");
+}

@@ -17,6 +17,9 @@ Assertions (exit 1 when one fails):
   function is FUNCTION (or starts with it when it ends in `::`), in this cell at LINE when given;
   with --no-lines (the stock kernel, which cannot know cell lines) only the function is checked;
 - cells tagged `top-names=A,B`: the cell's value (`gpumem_nb::tracking::top(n)`) names each of A, B;
+- cells tagged `returns=VALUE`: the cell's value is VALUE (as a number when both are numbers);
+  `cubecl-in-use-falls=MIB`: cubecl's in-use bytes fell by at least MIB in the cell (issue 35:
+  the server `watch` reads in that cell holds what an earlier cell made);
 - cells tagged `nvml-matches`: NVML's per-process delta equals what the process reserved
   according to the crate (allocator reserved delta + CUDA pool reserved delta + tracked driver,
   VMM and managed allocations) within the driver's 2 MiB granularity.
@@ -166,6 +169,16 @@ def main():
             got = (result or "").strip().removeprefix("Some(").removesuffix(")")
             if str(value) != got:
                 failures.append(f"cell {i} ({first}): the cell returned {got}, the report says {value}")
+        for tag in (t for t in tags if t.startswith("returns=")):
+            want = tag[len("returns="):]
+            got = (result or "").strip()
+            if got != want and not (got.replace(".", "", 1).isdigit() and float(got) == float(want)):
+                failures.append(f"cell {i} ({first}): the cell returned {got!r}, expected {want}")
+        for tag in (t for t in tags if t.startswith("cubecl-in-use-falls=")):
+            mib = float(tag[len("cubecl-in-use-falls="):])
+            fell = delta((cubecl or {}).get("in_use"))
+            if fell is None or -fell < mib * MIB:
+                failures.append(f"cell {i} ({first}): cubecl's in-use bytes fell by {fell and -fell}, expected >= {mib} MiB")
         for tag in (t for t in tags if t.startswith("site=")):
             spec = tag[len("site="):]
             func, _, line = spec.partition("@")

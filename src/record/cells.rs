@@ -21,6 +21,11 @@
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
+/// The name gpumem-kernel gives the shared library of a session's `:dep` crates
+/// (`gpumem_deps_<hash>`, loaded by every cell): its code is the notebook's dependencies, read
+/// by the namer as the cells' libraries are.
+pub const SESSION_DEPS_PREFIX: &str = "gpumem_deps_";
+
 /// Consecutive lines of `lib.rs` that are consecutive lines of one cell.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LineRun {

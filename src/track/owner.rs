@@ -90,7 +90,9 @@ pub(crate) struct Owners {
 
 /// Whether `module` is the program (`exe`) or a notebook cell's library: code named by symbol.
 fn is_ours(exe: Option<&str>, module: &str) -> bool {
-    Some(module) == exe || module.starts_with("libcode_")
+    Some(module) == exe
+        || module.starts_with("libcode_")
+        || module.strip_prefix("lib").is_some_and(|m| m.starts_with(crate::record::cells::SESSION_DEPS_PREFIX))
 }
 
 /// CUDA's own layers: never an owner.

@@ -18,6 +18,9 @@ use std::ffi::OsString;
 /// `GPUMEM_NB_CELL_LINES=off` builds cells without line tables.
 pub const CELL_LINES_VAR: &str = "GPUMEM_NB_CELL_LINES";
 
+/// The crate evcxr builds each cell as.
+pub const CELL_CRATE: &str = "ctx";
+
 /// Set (to 1) in cargo's environment when this binary is the cells' rustc wrapper.
 pub const WRAP_VAR: &str = "GPUMEM_KERNEL_CELL_RUSTC";
 
@@ -39,7 +42,8 @@ pub fn build_envs(exe: &std::path::Path) -> [(String, String); 2] {
 }
 
 /// The rustc command to run when this process was started as the cell crate's rustc wrapper
-/// (`gpumem-kernel RUSTC ARGS…` with [`WRAP_VAR`] set): `RUSTC ARGS… FLAGS`. `None` otherwise,
+/// (`gpumem-kernel RUSTC ARGS…` with [`WRAP_VAR`] set): `RUSTC ARGS… FLAGS` for the cell crate,
+/// `RUSTC ARGS…` for another crate of the workspace. `None` otherwise,
 /// also when the first argument is this binary itself (evcxr's own rustc wrapper, which is this
 /// binary too, runs first and then calls this one: `evcxr::runtime_hook` handles that step).
 pub fn wrapped_command(args: &[OsString], exe: Option<&std::path::Path>) -> Option<(OsString, Vec<OsString>)> {
@@ -51,19 +55,47 @@ pub fn wrapped_command(args: &[OsString], exe: Option<&std::path::Path>) -> Opti
         return None;
     }
     let mut all: Vec<OsString> = rest.to_vec();
-    all.extend(FLAGS.iter().map(OsString::from));
+    // Only the cell crate: a path dependency cargo counts as a workspace member (the session's
+    // generated dependency crate, a crate beside the notebook) is built as it would be anyway.
+    if is_cell_crate(rest) {
+        all.extend(FLAGS.iter().map(OsString::from));
+        if let Some(level) = cell_opt_level() {
+            all.extend([OsString::from("-C"), OsString::from(format!("opt-level={level}"))]);
+        }
+    }
     Some((rustc.clone(), all))
+}
+
+/// The cells' own optimisation level (`:opt`, which gpumem-kernel keeps for the cell crate;
+/// the dependencies stay at evcxr's `opt-level = 2`), from [`CELL_OPT_VAR`] in the build's
+/// environment.
+pub const CELL_OPT_VAR: &str = "GPUMEM_KERNEL_CELL_OPT";
+
+/// The cell crate's opt-level asked for, when it is one rustc knows.
+fn cell_opt_level() -> Option<String> {
+    let v = std::env::var(CELL_OPT_VAR).ok()?;
+    let v = v.trim();
+    matches!(v, "0" | "1" | "2" | "3" | "s" | "z").then(|| v.to_string())
+}
+
+/// Whether rustc's `args` build the cell crate.
+fn is_cell_crate(args: &[OsString]) -> bool {
+    args.windows(2).any(|w| w[0] == "--crate-name" && w[1] == CELL_CRATE)
 }
 
 /// Runs the wrapped rustc in place of this process when this process is the cells' rustc
 /// wrapper (see [`wrapped_command`]); returns otherwise. Call first thing in `main`.
 pub fn wrap_if_asked() {
+    super::cell_times::link_if_asked();
     if std::env::var_os(WRAP_VAR).is_none() {
         return;
     }
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
     let exe = std::env::current_exe().ok();
     let Some((rustc, args)) = wrapped_command(&args, exe.as_deref()) else { return };
+    if let Some(exe) = exe.as_deref().filter(|_| super::cell_times::enabled() && is_cell_crate(&args)) {
+        super::cell_times::run_rustc(&rustc, args, exe, WRAP_VAR);
+    }
     let mut cmd = std::process::Command::new(&rustc);
     cmd.args(&args).env_remove(WRAP_VAR);
     #[cfg(unix)]
@@ -99,6 +131,10 @@ mod tests {
         let rest: Vec<&str> = rest.iter().map(|a| a.to_str().unwrap()).collect();
         assert_eq!(rest[..5], ["--crate-name", "ctx", "src/lib.rs", "-C", "strip=debuginfo"]);
         assert_eq!(rest[5..], FLAGS, "after the profile's flags, so they win");
+        // Another crate of the workspace: run as it is.
+        let other: Vec<OsString> =
+            ["/t/bin/rustc", "--crate-name", "gpumem_deps_1", "lib.rs"].iter().map(OsString::from).collect();
+        assert_eq!(wrapped_command(&other, Some(exe)), Some(("/t/bin/rustc".into(), other[1..].to_vec())));
         // evcxr's wrapper calling this binary: not ours to run.
         let chained: Vec<OsString> = ["/opt/k/gpumem-kernel", "/t/bin/rustc"].iter().map(OsString::from).collect();
         assert_eq!(wrapped_command(&chained, Some(exe)), None);

@@ -5,10 +5,12 @@
 //! live line while it runs, and the engine that puts them together.
 //!
 //! ## Layers
-//! 1. `build_dir`, `toolchain`, `cell_lines`, `dep`, `compile`, `magic`, `complete`,
-//!    `stderr_sync` — where evcxr compiles the cells (outside any cargo workspace); what the
-//!    kernel needs from the Rust toolchain; line tables in the cells' own code; `:dep
-//!    gpumem-nb` is the crate the kernel was built with; how far a cell's build has come; the
+//! 1. `build_dir`, `toolchain`, `cell_times`, `cell_lines`, `dep`, `session_deps`, `compile`,
+//!    `magic`, `complete`, `stderr_sync` — where evcxr compiles the cells (outside any cargo
+//!    workspace); what the kernel needs from the Rust toolchain; where a cell's time goes (for
+//!    the cell benchmark); line tables in the cells' own code; `:dep
+//!    gpumem-nb` is the crate the kernel was built with; one copy of every `:dep` crate for the
+//!    session; how far a cell's build has come; the
 //!    `%gpumem` / `%%gpumem` parser and the table its help comes from; `is_complete`; a barrier
 //!    on the evcxr child's stderr (a cell's panic before its report).
 //! 2. `user_error` — in the child, the mark that a cell's code returned `Err` (evcxr keeps it
@@ -20,10 +22,12 @@
 
 pub mod build_dir;
 pub mod cell_lines;
+pub mod cell_times;
 pub mod compile;
 pub mod complete;
 pub mod dep;
 pub mod magic;
+pub mod session_deps;
 pub mod stderr_sync;
 pub mod toolchain;
 pub mod user_error;

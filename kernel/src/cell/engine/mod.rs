@@ -27,6 +27,7 @@ use crate::cell::dep;
 use crate::cell::hooks::{self, HOOK_TIMEOUT, Hooks};
 use crate::cell::live;
 use crate::cell::magic::{self, Magic};
+use crate::cell::session_deps::{self, SessionDeps};
 use crate::cell::stderr_sync::{SYNC_VAR, StderrSync};
 use crate::cell::toolchain;
 use crate::output::{ErrorInfo, Output, Progress, Sink};
@@ -134,6 +135,8 @@ pub struct Engine {
     own: dep::Own,
     /// A cell declared `:dep gpumem-nb` (it loads in the child at its first use).
     own_declared: bool,
+    /// The session's `:dep` crates, loaded once as one shared library.
+    deps: SessionDeps,
     /// When each cell that ran code ended (the child's pid then, µs since the epoch), for
     /// `%gpumem diff` of cells.
     cell_ends: std::collections::BTreeMap<u64, (Option<u32>, i64)>,
@@ -220,6 +223,9 @@ impl Engine {
                 .map(|d| Arc::new(Mutex::new(compile::Watch::new(std::path::Path::new(&d))))),
             own: dep::Own::of_this_build(),
             own_declared: false,
+            deps: SessionDeps::new(
+                SessionDeps::default_root().unwrap_or_else(|| std::env::temp_dir().join("gpumem-deps")),
+            ),
             lost: None,
             restarted_by_magic: None,
             cell_ends: Default::default(),
@@ -281,6 +287,22 @@ impl Engine {
         self.display(m);
     }
 
+    /// A short message in the report's style (not stderr, which a notebook shows as an alarm).
+    fn show_notice(&self, notice: &str) {
+        let html = notice
+            .lines()
+            .map(|l| {
+                format!(
+                    "<div class=\"gpumem-notice\" style=\"font-family:var(--jp-code-font-family,monospace);\
+                     font-size:var(--jp-code-font-size,12px);color:{}\">ⓘ {}</div>",
+                    gpumem_nb::render::TEXT2,
+                    gpumem_nb::render::escape(l)
+                )
+            })
+            .collect();
+        self.display_text_html(notice, html);
+    }
+
     fn magic_error(&self, what: &str) {
         self.stream("stderr", format!("%gpumem: {what}\n"));
     }
@@ -293,18 +315,7 @@ impl Engine {
         // What the kernel had to say at its start: a short message in the report's style (not
         // stderr, which a notebook shows as an alarm).
         if let Some(notice) = self.notice.take() {
-            let html = notice
-                .lines()
-                .map(|l| {
-                    format!(
-                        "<div class=\"gpumem-notice\" style=\"font-family:var(--jp-code-font-family,monospace);\
-                         font-size:var(--jp-code-font-size,12px);color:{}\">ⓘ {}</div>",
-                        gpumem_nb::render::TEXT2,
-                        gpumem_nb::render::escape(l)
-                    )
-                })
-                .collect();
-            self.display_text_html(&notice, html);
+            self.show_notice(&notice);
         }
         let (magics, run_code) = magic::parse(code);
         // What the history shows of the cell: its code as written (not the `:dep` evcxr gets).
@@ -332,6 +343,16 @@ impl Engine {
         };
         if dep::names_own(&run_code) {
             self.own_declared = true;
+        }
+        // `:allow_static_linking` is the kernel's (evcxr's own dylib mode does not build).
+        let (static_linking, run_code) = session_deps::static_linking_setting(&run_code);
+        if let Some(stat) = static_linking {
+            self.deps.set_enabled(!stat);
+            self.show_notice(if stat {
+                "gpumem-kernel: :dep crates from now on are linked into each cell (their statics are per cell)"
+            } else {
+                "gpumem-kernel: :dep crates from now on are loaded once for the session (one copy of their statics)"
+            });
         }
         let mut cell_magic: Option<(bool, Option<PathBuf>)> = None;
         for m in &magics {
@@ -480,6 +501,22 @@ impl Engine {
             }
             _ => None,
         };
+        // The cell's new `:dep` crates, loaded once for the session before its code runs.
+        let mut not_loaded = None;
+        let deps_started = Instant::now();
+        if magic::has_code(run_code) {
+            let cwd = std::env::current_dir().unwrap_or_default();
+            match self.deps.plan(run_code, &cwd) {
+                Ok(Some(load)) => match self.ctx.execute(&load.cell) {
+                    Ok(_) => self.deps.loaded(&load),
+                    Err(e) => not_loaded = Some((load, e.to_string())),
+                },
+                Ok(None) => {}
+                Err(e) => self.show_notice(&format!("gpumem-kernel: cannot write the session's dependencies: {e}")),
+            }
+        }
+        let deps_ms = deps_started.elapsed().as_secs_f64() * 1e3;
+        let code_started = Instant::now();
         let result = if magic::has_code(run_code) {
             self.ctx.execute_with_callbacks(
                 run_code,
@@ -488,6 +525,22 @@ impl Engine {
         } else {
             Ok(evcxr::EvalOutputs::new())
         };
+        let code_ms = code_started.elapsed().as_secs_f64() * 1e3;
+        let phases: Vec<(String, f64)> = result
+            .as_ref()
+            .map(|o| o.phases.iter().map(|p| (p.name.clone(), p.duration.as_secs_f64() * 1e3)).collect())
+            .unwrap_or_default();
+        // A generation that did not load: said (and its crates linked per cell from now on)
+        // only when the cell itself built, so that a `:dep` of its own is not blamed on it.
+        if let Some((load, why)) = not_loaded
+            && result.is_ok()
+        {
+            self.deps.refused(&load);
+            self.show_notice(&session_deps::fallback_message(&load, &why));
+        }
+        if run_code.lines().any(|l| l.trim() == ":clear") {
+            self.deps.cleared();
+        }
         let live = sampler.map(live::Sampler::stop);
         if let Some(t) = ticker {
             t.stop();
@@ -598,6 +651,12 @@ impl Engine {
         rec.first_line = shown.to_string();
         rec.source_hash = source_hash(run_code);
         rec.wall_ms = started.elapsed().as_secs_f64() * 1000.0;
+        if crate::cell::cell_times::enabled() {
+            crate::cell::cell_times::append(&serde_json::json!({
+                "step": "cell", "cell": count, "wall_ms": rec.wall_ms, "deps_ms": deps_ms, "code_ms": code_ms,
+                "phases": phases, "hooks_us": [before.us, after.us],
+            }));
+        }
         rec.crate_declared = self.own_declared;
         rec.live = live.as_ref().filter(|l| l.id.is_some()).map(|l| l.cost.clone());
         if let Some(why) = self.restarted_by_magic.take() {

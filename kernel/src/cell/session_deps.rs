@@ -1,0 +1,330 @@
+//! One copy of every `:dep` crate for the whole session.
+//!
+//! evcxr builds every cell as a shared library of its own and links each `:dep` crate into it
+//! statically, statics included: a `static` counter bumped from three cells reads 1, 1, 1; cubecl
+//! keeps its device servers in a static, so each cell that calls burn starts a new server with
+//! pools of its own, and tensors of two cells cannot meet. gpumem-kernel instead puts the
+//! session's dependencies into one shared library, a generated crate with
+//! `crate-type = ["dylib"]` that re-exports them (`pub extern crate candle_core;`), and loads
+//! it before the cell that declared them: the cells then link those crates from it (rustc finds
+//! them already included in a dylib the cell depends on), so each static exists once.
+//!
+//! - The generated crate is named by what it holds (`gpumem_deps_<hash>`) and lives in one
+//!   directory for every build directory (`~/.cache/gpumem-kernel/deps`), so a later session, or
+//!   a second kernel, with the same `:dep`s finds it built. It is an ordinary path dependency of
+//!   the cells' crate: cargo builds it with the cells' profile, over the same dependency builds.
+//! - It is loaded by a cell of two lines the kernel runs before the user's
+//!   (`:dep gpumem_deps_… = { path = … }` and `extern crate gpumem_deps_…;`, which evcxr keeps
+//!   for every later cell); the user's own `:dep` lines go to evcxr unchanged, so type
+//!   inference and `use` work as before and the cell's line numbers do not move.
+//! - A `:dep` after that adds a generation that depends on the one loaded (a loaded shared
+//!   library cannot be rebuilt under its name) and holds only the new crates.
+//! - What cannot be loaded this way (the build fails: a crate whose library name is not its
+//!   package's, native static libraries, …) falls back to evcxr's static linking, said in one
+//!   line that names it; `:allow_static_linking 1` turns the whole mechanism off, `0` on again
+//!   (evcxr never sees the command: its own dylib mode does not build on current Rust).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// The generated crates' names start with this (`gpumem_nb::kernel::cells` knows it too, to
+/// read their symbols as the cells').
+pub const PREFIX: &str = gpumem_nb::kernel::cells::SESSION_DEPS_PREFIX;
+
+/// The `:dep` lines of a cell: each dependency's key and its spec as TOML (`"*"` when bare),
+/// in order; the kernel's own generated crates are left out.
+pub fn deps_of(code: &str) -> Vec<(String, String)> {
+    code.lines()
+        .filter_map(|l| l.trim().strip_prefix(":dep").filter(|a| a.starts_with(char::is_whitespace)))
+        .filter_map(|args| {
+            let args = args.trim();
+            let (key, spec) = match args.split_once('=') {
+                Some((k, s)) => (k.trim(), s.trim()),
+                None => (args, "\"*\""),
+            };
+            (!key.is_empty() && !key.starts_with(PREFIX)).then(|| (key.to_string(), spec.to_string()))
+        })
+        .collect()
+}
+
+/// The `:allow_static_linking` lines of a cell: the last one's setting (`true`: static, as
+/// evcxr does; `false`: one copy per session), and the code with each such line kept as a
+/// comment (evcxr must not see it; line numbers stay).
+pub fn static_linking_setting(code: &str) -> (Option<bool>, String) {
+    let mut setting = None;
+    let mut out = String::with_capacity(code.len());
+    for line in code.split_inclusive('\n') {
+        match line.trim().strip_prefix(":allow_static_linking") {
+            Some(v) if v.is_empty() || v.starts_with(char::is_whitespace) => {
+                setting = Some(!matches!(v.trim(), "0" | "false"));
+                out.push_str("// ");
+                out.push_str(line.trim_start());
+            }
+            _ => out.push_str(line),
+        }
+    }
+    (setting, out)
+}
+
+/// A generation about to be loaded: its crate and the cell that loads it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Load {
+    /// The generated crate's name.
+    pub name: String,
+    /// The two-line cell that loads it.
+    pub cell: String,
+    /// The dependencies it adds (their keys), for the fallback's message.
+    pub adds: Vec<String>,
+    deps: Vec<(String, String)>,
+}
+
+/// The session's generations.
+#[derive(Debug)]
+pub struct SessionDeps {
+    /// Where generated crates are written.
+    root: PathBuf,
+    on: bool,
+    /// Every dependency the loaded generations hold: key → spec.
+    held: BTreeMap<String, String>,
+    /// Dependencies that could not be loaded this way (linked per cell from then on).
+    refused: BTreeMap<String, String>,
+    /// The newest loaded generation.
+    top: Option<String>,
+}
+
+impl SessionDeps {
+    /// Generated crates under `root`.
+    pub fn new(root: PathBuf) -> SessionDeps {
+        SessionDeps { root, on: true, held: BTreeMap::new(), refused: BTreeMap::new(), top: None }
+    }
+
+    /// Where the generated crates go by default: beside the shared build directory
+    /// (`~/.cache/gpumem-kernel/deps`), else inside the cells' build directory.
+    pub fn default_root() -> Option<PathBuf> {
+        super::build_dir::default_path()
+            .and_then(|d| d.parent().map(|p| p.join("deps")))
+            .or_else(|| std::env::var_os("EVCXR_TMPDIR").map(|d| PathBuf::from(d).join("gpumem-deps")))
+    }
+
+    /// Whether `:dep` crates are loaded once per session (on unless `:allow_static_linking 1`).
+    pub fn enabled(&self) -> bool {
+        self.on
+    }
+
+    /// Turns the mechanism on or off (`:allow_static_linking 0` / `1`). Generations already
+    /// loaded stay loaded.
+    pub fn set_enabled(&mut self, on: bool) {
+        self.on = on;
+    }
+
+    /// The generation that holds the new dependencies of a cell whose code (after `:dep
+    /// gpumem-nb` was resolved) is `code`, written to disk; `None` when the cell adds none, or
+    /// when the mechanism is off. Relative `path`s are taken from `cwd` (as evcxr takes them).
+    pub fn plan(&mut self, code: &str, cwd: &Path) -> Result<Option<Load>, String> {
+        if !self.on {
+            return Ok(None);
+        }
+        let mut deps: Vec<(String, String)> = Vec::new();
+        for (key, spec) in deps_of(code) {
+            let spec = absolute_paths(&spec, cwd);
+            if self.held.get(&key) == Some(&spec) || self.refused.get(&key) == Some(&spec) {
+                continue;
+            }
+            deps.retain(|(k, _)| *k != key);
+            deps.push((key, spec));
+        }
+        if deps.is_empty() {
+            return Ok(None);
+        }
+        let name = generation_name(self.top.as_deref(), &deps);
+        let dir = self.root.join(&name);
+        write_generation(&dir, &name, self.top.as_deref().map(|p| (p, self.root.join(p))), &deps)
+            .map_err(|e| format!("{}: {e}", dir.display()))?;
+        let path = toml::Value::String(dir.to_string_lossy().into_owned());
+        let cell = format!(":dep {name} = {{ path = {path} }}\nextern crate {name};");
+        Ok(Some(Load { adds: deps.iter().map(|(k, _)| k.clone()).collect(), name, cell, deps }))
+    }
+
+    /// `load` is loaded: its crates are the session's.
+    pub fn loaded(&mut self, load: &Load) {
+        self.held.extend(load.deps.iter().cloned());
+        self.top = Some(load.name.clone());
+    }
+
+    /// `load` could not be loaded: its crates are linked into each cell from now on.
+    pub fn refused(&mut self, load: &Load) {
+        self.refused.extend(load.deps.iter().cloned());
+    }
+
+    /// evcxr forgot its dependencies and items (`:clear`): nothing is loaded.
+    pub fn cleared(&mut self) {
+        self.held.clear();
+        self.top = None;
+    }
+}
+
+/// `spec` with a relative `path` made absolute against `cwd`; other specs as they are.
+fn absolute_paths(spec: &str, cwd: &Path) -> String {
+    let Ok(mut doc) = format!("d = {spec}").parse::<toml::Table>() else { return spec.to_string() };
+    let Some(toml::Value::Table(t)) = doc.get_mut("d") else { return spec.to_string() };
+    let Some(toml::Value::String(p)) = t.get("path") else { return spec.to_string() };
+    if Path::new(p).is_absolute() {
+        return spec.to_string();
+    }
+    let abs = cwd.join(p);
+    let abs = abs.canonicalize().unwrap_or(abs);
+    t.insert("path".into(), toml::Value::String(abs.to_string_lossy().into_owned()));
+    inline(&doc["d"])
+}
+
+/// A TOML value on one line (an inline table for a table).
+fn inline(v: &toml::Value) -> String {
+    match v {
+        toml::Value::Table(t) => {
+            let parts: Vec<String> = t.iter().map(|(k, v)| format!("{k} = {}", inline(v))).collect();
+            format!("{{ {} }}", parts.join(", "))
+        }
+        toml::Value::Array(a) => format!("[{}]", a.iter().map(inline).collect::<Vec<_>>().join(", ")),
+        other => other.to_string(),
+    }
+}
+
+/// The name of the generation holding `deps` over `parent`: the same inputs, the same name
+/// (so a later session finds it built), FNV-1a over them.
+fn generation_name(parent: Option<&str>, deps: &[(String, String)]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut feed = |s: &str| {
+        for b in s.bytes().chain([0u8]) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    feed(env!("CARGO_PKG_VERSION"));
+    feed(parent.unwrap_or(""));
+    for (k, s) in deps {
+        feed(k);
+        feed(s);
+    }
+    format!("{PREFIX}{h:016x}")
+}
+
+/// Writes the generated crate into `dir` (atomically: a complete crate or none).
+fn write_generation(
+    dir: &Path,
+    name: &str,
+    parent: Option<(&str, PathBuf)>,
+    deps: &[(String, String)],
+) -> std::io::Result<()> {
+    let mut manifest = format!(
+        "# Generated by gpumem-kernel: the notebook session's dependencies, built once and loaded\n\
+         # by every cell.\n[package]\nname = \"{name}\"\nversion = \"0.0.0\"\nedition = \"2021\"\npublish = false\n\n\
+         [lib]\ncrate-type = [\"dylib\"]\npath = \"lib.rs\"\n\n[dependencies]\n"
+    );
+    let mut lib = String::from(
+        "// Generated by gpumem-kernel: one copy of each crate for the session.\n#![allow(unused_extern_crates)]\n",
+    );
+    if let Some((p, pdir)) = &parent {
+        manifest
+            .push_str(&format!("{p} = {{ path = {} }}\n", toml::Value::String(pdir.to_string_lossy().into_owned())));
+        lib.push_str(&format!("pub extern crate {p};\n"));
+    }
+    for (key, spec) in deps {
+        manifest.push_str(&format!("{key} = {spec}\n"));
+        lib.push_str(&format!("pub extern crate {};\n", key.replace('-', "_")));
+    }
+    if std::fs::read_to_string(dir.join("Cargo.toml")).is_ok_and(|m| m == manifest)
+        && std::fs::read_to_string(dir.join("lib.rs")).is_ok_and(|l| l == lib)
+    {
+        return Ok(());
+    }
+    let parent_dir = dir.parent().unwrap_or(dir);
+    std::fs::create_dir_all(parent_dir)?;
+    let tmp = parent_dir.join(format!(".{name}.{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp)?;
+    std::fs::write(tmp.join("Cargo.toml"), &manifest)?;
+    std::fs::write(tmp.join("lib.rs"), &lib)?;
+    let _ = std::fs::remove_dir_all(dir);
+    match std::fs::rename(&tmp, dir) {
+        Ok(()) => Ok(()),
+        // Another kernel wrote the same crate meanwhile: its content is this one's.
+        Err(_) if dir.join("lib.rs").is_file() => {
+            let _ = std::fs::remove_dir_all(&tmp);
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The line said when a generation cannot be loaded.
+pub fn fallback_message(load: &Load, error: &str) -> String {
+    let why = error.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("its build failed");
+    format!(
+        "gpumem-kernel: {} cannot be loaded once for the session ({why}); each cell links its own copy, so its \
+         statics are per cell (a crate whose library is named otherwise than its package: `:dep libname = {{ \
+         package = \"…\" }}`)",
+        load.adds.join(", ")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dep_lines_and_the_static_linking_switch() {
+        let code = ":dep candle-core = { version = \"0.9\", features = [\"cuda\"] }\n:dep  rand\nlet x = 1;\n:dep gpumem_deps_00 = { path = \"/x\" }\n";
+        assert_eq!(
+            deps_of(code),
+            [
+                ("candle-core".to_string(), "{ version = \"0.9\", features = [\"cuda\"] }".to_string()),
+                ("rand".to_string(), "\"*\"".to_string())
+            ]
+        );
+        let (s, rest) = static_linking_setting(":allow_static_linking 1\nlet y = 2;\n");
+        assert_eq!((s, rest.as_str()), (Some(true), "// :allow_static_linking 1\nlet y = 2;\n"));
+        assert_eq!(static_linking_setting("  :allow_static_linking 0").0, Some(false));
+        assert_eq!(static_linking_setting(":allow_static_linkingx").0, None);
+    }
+
+    #[test]
+    fn generations_hold_what_is_new_and_layer_over_the_loaded_one() {
+        let root = tempfile::tempdir().unwrap();
+        let cwd = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(cwd.path().join("counter")).unwrap();
+        let mut s = SessionDeps::new(root.path().to_path_buf());
+        assert_eq!(s.plan("let x = 1;", cwd.path()).unwrap(), None);
+        let first = s.plan(":dep counter = { path = \"counter\" }\n:dep cfg-if = \"1\"", cwd.path()).unwrap().unwrap();
+        assert!(first.name.starts_with(PREFIX), "{first:?}");
+        let dir = root.path().join(&first.name);
+        let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
+        let abs = cwd.path().join("counter").canonicalize().unwrap();
+        assert!(manifest.contains(&format!("counter = {{ path = \"{}\" }}", abs.display())), "{manifest}");
+        assert!(manifest.contains("cfg-if = \"1\"") && manifest.contains("crate-type = [\"dylib\"]"), "{manifest}");
+        let lib = std::fs::read_to_string(dir.join("lib.rs")).unwrap();
+        assert!(lib.contains("pub extern crate counter;\npub extern crate cfg_if;\n"), "{lib}");
+        assert_eq!(
+            first.cell,
+            format!(":dep {0} = {{ path = \"{1}\" }}\nextern crate {0};", first.name, dir.display())
+        );
+        // The same again: the same name, nothing rewritten.
+        let mut again = SessionDeps::new(root.path().to_path_buf());
+        let same = again.plan(":dep counter = { path = \"counter\" }\n:dep cfg-if = \"1\"", cwd.path()).unwrap();
+        assert_eq!(same.map(|l| l.name), Some(first.name.clone()));
+        // Loaded: the same lines add nothing; a new crate is a generation over it.
+        s.loaded(&first);
+        assert_eq!(s.plan(":dep cfg-if = \"1\"", cwd.path()).unwrap(), None);
+        let second = s.plan(":dep libc = \"0.2\"", cwd.path()).unwrap().unwrap();
+        assert_ne!(second.name, first.name);
+        let manifest = std::fs::read_to_string(root.path().join(&second.name).join("Cargo.toml")).unwrap();
+        assert!(manifest.contains(&format!("{} = {{ path = ", first.name)) && manifest.contains("libc = \"0.2\""));
+        assert!(!manifest.contains("cfg-if"), "only what is new: {manifest}");
+        // Refused: linked per cell from then on, not tried again; off: nothing.
+        s.refused(&second);
+        assert_eq!(s.plan(":dep libc = \"0.2\"", cwd.path()).unwrap(), None);
+        s.set_enabled(false);
+        assert_eq!(s.plan(":dep rand = \"0.8\"", cwd.path()).unwrap(), None);
+        let msg = fallback_message(&second, "\nerror[E0463]: can't find crate for `libc`\n");
+        assert!(msg.starts_with("gpumem-kernel: libc cannot be loaded once for the session (error[E0463]"), "{msg}");
+    }
+}
