@@ -5,31 +5,34 @@
 //! live line while it runs, and the engine that puts them together.
 //!
 //! ## Layers
-//! 1. `build_dir`, `toolchain`, `cell_times`, `cell_lines`, `dep`, `session_deps`, `compile`,
-//!    `magic`, `complete`, `stderr_sync` — where evcxr compiles the cells (outside any cargo
-//!    workspace); what the kernel needs from the Rust toolchain; where a cell's time goes (for
-//!    the cell benchmark); line tables in the cells' own code; `:dep
-//!    gpumem-nb` is the crate the kernel was built with; one copy of every `:dep` crate for the
-//!    session; how far a cell's build has come; the
-//!    `%gpumem` / `%%gpumem` parser and the table its help comes from; `is_complete`; a barrier
-//!    on the evcxr child's stderr (a cell's panic before its report).
-//! 2. `user_error` — in the child, the mark that a cell's code returned `Err` (evcxr keeps it
+//! 1. `build_dir`, `toolchain`, `cell_times`, `dep`, `compile`, `magic`, `complete`,
+//!    `stderr_sync` — where evcxr compiles the cells (outside any cargo workspace); what the
+//!    kernel needs from the Rust toolchain; where a cell's time goes (for the cell benchmark);
+//!    `:dep gpumem-nb` is the crate the kernel was built with; how far a cell's build has come;
+//!    the `%gpumem` / `%%gpumem` parser and the table its help comes from; `is_complete`; a
+//!    barrier on the evcxr child's stderr (a cell's panic before its report).
+//! 2. `cell_lines`, `session_deps` — line tables in the cells' own code (the cell crate's rustc,
+//!    timed when asked); one copy of every `:dep` crate for the session, beside the build
+//!    directory.
+//! 3. `user_error` — in the child, the mark that a cell's code returned `Err` (evcxr keeps it
 //!    to itself), put on stderr in order for the stream pump.
-//! 3. `hooks` — the per-cell readings: NVML and the crate's numbers around a cell.
-//! 4. `live` — the live line while a long cell runs.
-//! 5. `engine` — evcxr's `CommandContext`, the hooks, magics and reports, shared by the Jupyter
+//! 4. `hooks` — the per-cell readings: NVML and the crate's numbers around a cell.
+//! 5. `live` — the live line while a long cell runs.
+//! 6. `engine` — evcxr's `CommandContext`, the hooks, magics and reports, shared by the Jupyter
 //!    kernel and headless runs.
 
 pub mod build_dir;
-pub mod cell_lines;
 pub mod cell_times;
 pub mod compile;
 pub mod complete;
 pub mod dep;
 pub mod magic;
-pub mod session_deps;
 pub mod stderr_sync;
 pub mod toolchain;
+
+pub mod cell_lines;
+pub mod session_deps;
+
 pub mod user_error;
 
 pub mod hooks;
