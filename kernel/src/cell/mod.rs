@@ -5,10 +5,10 @@
 //! live line while it runs, and the engine that puts them together.
 //!
 //! ## Layers
-//! 1. `build_dir`, `toolchain`, `cell_times`, `dep`, `compile`, `magic`, `complete`,
-//!    `stderr_sync` — where evcxr compiles the cells (outside any cargo workspace); what the
-//!    kernel needs from the Rust toolchain; where a cell's time goes (for the cell benchmark);
-//!    `:dep gpumem-nb` is the crate the kernel was built with; how far a cell's build has come;
+//! 1. `build_dir`, `toolchain`, `cell_times`, `dep`, `display`, `compile`, `magic`,
+//!    `complete`, `stderr_sync` — where evcxr compiles the cells (outside any cargo workspace);
+//!    what the kernel needs from the Rust toolchain; where a cell's time goes (for the cell
+//!    benchmark); a cell's value shown in one compile; `:dep gpumem-nb` is the crate the kernel was built with; how far a cell's build has come;
 //!    the `%gpumem` / `%%gpumem` parser and the table its help comes from; `is_complete`; a
 //!    barrier on the evcxr child's stderr (a cell's panic before its report).
 //! 2. `cell_lines`, `session_deps` — line tables in the cells' own code (the cell crate's rustc,
@@ -26,6 +26,7 @@ pub mod cell_times;
 pub mod compile;
 pub mod complete;
 pub mod dep;
+pub mod display;
 pub mod magic;
 pub mod stderr_sync;
 pub mod toolchain;

@@ -24,6 +24,7 @@ mod pump;
 
 use crate::cell::compile;
 use crate::cell::dep;
+use crate::cell::display::{self, Display};
 use crate::cell::hooks::{self, HOOK_TIMEOUT, Hooks};
 use crate::cell::live;
 use crate::cell::magic::{self, Magic};
@@ -137,6 +138,8 @@ pub struct Engine {
     own_declared: bool,
     /// The session's `:dep` crates, loaded once as one shared library.
     deps: SessionDeps,
+    /// A cell's value shown in one compile (`crate::cell::display`).
+    display: Display,
     /// When each cell that ran code ended (the child's pid then, µs since the epoch), for
     /// `%gpumem diff` of cells.
     cell_ends: std::collections::BTreeMap<u64, (Option<u32>, i64)>,
@@ -226,6 +229,7 @@ impl Engine {
             deps: SessionDeps::new(
                 SessionDeps::default_root().unwrap_or_else(|| std::env::temp_dir().join("gpumem-deps")),
             ),
+            display: Display::new(evcxr::config_dir().as_deref()),
             lost: None,
             restarted_by_magic: None,
             cell_ends: Default::default(),
@@ -515,6 +519,17 @@ impl Engine {
                 Err(e) => self.show_notice(&format!("gpumem-kernel: cannot write the session's dependencies: {e}")),
             }
         }
+        // The trait that shows the cell's value in one compile, (re)defined when evcxr's
+        // settings changed or `:clear` forgot it.
+        if magic::has_code(run_code) {
+            let defined = self.ctx.defined_item_names().any(|n| n == display::TRAIT);
+            if let Some((shown, src)) = self.display.cell(defined) {
+                match self.ctx.execute(&src) {
+                    Ok(_) => self.display.defined(shown),
+                    Err(_) => self.display.refused(),
+                }
+            }
+        }
         let deps_ms = deps_started.elapsed().as_secs_f64() * 1e3;
         let code_started = Instant::now();
         let result = if magic::has_code(run_code) {
@@ -541,6 +556,7 @@ impl Engine {
         if run_code.lines().any(|l| l.trim() == ":clear") {
             self.deps.cleared();
         }
+        self.display.follow(run_code);
         let live = sampler.map(live::Sampler::stop);
         if let Some(t) = ticker {
             t.stop();
