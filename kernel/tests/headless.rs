@@ -618,7 +618,9 @@ fn path_crate(dir: &Path, name: &str, manifest_extra: &str, lib: &str) -> PathBu
 /// `cfg-if` (crates that use `core` directly, which evcxr's own dylib mode cannot build). A crate
 /// that cannot be loaded that way (its library is named otherwise than its package) is said in
 /// one line that names it, and its cells still run, linked per cell; `:allow_static_linking 1`
-/// turns the mechanism off for later `:dep`s.
+/// turns the mechanism off for later `:dep`s. A `:dep` whose features make cargo build a loaded
+/// generation again restarts the process, said in one line (the alternative is a cell that
+/// fails to load: `dlopen failed`).
 #[test]
 fn dependencies_are_loaded_once_for_the_session() {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("session-deps");
@@ -641,11 +643,21 @@ fn dependencies_are_loaded_once_for_the_session() {
          pub fn bump() -> usize { COUNT.fetch_add(1, Ordering::SeqCst) + 1 }\n",
     );
     let later = path_crate(&dir, "later", "", "pub fn answer() -> u32 { 42 }\n");
+    // Asks `libc` for a feature the first generation built it without: cargo builds that
+    // generation again, which the process already holds.
+    let extra = path_crate(
+        &dir,
+        "extra",
+        "[dependencies]\nlibc = { version = \"0.2\", features = [\"extra_traits\"] }\n",
+        "pub fn one() -> u32 { 1 }\n",
+    );
     let dep = |name: &str, p: &Path| format!(":dep {name} = {{ path = {:?} }}", p.display().to_string());
     let cells = [
         format!("{}\ncounter::bump()", dep("counter", &counter)),
         "counter::bump()".to_string(),
         "assert_eq!(counter::pid() as u32, std::process::id());\ncounter::bump()".to_string(),
+        format!("{}\nextra::one()", dep("extra", &extra)),
+        "counter::bump()".to_string(),
         format!("{}\nothername::bump()", dep("other-name", &other)),
         "othername::bump()".to_string(),
         format!(":allow_static_linking 1\n{}\nlater::answer()", dep("later", &later)),
@@ -655,7 +667,7 @@ fn dependencies_are_loaded_once_for_the_session() {
     let (code, out, stderr) = run("session-deps", &notebook(&cells), &[]);
     assert_eq!(code, 0, "{stderr}");
     let results: Vec<String> = (0..cells.len()).map(|i| result_text(&out, i)).collect();
-    assert_eq!(results, ["1", "2", "3", "1", "1", "42", "4"], "one counter for the session: {stderr}");
+    assert_eq!(results, ["1", "2", "3", "1", "1", "1", "1", "42", "2"], "one counter for the session: {stderr}");
     let notices = |i: usize| -> String {
         outputs(&out, i)
             .iter()
@@ -664,14 +676,19 @@ fn dependencies_are_loaded_once_for_the_session() {
             .collect()
     };
     assert!(!notices(0).contains("cannot be loaded"), "{}", notices(0));
-    let fallback = notices(3);
+    // The rebuilt generation: said, the process restarted (the counter starts again), and the
+    // cells after it load (no `dlopen failed`).
+    let rebuilt = notices(3);
+    assert!(rebuilt.starts_with("gpumem-kernel: adding extra built counter again"), "{rebuilt}");
+    assert_eq!(records(&out, 3)[0]["restart_reason"], "session dependencies rebuilt");
+    let fallback = notices(5);
     assert_eq!(fallback.lines().count(), 1, "{fallback}");
     assert!(
         fallback.starts_with("gpumem-kernel: other-name cannot be loaded once for the session (")
             && fallback.contains("statics are per cell"),
         "{fallback}"
     );
-    assert!(notices(5).contains("linked into each cell"), "{}", notices(5));
+    assert!(notices(7).contains("linked into each cell"), "{}", notices(7));
     // The generation is a crate of its own, named by what it holds, in the shared directory.
     let src = outputs(&out, 0).iter().filter_map(|o| o["text"].as_str()).collect::<String>();
     assert!(!src.contains("gpumem_deps_"), "the loading cell is the kernel's, not shown: {src}");

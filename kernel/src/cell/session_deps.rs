@@ -90,12 +90,14 @@ pub struct SessionDeps {
     refused: BTreeMap<String, String>,
     /// The newest loaded generation.
     top: Option<String>,
+    /// Every loaded generation (its name and the crates it adds), oldest first.
+    loaded: Vec<(String, Vec<String>)>,
 }
 
 impl SessionDeps {
     /// Generated crates under `root`.
     pub fn new(root: PathBuf) -> SessionDeps {
-        SessionDeps { root, on: true, held: BTreeMap::new(), refused: BTreeMap::new(), top: None }
+        SessionDeps { root, on: true, held: BTreeMap::new(), refused: BTreeMap::new(), top: None, loaded: Vec::new() }
     }
 
     /// Where the generated crates go by default: beside the shared build directory
@@ -149,6 +151,33 @@ impl SessionDeps {
     pub fn loaded(&mut self, load: &Load) {
         self.held.extend(load.deps.iter().cloned());
         self.top = Some(load.name.clone());
+        self.loaded.push((load.name.clone(), load.adds.clone()));
+    }
+
+    /// The crates the loaded generation `name` adds.
+    pub fn crates_of(&self, name: &str) -> Vec<String> {
+        self.loaded.iter().find(|(n, _)| n == name).map(|(_, adds)| adds.clone()).unwrap_or_default()
+    }
+
+    /// The loaded generations' shared libraries as built under `build_dir` (evcxr's
+    /// `EVCXR_TMPDIR`), each with its modification time. A new generation can make cargo build
+    /// a loaded one again (a new crate asks more features of a crate they share); the process
+    /// then holds the old build while new cells link the new one, and the next cell that loads
+    /// fails (`dlopen failed`): compare before and after a load.
+    pub fn built_libraries(&self, build_dir: &Path) -> Vec<(String, Option<std::time::SystemTime>)> {
+        let target = build_dir.join("target");
+        let mut dirs = vec![target.join("debug").join("deps")];
+        if let Ok(entries) = std::fs::read_dir(&target) {
+            dirs.extend(entries.flatten().map(|e| e.path().join("debug").join("deps")));
+        }
+        self.loaded
+            .iter()
+            .map(|(name, _)| {
+                let file = format!("{}{name}{}", std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX);
+                let modified = dirs.iter().filter_map(|d| std::fs::metadata(d.join(&file)).ok()?.modified().ok()).max();
+                (name.clone(), modified)
+            })
+            .collect()
     }
 
     /// `load` could not be loaded: its crates are linked into each cell from now on.
@@ -160,6 +189,7 @@ impl SessionDeps {
     pub fn cleared(&mut self) {
         self.held.clear();
         self.top = None;
+        self.loaded.clear();
     }
 }
 
@@ -254,6 +284,18 @@ fn write_generation(
         }
         Err(e) => Err(e),
     }
+}
+
+/// The line said when loading `load` built loaded generations again (`rebuilt`, the crates
+/// they hold) and the notebook's process was restarted for it.
+pub fn rebuilt_message(load: &Load, rebuilt: &[String]) -> String {
+    format!(
+        "gpumem-kernel: adding {} built {} again (cargo gave a crate they share the features the new crates ask \
+         for); the notebook's process restarted so that every cell runs one build: variables are lost, as after \
+         :restart (declare every :dep in the first cell to avoid it)",
+        load.adds.join(", "),
+        rebuilt.join(", ")
+    )
 }
 
 /// The line said when a generation cannot be loaded.

@@ -511,10 +511,27 @@ impl Engine {
         if magic::has_code(run_code) {
             let cwd = std::env::current_dir().unwrap_or_default();
             match self.deps.plan(run_code, &cwd) {
-                Ok(Some(load)) => match self.ctx.execute(&load.cell) {
-                    Ok(_) => self.deps.loaded(&load),
-                    Err(e) => not_loaded = Some((load, e.to_string())),
-                },
+                Ok(Some(load)) => {
+                    let build_dir = std::env::var_os("EVCXR_TMPDIR").map(PathBuf::from);
+                    let before = build_dir.as_deref().map(|d| self.deps.built_libraries(d)).unwrap_or_default();
+                    match self.ctx.execute(&load.cell) {
+                        Ok(_) => {
+                            let after = build_dir.as_deref().map(|d| self.deps.built_libraries(d)).unwrap_or_default();
+                            let rebuilt: Vec<String> = before
+                                .iter()
+                                .filter(|(name, t)| after.iter().any(|(n, u)| n == name && u != t))
+                                .map(|(name, _)| self.deps.crates_of(name).join(", "))
+                                .collect();
+                            self.deps.loaded(&load);
+                            if !rebuilt.is_empty() {
+                                self.restart_child();
+                                self.restarted_by_magic = Some("session dependencies rebuilt".into());
+                                self.show_notice(&session_deps::rebuilt_message(&load, &rebuilt));
+                            }
+                        }
+                        Err(e) => not_loaded = Some((load, e.to_string())),
+                    }
+                }
                 Ok(None) => {}
                 Err(e) => self.show_notice(&format!("gpumem-kernel: cannot write the session's dependencies: {e}")),
             }
