@@ -2,7 +2,8 @@
 //!
 //! With `GPUMEM_KERNEL_CELL_TIMES=FILE` set, the kernel appends one JSON line per step to FILE:
 //! the cell crate's rustc run and, inside it, the link (this binary stands in for the linker of
-//! that one crate and times it), and per cell the session-dependency load, evcxr's phases
+//! that one crate and times it), and per cell what ran before its code (the session-dependency
+//! load, the display trait), evcxr's phases
 //! (`Final compile`: type inference and cargo; `Execution`: loading the cell's library and
 //! running it) and the kernel's own hooks. Unset, nothing is timed or written: the cells are
 //! built exactly as without it.
@@ -51,28 +52,29 @@ pub fn timed_link(args: &mut Vec<OsString>, exe: &std::path::Path) -> OsString {
 /// Runs `rustc args` for the cell crate, timing it and its link; exits with its status.
 pub fn run_rustc(rustc: &OsString, mut args: Vec<OsString>, exe: &std::path::Path, clear: &str) -> ! {
     let via = timed_link(&mut args, exe);
-    let started = Instant::now();
-    let status = std::process::Command::new(rustc).args(&args).env_remove(clear).env(LINK_VIA, via).status();
-    append(&serde_json::json!({"step": "rustc", "ms": started.elapsed().as_secs_f64() * 1e3}));
-    match status {
-        Ok(s) => std::process::exit(s.code().unwrap_or(1)),
-        Err(e) => {
-            eprintln!("gpumem-kernel: cannot run {}: {e}", rustc.to_string_lossy());
-            std::process::exit(1)
-        }
-    }
+    let mut cmd = std::process::Command::new(rustc);
+    cmd.args(&args).env_remove(clear).env(LINK_VIA, via);
+    run_timed(cmd, "rustc", &rustc.to_string_lossy())
 }
 
 /// When this process is the cell crate's timed linker: runs the real one, times it, exits.
 pub fn link_if_asked() {
     let Some(via) = std::env::var_os(LINK_VIA) else { return };
+    let mut cmd = std::process::Command::new(&via);
+    cmd.args(std::env::args_os().skip(1)).env_remove(LINK_VIA);
+    run_timed(cmd, "link", &format!("the linker {}", via.to_string_lossy()))
+}
+
+/// Runs `cmd`, appends its time as `step`, and exits with its status (`what` names it when it
+/// cannot be run).
+fn run_timed(mut cmd: std::process::Command, step: &str, what: &str) -> ! {
     let started = Instant::now();
-    let status = std::process::Command::new(&via).args(std::env::args_os().skip(1)).env_remove(LINK_VIA).status();
-    append(&serde_json::json!({"step": "link", "ms": started.elapsed().as_secs_f64() * 1e3}));
+    let status = cmd.status();
+    append(&serde_json::json!({"step": step, "ms": started.elapsed().as_secs_f64() * 1e3}));
     match status {
         Ok(s) => std::process::exit(s.code().unwrap_or(1)),
         Err(e) => {
-            eprintln!("gpumem-kernel: cannot run the linker {}: {e}", via.to_string_lossy());
+            eprintln!("gpumem-kernel: cannot run {what}: {e}");
             std::process::exit(1)
         }
     }

@@ -154,11 +154,6 @@ impl SessionDeps {
         self.loaded.push((load.name.clone(), load.adds.clone()));
     }
 
-    /// The crates the loaded generation `name` adds.
-    pub fn crates_of(&self, name: &str) -> Vec<String> {
-        self.loaded.iter().find(|(n, _)| n == name).map(|(_, adds)| adds.clone()).unwrap_or_default()
-    }
-
     /// The loaded generations' shared libraries as built under `build_dir` (evcxr's
     /// `EVCXR_TMPDIR`), each with its modification time. A new generation can make cargo build
     /// a loaded one again (a new crate asks more features of a crate they share); the process
@@ -177,6 +172,17 @@ impl SessionDeps {
                 let modified = dirs.iter().filter_map(|d| std::fs::metadata(d.join(&file)).ok()?.modified().ok()).max();
                 (name.clone(), modified)
             })
+            .collect()
+    }
+
+    /// The crates of the loaded generations whose libraries under `build_dir` changed since
+    /// `before` ([`SessionDeps::built_libraries`]), one entry per generation.
+    pub fn rebuilt(&self, before: &[(String, Option<std::time::SystemTime>)], build_dir: &Path) -> Vec<String> {
+        let after = self.built_libraries(build_dir);
+        before
+            .iter()
+            .filter(|(name, t)| after.iter().any(|(n, u)| n == name && u != t))
+            .filter_map(|(name, _)| self.loaded.iter().find(|(n, _)| n == name).map(|(_, adds)| adds.join(", ")))
             .collect()
     }
 

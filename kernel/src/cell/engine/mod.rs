@@ -505,9 +505,11 @@ impl Engine {
             }
             _ => None,
         };
-        // The cell's new `:dep` crates, loaded once for the session before its code runs.
+        // Before the cell's code: its new `:dep` crates, loaded once for the session, and the
+        // trait that shows its value in one compile ((re)defined when evcxr's settings changed or
+        // `:clear` forgot it).
         let mut not_loaded = None;
-        let deps_started = Instant::now();
+        let prelude_started = Instant::now();
         if magic::has_code(run_code) {
             let cwd = std::env::current_dir().unwrap_or_default();
             match self.deps.plan(run_code, &cwd) {
@@ -516,12 +518,8 @@ impl Engine {
                     let before = build_dir.as_deref().map(|d| self.deps.built_libraries(d)).unwrap_or_default();
                     match self.ctx.execute(&load.cell) {
                         Ok(_) => {
-                            let after = build_dir.as_deref().map(|d| self.deps.built_libraries(d)).unwrap_or_default();
-                            let rebuilt: Vec<String> = before
-                                .iter()
-                                .filter(|(name, t)| after.iter().any(|(n, u)| n == name && u != t))
-                                .map(|(name, _)| self.deps.crates_of(name).join(", "))
-                                .collect();
+                            let rebuilt =
+                                build_dir.as_deref().map(|d| self.deps.rebuilt(&before, d)).unwrap_or_default();
                             self.deps.loaded(&load);
                             if !rebuilt.is_empty() {
                                 self.restart_child();
@@ -535,10 +533,6 @@ impl Engine {
                 Ok(None) => {}
                 Err(e) => self.show_notice(&format!("gpumem-kernel: cannot write the session's dependencies: {e}")),
             }
-        }
-        // The trait that shows the cell's value in one compile, (re)defined when evcxr's
-        // settings changed or `:clear` forgot it.
-        if magic::has_code(run_code) {
             let defined = self.ctx.defined_item_names().any(|n| n == display::TRAIT);
             if let Some((shown, src)) = self.display.cell(defined) {
                 match self.ctx.execute(&src) {
@@ -547,7 +541,7 @@ impl Engine {
                 }
             }
         }
-        let deps_ms = deps_started.elapsed().as_secs_f64() * 1e3;
+        let prelude_ms = prelude_started.elapsed().as_secs_f64() * 1e3;
         let code_started = Instant::now();
         let result = if magic::has_code(run_code) {
             self.ctx.execute_with_callbacks(
@@ -558,10 +552,13 @@ impl Engine {
             Ok(evcxr::EvalOutputs::new())
         };
         let code_ms = code_started.elapsed().as_secs_f64() * 1e3;
-        let phases: Vec<(String, f64)> = result
-            .as_ref()
-            .map(|o| o.phases.iter().map(|p| (p.name.clone(), p.duration.as_secs_f64() * 1e3)).collect())
-            .unwrap_or_default();
+        // evcxr's phases, kept only for the cell benchmark's timings.
+        let phases: Option<Vec<(String, f64)>> = crate::cell::cell_times::enabled().then(|| {
+            result
+                .as_ref()
+                .map(|o| o.phases.iter().map(|p| (p.name.clone(), p.duration.as_secs_f64() * 1e3)).collect())
+                .unwrap_or_default()
+        });
         // A generation that did not load: said (and its crates linked per cell from now on)
         // only when the cell itself built, so that a `:dep` of its own is not blamed on it.
         if let Some((load, why)) = not_loaded
@@ -684,9 +681,9 @@ impl Engine {
         rec.first_line = shown.to_string();
         rec.source_hash = source_hash(run_code);
         rec.wall_ms = started.elapsed().as_secs_f64() * 1000.0;
-        if crate::cell::cell_times::enabled() {
+        if let Some(phases) = phases {
             crate::cell::cell_times::append(&serde_json::json!({
-                "step": "cell", "cell": count, "wall_ms": rec.wall_ms, "deps_ms": deps_ms, "code_ms": code_ms,
+                "step": "cell", "cell": count, "wall_ms": rec.wall_ms, "prelude_ms": prelude_ms, "code_ms": code_ms,
                 "phases": phases, "hooks_us": [before.us, after.us],
             }));
         }
