@@ -10,7 +10,8 @@ allocation is +64.00 MiB; a temporary shows in the peak only), the record beside
 HTML table without changing them, a panic reported, `set_reports(false)`, and after the child
 crashes and after `:restart`, the hooks back by themselves from the next use on; what a
 framework's own thread allocates after the cell's code returned counted in that cell; a kernel's
-fault (injected on the simulated device) named on the line and on stderr, once. The cells' own
+fault (injected on the simulated device) named on the line and, once, above it on stdout (stderr
+is another pipe, which evcxr may forward after the cell ended). The cells' own
 outputs are compared whole, with the report line taken out.
 """
 
@@ -34,11 +35,12 @@ def fail(msg):
     sys.exit(1)
 
 
-def cell(code, stdout=(), report=None, result=None, error=False, stderr=()):
+def cell(code, stdout=(), report=None, result=None, error=False, stderr=(), notice=()):
     """One cell: its own stdout lines, its report's required parts (None: no report), its own
-    execute_result data, whether it ends in an error (None: either), what its stderr must say."""
+    execute_result data, whether it ends in an error (None: either), what its stderr must say, what
+    the notice above the report line must say (its lines are then not the cell's own)."""
     return {"code": code, "stdout": list(stdout), "report": report, "result": result, "error": error,
-            "stderr": list(stderr)}
+            "stderr": list(stderr), "notice": list(notice)}
 
 
 def plan(repo):
@@ -92,11 +94,11 @@ def plan(repo):
              report=["all allocations 56.00 MiB (+36.00 MiB)"]),
         # A kernel's fault (injected: the simulated device's next copy faults): the report says
         # the context is lost instead of numbers, stderr says why once and leaves the restart
-        # to the user (the stock kernel has no restart of its own).
+        # to the user (the stock kernel has no restart of its own), on stdout above the line.
         cell("alloc.with_backend(|b| b.as_sim_mut().map(|s| s.inject_fault(gpumem_nb::device::Fault::IllegalAddress)));\n"
              "let back = fourth.to_host();",
              report=["✗ CUDA context lost (illegal address)"],
-             stderr=["CUDA_ERROR_ILLEGAL_ADDRESS: the CUDA context of this notebook's process is lost (illegal "
+             notice=["CUDA_ERROR_ILLEGAL_ADDRESS: the CUDA context of this notebook's process is lost (illegal "
                      "address), first reported by cuMemcpyDtoHAsync_v2 in cell", "CUDA_LAUNCH_BLOCKING=1",
                      "Restart the kernel to go on"]),
     ]
@@ -120,6 +122,12 @@ def main():
         outs = got.outputs
         lines = "".join(o.text for o in outs if o.output_type == "stream" and o.name == "stdout").splitlines()
         reports = [l for l in lines if REPORT.match(l)]
+        if want["notice"]:
+            above = "\n".join(lines[len(want["stdout"]):-1])
+            for part in want["notice"]:
+                if part not in above:
+                    fail(f"{where}: {part!r} not above the report line: {lines!r}")
+            lines = lines[:len(want["stdout"])] + lines[-1:]
         if [l for l in lines if not REPORT.match(l)] != want["stdout"]:
             fail(f"{where}: own stdout {lines!r}, expected {want['stdout']!r}")
         if want["report"] is None:

@@ -155,9 +155,11 @@ impl Run {
     }
 }
 
-/// A cell's report: the line, and the record as one line of JSON.
+/// A cell's report: what it has to say first (the lost context, once), the line, and the record
+/// as one line of JSON.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Report {
+    notice: Option<String>,
     line: String,
     record: String,
 }
@@ -223,6 +225,12 @@ fn forward_stdout(mut from: impl BufRead, mut to: impl Write, hooks: &dyn Hooks,
                     out.push(b'\n');
                 }
                 if let Some(r) = hooks.post(&run) {
+                    // On stdout, in order: stderr is another pipe that evcxr reads on another
+                    // thread, and a line written there now may reach Jupyter after the cell ended.
+                    if let Some(notice) = &r.notice {
+                        out.extend_from_slice(notice.as_bytes());
+                        out.push(b'\n');
+                    }
                     out.extend_from_slice(r.line.as_bytes());
                     out.push(b'\n');
                     if run.content {
@@ -398,20 +406,22 @@ impl Cells {
         .into();
         rec.oom = oom;
         rec.unsettled = unsettled;
+        let mut notice = None;
         if let Some(l) = rec.lost.as_ref().filter(|_| self.lost_in.is_none()) {
-            // Said once, where it happened; the stock kernel has no restart of its own to offer.
+            // Said once, where it happened, above the line; the stock kernel has no restart of
+            // its own to offer.
             self.lost_in = Some(p.run);
-            eprintln!(
+            notice = Some(format!(
                 "{}: {}\n{}\nRestart the kernel to go on (Kernel → Restart Kernel…; variables are lost).",
                 l.fault.code(),
                 super::report::lost_message(l, p.run),
                 super::report::LOST_ASYNC_HINT
-            );
+            ));
         }
         rec.wall_ms = wall.as_secs_f64() * 1e3;
         rec.hook_us = p.hook_us + t.elapsed().as_micros() as u64;
         super::metrics::exported().observe(&rec);
-        Some(Report { line: rec.line(), record: serde_json::to_string(&rec).ok()? })
+        Some(Report { notice, line: rec.line(), record: serde_json::to_string(&rec).ok()? })
     }
 }
 
@@ -424,6 +434,7 @@ mod tests {
     #[derive(Default)]
     struct Fake {
         calls: RefCell<Vec<String>>,
+        notice: Option<String>,
     }
 
     impl Hooks for Fake {
@@ -434,7 +445,11 @@ mod tests {
         fn post(&self, run: &Run) -> Option<Report> {
             self.calls.borrow_mut().push(format!("post {run:?}"));
             let n = self.calls.borrow().iter().rev().find_map(|c| c.strip_prefix("pre ").map(str::to_string))?;
-            (!run.type_changed).then(|| Report { line: format!("[{n}] report"), record: "{\"cell\":1}".into() })
+            (!run.type_changed).then(|| Report {
+                notice: self.notice.clone(),
+                line: format!("[{n}] report"),
+                record: "{\"cell\":1}".into(),
+            })
         }
     }
 
@@ -445,7 +460,11 @@ mod tests {
     }
 
     fn stdout(input: &[u8]) -> (Vec<u8>, Vec<String>) {
-        let (fake, mut out) = (Fake::default(), Vec::new());
+        stdout_with(input, None)
+    }
+
+    fn stdout_with(input: &[u8], notice: Option<&str>) -> (Vec<u8>, Vec<String>) {
+        let (fake, mut out) = (Fake { notice: notice.map(str::to_string), ..Fake::default() }, Vec::new());
         // As after a `pre`.
         fake.pre(7);
         forward_stdout(input, &mut out, &fake, &AtomicBool::new(true));
@@ -499,5 +518,11 @@ mod tests {
         // evcxr runs the cell again: the second run reports.
         let (out, _) = stdout(format!("EVCXR_VARIABLE_CHANGED_TYPE:x\n{DONE}").as_bytes());
         assert_eq!(String::from_utf8(out).unwrap(), format!("EVCXR_VARIABLE_CHANGED_TYPE:x\n{DONE}"));
+    }
+
+    #[test]
+    fn a_notice_comes_on_stdout_above_the_line_before_the_run_ends() {
+        let (out, _) = stdout_with(format!("own\n{DONE}").as_bytes(), Some("CUDA_ERROR_X: lost\nRestart"));
+        assert_eq!(String::from_utf8(out).unwrap(), format!("own\nCUDA_ERROR_X: lost\nRestart\n[7] report\n{DONE}"));
     }
 }
