@@ -693,3 +693,82 @@ fn dependencies_are_loaded_once_for_the_session() {
     let src = outputs(&out, 0).iter().filter_map(|o| o["text"].as_str()).collect::<String>();
     assert!(!src.contains("gpumem_deps_"), "the loading cell is the kernel's, not shown: {src}");
 }
+
+/// What memory is, through the kernel's record: a rule of the notebook's own on a function it
+/// defines (parameter), a stamp around a closure (optimizer_state, on the allocator's blocks), a
+/// guard on a thread the cell starts (gradient), nothing (other), and the allocator's cached
+/// free memory; per place, the components add up to every tracked byte, before and after each
+/// cell. A stamp ends with the panic that unwinds it.
+#[test]
+fn every_tracked_byte_has_a_component() {
+    let nb = notebook(&[
+        (":dep gpumem-nb", &[]),
+        (
+            "use gpumem_nb::{Component, DeviceBuffer, StreamId, components};\n\
+             components::add_rule(\"load_weights\", Component::Parameter)?;\n\
+             fn load_weights(mib: u64) -> gpumem_nb::Result<gpumem_nb::mem::DriverBuffer> {\n    gpumem_nb::mem::driver_alloc_mib(mib)\n}",
+            &[],
+        ),
+        ("let w = load_weights(48)?;", &[]),
+        (
+            "let state = gpumem_nb::component(Component::OptimizerState, || {\n    DeviceBuffer::<u8>::zeros(&gpumem_nb::current()?, 96 << 20, StreamId::DEFAULT)\n})?;",
+            &[],
+        ),
+        (
+            "let g = std::thread::spawn(|| {\n    let _g = components::enter(Component::Gradient);\n    gpumem_nb::mem::driver_alloc_mib(16)\n}).join().unwrap()?;",
+            &[],
+        ),
+        ("let misc = gpumem_nb::mem::driver_alloc_mib(8)?;", &[]),
+        ("drop(state);", &[]),
+        ("let _t = components::enter(Component::Temp);\npanic!(\"inside a stamp\");", &["raises-exception"]),
+        ("let later = gpumem_nb::mem::driver_alloc_mib(4)?;\ncomponents::current()", &[]),
+    ]);
+    let (_, out, stderr) = run("components", &nb, &[]);
+    let mib = 1u64 << 20;
+    let parts = |i: usize| -> (Value, std::collections::BTreeMap<String, (Option<u64>, u64)>) {
+        let all =
+            records(&out, i).first().unwrap_or_else(|| panic!("cell {i}: no record\n{stderr}"))["all_allocations"]
+                .clone();
+        let m = all["by_component"]
+            .as_array()
+            .unwrap_or_else(|| panic!("cell {i}: no by_component: {all}"))
+            .iter()
+            .map(|c| {
+                (c["component"].as_str().unwrap().to_string(), (c["before"].as_u64(), c["after"].as_u64().unwrap()))
+            })
+            .collect();
+        (all, m)
+    };
+    for i in 2..=8 {
+        let (all, m) = parts(i);
+        let after: u64 = m.values().map(|v| v.1).sum();
+        assert_eq!(Some(after), all["after"].as_u64(), "cell {i}: the components add up to every byte: {all}");
+        if i > 2 {
+            let before: u64 = m.values().map(|v| v.0.unwrap()).sum();
+            assert_eq!(Some(before), all["before"].as_u64(), "cell {i}: and before the cell: {all}");
+        }
+    }
+    let delta = |i: usize, c: &str| parts(i).1.get(c).map_or(0, |v| v.1 as i64 - v.0.unwrap_or(0) as i64);
+    let live = |i: usize, c: &str| parts(i).1.get(c).map_or(0, |v| v.1);
+    assert_eq!(delta(2, "parameter"), 48 * mib as i64, "the notebook's own rule: {:?}", parts(2).1);
+    assert_eq!(delta(3, "optimizer_state"), 96 * mib as i64, "the stamp on the allocator's block: {:?}", parts(3).1);
+    assert_eq!(delta(4, "gradient"), 16 * mib as i64, "a guard on the cell's own thread: {:?}", parts(4).1);
+    assert_eq!(delta(5, "other"), 8 * mib as i64, "no stamp, no rule: {:?}", parts(5).1);
+    assert_eq!((live(5, "parameter"), live(5, "gradient")), (48 * mib, 16 * mib), "kept: {:?}", parts(5).1);
+    assert_eq!(delta(6, "optimizer_state"), -96 * (mib as i64), "{:?}", parts(6).1);
+    assert_eq!(delta(6, "cached"), 96 * mib as i64, "the freed block stays cached: {:?}", parts(6).1);
+    assert_eq!(delta(8, "other"), 4 * mib as i64, "the panic ended the stamp: {:?}", parts(8).1);
+    assert_eq!(result_text(&out, 8), "None");
+    // The line says what the memory is, largest first.
+    let line = outputs(&out, 5)
+        .iter()
+        .find_map(|o| o["data"]["text/plain"].as_str().filter(|t| t.starts_with("[")))
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        line.contains(
+            " · what: optimizer_state 96.00 MiB, parameter 48.00 MiB, gradient 16.00 MiB, other 8.00 MiB (+8.00 MiB) · "
+        ),
+        "{line}"
+    );
+}

@@ -181,10 +181,12 @@ struct Full {
     explain: bool,
     /// The watched frameworks' own numbers (they may wait on a framework's queue).
     frameworks: bool,
+    /// What the tracked bytes are, by component (classifying symbolises stacks not seen before).
+    components: bool,
 }
 
 impl Full {
-    const ALL: Full = Full { owners: true, explain: true, frameworks: true };
+    const ALL: Full = Full { owners: true, explain: true, frameworks: true, components: true };
 }
 
 /// Brings every open device and watched framework to a point where the work queued before now
@@ -230,7 +232,7 @@ impl Session {
         let devices = super::registry::opened().iter().map(|a| reading(a, slot(a), full.explain)).collect();
         let t1 = std::time::Instant::now();
         let status = tracking::status();
-        let tracked = status.is_on().then(|| tracking::readings(self.tracked, full.owners));
+        let tracked = status.is_on().then(|| tracking::readings(self.tracked, full.owners, full.components));
         let t2 = std::time::Instant::now();
         let frameworks = if full.frameworks { super::watched::readings() } else { None };
         if times_wanted() {
@@ -271,8 +273,11 @@ impl Session {
                 }
                 self.oom.begin(*cell);
                 // Nothing reads owners before a cell (the record's `top` is what is live after
-                // it), and naming them symbolises stacks: only `post` does.
-                Ok(Reply { unsettled, ..self.readings(id, Full { owners: false, explain: false, frameworks: true }) })
+                // it), and naming them symbolises stacks: only `post` does. Components are read
+                // before too, for each one's change over the cell (the stacks live now were
+                // classified after the cell that made them: lookups).
+                let before = Full { owners: false, explain: false, frameworks: true, components: true };
+                Ok(Reply { unsettled, ..self.readings(id, before) })
             }
             Op::Post { .. } => {
                 // The cell's label and slots are still open: what it queued counts as its own.
@@ -294,7 +299,9 @@ impl Session {
                 let unsettled = settle();
                 Ok(Reply { unsettled, ..self.readings(id, Full::ALL) })
             }
-            Op::Live => Ok(self.readings(id, Full { owners: false, explain: false, frameworks: false })),
+            Op::Live => {
+                Ok(self.readings(id, Full { owners: false, explain: false, frameworks: false, components: false }))
+            }
             Op::Record(RecordRequest { enabled, max_entries, stacks }) => {
                 let max_entries = max_entries.map_or(usize::MAX, |m| m.min(usize::MAX as u64) as usize);
                 // Live blocks keep their stacks whatever is recorded (see `block_stacks`).

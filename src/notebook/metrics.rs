@@ -203,6 +203,21 @@ pub fn render(state: &State, who: &Identity) -> String {
                 f.sample("", &with(source), v);
             }
         }
+        if let Some(parts) = all.map(|a| &a.by_component).filter(|p| !p.is_empty()) {
+            let mut f = family(
+                &mut out,
+                "gpumem_component_bytes",
+                "gauge",
+                Some("bytes"),
+                "Tracked device memory after the latest cell by what it is (PyTorch's components; `cached`: \
+                 the allocator's cached free memory).",
+            );
+            for c in parts {
+                let mut l = dev.clone();
+                l.push(("component", c.component.clone()));
+                f.sample("", &l, c.after);
+            }
+        }
         if let Some(total) = rec.crate_device_total.or(rec.nvml.device_total) {
             let mut f = family(
                 &mut out,
@@ -389,7 +404,7 @@ mod server {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::notebook::report::{AllAllocations, AllocatorPart, PoolPart, Span};
+    use crate::notebook::report::{AllAllocations, AllocatorPart, ComponentDelta, PoolPart, Span};
 
     fn record() -> CellRecord {
         CellRecord {
@@ -418,6 +433,10 @@ mod tests {
                 before: Some(0),
                 after: Some((514 << 20) + (2 << 20)),
                 peak: Some((1026 << 20) + (2 << 20)),
+                by_component: [("parameter", 512 << 20), ("other", 2 << 20), ("cached", 2 << 20)]
+                    .into_iter()
+                    .map(|(c, after)| ComponentDelta { component: c.into(), before: Some(0), after })
+                    .collect(),
                 ..Default::default()
             }),
             crate_device_total: Some(80 << 30),

@@ -13,10 +13,11 @@
 //!    of the crate are loaded; the control channel's typed messages, shared with
 //!    gpumem-kernel; the notebook's worker processes on the device (NVML, or the simulated
 //!    process table), shown beside its own numbers.
-//! 2. `registry`, `watched`, `report` — `GPUMEM_NB_DEVICE`, and one allocator per device per
-//!    process (selecting and opening devices, nothing more); frameworks with their own books
-//!    of device memory (cubecl's pools), read with every cell's numbers; the per-cell record
-//!    and its one-line report, shared by both kernels.
+//! 2. `registry`, `watched`, `report`, `components` — `GPUMEM_NB_DEVICE`, and one allocator per
+//!    device per process (selecting and opening devices, nothing more); frameworks with their
+//!    own books of device memory (cubecl's pools), read with every cell's numbers; the per-cell
+//!    record and its one-line report, shared by both kernels; what memory is (the stamps a
+//!    thread sets and the rules on stacks).
 //! 3. `tracking`, `metrics` — every device allocation of the process (CUPTI, or the simulated
 //!    driver); the per-cell numbers in the OpenMetrics text format, for Prometheus, and
 //!    (feature `metrics`) the endpoint serving them.
@@ -35,6 +36,7 @@ pub(crate) mod anchor;
 pub mod children;
 pub mod protocol;
 
+pub mod components;
 pub(crate) mod registry;
 pub mod report;
 pub(crate) mod watched;

@@ -269,6 +269,24 @@ pub struct PlaceReading {
     pub by_source: Vec<SourceReading>,
     /// Who holds the most of `live`, largest first (at most five).
     pub top: Vec<OwnerBytes>,
+    /// What `live` is, by component ([`crate::components`]), with the allocator's cached free
+    /// memory as [`CACHED`]: they add up to `live`. Empty when not asked for.
+    #[serde(default)]
+    pub by_component: Vec<ComponentReading>,
+}
+
+/// The `component` of the allocator's cached free memory in [`PlaceReading::by_component`]:
+/// reserved by gpumem-nb's allocator, allocated to no one.
+pub const CACHED: &str = "cached";
+
+/// One component's live bytes.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ComponentReading {
+    /// `parameter`, `buffer`, `gradient`, `activation`, `temp`, `optimizer_state`, `workspace`,
+    /// `other`, or [`CACHED`].
+    pub component: String,
+    /// Bytes now.
+    pub live: u64,
 }
 
 /// One source's bytes.

@@ -12,8 +12,9 @@
 //! opened the device, which reaches the same state (Note [Sinks are data, not statics]).
 #![forbid(unsafe_code)]
 
-use super::protocol::{CACHED_FREE, OwnerBytes, PlaceReading, SourceReading};
+use super::protocol::{CACHED, CACHED_FREE, ComponentReading, OwnerBytes, PlaceReading, SourceReading};
 use crate::device::DriverEvent;
+use crate::record::component::Component;
 use crate::record::frames::{self, Frames};
 use crate::snapshot::{BlockSnap, Segment, Snapshot, TraceSnap};
 use crate::sync::lock;
@@ -126,15 +127,18 @@ pub(crate) fn sink(ev: &DriverEvent) {
         // The walk stays in this thread's buffer: the books intern it, allocating only for a
         // stack they have not seen; a walk that repeated this thread's last one (an allocation
         // loop) takes the id that one got, without hashing the stack again.
-        let first_seen = frames::with_captured(depth, |stack, serial| {
+        // The stamp of this thread, set through whichever copy of the crate (it rides after
+        // the frames: `super::components`).
+        let stamp = super::components::current();
+        let first_seen = frames::with_captured(depth, stamp, |stack, serial| {
             let mut tracker = lock(&t.tracker);
             let (interned, new) = LAST_STACK.with(|last| {
                 let mut last = last.borrow_mut();
                 match &*last {
-                    Some((s, id, f)) if *s == serial => ((*id, f.clone()), false),
+                    Some((s, c, id, f)) if *s == serial && *c == stamp => ((*id, f.clone()), false),
                     _ => {
                         let (id, f, new) = tracker.intern(stack);
-                        *last = Some((serial, id, f.clone()));
+                        *last = Some((serial, stamp, id, f.clone()));
                         ((id, f), new)
                     }
                 }
@@ -215,9 +219,10 @@ impl Drop for OwnersGuard<'_> {
 }
 
 thread_local! {
-    /// This thread's last interned stack: its walk's serial, id and shared copy (the process has
-    /// one set of books, and ids are never reused).
-    static LAST_STACK: std::cell::RefCell<Option<(u64, crate::track::stacks::StackId, Frames)>> =
+    /// This thread's last interned stack: its walk's serial, stamp, id and shared copy (the
+    /// process has one set of books, and ids are never reused).
+    #[allow(clippy::type_complexity)]
+    static LAST_STACK: std::cell::RefCell<Option<(u64, Option<Component>, crate::track::stacks::StackId, Frames)>> =
         const { std::cell::RefCell::new(None) };
 }
 
@@ -348,37 +353,74 @@ fn place_reading(place: Place, t: &PlaceTotals, top: Vec<OwnerBytes>) -> PlaceRe
             .map(|s| SourceReading { source: s.key().to_string(), live: t.source(*s).live, peak: t.source(*s).peak })
             .collect(),
         top,
+        by_component: Vec::new(),
     }
 }
 
 /// Every place's tracked bytes: peaks since `slot` opened (or since tracking began), with the
-/// top sites of what is live when `owners` (which symbolises their stacks).
-pub(crate) fn readings(slot: Option<TrackSlot>, owners: bool) -> Vec<PlaceReading> {
+/// top sites of what is live when `owners` (which symbolises their stacks), and what the live
+/// bytes are when `components` (stamps, and rules on the stacks' symbols).
+pub(crate) fn readings(slot: Option<TrackSlot>, owners: bool, components: bool) -> Vec<PlaceReading> {
     let t = state();
+    let need_live = owners || components;
     // The allocator's blocks, read before the tracker's lock is taken (the allocator reports to
     // the tracker under its own lock: never the other way round).
-    let blocks = if owners { allocator_blocks() } else { Vec::new() };
+    let blocks = if need_live { allocator_blocks() } else { Vec::new() };
     let (totals, live) = {
         let tr = lock(&t.tracker);
         let totals = match slot.and_then(|s| tr.slot(s)) {
             Some(s) => s,
             None => tr.totals().clone(),
         };
-        let live = if owners { live_now(&tr, blocks) } else { LiveNow::default() };
+        let live = if need_live { live_now(&tr, blocks) } else { LiveNow::default() };
         let peak = if owners { peak_by_stack(&tr) } else { HashMap::new() };
         (totals, (live, peak))
     };
     let (live, peak) = live;
-    let tops = live_sites(&live, TOP);
+    let tops = if owners { live_sites(&live, TOP) } else { HashMap::new() };
     // What held the session's peak is named now too (cached per stack), while the cell's
     // library and its `lib.rs` are the ones its code was built from: `%gpumem top` asked later,
     // after other cells rewrote `lib.rs`, still gives those sites their lines.
     top_sites(&peak, 0);
+    let mut parts = if components { by_component(&live) } else { HashMap::new() };
     totals
         .iter()
         .filter(|(_, t)| t.total.peak > 0 || t.total.live > 0)
-        .map(|(place, tot)| place_reading(*place, tot, tops.get(place).cloned().unwrap_or_default()))
+        .map(|(place, tot)| {
+            let mut r = place_reading(*place, tot, tops.get(place).cloned().unwrap_or_default());
+            r.by_component = parts.remove(place).unwrap_or_default();
+            r
+        })
         .collect()
+}
+
+/// What is live, by component per place (only those holding bytes, in [`Component::ALL`]'s
+/// order), and the allocator's cached free memory as `cached`: together, every live byte.
+fn by_component(live: &LiveNow) -> HashMap<Place, Vec<ComponentReading>> {
+    let mut owners = owners_for_report(state());
+    let owners = owners.get();
+    let mut sums: HashMap<Place, BTreeMap<Component, u64>> = HashMap::new();
+    super::components::with_rules(|rules, generation| {
+        for ((place, frames, _), bytes) in &live.by_stack {
+            let c = frames.as_ref().map_or(Component::Other, |f| owners.component(f, rules, generation));
+            *sums.entry(*place).or_default().entry(c).or_default() += bytes;
+        }
+    });
+    let mut out: HashMap<Place, Vec<ComponentReading>> = sums
+        .into_iter()
+        .map(|(place, m)| {
+            let rows = m
+                .into_iter()
+                .filter(|(_, b)| *b > 0)
+                .map(|(c, live)| ComponentReading { component: c.key().to_string(), live })
+                .collect();
+            (place, rows)
+        })
+        .collect();
+    for (place, &cached) in live.cached.iter().filter(|(_, c)| **c > 0) {
+        out.entry(*place).or_default().push(ComponentReading { component: CACHED.to_string(), live: cached });
+    }
+    out
 }
 
 /// How many sites a record's `top` lists.

@@ -34,15 +34,24 @@ pub(crate) fn set_home_thread() {
     let _ = HOME.set(std::thread::current().id());
 }
 
-/// A stack's frames without the thread mark, and whether it was walked off the cells' thread.
+/// A stack's frames without its marks (the thread mark and a component's stamp,
+/// [`super::component`]), and whether it was walked off the cells' thread.
 pub(crate) fn thread_of(frames: &[usize]) -> (&[usize], bool) {
-    match frames.split_last() {
+    let (rest, off_home) = match frames.split_last() {
         Some((&OFF_HOME, rest)) => (rest, true),
         _ => (frames, false),
+    };
+    match rest.split_last() {
+        Some((&m, code)) if super::component::is_marker(m) => (code, off_home),
+        _ => (rest, off_home),
     }
 }
 
-fn mark_thread(v: &mut Vec<usize>) {
+/// Puts the marks after a walk's frames: the stamp, then the thread mark.
+fn mark(v: &mut Vec<usize>, stamp: Option<super::component::Component>) {
+    if let Some(c) = stamp {
+        v.push(c.marker());
+    }
     if HOME.get().is_some_and(|home| *home != std::thread::current().id()) {
         v.push(OFF_HOME);
     }
@@ -56,28 +65,32 @@ pub(crate) fn capture() -> Frames {
 }
 
 /// Captures at most `limit` frames (clamped to 1 ..= [`MAX_FRAMES`]) with the caching unwinder
-/// ([`super::unwind`]).
+/// ([`super::unwind`]), marked with this thread's stamp in this copy of the crate.
 #[inline(never)]
 pub(crate) fn capture_depth(limit: usize) -> Frames {
     let limit = limit.clamp(1, MAX_FRAMES);
     SCRATCH.with(|v| {
         let mut v = v.borrow_mut();
         super::unwind::capture(limit, &mut v);
-        mark_thread(&mut v);
+        mark(&mut v, super::component::current());
         Arc::from(&v[..])
     })
 }
 
-/// Captures at most `limit` frames (clamped as [`capture_depth`] does) into this thread's buffer
-/// and hands them to `f` with the walk's serial on this thread (equal serials: equal stacks;
-/// `super::unwind::capture`). `f` must not capture a stack itself.
+/// Captures at most `limit` frames (clamped as [`capture_depth`] does) into this thread's buffer,
+/// marked with `stamp`, and hands them to `f` with the walk's serial on this thread (equal
+/// serials: equal frames; `super::unwind::capture`). `f` must not capture a stack itself.
 #[inline(never)]
-pub(crate) fn with_captured<R>(limit: usize, f: impl FnOnce(&[usize], u64) -> R) -> R {
+pub(crate) fn with_captured<R>(
+    limit: usize,
+    stamp: Option<super::component::Component>,
+    f: impl FnOnce(&[usize], u64) -> R,
+) -> R {
     let limit = limit.clamp(1, MAX_FRAMES);
     SCRATCH.with(|v| {
         let mut v = v.borrow_mut();
         let serial = super::unwind::capture(limit, &mut v);
-        mark_thread(&mut v);
+        mark(&mut v, stamp);
         f(&v, serial)
     })
 }

@@ -7,6 +7,7 @@
 //! below `policy/`; snapshots, which read the recorded events back, sit above it.
 
 pub mod cells;
+pub(crate) mod component;
 pub(crate) mod frames;
 pub(crate) mod history;
 pub(crate) mod labels;

@@ -22,6 +22,7 @@
 #![forbid(unsafe_code)]
 
 use crate::record::cells::{CellIndex, LineMap, run_number};
+use crate::record::component::{Component, Rules, stamp_of};
 use crate::record::frames::{Frames, Resolved, Symbolizer, is_path, source_crate};
 use std::collections::HashMap;
 use std::path::Path;
@@ -86,6 +87,9 @@ pub(crate) struct Owners {
     cells: CellIndex,
     /// Cell library path → what is known of it.
     libraries: HashMap<Arc<str>, Library>,
+    /// Each stack's component by the rules, and the rules' generation they were found with.
+    components: HashMap<Frames, Component>,
+    components_generation: u64,
 }
 
 /// Whether `module` is the program (`exe`) or a notebook cell's library: code named by symbol.
@@ -370,6 +374,41 @@ impl Owners {
         for ip in self.frames_to_warm(frames) {
             let _ = self.symbols.resolve(ip);
         }
+    }
+
+    /// What the memory with this stack is: its stamp, else the first rule that matches from the
+    /// outermost frame in (`rules` of `generation`: a newer one empties the cache), else
+    /// `other`. The frames before the CUDA API's caller (ours, CUPTI's, the driver's) are not
+    /// looked at; a library without symbols is known by its file name (`libcublasLt.so.13`).
+    pub(crate) fn component(&mut self, frames: &Frames, rules: &Rules, generation: u64) -> Component {
+        if let Some(c) = stamp_of(frames) {
+            return c;
+        }
+        if generation != self.components_generation {
+            self.components.clear();
+            self.components_generation = generation;
+        }
+        if let Some(c) = self.components.get(frames) {
+            return *c;
+        }
+        let code = crate::record::frames::thread_of(frames).0;
+        let modules: Vec<Arc<str>> = code.iter().map(|&ip| self.symbols.module_name(ip)).collect();
+        let mut named: Vec<(String, Arc<str>)> = Vec::new();
+        for (&ip, module) in code.iter().zip(&modules).skip(caller_of(&modules)) {
+            if self.ours(module) || module.is_empty() {
+                for f in &self.symbols.resolve(ip).frames {
+                    named.push((f.name.clone(), module.clone()));
+                }
+            } else {
+                named.push((String::new(), module.clone()));
+            }
+        }
+        let c = rules.classify(named.iter().map(|(f, m)| (f.as_str(), &**m))).unwrap_or(Component::Other);
+        if self.components.len() >= MAX_CACHED_SITES {
+            self.components.clear();
+        }
+        self.components.insert(frames.clone(), c);
+        c
     }
 
     /// Where the caller of the CUDA API starts in a stack (frames before it are ours, CUPTI's

@@ -92,6 +92,9 @@ impl CellRecord {
         if let Some(top) = all.and_then(|a| a.top.iter().find(held)) {
             parts.push(format!("top {}", top.site()));
         }
+        if let Some(what) = all.and_then(|a| what_it_is(&a.by_component)) {
+            parts.push(what);
+        }
         // What NVML counts beyond every tracked allocation and the CUDA pool's cache, where it
         // is not nothing (a MiB of noise aside): the CUDA context, the kernels' code.
         if let Some(g) = self.nvml_gap().filter(|g| g.rest.unsigned_abs() >= 1 << 20) {
@@ -170,6 +173,20 @@ impl CellRecord {
                     p.device.map_or("host pinned memory".to_string(), |d| format!("all allocations, device {d}"));
                 let delta = p.before.map_or("–".into(), |bf| iec_delta(p.after as i64 - bf as i64));
                 t.row([place, b(p.before), iec(p.after), delta, iec(p.peak), how.to_string()]);
+                for c in &p.by_component {
+                    t.row([
+                        format!("  {}", c.component),
+                        b(c.before),
+                        iec(c.after),
+                        c.delta().map_or("–".into(), iec_delta),
+                        "–".into(),
+                        if c.component == crate::notebook::protocol::CACHED {
+                            "tracked: the allocator's cached free memory".into()
+                        } else {
+                            "tracked, what it is (stamp, or rules on its stack)".into()
+                        },
+                    ]);
+                }
                 for sd in &p.by_source {
                     t.row([
                         format!("  {}", sd.source),
@@ -431,6 +448,29 @@ pub fn line_html(line: &str, class: &str, warn: bool, extra: &str, details: Opti
         ),
         None => format!("<div class=\"{class}\" style=\"{style}\">{words}{extra}</div>"),
     }
+}
+
+/// What the tracked bytes are, for the line: each component that holds or changed bytes,
+/// largest first, with the change where the cell made one (`optimizer_state 128.00 MiB
+/// (+128.00 MiB), parameter 64.00 MiB`); `None` when
+/// nothing but `other` and the allocator's cache holds any (nothing was stamped or matched a
+/// rule: the line stays as it was).
+fn what_it_is(parts: &[super::record::ComponentDelta]) -> Option<String> {
+    let classified =
+        |c: &&super::record::ComponentDelta| c.component != "other" && c.component != crate::notebook::protocol::CACHED;
+    if !parts.iter().filter(classified).any(|c| c.after > 0 || c.delta().is_some_and(|d| d != 0)) {
+        return None;
+    }
+    let mut shown: Vec<&super::record::ComponentDelta> = parts
+        .iter()
+        .filter(|c| c.component != crate::notebook::protocol::CACHED)
+        .filter(|c| c.after > 0 || c.delta().is_some_and(|d| d != 0))
+        .collect();
+    shown.sort_by(|a, b| b.after.cmp(&a.after).then(a.component.cmp(&b.component)));
+    // A component the cell did not change shows its bytes alone (the line stays short).
+    let items: Vec<String> =
+        shown.iter().map(|c| quantity(&c.component, Some(c.after), c.delta().filter(|d| *d != 0), None, "")).collect();
+    Some(format!("what: {}", items.join(", ")))
 }
 
 /// One quantity as the report line and the live line show it: `allocated 64.00 MiB (+16.00 MiB)`:

@@ -87,10 +87,34 @@ pub struct AllAllocations {
     pub peak: Option<u64>,
     /// Per source: change over the cell and peak during it.
     pub by_source: Vec<SourceDelta>,
+    /// What the live bytes are ([`crate::components`]): each component's bytes before and
+    /// after the cell, and the allocator's cached free memory (`cached`); the `after`s add up
+    /// to `after`.
+    #[serde(default)]
+    pub by_component: Vec<ComponentDelta>,
     /// Who holds the most of what is live after the cell.
     pub top: Vec<crate::notebook::protocol::OwnerBytes>,
     /// Every place touched, the same numbers.
     pub devices: Vec<PlaceAll>,
+}
+
+/// One component's bytes over a cell.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ComponentDelta {
+    /// `parameter`, `buffer`, `gradient`, `activation`, `temp`, `optimizer_state`, `workspace`,
+    /// `other`, or `cached` (the allocator's cached free memory).
+    pub component: String,
+    /// Live at the start of the cell (`None`: not read then).
+    pub before: Option<u64>,
+    /// Live at the end.
+    pub after: u64,
+}
+
+impl ComponentDelta {
+    /// after − before, when both are known.
+    pub fn delta(&self) -> Option<i64> {
+        self.before.map(|b| self.after as i64 - b as i64)
+    }
 }
 
 /// One source's change over a cell.
@@ -117,6 +141,9 @@ pub struct PlaceAll {
     pub peak: u64,
     /// Per source.
     pub by_source: Vec<SourceDelta>,
+    /// By component.
+    #[serde(default)]
+    pub by_component: Vec<ComponentDelta>,
     /// Largest owners of what is live.
     pub top: Vec<crate::notebook::protocol::OwnerBytes>,
 }
@@ -149,6 +176,40 @@ impl TrackedReadings {
             reply.tracking.map(|status| TrackedReadings { status, places: reply.tracked.unwrap_or_default() });
         (reply.devices.unwrap_or_default(), tracked)
     }
+}
+
+/// Each component's bytes before and after a cell, in the order the readings list them (the
+/// `after` reading's, then any only the `before` one had). `before` is known where the reading
+/// before the cell classified its bytes, or where the place held nothing then (`from_zero`
+/// without a reading).
+fn component_deltas(
+    b: Option<&crate::notebook::protocol::PlaceReading>,
+    a: &crate::notebook::protocol::PlaceReading,
+    known_start: bool,
+) -> Vec<ComponentDelta> {
+    if a.by_component.is_empty() {
+        return Vec::new();
+    }
+    let before_of = |c: &str| -> Option<u64> {
+        match b {
+            Some(b) if !b.by_component.is_empty() || b.live == 0 => {
+                Some(b.by_component.iter().find(|x| x.component == c).map_or(0, |x| x.live))
+            }
+            Some(_) => None,
+            None => known_start.then_some(0),
+        }
+    };
+    let mut out: Vec<ComponentDelta> = a
+        .by_component
+        .iter()
+        .map(|x| ComponentDelta { component: x.component.clone(), before: before_of(&x.component), after: x.live })
+        .collect();
+    for x in b.map(|b| b.by_component.as_slice()).unwrap_or_default() {
+        if !out.iter().any(|o| o.component == x.component) {
+            out.push(ComponentDelta { component: x.component.clone(), before: Some(x.live), after: 0 });
+        }
+    }
+    out
 }
 
 /// The `all_allocations` part from the tracked readings before and after a cell (`before` is
@@ -191,6 +252,7 @@ pub fn all_allocations(
             after: a.live,
             peak: a.peak,
             by_source: source_deltas(b.as_ref(), a),
+            by_component: component_deltas(b.as_ref(), a, start.is_some()),
             top: a.top.clone(),
         });
     }
@@ -207,6 +269,7 @@ pub fn all_allocations(
             out.after = Some(m.after);
             out.peak = Some(m.peak);
             out.by_source = m.by_source;
+            out.by_component = m.by_component;
             out.top = m.top;
         }
         None => {
