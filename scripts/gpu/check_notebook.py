@@ -48,6 +48,11 @@ Assertions (exit 1 when one fails):
   rest ≥ -2 MiB only); `top-cells-cubecl`: in the cell's `%gpumem top` table, every row whose
   site is cubecl's names the cell that queued it (`← cell N`).
 
+- cells tagged `components-add-up` (issue 33): the record's `all_allocations.by_component`
+  adds up to every tracked byte after the cell and before it; `component-delta=NAME:SPEC` /
+  `component-after=NAME:SPEC`: component NAME's change over the cell / bytes after it meets SPEC:
+  a number, `result` (the cell's value), or either after `>=` or `>`.
+
 --stock (the stock evcxr kernel): a record comes only beside a cell's value, so cells without one
 are listed but not failed (tagged cells end in a value, and must have one), and the warnings
 (re-run leaks) are gpumem-kernel's: growth tags are skipped.
@@ -174,6 +179,7 @@ def main():
             got = (result or "").strip()
             if got != want and not (got.replace(".", "", 1).isdigit() and float(got) == float(want)):
                 failures.append(f"cell {i} ({first}): the cell returned {got!r}, expected {want}")
+        component_checks(i, first, tags, alla, result, failures)
         for tag in (t for t in tags if t.startswith("cubecl-in-use-falls=")):
             mib = float(tag[len("cubecl-in-use-falls="):])
             fell = delta((cubecl or {}).get("in_use"))
@@ -247,6 +253,33 @@ def main():
 FAULT_CODES = ("CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_MISALIGNED_ADDRESS", "CUDA_ERROR_ILLEGAL_INSTRUCTION",
                "CUDA_ERROR_ASSERT", "CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR_LAUNCH_TIMEOUT",
                "CUDA_ERROR_HARDWARE_STACK_ERROR", "CUDA_ERROR_INVALID_PC", "CUDA_ERROR_INVALID_ADDRESS_SPACE")
+
+
+def component_checks(i, first, tags, alla, result, failures):
+    """Issue 33: what the memory is, against the model's own counts (the cell's value)."""
+    parts = {c["component"]: c for c in alla.get("by_component") or []}
+    if "components-add-up" in tags:
+        after = sum(c["after"] for c in parts.values())
+        if not parts or after != alla.get("after"):
+            failures.append(f"cell {i} ({first}): components add up to {after}, tracked {alla.get('after')}: {parts}")
+        befores = [c.get("before") for c in parts.values()]
+        if None not in befores and alla.get("before") is not None and sum(befores) != alla["before"]:
+            failures.append(f"cell {i} ({first}): components before add up to {sum(befores)}, tracked {alla['before']}")
+    for tag in (t for t in tags if t.startswith(("component-delta=", "component-after="))):
+        kind, _, spec = tag.partition("=")
+        name, _, want = spec.partition(":")
+        c = parts.get(name, {"before": 0, "after": 0})
+        got = c["after"] - (c.get("before") or 0) if kind == "component-delta" else c["after"]
+        op = ">=" if want.startswith(">=") else ">" if want.startswith(">") else "=="
+        value = want[len(op) if op != "==" else 0:]
+        try:
+            value = int((result or "").strip()) if value == "result" else int(value)
+        except ValueError:
+            failures.append(f"cell {i} ({first}): {tag}: the cell's value {result!r} is not a byte count")
+            continue
+        ok = got >= value if op == ">=" else got > value if op == ">" else got == value
+        if not ok:
+            failures.append(f"cell {i} ({first}): {name} {kind.split('-')[1]} {got}, expected {op} {value}: {parts}")
 
 
 def fault_checks(i, first, tags, errors, r, line, failures):

@@ -36,6 +36,10 @@
 # burn's memory in the cell that queued it (issue 32), after `warm notebooks/gpu_burn.ipynb`
 # (the same :dep lines, so the same build):
 #                     bash scripts/gpu/notebook.sh run notebooks/gpu_burn_async.ipynb
+# What the memory is (issue 33), still warm: candle's parameters, gradients, optimizer state,
+# activations and workspace against the model's own counts, and a PyTorch snapshot by component:
+#                     bash scripts/gpu/notebook.sh run notebooks/gpu_components.ipynb
+#                     python3 scripts/gpu/record_components.py "$OUT/components"
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$repo"
@@ -77,6 +81,7 @@ publish = false
 gpumem-nb = { path = "$repo", features = ["cublas", "nvrtc", "cubecl010"] }
 cudarc = { version = "0.19", default-features = false, features = ["std", "driver", "cublas", "nvrtc", "fallback-dynamic-loading", "cuda-13000"] }
 candle-core = { version = "0.11", features = ["cuda"] }
+candle-nn = { version = "0.11", features = ["cuda"] }
 burn = { version = "0.21", default-features = false, features = ["std", "cuda", "autodiff", "cubecl"] }
 [workspace]
 EOF

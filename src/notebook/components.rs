@@ -6,10 +6,11 @@
 //!    [`enter`]; stamps nest, and a panic drops them with everything else it unwinds;
 //! 2. the **rules** on the allocation's stack ([`rules`]): built-in ones for candle (`VarMap`,
 //!    `VarBuilder` and `Var` → parameter, `backprop` → gradient, `candle_nn::optim` →
-//!    optimizer_state, modules' `forward` → activation), burn (`Param` → parameter,
-//!    `burn_autodiff` → gradient, `burn_optim` → optimizer_state) and the CUDA libraries
-//!    (cuBLAS, cuBLASLt, cuDNN, cuFFT → workspace), and yours ([`add_rule`]), tried before the
-//!    built-in ones; the outermost frame a rule matches decides;
+//!    optimizer_state), burn (`Param` → parameter, `burn_autodiff` → gradient, `burn_optim` →
+//!    optimizer_state), any `forward` (candle's, burn's or the notebook's own modules →
+//!    activation) and the CUDA libraries (cuBLAS, cuBLASLt, cuDNN, cuFFT, cuRAND → workspace),
+//!    and yours ([`add_rule`]), tried before the built-in ones; the outermost frame a rule
+//!    matches decides;
 //! 3. `other`.
 //!
 //! The stamp travels with the allocation's stack, so it needs stacks (`GPUMEM_NB_TRACK=nostacks`

@@ -9,7 +9,8 @@
 //!   (tracked allocations, the allocator's blocks, snapshots) keeps it;
 //! - **rules** on the stack's function names ([`Rules`]): built-in ones for candle, burn and the
 //!   CUDA libraries, and the user's own, first match from the outermost frame in, so that
-//!   `AdamW::new` making its moments with `Var::zeros` is optimizer state, not a parameter.
+//!   `AdamW::new` making its moments with `Var::zeros` is optimizer state, not a parameter. A
+//!   function inlined into another is named from its source file (`candle_nn::optim::new`).
 //!
 //! What neither classifies is `other`.
 
@@ -31,7 +32,7 @@ pub enum Component {
     Temp,
     /// An optimizer's own state (Adam's moments).
     OptimizerState,
-    /// The CUDA libraries' workspaces and handles (cuBLAS, cuBLASLt, cuDNN, cuFFT).
+    /// The CUDA libraries' workspaces and handles (cuBLAS, cuBLASLt, cuDNN, cuFFT, cuRAND).
     Workspace,
     /// Everything no stamp or rule classified.
     Other,
@@ -161,17 +162,16 @@ const BUILT_IN: &[(&str, Component)] = &[
     // Parameters: candle's variables and their map and builder, burn's `Param`.
     ("candle_nn::var_map::", Component::Parameter),
     ("candle_nn::var_builder::", Component::Parameter),
-    ("candle_core::variable::Var", Component::Parameter),
+    ("candle_core::variable::", Component::Parameter),
     ("burn_core::module::param::", Component::Parameter),
-    // Forward passes of the frameworks' modules.
-    ("as candle_core::Module>::forward", Component::Activation),
-    ("as candle_core::ModuleT>::forward_t", Component::Activation),
-    ("candle_nn::ops::", Component::Activation),
-    ("burn_nn::", Component::Activation),
+    // Forward passes: any `forward` (candle's and burn's modules, the notebook's own, and
+    // `forward_t`), whatever it is called through.
+    ("::forward", Component::Activation),
     // The CUDA libraries' own memory.
     ("libcublas", Component::Workspace),
     ("libcudnn", Component::Workspace),
     ("libcufft", Component::Workspace),
+    ("libcurand", Component::Workspace),
     ("cublasCreate", Component::Workspace),
     ("cublasLt", Component::Workspace),
 ];

@@ -191,6 +191,20 @@ pub(crate) fn source_crate(file: &str) -> Option<String> {
     Some(name.replace('-', "_"))
 }
 
+/// An inlined frame's function as a path, from its source file (line tables give only its last
+/// name): `…/candle-nn-0.11.1/src/optim.rs` and `new` → `candle_nn::optim::new`; a `lib.rs`
+/// or `mod.rs` names its folder's module. `None` when the file says nothing of a crate.
+pub(crate) fn source_path(file: &str, name: &str) -> Option<String> {
+    let krate = source_crate(file)?;
+    let module = file.rsplit_once("/src/").map_or("", |(_, m)| m).trim_end_matches(".rs");
+    let module = match module {
+        "lib" | "main" => "",
+        m => m.strip_suffix("/mod").unwrap_or(m),
+    };
+    let module = module.replace('/', "::");
+    Some(if module.is_empty() { format!("{krate}::{name}") } else { format!("{krate}::{module}::{name}") })
+}
+
 /// Runtime frames below `main` (or below a test harness or a thread's start) that say nothing
 /// about the user's code.
 fn is_runtime(name: &str) -> bool {
@@ -425,6 +439,17 @@ mod tests {
         ];
         let names: Vec<String> = keep_user(all).into_iter().map(|f| f.name).collect();
         assert_eq!(names, ["my_notebook::train_step", "gpumem_nb::scope::scope", "my_notebook::main"]);
+    }
+
+    #[test]
+    fn inlined_frames_are_named_by_their_source_file() {
+        let reg = "/root/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f";
+        let p = |f: String, n: &str| source_path(&f, n);
+        assert_eq!(p(format!("{reg}/candle-nn-0.11.1/src/optim.rs"), "new").as_deref(), Some("candle_nn::optim::new"));
+        assert_eq!(p(format!("{reg}/candle-core-0.11.1/src/lib.rs"), "f").as_deref(), Some("candle_core::f"));
+        assert_eq!(p(format!("{reg}/foo-1.0.0/src/a/b/mod.rs"), "g").as_deref(), Some("foo::a::b::g"));
+        assert_eq!(p(format!("{reg}/foo-1.0.0/src/calib.rs"), "g").as_deref(), Some("foo::calib::g"));
+        assert_eq!(p("??".into(), "g"), None);
     }
 
     #[test]

@@ -23,7 +23,7 @@
 
 use crate::record::cells::{CellIndex, LineMap, run_number};
 use crate::record::component::{Component, Rules, stamp_of};
-use crate::record::frames::{Frames, Resolved, Symbolizer, is_path, source_crate};
+use crate::record::frames::{Frames, Resolved, Symbolizer, is_path, source_crate, source_path};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -396,8 +396,21 @@ impl Owners {
         let mut named: Vec<(String, Arc<str>)> = Vec::new();
         for (&ip, module) in code.iter().zip(&modules).skip(caller_of(&modules)) {
             if self.ours(module) || module.is_empty() {
-                for f in &self.symbols.resolve(ip).frames {
-                    named.push((f.name.clone(), module.clone()));
+                let r = self.symbols.resolve(ip);
+                for f in &r.frames {
+                    // A function inlined into another is known by its last name only: its path
+                    // comes from its source file (`candle_nn::optim::new`), or it is the
+                    // notebook's own (`ctx::forward`).
+                    let name = if is_path(&f.name) {
+                        f.name.clone()
+                    } else if let Some(p) = source_path(&f.filename, &f.name) {
+                        p
+                    } else if r.module.starts_with("libcode_") {
+                        format!("{CELL_CRATE}::{}", f.name)
+                    } else {
+                        f.name.clone()
+                    };
+                    named.push((name, module.clone()));
                 }
             } else {
                 named.push((String::new(), module.clone()));
