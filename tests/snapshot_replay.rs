@@ -305,3 +305,34 @@ open(d + "/garbage.pickle", "wb").write(b"\x80\x04\x95\x10\x00\x00\x00\x00\x00\x
         assert!(e.contains(&format!("{name}.pickle")), "{name}: the file is named: {e}");
     }
 }
+
+/// What a PyTorch program's memory was, by component, from its snapshot's Python stacks
+/// (issue 33): an MLP with BatchNorm trained three steps with AdamW on an H200
+/// (`scripts/gpu/record_components.py`, whose `.json` holds the model's own counts). At the end
+/// the parameters are the model's parameter bytes, the optimizer state (Adam's two moments) twice
+/// that, and BatchNorm's running mean, variance and batch counter the buffers; the gradients
+/// hold at least the last step's (with Python stacks alone, the cuBLAS workspace the backward
+/// thread took counts there too); `--fit` prints the table and the smallest card.
+#[test]
+fn a_pytorch_snapshot_by_component() {
+    let p = root().join("tests/fixtures/snapshots/h200_components_adamw_bn.pickle");
+    let side: Value = serde_json::from_str(&std::fs::read_to_string(p.with_extension("json")).unwrap()).unwrap();
+    let got = replay_json(&p, &["--fit", "1GiB"]).unwrap();
+    let dev = &got["devices"][0];
+    let c = &dev["components"];
+    let model = |k: &str| side["components"][k].as_u64().unwrap();
+    let end = |k: &str| c[k]["end"].as_u64().unwrap_or_else(|| panic!("no {k} in {c}"));
+    assert!(model("parameter") > 4 << 20, "{side}");
+    assert_eq!(end("parameter"), model("parameter"), "{c}");
+    assert_eq!(model("optimizer_state"), 2 * model("parameter"));
+    assert_eq!(end("optimizer_state"), model("optimizer_state"), "{c}");
+    assert!(end("gradient") >= model("gradient"), "{c}");
+    assert_eq!(end("buffer"), model("buffer"), "{c}");
+    // Every byte the program holds at the end is some component's.
+    let all: u64 = c.as_object().unwrap().values().map(|b| b["end"].as_u64().unwrap()).sum();
+    assert_eq!(all, side["stats"]["requested_bytes.all.current"].as_u64().unwrap(), "{c}");
+    assert_eq!(dev["smallest_card_gb"], 16, "{dev}");
+    let text = Command::new(env!("CARGO_BIN_EXE_gpumem-replay")).arg(&p).args(["--fit", "1GiB"]).output().unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("optimizer_state") && text.contains("smallest card   16 GB"), "{text}");
+}

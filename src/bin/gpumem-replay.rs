@@ -23,6 +23,9 @@
 //! (`alloc_conf`), a snapshot's `allocator_settings`, `GPUMEM_NB_ALLOC_CONF`, the default;
 //! `--alloc-conf` replaces it (for `--fit`: it is the policy planned under).
 //! `--snapshot DIR` also writes `snapshot.pickle`, `snapshot.json` and `trace_plot.html`.
+//! A snapshot with stacks gets `components` (what its memory was, from the frames:
+//! `gpumem_nb::replay::components`); `--fit` then adds the table at the peak and the smallest
+//! card.
 //!
 //! Several TRACEs (one per rank of a job: `snapshot_rank0.pickle snapshot_rank1.pickle`, or a
 //! directory holding them) are replayed one after another, each under its own header, then one
@@ -366,6 +369,15 @@ fn device(args: &Args, input: &Input, trace: &DeviceTrace) -> Result<(Value, Str
     if trace.skipped > 0 {
         out["skipped_entries"] = json!(trace.skipped);
     }
+    // What the memory was, by component, where the snapshot has Python stacks to tell.
+    let parts = gpumem_nb::replay::components::components(trace);
+    if snap_input && trace.info.iter().any(|i| i.as_ref().is_some_and(|i| !i.frames.is_empty())) {
+        out["components"] = Value::Object(parts.iter().map(|(c, b)| (c.key().to_string(), json!(b))).collect());
+        text += "components      at the end / at the peak / own peak (bytes requested, from the stacks)\n";
+        for (c, b) in &parts {
+            text += &format!("  {:<14}{:>12} {:>12} {:>12}\n", c.key(), iec(b.end), iec(b.at_peak), iec(b.peak));
+        }
+    }
     let program = Program::new(
         trace,
         exact.as_ref().map(|r| r.empty_cache_before.clone()).unwrap_or_default(),
@@ -377,12 +389,58 @@ fn device(args: &Args, input: &Input, trace: &DeviceTrace) -> Result<(Value, Str
         text += &t;
     }
     if let Some(size) = args.fit {
+        let stacks = out.get("components").is_some();
         let (j, t) =
             plan(&program, &conf, &input.conf.0, size, if snap_input { "event" } else { "line" }).map_err(err)?;
         merge(&mut out, j);
         text += &t;
+        let (j, t) =
+            by_card(&parts, stacks, out["min_device_bytes"].as_u64().unwrap_or(0), out["reserved_peak"].as_u64());
+        merge(&mut out, j);
+        text += &t;
     }
     Ok((out, text))
+}
+
+/// Cards people plan for, by their nominal size in GB (taken as GiB: a card's usable memory
+/// is a little less, its CUDA context takes some).
+const CARDS_GB: [u64; 8] = [16, 24, 40, 48, 80, 94, 141, 192];
+
+/// `--fit`'s table by component (what was live at the requested peak, from the stacks) and the
+/// smallest card of [`CARDS_GB`] at least the smallest device the program fits on.
+fn by_card(
+    parts: &std::collections::BTreeMap<gpumem_nb::Component, gpumem_nb::replay::components::ComponentBytes>,
+    stacks: bool,
+    min_device: u64,
+    reserved_peak: Option<u64>,
+) -> (Value, String) {
+    let mut text = String::new();
+    if stacks {
+        text += "at the peak     by component (bytes requested, live at their peak, from the stacks)\n";
+        for (c, b) in parts.iter().filter(|(_, b)| b.at_peak > 0) {
+            text += &format!("                {:<16}{:>12}\n", c.key(), iec(b.at_peak));
+        }
+        let allocated: u64 = parts.values().map(|b| b.at_peak).sum();
+        if let Some(r) = reserved_peak.filter(|r| *r >= allocated) {
+            text += &format!(
+                "                {:<16}{:>12} (reserved − requested at the peaks)\n",
+                "rounding+cache",
+                iec(r - allocated)
+            );
+        }
+        text += "                CUDA context    not in a snapshot (NVML shows it on the card)\n";
+    }
+    let card = CARDS_GB.iter().copied().find(|gb| gb << 30 >= min_device);
+    match card {
+        Some(gb) => {
+            text += &format!(
+                "smallest card   {gb} GB of 16, 24, 40, 48, 80, 94, 141, 192 (margin {} over the smallest device, before the CUDA context)\n",
+                iec((gb << 30) - min_device)
+            );
+        }
+        None => text += "smallest card   none of 16 to 192 GB holds it\n",
+    }
+    (json!({"smallest_card_gb": card, "cards_gb": CARDS_GB}), text)
 }
 
 fn merge(out: &mut Value, add: Value) {

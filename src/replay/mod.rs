@@ -34,6 +34,7 @@ use std::fmt;
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 
+pub mod components;
 pub mod fit;
 mod input;
 mod sequence;
