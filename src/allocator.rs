@@ -168,15 +168,20 @@ impl<B: Backend> CachingAllocator<B> {
     #[inline]
     fn with_context<R>(&self, f: impl FnOnce(&mut DeviceState, &mut B) -> R) -> R {
         let ctx = self.op_context();
+        // The caller's component stamp (`gpumem_nb::component`), for `component_bytes`.
+        let component = crate::record::component::current();
         self.with_state(|s, b| {
-            if ctx.is_some() {
+            s.set_component(component);
+            let r = if ctx.is_some() {
                 s.set_op_context(ctx);
                 let r = f(s, b);
                 s.set_op_context(None);
                 r
             } else {
                 f(s, b)
-            }
+            };
+            s.set_component(None);
+            r
         })
     }
 
@@ -273,9 +278,25 @@ impl<B: Backend> CachingAllocator<B> {
         self.with_state(|s, _| s.stats().clone())
     }
 
-    /// `torch.cuda.memory_stats()`: 122 sorted keys.
+    /// `torch.cuda.memory_stats()`: PyTorch 2.11's 122 sorted keys; once a block was allocated
+    /// under a component stamp (`gpumem_nb::component`), also
+    /// `component_bytes.{component}.{allocated,current,freed,peak}` for every component, as
+    /// pytorch/pytorch #182387 keys them (an unstamped block is `other`).
     pub fn memory_stats(&self) -> BTreeMap<String, i64> {
-        self.with_state(|s, _| s.stats().memory_stats())
+        self.with_state(|s, _| {
+            let mut m = s.stats().memory_stats();
+            for (c, stat) in s.component_bytes().unwrap_or_default() {
+                for (k, v) in [
+                    ("allocated", stat.allocated),
+                    ("current", stat.current),
+                    ("freed", stat.freed),
+                    ("peak", stat.peak),
+                ] {
+                    m.insert(format!("component_bytes.{}.{k}", c.key()), v);
+                }
+            }
+            m
+        })
     }
 
     /// `torch.cuda.memory_allocated()`: bytes in allocated blocks.

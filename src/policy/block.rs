@@ -46,6 +46,8 @@ pub(crate) struct Block {
     pub(crate) has_uses: bool,
     /// Caller-chosen tag carried by the block while allocated (e.g. the notebook cell).
     pub(crate) tag: u32,
+    /// What the block holds while allocated (`Component as u8`).
+    pub(crate) component: u8,
     pub(crate) live: bool,
 }
 
@@ -66,6 +68,7 @@ impl Block {
             gc_count_base: 0,
             has_uses: false,
             tag: 0,
+            component: 0,
             live: true,
         }
     }

@@ -61,6 +61,7 @@ fn check(state: &DeviceState) -> Result<(), String> {
     let mut free_mapped = 0usize;
     let mut unmapped = 0usize;
     let mut spans: Vec<(u64, u64)> = Vec::new();
+    let mut by_component = [0i64; 8];
 
     for (i, b) in arena.live() {
         let p = idx(b.pool);
@@ -86,6 +87,7 @@ fn check(state: &DeviceState) -> Result<(), String> {
         if b.allocated {
             add(&mut allocation, 1);
             add(&mut allocated, b.size as i64);
+            by_component[usize::from(b.component).min(7)] += b.size as i64;
             if b.size >= max_split {
                 oversize_alloc += 1;
             }
@@ -193,6 +195,16 @@ fn check(state: &DeviceState) -> Result<(), String> {
             if arr[t].current > arr[t].peak {
                 return Err(format!("{name}.{key}: current above peak"));
             }
+        }
+    }
+    for (c, (stat, want)) in state.component_stats().iter().zip(by_component).enumerate() {
+        if stat.current != want || stat.current > stat.peak {
+            return Err(format!(
+                "component_bytes.{}.current is {} (peak {}) but its blocks add up to {want}",
+                crate::record::component::Component::ALL[c].key(),
+                stat.current,
+                stat.peak
+            ));
         }
     }
     if stats.oversize_allocations.current != oversize_alloc {

@@ -41,10 +41,12 @@ impl Stat {
         self.current -= n;
         self.freed += n;
     }
-    fn reset_peak(&mut self) {
+    /// `peak = current` (`reset_peak_memory_stats`).
+    pub(crate) fn reset_peak(&mut self) {
         self.peak = self.current;
     }
-    fn reset_accumulated(&mut self) {
+    /// Zero `allocated` and `freed` (`reset_accumulated_memory_stats`).
+    pub(crate) fn reset_accumulated(&mut self) {
         self.allocated = 0;
         self.freed = 0;
     }

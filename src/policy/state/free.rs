@@ -20,9 +20,10 @@ impl DeviceState {
         let b = self.arena.get_mut(id);
         b.allocated = false;
         let (addr, size, req, stream, pool) = (b.addr, b.size, b.requested_size, b.stream, b.pool);
-        let has_uses = b.has_uses;
+        let (has_uses, component) = (b.has_uses, b.component);
         dec(&mut self.stats.allocation, pool, 1);
         dec(&mut self.stats.allocated_bytes, pool, size);
+        self.component_free(component, size);
         let frames = if self.block_ctx.is_empty() && self.op_ctx.is_none() {
             None
         } else {
@@ -235,6 +236,7 @@ impl DeviceState {
             sb.next = d.next;
             sb.requested_size = d.requested_size;
             sb.tag = d.tag;
+            sb.component = d.component;
             if d.next != NIL {
                 self.arena.get_mut(d.next).prev = src;
             }

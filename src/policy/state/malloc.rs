@@ -255,10 +255,13 @@ impl DeviceState {
             }
         }
         let tag = self.current_tag;
+        let bsize = self.arena.get(id).size;
+        let component = self.component_alloc(bsize);
         let b = self.arena.get_mut(id);
         b.allocated = true;
         b.requested_size = orig_size;
         b.tag = tag;
+        b.component = component;
         let (addr, bsize, stream) = (b.addr, b.size, b.stream);
         if let Some(f) = self.op_ctx.as_ref().filter(|_| self.history.context() >= StackContext::State) {
             self.block_ctx.insert(id, f.clone());

@@ -27,10 +27,11 @@ use crate::device::{EventId, StreamId};
 use crate::policy::block::{Arena, Block, BlockId, BlockPool, ExpandableSegment, NIL};
 use crate::policy::config::AllocatorConfig;
 use crate::policy::rounding::PoolKind;
+use crate::record::component::Component;
 use crate::record::frames::Frames;
 use crate::record::history::{History, StackContext, TraceAction};
 use crate::record::labels::Labels;
-use crate::stats::{DeviceStats, PeakSlots, SlotId, SlotPeaks, StatArray, StatType};
+use crate::stats::{DeviceStats, PeakSlots, SlotId, SlotPeaks, Stat, StatArray, StatType};
 use std::collections::{HashMap, VecDeque};
 
 /// What `malloc` hands out.
@@ -148,6 +149,13 @@ pub(crate) struct DeviceState {
     /// Whether an out-of-memory report carries the reserved bytes' parts (a copy of the state
     /// per failure; fit planning, which fails often on purpose, turns it off).
     explain_ooms: bool,
+    /// The component stamped on the caller's thread for the operation in progress (set by the
+    /// front, like `op_ctx`).
+    current_component: Option<Component>,
+    /// Allocated bytes by component ([`Component::ALL`] order; unstamped blocks are `other`).
+    component_bytes: [Stat; 8],
+    /// Whether any block was ever stamped: only then does `memory_stats()` list the components.
+    components_seen: bool,
 }
 
 #[inline]
@@ -195,6 +203,9 @@ impl DeviceState {
             block_ctx: HashMap::new(),
             seg_ctx: HashMap::new(),
             explain_ooms: true,
+            current_component: None,
+            component_bytes: Default::default(),
+            components_seen: false,
         }
     }
 
@@ -216,11 +227,43 @@ impl DeviceState {
     /// `reset_peak_memory_stats`.
     pub(crate) fn reset_peak_stats(&mut self) {
         self.stats.reset_peak();
+        self.component_bytes.iter_mut().for_each(Stat::reset_peak);
     }
 
     /// `reset_accumulated_memory_stats`.
     pub(crate) fn reset_accumulated_stats(&mut self) {
         self.stats.reset_accumulated();
+        self.component_bytes.iter_mut().for_each(Stat::reset_accumulated);
+    }
+
+    /// The component stamped for the operation about to run (read by the front from the
+    /// caller's thread); kept until the next call.
+    pub(crate) fn set_component(&mut self, c: Option<Component>) {
+        self.current_component = c;
+    }
+
+    /// Allocated bytes by component, once any block was stamped (PyTorch #182387's
+    /// `component_bytes.{component}.{current,peak,allocated,freed}`); `None` before.
+    pub(crate) fn component_bytes(&self) -> Option<Vec<(Component, Stat)>> {
+        self.components_seen.then(|| Component::ALL.iter().zip(self.component_bytes).map(|(c, s)| (*c, s)).collect())
+    }
+
+    /// The components' statistics as they are, stamped or not (for the invariants).
+    pub(crate) fn component_stats(&self) -> &[Stat; 8] {
+        &self.component_bytes
+    }
+
+    /// Counts a block's bytes under the current component (`other` without a stamp).
+    fn component_alloc(&mut self, bytes: u64) -> u8 {
+        let c = self.current_component.unwrap_or(Component::Other);
+        self.components_seen |= self.current_component.is_some();
+        self.component_bytes[c as usize].increase(bytes as i64);
+        c as u8
+    }
+
+    /// Takes a block's bytes out of its component.
+    fn component_free(&mut self, c: u8, bytes: u64) {
+        self.component_bytes[usize::from(c).min(Component::ALL.len() - 1)].decrease(bytes as i64);
     }
 
     /// Bytes currently obtained from the device.
