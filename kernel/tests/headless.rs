@@ -722,6 +722,7 @@ fn every_tracked_byte_has_a_component() {
         ("drop(state);", &[]),
         ("let _t = components::enter(Component::Temp);\npanic!(\"inside a stamp\");", &["raises-exception"]),
         ("let later = gpumem_nb::mem::driver_alloc_mib(4)?;\ncomponents::current()", &[]),
+        ("gpumem_nb::tracking::top(5)", &[]),
     ]);
     let (_, out, stderr) = run("components", &nb, &[]);
     let mib = 1u64 << 20;
@@ -759,6 +760,10 @@ fn every_tracked_byte_has_a_component() {
     assert_eq!(delta(6, "cached"), 96 * mib as i64, "the freed block stays cached: {:?}", parts(6).1);
     assert_eq!(delta(8, "other"), 4 * mib as i64, "the panic ended the stamp: {:?}", parts(8).1);
     assert_eq!(result_text(&out, 8), "None");
+    // `top` says what each site's memory is.
+    let top = result_text(&out, 9);
+    let row = top.lines().find(|l| l.contains("load_weights")).unwrap_or_else(|| panic!("{top}"));
+    assert!(top.contains("what") && row.contains("parameter") && top.contains("gradient"), "{top}");
     // The line says what the memory is, largest first.
     let line = outputs(&out, 5)
         .iter()

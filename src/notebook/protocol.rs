@@ -347,6 +347,10 @@ pub struct OwnerBytes {
     /// `cell` ran: work the cell queued.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub queued: bool,
+    /// What the memory is (`parameter`, `optimizer_state`, …: [`crate::components`]); `null`
+    /// for the allocator's cached free memory and from an older crate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub component: Option<String>,
 }
 
 impl OwnerBytes {

@@ -567,30 +567,35 @@ fn top_sites_in(
 ) -> HashMap<Place, Vec<OwnerBytes>> {
     let mut owners = owners_for_report(state());
     let owners = owners.get();
-    let mut sums: HashMap<Place, HashMap<Site, (u64, Option<String>)>> = HashMap::new();
-    for (key, size) in live {
-        let (place, frames, cell) = key;
-        let site = match frames {
-            Some(f) => owners.site(f, *cell),
-            None if *cell > 0 => {
-                Site { owner: "notebook cell (no stack)".into(), cell: Some(*cell), ..Site::default() }
+    // A site's memory by what it is, too: one row per site and component.
+    let mut sums: HashMap<Place, HashMap<(Site, Component), (u64, Option<String>)>> = HashMap::new();
+    super::components::with_rules(|rules, generation| {
+        for (key, size) in live {
+            let (place, frames, cell) = key;
+            let site = match frames {
+                Some(f) => owners.site(f, *cell),
+                None if *cell > 0 => {
+                    Site { owner: "notebook cell (no stack)".into(), cell: Some(*cell), ..Site::default() }
+                }
+                None => Site::unknown("unknown (no stack)"),
+            };
+            let component = frames.as_ref().map_or(Component::Other, |f| owners.component(f, rules, generation));
+            let made = segment.get(key).cloned().flatten().map(|f| owner_bytes(owners.site(&f, 0), 0).site());
+            let e = sums.entry(*place).or_default().entry((site, component)).or_default();
+            e.0 += size;
+            if e.1.is_none() {
+                e.1 = made;
             }
-            None => Site::unknown("unknown (no stack)"),
-        };
-        let made = segment.get(key).cloned().flatten().map(|f| owner_bytes(owners.site(&f, 0), 0).site());
-        let e = sums.entry(*place).or_default().entry(site).or_default();
-        e.0 += size;
-        if e.1.is_none() {
-            e.1 = made;
         }
-    }
+    });
     sums.into_iter()
         .map(|(place, m)| {
             let mut v: Vec<OwnerBytes> = m
                 .into_iter()
-                .map(|(site, (bytes, made))| {
+                .map(|((site, component), (bytes, made))| {
                     let mut o = owner_bytes(site, bytes);
                     o.segment = made.filter(|s| *s != o.site());
+                    o.component = Some(component.key().to_string());
                     o
                 })
                 .collect();
@@ -611,6 +616,7 @@ fn owner_bytes(site: Site, bytes: u64) -> OwnerBytes {
         called_from: site.called_from,
         segment: None,
         queued: site.queued,
+        component: None,
     }
 }
 

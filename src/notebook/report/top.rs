@@ -15,6 +15,15 @@ impl TopReport {
         if segments {
             head.push("in a segment made at");
         }
+        // What each site's memory is, once anything is more than `other` (a stamp or a rule).
+        let show_what = self
+            .places
+            .iter()
+            .flat_map(|p| p.now.iter().chain(&p.at_peak))
+            .any(|s| s.component.as_deref().is_some_and(|c| c != "other"));
+        if show_what {
+            head.push("what");
+        }
         let mut t = Table::new(head).right_align([3, 4]);
         for p in &self.places {
             let place = p.device.map_or("host pinned".to_string(), |d| format!("device {d}"));
@@ -29,6 +38,9 @@ impl TopReport {
                     let mut row = vec![head, s.site(), s.owner.clone(), iec(s.bytes), share];
                     if segments {
                         row.push(s.segment.clone().unwrap_or_default());
+                    }
+                    if show_what {
+                        row.push(s.component.clone().unwrap_or_default());
                     }
                     t.row(row);
                 }
