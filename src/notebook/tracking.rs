@@ -552,6 +552,9 @@ fn label_cell(label: &str) -> u64 {
     label.strip_prefix("cell ").and_then(|n| n.parse().ok()).unwrap_or(0)
 }
 
+/// Bytes per site and component, with the site that made the segment they are in.
+type SiteSums = HashMap<(Site, Component), (u64, Option<String>)>;
+
 /// The `n` largest sites per place (symbolising outside the tracker's lock, each distinct stack
 /// once).
 fn top_sites(live: &ByStack, n: usize) -> HashMap<Place, Vec<OwnerBytes>> {
@@ -568,7 +571,7 @@ fn top_sites_in(
     let mut owners = owners_for_report(state());
     let owners = owners.get();
     // A site's memory by what it is, too: one row per site and component.
-    let mut sums: HashMap<Place, HashMap<(Site, Component), (u64, Option<String>)>> = HashMap::new();
+    let mut sums: HashMap<Place, SiteSums> = HashMap::new();
     super::components::with_rules(|rules, generation| {
         for (key, size) in live {
             let (place, frames, cell) = key;
