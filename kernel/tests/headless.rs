@@ -723,6 +723,11 @@ fn every_tracked_byte_has_a_component() {
         ("let _t = components::enter(Component::Temp);\npanic!(\"inside a stamp\");", &["raises-exception"]),
         ("let later = gpumem_nb::mem::driver_alloc_mib(4)?;\ncomponents::current()", &[]),
         ("gpumem_nb::tracking::top(5)", &[]),
+        ("%gpumem snapshot snaps", &[]),
+        (
+            "let huge = DeviceBuffer::<u8>::zeros(&gpumem_nb::current()?, 1 << 40, StreamId::DEFAULT)?;",
+            &["raises-exception"],
+        ),
     ]);
     let (_, out, stderr) = run("components", &nb, &[]);
     let mib = 1u64 << 20;
@@ -764,6 +769,16 @@ fn every_tracked_byte_has_a_component() {
     let top = result_text(&out, 9);
     let row = top.lines().find(|l| l.contains("load_weights")).unwrap_or_else(|| panic!("{top}"));
     assert!(top.contains("what") && row.contains("parameter") && top.contains("gradient"), "{top}");
+    // A snapshot says it with each stack, as a frame of its own (what PyTorch's viewer lists).
+    let snap =
+        std::fs::read_to_string(Path::new(env!("CARGO_TARGET_TMPDIR")).join("nb-components/snaps/snapshot.json"))
+            .unwrap_or_else(|e| panic!("{e}\n{stderr}"));
+    for c in ["parameter", "gradient"] {
+        assert!(snap.contains(&format!("component {c}")), "{c} not in the snapshot's frames");
+    }
+    // An out-of-memory failure says what the memory in use was.
+    let why = records(&out, 11)[0]["oom"]["why"].as_str().unwrap_or_default().to_string();
+    assert!(why.contains("in use: parameter 48.00 MiB, gradient 16.00 MiB, other"), "{why}");
     // The line says what the memory is, largest first.
     let line = outputs(&out, 5)
         .iter()

@@ -28,7 +28,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::thread::ThreadId;
 
-pub use crate::record::component::{Component, Rule, Rules};
+pub use crate::record::component::{COMPONENT_FILE, Component, Rule, Rules};
 
 /// The process's stamps and rules.
 struct State {

@@ -10,7 +10,7 @@
 //! holds what the failing code held.
 #![forbid(unsafe_code)]
 
-use super::protocol::{OomEvent, SnapshotPaths};
+use super::protocol::{CACHED, ComponentReading, OomEvent, SnapshotPaths};
 use crate::allocator::Allocator;
 use crate::error::OomReport;
 use crate::policy::SegmentView;
@@ -90,6 +90,18 @@ impl OomWatch {
                 }
                 e.top = p.now;
             }
+            // What the memory in use was, where anything is more than `other`.
+            let parts = super::tracking::readings(None, false, true)
+                .into_iter()
+                .find(|p| p.device == Some(report.device))
+                .map(|p| p.by_component)
+                .unwrap_or_default();
+            if let Some(e) = &mut self.lock().event {
+                if let Some(what) = in_use_by_component(&parts) {
+                    e.why = format!("{}; {what}", e.why);
+                }
+                e.by_component = parts;
+            }
         }
         // Written outside the watch's lock: another thread's failure meanwhile is counted.
         let Some(dir) = dir else { return };
@@ -101,6 +113,20 @@ impl OomWatch {
             }
         }
     }
+}
+
+/// `of the 1.50 GiB in use: optimizer_state 1.00 GiB, parameter 512.00 MiB` (largest first,
+/// the allocator's cached free memory left out), where anything is more than `other`.
+fn in_use_by_component(parts: &[ComponentReading]) -> Option<String> {
+    let classified = |c: &ComponentReading| c.component != "other" && c.component != CACHED;
+    if !parts.iter().any(|c| classified(c) && c.live > 0) {
+        return None;
+    }
+    let mut held: Vec<&ComponentReading> = parts.iter().filter(|c| c.component != CACHED && c.live > 0).collect();
+    held.sort_by(|a, b| b.live.cmp(&a.live).then(a.component.cmp(&b.component)));
+    let total: u64 = held.iter().map(|c| c.live).sum();
+    let words: Vec<String> = held.iter().map(|c| format!("{} {}", c.component, iec(c.live))).collect();
+    Some(format!("of the {} in use: {}", iec(total), words.join(", ")))
 }
 
 /// An out-of-memory failure in numbers and in one line, from its report and the allocator's

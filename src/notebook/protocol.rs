@@ -522,6 +522,10 @@ pub struct OomEvent {
     /// The sites holding the most of the device's memory when the allocation failed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub top: Vec<OwnerBytes>,
+    /// What the tracked memory was then, by component (with the allocator's cache as
+    /// [`CACHED`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub by_component: Vec<ComponentReading>,
 }
 
 impl OomEvent {

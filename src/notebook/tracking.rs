@@ -630,6 +630,27 @@ pub(crate) fn set_cell_codes<'a>(codes: impl IntoIterator<Item = (u64, &'a str)>
     owners_for_report(state()).get().set_cell_codes(codes);
 }
 
+/// A stack's frames as a snapshot lists them, with what its memory is as one more frame,
+/// the outermost (`component optimizer_state`, file [`COMPONENT_FILE`]) where it is more than
+/// `other`: PyTorch's viewer shows it with the stack, and gpumem-replay reads it back.
+fn snapshot_frames(
+    owners: &mut Owners,
+    f: &[usize],
+    rules: &crate::record::component::Rules,
+    generation: u64,
+) -> Vec<crate::record::frames::Frame> {
+    let mut v = owners.frames(f);
+    let c = owners.component(f, rules, generation);
+    if c != Component::Other {
+        v.push(crate::record::frames::Frame {
+            name: format!("component {}", c.key()),
+            filename: crate::record::component::COMPONENT_FILE.into(),
+            line: 0,
+        });
+    }
+    v
+}
+
 /// The allocator's snapshot of `device` with every other live allocation on it added as a
 /// segment of one block (its stack and label kept), and, while recording, their events in the
 /// device's trace: what PyTorch's viewer and the offline page then show side by side.
@@ -638,7 +659,9 @@ pub fn snapshot(alloc: &crate::allocator::Allocator) -> Snapshot {
     let mut snap = {
         let mut owners = owners_for_report(t);
         let owners = owners.get();
-        alloc.snapshot_with(&mut |f| owners.frames(f))
+        super::components::with_rules(|rules, generation| {
+            alloc.snapshot_with(&mut |f| snapshot_frames(owners, f, rules, generation))
+        })
     };
     let device = alloc.device();
     let (foreign, events, labels) = {
@@ -661,8 +684,11 @@ pub fn snapshot(alloc: &crate::allocator::Allocator) -> Snapshot {
     let mut owners = owners_for_report(t);
     let owners = owners.get();
     let mut memo: HashMap<usize, Vec<crate::record::frames::Frame>> = HashMap::new();
+    let (rules, generation) = super::components::with_rules(|r, g| (r.clone(), g));
     let mut frames_of = |f: &Option<Frames>| match f {
-        Some(f) => memo.entry(f.as_ptr() as usize).or_insert_with(|| owners.frames(f)).clone(),
+        Some(f) => {
+            memo.entry(f.as_ptr() as usize).or_insert_with(|| snapshot_frames(owners, f, &rules, generation)).clone()
+        }
         None => Vec::new(),
     };
     let round = |n: u64| n.div_ceil(512) * 512;

@@ -88,6 +88,10 @@ impl std::fmt::Display for Component {
     }
 }
 
+/// The file name of the frame a snapshot adds to a stack to say what its memory is (the frame's
+/// name is `component <key>`).
+pub const COMPONENT_FILE: &str = "gpumem-nb component";
+
 /// The first marker; markers stay below 16, where no code is mapped (and above the thread
 /// mark, 1).
 const MARKER_BASE: usize = 2;

@@ -15,6 +15,9 @@
 //!   the end, or freed by an optimizer's `zero_grad`), a temporary otherwise;
 //! - the rest is `other`.
 //!
+//! gpumem-nb's own snapshots carry each stack's component as a frame of its own
+//! (`component parameter`, file `gpumem-nb component`), which is read first.
+//!
 //! Bytes are the sizes the trace's events carry: what the program asked for (PyTorch's
 //! `requested_bytes`, before the allocator's rounding). PyTorch takes cuBLAS's workspaces from its
 //! caching allocator, when a forward or backward first needs them, and keeps them: with C++
@@ -59,6 +62,11 @@ fn apply_line(info: &EventInfo) -> Option<u32> {
 fn classify(info: Option<&EventInfo>, apply_roles: &HashMap<u32, Component>) -> Class {
     let Some(info) = info.filter(|i| !i.frames.is_empty()) else { return Class::Backward };
     let frames = &info.frames;
+    // gpumem-nb's own snapshots say it in a frame of their own.
+    let said = frames.iter().filter(|f| f.filename == crate::record::component::COMPONENT_FILE);
+    if let Some(c) = said.filter_map(|f| f.name.strip_prefix("component ")).find_map(Component::parse) {
+        return Class::Known(c);
+    }
     let workspace =
         |n: &str| n.contains("getCurrentCUDABlasHandle") || n.contains("BlasLtWorkspace") || n.contains("cublas");
     if frames.iter().any(|f| workspace(&f.name)) {

@@ -380,7 +380,7 @@ impl Owners {
     /// outermost frame in (`rules` of `generation`: a newer one empties the cache), else
     /// `other`. The frames before the CUDA API's caller (ours, CUPTI's, the driver's) are not
     /// looked at; a library without symbols is known by its file name (`libcublasLt.so.13`).
-    pub(crate) fn component(&mut self, frames: &Frames, rules: &Rules, generation: u64) -> Component {
+    pub(crate) fn component(&mut self, frames: &[usize], rules: &Rules, generation: u64) -> Component {
         if let Some(c) = stamp_of(frames) {
             return c;
         }
@@ -420,7 +420,7 @@ impl Owners {
         if self.components.len() >= MAX_CACHED_SITES {
             self.components.clear();
         }
-        self.components.insert(frames.clone(), c);
+        self.components.insert(Frames::from(frames), c);
         c
     }
 
