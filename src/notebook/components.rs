@@ -28,7 +28,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::thread::ThreadId;
 
-pub use crate::record::component::{COMPONENT_FILE, Component, Rule, Rules};
+use crate::record::component::Rules;
+pub use crate::record::component::{Component, Rule};
 
 /// The process's stamps and rules.
 struct State {
@@ -53,16 +54,8 @@ fn state() -> &'static State {
 #[must_use = "the stamp ends when the guard is dropped"]
 #[derive(Debug)]
 pub struct ComponentGuard {
-    component: Component,
     _local: Stamp,
     _not_send: PhantomData<*const ()>,
-}
-
-impl ComponentGuard {
-    /// The component it stamps.
-    pub fn component(&self) -> Component {
-        self.component
-    }
 }
 
 /// Stamps what this thread allocates as `c` until the guard is dropped (stamps nest: the
@@ -77,7 +70,7 @@ pub fn enter(c: Component) -> ComponentGuard {
     let s = state();
     lock(&s.by_thread).entry(std::thread::current().id()).or_default().push(c);
     s.active.fetch_add(1, Ordering::AcqRel);
-    ComponentGuard { component: c, _local: Stamp::push(c), _not_send: PhantomData }
+    ComponentGuard { _local: Stamp::push(c), _not_send: PhantomData }
 }
 
 impl Drop for ComponentGuard {

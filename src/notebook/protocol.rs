@@ -270,20 +270,20 @@ pub struct PlaceReading {
     /// Who holds the most of `live`, largest first (at most five).
     pub top: Vec<OwnerBytes>,
     /// What `live` is, by component ([`crate::components`]), with the allocator's cached free
-    /// memory as [`CACHED`]: they add up to `live`. Empty when not asked for.
+    /// memory as `cached`: they add up to `live`. Empty when not asked for.
     #[serde(default)]
     pub by_component: Vec<ComponentReading>,
 }
 
 /// The `component` of the allocator's cached free memory in [`PlaceReading::by_component`]:
 /// reserved by gpumem-nb's allocator, allocated to no one.
-pub const CACHED: &str = "cached";
+pub(crate) const CACHED: &str = "cached";
 
 /// One component's live bytes.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ComponentReading {
     /// `parameter`, `buffer`, `gradient`, `activation`, `temp`, `optimizer_state`, `workspace`,
-    /// `other`, or [`CACHED`].
+    /// `other`, or `cached` (the allocator's cached free memory).
     pub component: String,
     /// Bytes now.
     pub live: u64,
@@ -523,7 +523,7 @@ pub struct OomEvent {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub top: Vec<OwnerBytes>,
     /// What the tracked memory was then, by component (with the allocator's cache as
-    /// [`CACHED`]).
+    /// `cached`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub by_component: Vec<ComponentReading>,
 }

@@ -66,7 +66,7 @@ impl Component {
     }
 
     /// The component a name stands for (`optimizer_state`, also `optimizer-state`, any case).
-    pub fn parse(name: &str) -> Option<Component> {
+    pub(crate) fn parse(name: &str) -> Option<Component> {
         let n = name.trim().to_ascii_lowercase().replace('-', "_");
         Component::ALL.into_iter().find(|c| c.key() == n)
     }
@@ -90,7 +90,7 @@ impl std::fmt::Display for Component {
 
 /// The file name of the frame a snapshot adds to a stack to say what its memory is (the frame's
 /// name is `component <key>`).
-pub const COMPONENT_FILE: &str = "gpumem-nb component";
+pub(crate) const COMPONENT_FILE: &str = "gpumem-nb component";
 
 /// The first marker; markers stay below 16, where no code is mapped (and above the thread
 /// mark, 1).
@@ -149,7 +149,7 @@ pub struct Rule {
 
 /// The rules, the user's first (they win over the built-in ones at the same frame).
 #[derive(Clone, Debug)]
-pub struct Rules {
+pub(crate) struct Rules {
     rules: Vec<Rule>,
 }
 
@@ -193,12 +193,12 @@ impl Default for Rules {
 
 impl Rules {
     /// The built-in rules.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Rules::default()
     }
 
     /// Adds a user rule (before every built-in one); an empty pattern is refused.
-    pub fn add(&mut self, pattern: &str, component: Component) -> Result<(), String> {
+    pub(crate) fn add(&mut self, pattern: &str, component: Component) -> Result<(), String> {
         if pattern.trim().is_empty() {
             return Err("a component rule needs a non-empty pattern (a part of a function name)".into());
         }
@@ -208,13 +208,16 @@ impl Rules {
     }
 
     /// Every rule, in the order they are tried at each frame.
-    pub fn rules(&self) -> &[Rule] {
+    pub(crate) fn rules(&self) -> &[Rule] {
         &self.rules
     }
 
     /// The component of a stack given as `(function, library file)` per frame, innermost
     /// first: the first frame from the outermost in that a rule matches.
-    pub fn classify<'a>(&self, frames: impl DoubleEndedIterator<Item = (&'a str, &'a str)>) -> Option<Component> {
+    pub(crate) fn classify<'a>(
+        &self,
+        frames: impl DoubleEndedIterator<Item = (&'a str, &'a str)>,
+    ) -> Option<Component> {
         frames.rev().find_map(|(function, library)| {
             self.rules
                 .iter()

@@ -112,7 +112,7 @@ pub struct ComponentDelta {
 
 impl ComponentDelta {
     /// after − before, when both are known.
-    pub fn delta(&self) -> Option<i64> {
+    pub(crate) fn delta(&self) -> Option<i64> {
         self.before.map(|b| self.after as i64 - b as i64)
     }
 }
