@@ -10,7 +10,7 @@
 //! holds what the failing code held.
 #![forbid(unsafe_code)]
 
-use super::protocol::{CACHED, ComponentReading, OomEvent, SnapshotPaths};
+use super::protocol::{CACHED, ComponentReading, OomEvent, SnapshotPaths, is_classified};
 use crate::allocator::Allocator;
 use crate::error::OomReport;
 use crate::policy::SegmentView;
@@ -118,8 +118,7 @@ impl OomWatch {
 /// `of the 1.50 GiB in use: optimizer_state 1.00 GiB, parameter 512.00 MiB` (largest first,
 /// the allocator's cached free memory left out), where anything is more than `other`.
 fn in_use_by_component(parts: &[ComponentReading]) -> Option<String> {
-    let classified = |c: &ComponentReading| c.component != "other" && c.component != CACHED;
-    if !parts.iter().any(|c| classified(c) && c.live > 0) {
+    if !parts.iter().any(|c| is_classified(&c.component) && c.live > 0) {
         return None;
     }
     let mut held: Vec<&ComponentReading> = parts.iter().filter(|c| c.component != CACHED && c.live > 0).collect();

@@ -279,6 +279,12 @@ pub struct PlaceReading {
 /// reserved by gpumem-nb's allocator, allocated to no one.
 pub(crate) const CACHED: &str = "cached";
 
+/// Whether a component name says more than nothing: neither `other` nor [`CACHED`]. The line,
+/// the out-of-memory message and `top` say what memory is only once something is.
+pub(crate) fn is_classified(component: &str) -> bool {
+    component != crate::record::component::Component::Other.key() && component != CACHED
+}
+
 /// One component's live bytes.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ComponentReading {

@@ -87,7 +87,7 @@ fn check(state: &DeviceState) -> Result<(), String> {
         if b.allocated {
             add(&mut allocation, 1);
             add(&mut allocated, b.size as i64);
-            by_component[usize::from(b.component).min(7)] += b.size as i64;
+            by_component[usize::from(b.component).min(by_component.len() - 1)] += b.size as i64;
             if b.size >= max_split {
                 oversize_alloc += 1;
             }

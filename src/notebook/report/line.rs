@@ -452,12 +452,10 @@ pub fn line_html(line: &str, class: &str, warn: bool, extra: &str, details: Opti
 
 /// What the tracked bytes are, for the line: each component that holds or changed bytes,
 /// largest first, with the change where the cell made one (`optimizer_state 128.00 MiB
-/// (+128.00 MiB), parameter 64.00 MiB`); `None` when
-/// nothing but `other` and the allocator's cache holds any (nothing was stamped or matched a
-/// rule: the line stays as it was).
+/// (+128.00 MiB), parameter 64.00 MiB`); `None` when nothing but `other` and the allocator's
+/// cache holds any (nothing was stamped or matched a rule: the line stays as it was).
 fn what_it_is(parts: &[super::record::ComponentDelta]) -> Option<String> {
-    let classified =
-        |c: &&super::record::ComponentDelta| c.component != "other" && c.component != crate::notebook::protocol::CACHED;
+    let classified = |c: &&super::record::ComponentDelta| crate::notebook::protocol::is_classified(&c.component);
     if !parts.iter().filter(classified).any(|c| c.after > 0 || c.delta().is_some_and(|d| d != 0)) {
         return None;
     }

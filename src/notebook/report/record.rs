@@ -180,7 +180,7 @@ impl TrackedReadings {
 
 /// Each component's bytes before and after a cell, in the order the readings list them (the
 /// `after` reading's, then any only the `before` one had). `before` is known where the reading
-/// before the cell classified its bytes, or where the place held nothing then (`from_zero`
+/// before the cell classified its bytes, or where the place held nothing then (`known_start`
 /// without a reading).
 fn component_deltas(
     b: Option<&crate::notebook::protocol::PlaceReading>,

@@ -20,7 +20,7 @@ impl TopReport {
             .places
             .iter()
             .flat_map(|p| p.now.iter().chain(&p.at_peak))
-            .any(|s| s.component.as_deref().is_some_and(|c| c != "other"));
+            .any(|s| s.component.as_deref().is_some_and(crate::notebook::protocol::is_classified));
         if show_what {
             head.push("what");
         }
