@@ -12,7 +12,7 @@ const SYNC_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A flush request: the marker to wait for on stderr (`None`: take what is there), and where
 /// to say it is done.
-type Flush = (Option<String>, crossbeam_channel::Sender<()>);
+type Flush = (Option<String>, crossbeam_channel::Sender<bool>);
 
 /// Forwards evcxr's stdout/stderr lines to the sink on its own thread; [`flush`](Self::flush)
 /// is a barrier that makes sure every line the cell wrote is out (or, for the cell's panic,
@@ -26,7 +26,13 @@ pub(super) struct StreamPump {
 struct Forward {
     sink: Arc<dyn Sink>,
     capture: Arc<Mutex<Capture>>,
+    /// Markers that came by before their flush request did (the child answers a token at
+    /// once; the request reaches this thread on another channel and may come second).
+    early: std::cell::RefCell<std::collections::VecDeque<String>>,
 }
+
+/// How many early markers are remembered (one per cell is the most a session makes).
+const EARLY_KEPT: usize = 8;
 
 impl Forward {
     /// One line of `name`, with what else is already waiting on the same channel (batched into
@@ -56,7 +62,15 @@ impl Forward {
     /// One line into `text` (a marker is dropped, a panic's line taken); true for `marker`.
     fn take(&self, name: &'static str, l: String, marker: Option<&str>, text: &mut String) -> bool {
         if name == "stderr" && l.starts_with(MARK) {
-            return marker == Some(l.as_str());
+            if marker == Some(l.as_str()) {
+                return true;
+            }
+            let mut early = self.early.borrow_mut();
+            if early.len() == EARLY_KEPT {
+                early.pop_front();
+            }
+            early.push_back(l);
+            return false;
         }
         if name == "stderr" && l == crate::cell::user_error::MARK {
             if let Ok(mut c) = self.capture.lock() {
@@ -86,16 +100,25 @@ impl Forward {
     }
 
     /// The end of a cell: everything on stdout, and stderr up to `marker` (or what is there).
+    /// False when the marker did not come within [`SYNC_TIMEOUT`].
     fn flush(
         &self,
         marker: Option<&str>,
         out: &crossbeam_channel::Receiver<String>,
         err: &crossbeam_channel::Receiver<String>,
-    ) {
+    ) -> bool {
         while let Ok(l) = out.try_recv() {
             self.lines("stdout", l, out, None);
         }
+        let came_early = |m: &str| {
+            let mut early = self.early.borrow_mut();
+            let at = early.iter().position(|e| e == m);
+            at.map(|i| early.drain(..=i).count()).is_some()
+        };
+        let mut seen = marker.is_none();
         match marker {
+            // Everything the cell wrote to stderr was before its marker: already emitted.
+            Some(m) if came_early(m) => seen = true,
             Some(m) => {
                 let deadline = Instant::now() + SYNC_TIMEOUT;
                 loop {
@@ -103,6 +126,7 @@ impl Forward {
                     match err.recv_timeout(left) {
                         Ok(l) => {
                             if self.lines("stderr", l, err, Some(m)) {
+                                seen = true;
                                 break;
                             }
                         }
@@ -121,6 +145,7 @@ impl Forward {
         }
         let held = self.capture.lock().map(|mut c| c.finish()).unwrap_or_default();
         self.emit("stderr", held.iter().map(|l| format!("{l}\n")).collect());
+        seen
     }
 }
 
@@ -128,7 +153,7 @@ impl StreamPump {
     pub(super) fn start(outputs: evcxr::EvalContextOutputs, sink: Arc<dyn Sink>) -> StreamPump {
         let (flush_tx, flush_rx) = crossbeam_channel::unbounded::<Flush>();
         let capture = Arc::new(Mutex::new(Capture::new(None)));
-        let fwd = Forward { sink, capture: capture.clone() };
+        let fwd = Forward { sink, capture: capture.clone(), early: Default::default() };
         std::thread::Builder::new()
             .name("gpumem-streams".into())
             .spawn(move || {
@@ -146,8 +171,8 @@ impl StreamPump {
                         },
                         recv(flush_rx) -> req => match req {
                             Ok((marker, ack)) => {
-                                fwd.flush(marker.as_deref(), &out, &err);
-                                let _ = ack.send(());
+                                let seen = fwd.flush(marker.as_deref(), &out, &err);
+                                let _ = ack.send(seen);
                             }
                             Err(_) => return,
                         },
@@ -180,13 +205,68 @@ impl StreamPump {
     /// Waits until every line received so far has been emitted, and stderr up to `marker` (the
     /// child's answer to a stderr sync request) when there is one; without a marker stderr
     /// comes through a pipe of its own and its last lines may trail stdout: give them a moment.
-    pub(super) fn flush(&self, marker: Option<String>) {
+    /// False when the marker did not come (the barrier fell back to its timeout).
+    pub(super) fn flush(&self, marker: Option<String>) -> bool {
         if marker.is_none() {
             std::thread::sleep(Duration::from_millis(20));
         }
         let (tx, rx) = crossbeam_channel::bounded(1);
-        if self.flush_tx.send((marker, tx)).is_ok() {
-            let _ = rx.recv_timeout(SYNC_TIMEOUT + Duration::from_secs(1));
+        self.flush_tx.send((marker, tx)).is_ok()
+            && rx.recv_timeout(SYNC_TIMEOUT + Duration::from_secs(1)).unwrap_or(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Collects what the pump emits.
+    #[derive(Default)]
+    struct Collect(Mutex<Vec<(&'static str, String)>>);
+
+    impl Sink for Collect {
+        fn emit(&self, out: Output) {
+            if let Output::Stream { name, text } = out {
+                self.0.lock().unwrap().push((name, text));
+            }
         }
+        fn input(&self, _prompt: &str, _password: bool) -> String {
+            String::new()
+        }
+    }
+
+    #[test]
+    fn a_marker_that_comes_before_its_request_ends_the_wait() {
+        let (out_tx, out_rx) = crossbeam_channel::unbounded();
+        let (err_tx, err_rx) = crossbeam_channel::unbounded();
+        let sink = Arc::new(Collect::default());
+        let pump = StreamPump::start(evcxr::EvalContextOutputs { stdout: out_rx, stderr: err_rx }, sink.clone());
+        let marker = format!("{MARK}1");
+        err_tx.send("a line the cell wrote".to_string()).unwrap();
+        err_tx.send(marker.clone()).unwrap();
+        out_tx.send("out".to_string()).unwrap();
+        // The stream thread takes both lines before the flush request exists (the child answers
+        // a token at once).
+        while !err_tx.is_empty() || !out_tx.is_empty() {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(pump.flush(Some(marker)), "the early marker counts: no wait for the timeout");
+        let got = sink.0.lock().unwrap().clone();
+        assert!(got.iter().any(|(n, t)| *n == "stderr" && t.contains("a line the cell wrote")), "{got:?}");
+        assert!(!got.iter().any(|(_, t)| t.contains(MARK)), "a marker is never shown: {got:?}");
+
+        // A marker that never comes is waited for, and said.
+        assert!(!pump.flush(Some(format!("{MARK}2"))));
+        // And one that comes after the request ends it.
+        let m3 = format!("{MARK}3");
+        let tx = err_tx.clone();
+        let late = m3.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            tx.send(late).unwrap();
+        });
+        assert!(pump.flush(Some(m3)));
+        t.join().unwrap();
     }
 }
