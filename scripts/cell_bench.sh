@@ -5,8 +5,8 @@
 # per cell, and where gpumem-kernel's time goes. Figures go to BENCHMARKS.md by hand.
 #   scripts/cell_bench.sh [--rounds N] [--no-candle]
 # Builds the release kernel and installs evcxr_jupyter into the target directory (once, as
-# tests/stock_kernel.sh does); the stock kernel builds in a directory kept under the target
-# directory (evcxr's EVCXR_TMPDIR), so a rerun does not rebuild its dependencies.
+# tests/stock_kernel.sh does); the stock kernel builds in a directory
+# kept in $TMPDIR (evcxr's EVCXR_TMPDIR), so a rerun does not rebuild its dependencies.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 target="${CARGO_TARGET_DIR:-$repo/target}"
@@ -22,7 +22,13 @@ if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import nbclient, nbfo
     "$venv/bin/pip" install --quiet jupyter_client nbclient nbformat
 fi
 out="$target/cell-bench"
-mkdir -p "$out/stock-evcxr"
+mkdir -p "$out"
+# The stock kernel's build directory is kept outside the home directory: evcxr loads the cell
+# library cargo copies up from `deps/`, whose RUNPATH rustc wrote relative to `deps/`; when the
+# directory and the toolchain share a prefix (both under ~) that relative path misses libstd by
+# one level and the stock kernel dies at its first cell ("dlopen failed").
+stock_dir="${TMPDIR:-/tmp}/gpumem-nb-cell-bench-stock-evcxr"
+mkdir -p "$stock_dir"
 spec=$(mktemp -d)
 trap 'rm -rf "$spec"' EXIT
 "$target/release/gpumem-kernel" install --prefix "$spec" --no-prebuild > /dev/null
@@ -31,4 +37,4 @@ export JUPYTER_PATH="$spec/share/jupyter"
 unset GPUMEM_NB_CONTROL GPUMEM_NB_REPORTS GPUMEM_NB_METRICS
 # Only the stock kernel reads EVCXR_TMPDIR here (gpumem-kernel keeps its own build directory
 # when it is set outside a workspace too, so it is passed to the stock kernel alone).
-EVCXR_BENCH_STOCK_TMPDIR="$out/stock-evcxr" exec "$venv/bin/python" "$repo/scripts/cell_bench.py" "$repo" "$out/cells.json" "$@"
+EVCXR_BENCH_STOCK_TMPDIR="$stock_dir" exec "$venv/bin/python" "$repo/scripts/cell_bench.py" "$repo" "$out/cells.json" "$@"

@@ -33,9 +33,10 @@ the device of the gpumem-nb crate (without a GPU: a simulated 80 GiB device).
 ";
 
 fn main() {
-    // First: the same binary is also the cell crate's rustc wrapper (line tables), evcxr's
-    // child process and evcxr's rustc wrapper. As the child, it answers the kernel's stderr
+    // First: the same binary is also evcxr's cargo wrapper (a cell built without cargo), the
+    // cell crate's rustc wrapper (line tables), evcxr's child process and evcxr's rustc wrapper. As the child, it answers the kernel's stderr
     // sync requests on a thread of its own (`stderr_sync`).
+    gpumem_kernel::cell::quick_build::run_if_asked();
     gpumem_kernel::cell::cell_lines::wrap_if_asked();
     gpumem_kernel::cell::stderr_sync::serve_in_child();
     gpumem_kernel::cell::user_error::watch_in_child();
@@ -60,6 +61,13 @@ fn main() {
         // first thing `main` does after `runtime_hook` (which returns only in the kernel
         // process and starts no thread), so no other thread exists yet.
         unsafe { std::env::set_var("EVCXR_TMPDIR", &dir.path) };
+        // evcxr runs cargo through this binary (`cell::quick_build`).
+        if let Some((key, value)) =
+            std::env::current_exe().ok().and_then(|e| gpumem_kernel::cell::quick_build::kernel_env(&e))
+        {
+            // SAFETY: as above: no other thread exists yet.
+            unsafe { std::env::set_var(key, value) };
+        }
     }
     let code = match real_main(&args) {
         Ok(code) => code,

@@ -26,6 +26,9 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+/// The crate evcxr builds each cell as.
+pub const CELL_CRATE: &str = "ctx";
+
 /// The notice of this process's choice, until the first cell shows it.
 static NOTICE: Mutex<Option<String>> = Mutex::new(None);
 

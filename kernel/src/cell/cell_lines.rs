@@ -18,9 +18,6 @@ use std::ffi::OsString;
 /// `GPUMEM_NB_CELL_LINES=off` builds cells without line tables.
 pub const CELL_LINES_VAR: &str = "GPUMEM_NB_CELL_LINES";
 
-/// The crate evcxr builds each cell as.
-pub const CELL_CRATE: &str = "ctx";
-
 /// Set (to 1) in cargo's environment when this binary is the cells' rustc wrapper.
 pub const WRAP_VAR: &str = "GPUMEM_KERNEL_CELL_RUSTC";
 
@@ -59,28 +56,30 @@ pub fn wrapped_command(args: &[OsString], exe: Option<&std::path::Path>) -> Opti
     // generated dependency crate, a crate beside the notebook) is built as it would be anyway.
     if is_cell_crate(rest) {
         all.extend(FLAGS.iter().map(OsString::from));
-        if let Some(level) = cell_opt_level() {
-            all.extend([OsString::from("-C"), OsString::from(format!("opt-level={level}"))]);
-        }
+        all.extend([OsString::from("-C"), OsString::from(format!("opt-level={}", cell_opt_level()))]);
     }
     Some((rustc.clone(), all))
 }
 
-/// The cells' own optimisation level (`:opt`, which gpumem-kernel keeps for the cell crate;
-/// the dependencies stay at evcxr's `opt-level = 2`), from [`CELL_OPT_VAR`] in the build's
-/// environment.
+/// The cells' own optimisation level, from [`CELL_OPT_VAR`] in the build's environment (the
+/// dependencies stay at evcxr's `opt-level = 2`).
 pub const CELL_OPT_VAR: &str = "GPUMEM_KERNEL_CELL_OPT";
 
-/// The cell crate's opt-level asked for, when it is one rustc knows.
-fn cell_opt_level() -> Option<String> {
-    let v = std::env::var(CELL_OPT_VAR).ok()?;
-    let v = v.trim();
-    matches!(v, "0" | "1" | "2" | "3" | "s" | "z").then(|| v.to_string())
+/// The cells' own code unoptimised unless asked otherwise: a cell compiles in about half the
+/// time (a burn training cell several times quicker), and the work it calls runs in the
+/// optimised dependencies (BENCHMARKS.md, "Small cells").
+const DEFAULT_CELL_OPT: &str = "0";
+
+/// The cell crate's opt-level: the one asked for when rustc knows it, else [`DEFAULT_CELL_OPT`].
+fn cell_opt_level() -> String {
+    let asked = std::env::var(CELL_OPT_VAR).ok();
+    let v = asked.as_deref().map(str::trim).filter(|v| matches!(*v, "0" | "1" | "2" | "3" | "s" | "z"));
+    v.unwrap_or(DEFAULT_CELL_OPT).to_string()
 }
 
 /// Whether rustc's `args` build the cell crate.
 fn is_cell_crate(args: &[OsString]) -> bool {
-    args.windows(2).any(|w| w[0] == "--crate-name" && w[1] == CELL_CRATE)
+    args.windows(2).any(|w| w[0] == "--crate-name" && w[1] == super::build_dir::CELL_CRATE)
 }
 
 /// Runs the wrapped rustc in place of this process when this process is the cells' rustc
@@ -93,6 +92,11 @@ pub fn wrap_if_asked() {
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
     let exe = std::env::current_exe().ok();
     let Some((rustc, args)) = wrapped_command(&args, exe.as_deref()) else { return };
+    if is_cell_crate(&args) {
+        // As cargo gave it (the flags above are added again on a build without cargo).
+        let given: Vec<OsString> = std::env::args_os().skip(2).collect();
+        super::quick_build::record_if_asked(&rustc, &given);
+    }
     if let Some(exe) = exe.as_deref().filter(|_| super::cell_times::enabled() && is_cell_crate(&args)) {
         super::cell_times::run_rustc(&rustc, args, exe, WRAP_VAR);
     }
@@ -130,7 +134,10 @@ mod tests {
         assert_eq!(rustc, "/t/bin/rustc");
         let rest: Vec<&str> = rest.iter().map(|a| a.to_str().unwrap()).collect();
         assert_eq!(rest[..5], ["--crate-name", "ctx", "src/lib.rs", "-C", "strip=debuginfo"]);
-        assert_eq!(rest[5..], FLAGS, "after the profile's flags, so they win");
+        assert_eq!(rest[5..9], FLAGS, "after the profile's flags, so they win");
+        if std::env::var_os(CELL_OPT_VAR).is_none() {
+            assert_eq!(rest[9..], ["-C", "opt-level=0"], "the cells' own code unoptimised by default");
+        }
         // Another crate of the workspace: run as it is.
         let other: Vec<OsString> =
             ["/t/bin/rustc", "--crate-name", "gpumem_deps_1", "lib.rs"].iter().map(OsString::from).collect();

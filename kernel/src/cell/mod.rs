@@ -5,15 +5,17 @@
 //! live line while it runs, and the engine that puts them together.
 //!
 //! ## Layers
-//! 1. `build_dir`, `toolchain`, `cell_times`, `dep`, `display`, `compile`, `magic`,
-//!    `complete`, `stderr_sync` — where evcxr compiles the cells (outside any cargo workspace);
-//!    what the kernel needs from the Rust toolchain; where a cell's time goes (for the cell
-//!    benchmark); a cell's value shown in one compile; `:dep gpumem-nb` is the crate the kernel was built with; how far a cell's build has come;
-//!    the `%gpumem` / `%%gpumem` parser and the table its help comes from; `is_complete`; a
-//!    barrier on the evcxr child's stderr (a cell's panic before its report).
+//! 1. `build_dir`, `toolchain`, `cell_times`, `quick_build`, `dep`, `display`, `compile`,
+//!    `magic`, `complete`, `stderr_sync` — where evcxr compiles the cells (outside any cargo
+//!    workspace); what the kernel needs from the Rust toolchain; where a cell's time goes (for
+//!    the cell benchmark); a cell built without cargo when only the cell changed; a cell's
+//!    value shown in one compile; `:dep gpumem-nb` is the crate the kernel was built with; how
+//!    far a cell's build has come; the `%gpumem` / `%%gpumem` parser and the table its help
+//!    comes from; `is_complete`; a barrier on the evcxr child's stderr (a cell's panic before
+//!    its report).
 //! 2. `cell_lines`, `session_deps` — line tables in the cells' own code (the cell crate's rustc,
-//!    timed when asked); one copy of every `:dep` crate for the session, beside the build
-//!    directory.
+//!    timed when asked, its command kept for a build without cargo); one copy of every `:dep`
+//!    crate for the session, beside the build directory.
 //! 3. `user_error` — in the child, the mark that a cell's code returned `Err` (evcxr keeps it
 //!    to itself), put on stderr in order for the stream pump.
 //! 4. `hooks` — the per-cell readings: NVML and the crate's numbers around a cell.
@@ -28,6 +30,7 @@ pub mod complete;
 pub mod dep;
 pub mod display;
 pub mod magic;
+pub mod quick_build;
 pub mod stderr_sync;
 pub mod toolchain;
 
