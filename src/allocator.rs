@@ -26,6 +26,24 @@ struct Inner<B> {
 /// [`CachingAllocator::set_oom_observer`]).
 pub type OomObserver = Arc<dyn Fn(&crate::error::OomReport) + Send + Sync>;
 
+/// A block handed out or taken back, told to the block observer
+/// ([`CachingAllocator::set_block_observer`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BlockChange<'a> {
+    /// Handed out (`true`) or freed.
+    pub alloc: bool,
+    /// The block's address.
+    pub addr: u64,
+    /// Its (rounded) size.
+    pub size: u64,
+    /// The allocating stack, when stacks are taken (an allocation only).
+    pub frames: Option<&'a [usize]>,
+}
+
+/// Told of every block handed out or freed, on the calling thread, outside the allocator's
+/// lock (the process's tracking keeps the cell's changes for components' peaks).
+pub(crate) type BlockObserver = Arc<dyn Fn(i32, BlockChange<'_>) + Send + Sync>;
+
 /// The allocator of a device picked at run time (CUDA or simulated): what [`crate::device()`] and
 /// [`crate::current`] hand out, and what a [`crate::DeviceBuffer`] allocates from.
 pub type Allocator = CachingAllocator<crate::device::any::AnyBackend>;
@@ -43,6 +61,9 @@ pub struct CachingAllocator<B: Backend> {
     /// Told of every out-of-memory failure (data of this allocator, so every copy of the crate
     /// in an evcxr process reaches the same one).
     oom_observer: Mutex<Option<OomObserver>>,
+    block_observer: Mutex<Option<BlockObserver>>,
+    /// A block observer is set (read without the lock on every malloc and free).
+    observed: AtomicBool,
     /// The device's lost context, once any call reported one: from then on the allocator
     /// touches the device no more (no frees into a dead context, no panics from drops).
     lost: Mutex<Option<LostContext>>,
@@ -68,6 +89,8 @@ impl<B: Backend> CachingAllocator<B> {
             stacks: AtomicBool::new(false),
             stack_depth: AtomicUsize::new(crate::record::frames::DEFAULT_DEPTH),
             oom_observer: Mutex::new(None),
+            block_observer: Mutex::new(None),
+            observed: AtomicBool::new(false),
             lost: Mutex::new(None),
             is_lost: AtomicBool::new(false),
         }
@@ -167,7 +190,16 @@ impl<B: Backend> CachingAllocator<B> {
     /// Runs `f` under the lock with the operation's stack (if recorded) made current.
     #[inline]
     fn with_context<R>(&self, f: impl FnOnce(&mut DeviceState, &mut B) -> R) -> R {
-        let ctx = self.op_context();
+        self.with_stack(self.op_context(), f)
+    }
+
+    /// [`Self::with_context`] with the stack already captured (`ctx`).
+    #[inline]
+    fn with_stack<R>(
+        &self,
+        ctx: Option<crate::record::frames::Frames>,
+        f: impl FnOnce(&mut DeviceState, &mut B) -> R,
+    ) -> R {
         // The caller's component stamp (`gpumem_nb::component`), for `component_bytes`.
         let component = crate::record::component::current();
         self.with_state(|s, b| {
@@ -236,7 +268,30 @@ impl<B: Backend> CachingAllocator<B> {
     /// Allocates `size` bytes on `stream` (the raw API; [`crate::DeviceBuffer`] is the safe one).
     pub fn malloc(&self, size: u64, stream: StreamId) -> Result<Allocation, AllocError> {
         self.alive()?;
+        if self.observed.load(Ordering::Relaxed) {
+            return self.malloc_observed(size, stream);
+        }
         let r = self.with_context(|s, b| s.malloc(b, size, stream));
+        self.after_malloc(&r);
+        r
+    }
+
+    /// [`Self::malloc`] with the block observer told.
+    fn malloc_observed(&self, size: u64, stream: StreamId) -> Result<Allocation, AllocError> {
+        let frames = self.op_context();
+        let r = self.with_stack(frames.clone(), |s, b| s.malloc(b, size, stream));
+        if let Ok(a) = &r
+            && a.size > 0
+            && let Some(observe) = crate::sync::lock(&self.block_observer).clone()
+        {
+            observe(self.device, BlockChange { alloc: true, addr: a.addr, size: a.size, frames: frames.as_deref() });
+        }
+        self.after_malloc(&r);
+        r
+    }
+
+    /// What a failed malloc tells: a lost context noted, an out-of-memory observed.
+    fn after_malloc(&self, r: &Result<Allocation, AllocError>) {
         if let Err(AllocError::Device(e)) = &r {
             let _ = self.note(Err::<(), _>(e.clone()));
         }
@@ -246,7 +301,13 @@ impl<B: Backend> CachingAllocator<B> {
                 observe(report);
             }
         }
-        r
+    }
+
+    /// Sets what is told of every block handed out or freed (`None`: nothing).
+    pub(crate) fn set_block_observer(&self, observer: Option<BlockObserver>) {
+        let on = observer.is_some();
+        *crate::sync::lock(&self.block_observer) = observer;
+        self.observed.store(on, Ordering::Relaxed);
     }
 
     /// Sets what is told of every out-of-memory failure of [`CachingAllocator::malloc`], at the
@@ -259,7 +320,19 @@ impl<B: Backend> CachingAllocator<B> {
     /// Frees a block from [`CachingAllocator::malloc`]. Freeing a block twice is an error value.
     pub fn free(&self, block: BlockId) -> Result<(), DeviceError> {
         self.alive()?;
-        self.note(self.with_context(|s, b| s.free(b, block)))
+        if !self.observed.load(Ordering::Relaxed) {
+            return self.note(self.with_context(|s, b| s.free(b, block)));
+        }
+        let r = self.note(self.with_context(|s, b| {
+            let freed = s.allocated_block(block);
+            s.free(b, block).map(|()| freed)
+        }));
+        if let Ok(Some((addr, size))) = r
+            && let Some(observe) = crate::sync::lock(&self.block_observer).clone()
+        {
+            observe(self.device, BlockChange { alloc: false, addr, size, frames: None });
+        }
+        r.map(|_| ())
     }
 
     /// `record_stream`: the block is used on `stream` too; its reuse waits for that stream.

@@ -728,6 +728,17 @@ fn every_tracked_byte_has_a_component() {
             "let huge = DeviceBuffer::<u8>::zeros(&gpumem_nb::current()?, 1 << 40, StreamId::DEFAULT)?;",
             &["raises-exception"],
         ),
+        (
+            "{
+    let _t = components::enter(Component::Temp);
+    let a = gpumem_nb::mem::driver_alloc_mib(32)?;
+    drop(a);
+                 let b = DeviceBuffer::<u8>::zeros(&gpumem_nb::current()?, 24 << 20, StreamId::DEFAULT)?;
+    drop(b);
+}
+             let kept = gpumem_nb::component(Component::Activation, || gpumem_nb::mem::driver_alloc_mib(2))?;",
+            &[],
+        ),
     ]);
     let (_, out, stderr) = run("components", &nb, &[]);
     let mib = 1u64 << 20;
@@ -779,6 +790,17 @@ fn every_tracked_byte_has_a_component() {
     // An out-of-memory failure says what the memory in use was.
     let why = records(&out, 11)[0]["oom"]["why"].as_str().unwrap_or_default().to_string();
     assert!(why.contains("in use: parameter 48.00 MiB, gradient 16.00 MiB, other"), "{why}");
+    // Each component's highest point in the cell, from the order of its changes: a temporary
+    // driver allocation and then a block of the allocator, both freed before the cell ended.
+    let peak = |i: usize, c: &str| {
+        let all = &records(&out, i)[0]["all_allocations"];
+        all["by_component"].as_array().and_then(|v| v.iter().find(|x| x["component"] == c)).map(|x| x["peak"].clone())
+    };
+    assert_eq!(peak(12, "temp"), Some(Value::from(32 * mib)), "{}", records(&out, 12)[0]["all_allocations"]);
+    assert_eq!(peak(12, "activation"), Some(Value::from(2 * mib)));
+    assert_eq!(peak(12, "gradient"), Some(Value::from(16 * mib)), "untouched: its bytes");
+    assert_eq!(peak(3, "optimizer_state"), Some(Value::from(96 * mib)), "a block of the allocator");
+    assert_eq!(peak(12, "cached"), Some(Value::Null), "the cache has no peak of its own");
     // The line says what the memory is, largest first.
     let line = outputs(&out, 5)
         .iter()

@@ -435,7 +435,7 @@ mod tests {
                 peak: Some((1026 << 20) + (2 << 20)),
                 by_component: [("parameter", 512 << 20), ("other", 2 << 20), ("cached", 2 << 20)]
                     .into_iter()
-                    .map(|(c, after)| ComponentDelta { component: c.into(), before: Some(0), after })
+                    .map(|(c, after)| ComponentDelta { component: c.into(), before: Some(0), after, peak: None })
                     .collect(),
                 ..Default::default()
             }),

@@ -293,6 +293,10 @@ pub struct ComponentReading {
     pub component: String,
     /// Bytes now.
     pub live: u64,
+    /// How far it rose above its bytes at the reading before (the cell's start) at its highest,
+    /// when the changes in between are known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rise: Option<u64>,
 }
 
 /// One source's bytes.

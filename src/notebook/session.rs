@@ -34,6 +34,8 @@ pub fn device(index: usize) -> Result<Arc<Allocator>> {
         let blocks = tracking::block_stacks();
         if blocks.is_some() {
             alloc.set_stack_depth(tracking::BLOCK_STACK_DEPTH);
+            // Its blocks' changes, for components' peaks within a cell.
+            alloc.set_block_observer(Some(tracking::block_observer()));
         }
         // `%gpumem record on` before the first use: the new allocator records from its start.
         let options = match tracking::recording() {

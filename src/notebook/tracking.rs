@@ -23,7 +23,7 @@ use crate::track::{Place, PlaceTotals, Source, TrackSlot, TrackedAlloc, Tracker}
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// The environment variable that switches tracking off (`off`) or its stacks (`nostacks`).
 pub const TRACK_VAR: &str = "GPUMEM_NB_TRACK";
@@ -366,15 +366,17 @@ pub(crate) fn readings(slot: Option<TrackSlot>, owners: bool, components: bool) 
     // The allocator's blocks, read before the tracker's lock is taken (the allocator reports to
     // the tracker under its own lock: never the other way round).
     let blocks = if need_live { allocator_blocks() } else { Vec::new() };
-    let (totals, live) = {
+    let shown_by_block: Vec<Place> = blocks.iter().map(|b| b.0).collect();
+    let (totals, live, changes) = {
         let tr = lock(&t.tracker);
         let totals = match slot.and_then(|s| tr.slot(s)) {
             Some(s) => s,
             None => tr.totals().clone(),
         };
-        let live = if need_live { live_now(&tr, blocks) } else { LiveNow::default() };
+        let live = if need_live { live_now(&tr, blocks, &shown_by_block) } else { LiveNow::default() };
         let peak = if owners { peak_by_stack(&tr) } else { HashMap::new() };
-        (totals, (live, peak))
+        let changes = if components { slot.and_then(|s| cell_changes(&tr, s)) } else { None };
+        (totals, (live, peak), changes)
     };
     let (live, peak) = live;
     let tops = if owners { live_sites(&live, TOP) } else { HashMap::new() };
@@ -382,7 +384,7 @@ pub(crate) fn readings(slot: Option<TrackSlot>, owners: bool, components: bool) 
     // library and its `lib.rs` are the ones its code was built from: `%gpumem top` asked later,
     // after other cells rewrote `lib.rs`, still gives those sites their lines.
     top_sites(&peak, 0);
-    let mut parts = if components { by_component(&live) } else { HashMap::new() };
+    let mut parts = if components { by_component(&live, changes.as_ref(), &shown_by_block) } else { HashMap::new() };
     totals
         .iter()
         .filter(|(_, t)| t.total.peak > 0 || t.total.live > 0)
@@ -394,33 +396,79 @@ pub(crate) fn readings(slot: Option<TrackSlot>, owners: bool, components: bool) 
         .collect()
 }
 
-/// What is live, by component per place (only those holding bytes, in [`Component::ALL`]'s
-/// order), and the allocator's cached free memory as `cached`: together, every live byte.
-fn by_component(live: &LiveNow) -> HashMap<Place, Vec<ComponentReading>> {
+/// The changes logged since a slot opened, with the stacks they name (taken under the
+/// tracker's lock; classified and replayed outside it).
+struct CellChanges {
+    changes: Vec<crate::track::changes::Change>,
+    stacks: HashMap<crate::track::stacks::StackId, Option<Frames>>,
+}
+
+fn cell_changes(tr: &Tracker, slot: TrackSlot) -> Option<CellChanges> {
+    let changes = tr.changes_since(slot)?.to_vec();
+    let stacks = changes.iter().map(|c| (c.stack, tr.stack_books().stack(c.stack).cloned())).collect();
+    Some(CellChanges { changes, stacks })
+}
+
+/// What is live, by component per place (only those holding bytes or that rose during the
+/// slot, in [`Component::ALL`]'s order), each with how far it rose above its start when the
+/// slot's changes are known, and the allocator's cached free memory as `cached`: together,
+/// every live byte. A place whose allocator shows blocks counts the blocks, not the segments.
+fn by_component(
+    live: &LiveNow,
+    changes: Option<&CellChanges>,
+    shown_by_block: &[Place],
+) -> HashMap<Place, Vec<ComponentReading>> {
+    use crate::track::changes::{Of, rises};
     let mut owners = owners_for_report(state());
     let owners = owners.get();
     let mut sums: HashMap<Place, BTreeMap<Component, u64>> = HashMap::new();
+    let mut rose: Option<HashMap<(Place, Component), u64>> = None;
     super::components::with_rules(|rules, generation| {
+        let mut classify =
+            |f: &Option<Frames>| f.as_ref().map_or(Component::Other, |f| owners.component(f, rules, generation));
         for ((place, frames, _), bytes) in &live.by_stack {
-            let c = frames.as_ref().map_or(Component::Other, |f| owners.component(f, rules, generation));
-            *sums.entry(*place).or_default().entry(c).or_default() += bytes;
+            *sums.entry(*place).or_default().entry(classify(frames)).or_default() += bytes;
+        }
+        if let Some(ch) = changes {
+            let of: HashMap<_, _> = ch.stacks.iter().map(|(id, f)| (*id, classify(f))).collect();
+            rose = Some(rises(&ch.changes, |c| {
+                let counted = if shown_by_block.contains(&c.place) { c.of != Of::Segment } else { c.of != Of::Block };
+                counted.then(|| (c.place, of.get(&c.stack).copied().unwrap_or(Component::Other)))
+            }));
         }
     });
+    for (place, c) in rose.iter().flat_map(|r| r.iter().filter(|(_, r)| **r > 0).map(|(k, _)| *k)) {
+        sums.entry(place).or_default().entry(c).or_default();
+    }
     let mut out: HashMap<Place, Vec<ComponentReading>> = sums
         .into_iter()
         .map(|(place, m)| {
             let rows = m
                 .into_iter()
-                .filter(|(_, b)| *b > 0)
-                .map(|(c, live)| ComponentReading { component: c.key().to_string(), live })
+                .map(|(c, live)| {
+                    let rise = rose.as_ref().map(|r| r.get(&(place, c)).copied().unwrap_or(0));
+                    ComponentReading { component: c.key().to_string(), live, rise }
+                })
+                .filter(|r| r.live > 0 || r.rise.unwrap_or(0) > 0)
                 .collect();
             (place, rows)
         })
         .collect();
     for (place, &cached) in live.cached.iter().filter(|(_, c)| **c > 0) {
-        out.entry(*place).or_default().push(ComponentReading { component: CACHED.to_string(), live: cached });
+        out.entry(*place).or_default().push(ComponentReading {
+            component: CACHED.to_string(),
+            live: cached,
+            rise: None,
+        });
     }
     out
+}
+
+/// What gpumem-nb's allocators tell of their blocks: the cell's changes for components' peaks.
+pub(crate) fn block_observer() -> crate::allocator::BlockObserver {
+    Arc::new(|device: i32, c: crate::allocator::BlockChange<'_>| {
+        lock(&state().tracker).block(Some(device), c.alloc, c.addr, c.size, c.frames);
+    })
 }
 
 /// How many sites a record's `top` lists.
@@ -458,9 +506,8 @@ struct LiveNow {
 }
 
 /// See [`LiveNow`] (under the tracker's lock: no symbols).
-fn live_now(tr: &Tracker, blocks: Vec<AllocatorBlocks>) -> LiveNow {
+fn live_now(tr: &Tracker, blocks: Vec<AllocatorBlocks>, shown_by_block: &[Place]) -> LiveNow {
     let mut out = LiveNow::default();
-    let shown_by_block: Vec<Place> = blocks.iter().map(|b| b.0).collect();
     let mut cells: HashMap<u32, u64> = HashMap::new();
     for a in tr.live() {
         if a.source == Source::Allocator && shown_by_block.contains(&a.device) {
@@ -528,9 +575,10 @@ pub fn top(n: usize) -> crate::notebook::protocol::TopReport {
     let t = state();
     let status = status();
     let blocks = allocator_blocks();
+    let shown_by_block: Vec<Place> = blocks.iter().map(|b| b.0).collect();
     let (live, peak, totals) = {
         let tr = lock(&t.tracker);
-        (live_now(&tr, blocks), peak_by_stack(&tr), tr.totals().clone())
+        (live_now(&tr, blocks, &shown_by_block), peak_by_stack(&tr), tr.totals().clone())
     };
     let (mut now, mut at_peak) = (live_sites(&live, n), top_sites(&peak, n));
     let places = totals

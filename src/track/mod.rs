@@ -15,6 +15,7 @@
 //! tracking starts) is `crate::notebook::tracking`; who made an allocation is [`owner`].
 #![forbid(unsafe_code)]
 
+pub(crate) mod changes;
 pub(crate) mod owner;
 pub(crate) mod stacks;
 
@@ -200,6 +201,8 @@ pub(crate) struct Tracker {
     recording: Option<usize>,
     events: VecDeque<TrackEvent>,
     stacks: stacks::StackBooks,
+    /// The order of changes while a slot is open (components' peaks).
+    changes: changes::ChangeLog,
     /// Releases of memory allocated before tracking started (or by an untracked call).
     pub untracked_frees: u64,
     /// Driver events received.
@@ -280,14 +283,17 @@ impl Tracker {
                     // A release we never saw: take the old one out first.
                     self.sub(old.device, old.source, old.size);
                     self.stacks.sub(old.device, (old.stack, old.label), old.size);
+                    self.log(&old, false);
                 }
                 self.add_at(&a);
+                self.log(&a, true);
                 self.note(true, &a);
             }
             DriverCall::Free { addr } => match self.live.remove(&addr) {
                 Some(a) => {
                     self.sub(a.device, a.source, a.size);
                     self.stacks.sub(a.device, (a.stack, a.label), a.size);
+                    self.log(&a, false);
                     self.note(false, &TrackedAlloc { time_us, ..a });
                 }
                 None => self.untracked_frees += 1,
@@ -306,9 +312,11 @@ impl Tracker {
                     time_us,
                 };
                 self.add_at(&a);
+                self.log(&a, true);
                 if let Some(old) = self.handles.insert(handle, Handle { alloc: a, refs: 1, maps: 0 }) {
                     self.sub(old.alloc.device, old.alloc.source, old.alloc.size);
                     self.stacks.sub(old.alloc.device, (old.alloc.stack, old.alloc.label), old.alloc.size);
+                    self.log(&old.alloc, false);
                 }
             }
             DriverCall::Retain { handle } => {
@@ -354,23 +362,53 @@ impl Tracker {
     /// [`Source::Allocator`].
     fn claim(&mut self, addr: u64) {
         if let Some(a) = self.live.get_mut(&addr) {
-            let (device, old, size) = (a.device, a.source, a.size);
+            let (device, old, size, stack) = (a.device, a.source, a.size, a.stack);
             if old != Source::Allocator {
                 a.source = Source::Allocator;
                 self.sub(device, old, size);
                 self.add(device, Source::Allocator, size);
+                self.moved_to_allocator(device, stack, size);
             }
             return;
         }
         let Some(&(_, handle)) = self.maps.get(&addr) else { return };
         if let Some(h) = self.handles.get_mut(&handle) {
-            let (device, old, size) = (h.alloc.device, h.alloc.source, h.alloc.size);
+            let (device, old, size, stack) = (h.alloc.device, h.alloc.source, h.alloc.size, h.alloc.stack);
             if old != Source::Allocator {
                 h.alloc.source = Source::Allocator;
                 self.sub(device, old, size);
                 self.add(device, Source::Allocator, size);
+                self.moved_to_allocator(device, stack, size);
             }
         }
+    }
+
+    /// A driver allocation became a segment of gpumem-nb's allocator: so the log says.
+    fn moved_to_allocator(&mut self, place: Place, stack: stacks::StackId, size: u64) {
+        self.changes.push(place, stack, -(size as i64), changes::Of::Driver);
+        self.changes.push(place, stack, size as i64, changes::Of::Segment);
+    }
+
+    /// Logs an allocation made (`alloc`) or released, for components' peaks.
+    fn log(&mut self, a: &TrackedAlloc, alloc: bool) {
+        let of = if a.source == Source::Allocator { changes::Of::Segment } else { changes::Of::Driver };
+        let delta = if alloc { a.size as i64 } else { -(a.size as i64) };
+        self.changes.push(a.device, a.stack, delta, of);
+    }
+
+    /// A block of gpumem-nb's allocator at `place` handed out (`frames`: its stack) or freed.
+    pub(crate) fn block(&mut self, place: Place, alloc: bool, addr: u64, size: u64, frames: Option<&[usize]>) {
+        if alloc {
+            let (stack, _) = self.stacks.intern(frames);
+            self.changes.block_alloc(place, addr, size, stack);
+        } else {
+            self.changes.block_free(place, addr);
+        }
+    }
+
+    /// The changes logged since `slot` opened (`None`: not open, or too many to keep).
+    pub(crate) fn changes_since(&self, slot: TrackSlot) -> Option<&[changes::Change]> {
+        self.changes.since(slot.0 as usize)
     }
 
     fn drop_handle_if_gone(&mut self, handle: u64, time_us: i64) {
@@ -378,6 +416,7 @@ impl Tracker {
         if gone && let Some(h) = self.handles.remove(&handle) {
             self.sub(h.alloc.device, h.alloc.source, h.alloc.size);
             self.stacks.sub(h.alloc.device, (h.alloc.stack, h.alloc.label), h.alloc.size);
+            self.log(&h.alloc, false);
             if h.alloc.addr != 0 {
                 self.note(false, &TrackedAlloc { time_us, ..h.alloc });
             }
@@ -439,16 +478,18 @@ impl Tracker {
         for t in now.values_mut() {
             t.restart();
         }
-        match self.slots.iter().position(Option::is_none) {
+        let i = match self.slots.iter().position(Option::is_none) {
             Some(i) => {
                 self.slots[i] = Some(now);
-                TrackSlot(i as u32)
+                i
             }
             None => {
                 self.slots.push(Some(now));
-                TrackSlot((self.slots.len() - 1) as u32)
+                self.slots.len() - 1
             }
-        }
+        };
+        self.changes.open(i);
+        TrackSlot(i as u32)
     }
 
     /// Live and peak bytes per place since the slot was opened (places untouched since then
@@ -472,6 +513,7 @@ impl Tracker {
         if let Some(s) = self.slots.get_mut(id.0 as usize) {
             *s = None;
         }
+        self.changes.close(id.0 as usize);
         r
     }
 

@@ -179,7 +179,7 @@ impl CellRecord {
                         b(c.before),
                         iec(c.after),
                         c.delta().map_or("–".into(), iec_delta),
-                        "–".into(),
+                        c.peak.map_or("–".into(), iec),
                         if c.component == crate::notebook::protocol::CACHED {
                             "tracked: the allocator's cached free memory".into()
                         } else {

@@ -108,6 +108,9 @@ pub struct ComponentDelta {
     pub before: Option<u64>,
     /// Live at the end.
     pub after: u64,
+    /// Its highest during the cell (start + its rise), when the cell's changes are known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak: Option<u64>,
 }
 
 impl ComponentDelta {
@@ -199,14 +202,21 @@ fn component_deltas(
             None => known_start.then_some(0),
         }
     };
+    // The cell's changes were known where any component carries a rise.
+    let rises_known = a.by_component.iter().any(|x| x.rise.is_some());
     let mut out: Vec<ComponentDelta> = a
         .by_component
         .iter()
-        .map(|x| ComponentDelta { component: x.component.clone(), before: before_of(&x.component), after: x.live })
+        .map(|x| {
+            let before = before_of(&x.component);
+            let peak = before.zip(x.rise).map(|(b, r)| (b + r).max(x.live));
+            ComponentDelta { component: x.component.clone(), before, after: x.live, peak }
+        })
         .collect();
     for x in b.map(|b| b.by_component.as_slice()).unwrap_or_default() {
         if !out.iter().any(|o| o.component == x.component) {
-            out.push(ComponentDelta { component: x.component.clone(), before: Some(x.live), after: 0 });
+            let peak = (rises_known && x.component != crate::notebook::protocol::CACHED).then_some(x.live);
+            out.push(ComponentDelta { component: x.component.clone(), before: Some(x.live), after: 0, peak });
         }
     }
     out

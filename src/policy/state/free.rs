@@ -13,6 +13,13 @@ impl DeviceState {
         }
     }
 
+    /// An allocated block's address and size (`None`: not an allocated block).
+    pub(crate) fn allocated_block(&self, id: BlockId) -> Option<(u64, u64)> {
+        let i = self.check_allocated(id).ok()?;
+        let b = self.arena.get(i);
+        Some((b.addr, b.size))
+    }
+
     /// The caller releases a block. It returns to the pool now, or once events on every other
     /// stream that used it complete (Note [Cross-stream frees]).
     pub(crate) fn free<B: Backend>(&mut self, dev: &mut B, block: BlockId) -> Result<(), DeviceError> {
