@@ -50,7 +50,8 @@ Assertions (exit 1 when one fails):
 
 - cells tagged `components-add-up` (issue 33): the record's `all_allocations.by_component`
   adds up to every tracked byte after the cell and before it; `component-delta=NAME:SPEC` /
-  `component-after=NAME:SPEC`: component NAME's change over the cell / bytes after it meets SPEC:
+  `component-after=NAME:SPEC` / `component-peak=NAME:SPEC`: component NAME's change over the
+  cell / bytes after it / highest bytes during it meets SPEC:
   a number, `result` (the cell's value), or either after `>=` or `>`.
 
 --stock (the stock evcxr kernel): a record comes only beside a cell's value, so cells without one
@@ -265,11 +266,14 @@ def component_checks(i, first, tags, alla, result, failures):
         befores = [c.get("before") for c in parts.values()]
         if None not in befores and alla.get("before") is not None and sum(befores) != alla["before"]:
             failures.append(f"cell {i} ({first}): components before add up to {sum(befores)}, tracked {alla['before']}")
-    for tag in (t for t in tags if t.startswith(("component-delta=", "component-after="))):
+    for tag in (t for t in tags if t.startswith(("component-delta=", "component-after=", "component-peak="))):
         kind, _, spec = tag.partition("=")
         name, _, want = spec.partition(":")
-        c = parts.get(name, {"before": 0, "after": 0})
-        got = c["after"] - (c.get("before") or 0) if kind == "component-delta" else c["after"]
+        c = parts.get(name, {"before": 0, "after": 0, "peak": 0})
+        if kind == "component-peak" and c.get("peak") is None:
+            failures.append(f"cell {i} ({first}): {name} has no peak (the cell's changes were not known): {parts}")
+            continue
+        got = {"component-delta": c["after"] - (c.get("before") or 0), "component-after": c["after"]}.get(kind, c.get("peak"))
         op = ">=" if want.startswith(">=") else ">" if want.startswith(">") else "=="
         value = want[len(op) if op != "==" else 0:]
         try:
