@@ -2,7 +2,8 @@
 //! feeds the same tracker CUPTI does): allocations and releases through
 //! `gpumem_nb::mem::driver_alloc_mib`, untracked (`GPUMEM_NB_TRACK=off`, in a second process run
 //! before and after the tracked loops), then tracked without a stack and with stacks of 8, 16
-//! and 32 frames; and naming the sites of a report. Prints one JSON object per line.
+//! and 32 frames; at 32 frames, inside a component stamp and not (issue 33); and naming the
+//! sites of a report. Prints one JSON object per line.
 //!
 //! `cargo run --release --example stack_cost` (BENCHMARKS.md, "Sites").
 
@@ -94,7 +95,21 @@ fn main() {
     }
     // Naming: the sites of everything live, as a report does (first time: symbols read; then
     // cached).
+    // Components (issue 33): the same 32-frame allocations inside a component stamp, whose
+    // marker rides on each stack, interleaved with plain ones.
     gpumem_nb::tracking::set_stack_depth(32);
+    let (mut plain, mut stamped) = ((f64::MAX, f64::MAX), (f64::MAX, f64::MAX));
+    for _ in 0..7 {
+        let p = alloc_free_ns(N, 40);
+        let s = gpumem_nb::component(gpumem_nb::Component::Parameter, || alloc_free_ns(N, 40));
+        plain = (plain.0.min(p.0), plain.1.min(p.1));
+        stamped = (stamped.0.min(s.0), stamped.1.min(s.1));
+    }
+    println!(
+        "{}",
+        json!({"stack_depth": 32, "plain_alloc_ns": plain.0, "stamped_alloc_ns": stamped.0,
+               "stamp_alloc_overhead_ns": stamped.0 - plain.0, "plain_free_ns": plain.1, "stamped_free_ns": stamped.1})
+    );
     let keep: Vec<_> = (0..1000).map(|_| gpumem_nb::mem::driver_alloc_mib(2).expect("alloc")).collect();
     let mut times = Vec::new();
     for _ in 0..20 {

@@ -40,6 +40,12 @@
 # activations and workspace against the model's own counts, and a PyTorch snapshot by component:
 #                     bash scripts/gpu/notebook.sh run notebooks/gpu_components.ipynb
 #                     python3 scripts/gpu/record_components.py "$OUT/components"
+#                     python3 scripts/gpu/memviz_components.py notebooks/components-snap/snapshot.pickle "$OUT/memviz"
+#                     bash scripts/gpu/notebook.sh warm notebooks/gpu_components.ipynb stock
+#                     bash scripts/gpu/notebook.sh stock notebooks/gpu_components.ipynb && python3 \
+#                       scripts/gpu/check_notebook.py "$OUT/gpu_components-stock.ipynb" --stock --require-tracking cupti
+# Small cells against the stock kernel on this host (issue 35):
+#                     bash scripts/gpu/notebook.sh cellbench --rounds 3 --no-candle
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$repo"
@@ -378,6 +384,24 @@ PY
     done
 }
 
+cell_bench() {
+    # The small-cell benchmark (scripts/cell_bench.py, issue 35) on this host: gpumem-kernel and
+    # the stock evcxr kernel, interleaved, on the simulated device (the cells' compile time is
+    # what it measures). Arguments go to cell_bench.py (--rounds N, --no-candle).
+    # shellcheck disable=SC1091
+    . "$root/env.sh"
+    mkdir -p "$out"
+    local spec="$root/bench-jupyter"
+    gpumem-kernel install --prefix "$spec" --no-prebuild > /dev/null
+    JUPYTER_DATA_DIR="$spec/share/jupyter" evcxr_jupyter --install > /dev/null
+    export JUPYTER_PATH="$spec/share/jupyter"
+    local std_dir
+    std_dir="$(rustc --print sysroot)/lib/rustlib/x86_64-unknown-linux-gnu/lib"
+    export LD_LIBRARY_PATH="$std_dir:$LD_LIBRARY_PATH"
+    EVCXR_BENCH_STOCK_TMPDIR="${TMPDIR:-/tmp}/gpumem-nb-cell-bench-stock-evcxr" \
+        python3 scripts/cell_bench.py "$repo" "$out/cells.json" "$@" | tee "$out/cell_bench.md"
+}
+
 case "${1:-}" in
     pack) pack ;;
     stash) stash "$2" ;;
@@ -387,5 +411,6 @@ case "${1:-}" in
     jupyter) shift; jupyter_nb "$@" ;;
     stock) shift; stock_nb "$@" ;;
     warm) shift; warm_nb "$@" ;;
+    cellbench) shift; cell_bench "$@" ;;
     *) echo "usage: $0 pack | stash N | setup | run NB... | jupyter NB... | stock NB... | warm NB [gpumem|stock]" >&2; exit 2 ;;
 esac

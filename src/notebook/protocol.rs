@@ -269,6 +269,11 @@ pub struct PlaceReading {
     pub by_source: Vec<SourceReading>,
     /// Who holds the most of `live`, largest first (at most five).
     pub top: Vec<OwnerBytes>,
+    /// Activations and temporaries still live, by site, cell and component, largest first (at
+    /// most five): memory that outlived the code that made it (a kept graph, a forgotten
+    /// intermediate). Empty when not asked for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kept: Vec<OwnerBytes>,
     /// What `live` is, by component ([`crate::components`]), with the allocator's cached free
     /// memory as `cached`: they add up to `live`. Empty when not asked for.
     #[serde(default)]

@@ -354,6 +354,7 @@ fn place_reading(place: Place, t: &PlaceTotals, top: Vec<OwnerBytes>) -> PlaceRe
             .collect(),
         top,
         by_component: Vec::new(),
+        kept: Vec::new(),
     }
 }
 
@@ -379,7 +380,12 @@ pub(crate) fn readings(slot: Option<TrackSlot>, owners: bool, components: bool) 
         (totals, (live, peak), changes)
     };
     let (live, peak) = live;
-    let tops = if owners { live_sites(&live, TOP) } else { HashMap::new() };
+    let mut sites = if owners { live_sites(&live, usize::MAX) } else { HashMap::new() };
+    let kept: HashMap<Place, Vec<OwnerBytes>> = sites.iter().map(|(p, rows)| (*p, kept_alive(rows))).collect();
+    for rows in sites.values_mut() {
+        rows.truncate(TOP);
+    }
+    let tops = sites;
     // What held the session's peak is named now too (cached per stack), while the cell's
     // library and its `lib.rs` are the ones its code was built from: `%gpumem top` asked later,
     // after other cells rewrote `lib.rs`, still gives those sites their lines.
@@ -391,6 +397,7 @@ pub(crate) fn readings(slot: Option<TrackSlot>, owners: bool, components: bool) 
         .map(|(place, tot)| {
             let mut r = place_reading(*place, tot, tops.get(place).cloned().unwrap_or_default());
             r.by_component = parts.remove(place).unwrap_or_default();
+            r.kept = kept.get(place).cloned().unwrap_or_default();
             r
         })
         .collect()
@@ -469,6 +476,13 @@ pub(crate) fn block_observer() -> crate::allocator::BlockObserver {
     Arc::new(|device: i32, c: crate::allocator::BlockChange<'_>| {
         lock(&state().tracker).block(Some(device), c.alloc, c.addr, c.size, c.frames);
     })
+}
+
+/// The activations and temporaries among a place's live sites (largest first, at most
+/// [`TOP`]): what a report flags as kept alive past the code that made it.
+fn kept_alive(rows: &[OwnerBytes]) -> Vec<OwnerBytes> {
+    let kept = [Component::Activation.key(), Component::Temp.key()];
+    rows.iter().filter(|r| r.component.as_deref().is_some_and(|c| kept.contains(&c))).take(TOP).cloned().collect()
 }
 
 /// How many sites a record's `top` lists.

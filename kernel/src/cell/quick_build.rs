@@ -97,7 +97,8 @@ pub fn record_if_asked(rustc: &OsString, args: &[OsString]) {
     };
     let env = std::env::vars_os()
         .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
-        .filter(|(k, _)| k != RECORD_VAR)
+        // cargo's jobserver lives as long as that build: a later run has no such descriptors.
+        .filter(|(k, _)| k != RECORD_VAR && !matches!(k.as_str(), "CARGO_MAKEFLAGS" | "MAKEFLAGS" | "MFLAGS"))
         .collect();
     let rec = Record { rustc, args, env, cwd: cwd.to_string_lossy().into_owned() };
     if let Ok(json) = serde_json::to_vec(&rec) {

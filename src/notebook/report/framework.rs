@@ -236,6 +236,34 @@ impl CellRecord {
     /// tensors and pool reserve (at least [`FRAMEWORK_GROWTH_MIN`]); else NVML's process memory
     /// (more than 2 MiB: the driver's granularity). `None` when nothing grew or nothing says.
     pub fn growth(&self) -> Option<Growth> {
+        let mut g = self.growth_by_source()?;
+        // Which components grew, when tracking says what the memory is.
+        if let Some(what) = self.components_grown() {
+            g.detail = Some(match g.detail.take() {
+                Some(d) => format!("{d}; grew: {what}"),
+                None => format!("grew: {what}"),
+            });
+        }
+        Some(g)
+    }
+
+    /// The components whose bytes grew over the cell, largest first (`activation +48.00 MiB,
+    /// gradient +16.00 MiB`); the allocator's cache is not a component.
+    fn components_grown(&self) -> Option<String> {
+        let all = self.all_allocations.as_ref()?;
+        let mut grown: Vec<(i64, &str)> = all
+            .by_component
+            .iter()
+            .filter(|c| c.component != crate::notebook::protocol::CACHED)
+            .filter_map(|c| c.delta().filter(|&d| d > 0).map(|d| (d, c.component.as_str())))
+            .collect();
+        grown.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(b.1)));
+        (!grown.is_empty())
+            .then(|| grown.iter().map(|(d, c)| format!("{c} {}", iec_delta(*d))).collect::<Vec<_>>().join(", "))
+    }
+
+    /// [`Self::growth`]'s amount and the source that says it.
+    fn growth_by_source(&self) -> Option<Growth> {
         if let Some(d) = self.allocator.as_ref().and_then(|a| a.allocated.delta()).filter(|&d| d > 0) {
             return Some(Growth { bytes: d, detail: None });
         }
@@ -252,6 +280,17 @@ impl CellRecord {
                     )),
                 });
             }
+        }
+        // Tracking: every allocation's bytes, what the components hold (not the cache).
+        let tracked: i64 = self
+            .all_allocations
+            .iter()
+            .flat_map(|a| a.by_component.iter())
+            .filter(|c| c.component != crate::notebook::protocol::CACHED)
+            .filter_map(|c| c.delta())
+            .sum();
+        if tracked >= FRAMEWORK_GROWTH_MIN {
+            return Some(Growth { bytes: tracked, detail: None });
         }
         self.nvml.process.delta().filter(|&d| d > 2 << 20).map(|d| Growth { bytes: d, detail: None })
     }
@@ -371,5 +410,42 @@ mod tests {
         assert_eq!(nvml.growth(), None, "2 MiB is the driver's granularity");
         nvml.nvml.process.after = Some(103 * MIB);
         assert_eq!(nvml.growth(), Some(Growth { bytes: 3 * MIB as i64, detail: None }));
+    }
+
+    /// Issue 33: a re-run leak says which components grew; tracked components speak before
+    /// NVML, and the allocator's cache is not a component.
+    #[test]
+    fn growth_says_which_components_grew() {
+        use super::super::{AllAllocations, ComponentDelta};
+        let part = |c: &str, before: u64, after: u64| ComponentDelta {
+            component: c.into(),
+            before: Some(before),
+            after,
+            peak: None,
+        };
+        let mut rec = CellRecord {
+            all_allocations: Some(AllAllocations {
+                by_component: vec![
+                    part("parameter", 100 * MIB, 100 * MIB),
+                    part("gradient", 0, 16 * MIB),
+                    part("activation", 8 * MIB, 56 * MIB),
+                    part("cached", 0, 64 * MIB),
+                ],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        rec.nvml.process = Span { before: Some(0), after: Some(200 * MIB) };
+        let g = rec.growth().unwrap();
+        assert_eq!(g.bytes, 64 * MIB as i64, "the components' growth, before NVML's");
+        assert_eq!(
+            g.warning(4),
+            "re-run leak: same code as [4], this run left +64.00 MiB more (grew: activation +48.00 MiB, gradient +16.00 MiB)"
+        );
+        rec.allocator = Some(super::super::AllocatorPart {
+            allocated: Span { before: Some(0), after: Some(2 * MIB) },
+            ..Default::default()
+        });
+        assert_eq!(rec.growth().unwrap().detail.as_deref(), Some("grew: activation +48.00 MiB, gradient +16.00 MiB"));
     }
 }

@@ -187,6 +187,16 @@ impl CellRecord {
                         },
                     ]);
                 }
+                for k in &p.kept {
+                    t.row([
+                        format!("  kept: {} at {}", k.component.as_deref().unwrap_or("other"), k.site()),
+                        "–".into(),
+                        iec(k.bytes),
+                        "–".into(),
+                        "–".into(),
+                        "tracked: an activation or temporary still live after the code that made it".into(),
+                    ]);
+                }
                 for sd in &p.by_source {
                     t.row([
                         format!("  {}", sd.source),

@@ -94,6 +94,9 @@ pub struct AllAllocations {
     pub by_component: Vec<ComponentDelta>,
     /// Who holds the most of what is live after the cell.
     pub top: Vec<crate::notebook::protocol::OwnerBytes>,
+    /// Activations and temporaries live after the cell, by site and the cell that made them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kept: Vec<crate::notebook::protocol::OwnerBytes>,
     /// Every place touched, the same numbers.
     pub devices: Vec<PlaceAll>,
 }
@@ -149,6 +152,9 @@ pub struct PlaceAll {
     pub by_component: Vec<ComponentDelta>,
     /// Largest owners of what is live.
     pub top: Vec<crate::notebook::protocol::OwnerBytes>,
+    /// Activations and temporaries live after the cell.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kept: Vec<crate::notebook::protocol::OwnerBytes>,
 }
 
 impl AllAllocations {
@@ -264,6 +270,7 @@ pub fn all_allocations(
             by_source: source_deltas(b.as_ref(), a),
             by_component: component_deltas(b.as_ref(), a, start.is_some()),
             top: a.top.clone(),
+            kept: a.kept.clone(),
         });
     }
     let main = out
@@ -281,6 +288,7 @@ pub fn all_allocations(
             out.by_source = m.by_source;
             out.by_component = m.by_component;
             out.top = m.top;
+            out.kept = m.kept;
         }
         None => {
             // Tracked, but no device memory anywhere: zero on device 0.
