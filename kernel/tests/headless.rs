@@ -801,6 +801,15 @@ fn every_tracked_byte_has_a_component() {
     assert_eq!(peak(12, "gradient"), Some(Value::from(16 * mib)), "untouched: its bytes");
     assert_eq!(peak(3, "optimizer_state"), Some(Value::from(96 * mib)), "a block of the allocator");
     assert_eq!(peak(12, "cached"), Some(Value::Null), "the cache has no peak of its own");
+    // What outlived the code that made it: the activation kept by cell 12, with its site.
+    let kept = records(&out, 12)[0]["all_allocations"]["kept"].clone();
+    let row = kept.as_array().and_then(|v| v.iter().find(|k| k["component"] == "activation")).cloned();
+    let row = row.unwrap_or_else(|| panic!("no kept activation: {kept}"));
+    assert_eq!((row["bytes"].as_u64(), row["cell"].as_u64()), (Some(2 * mib), Some(12)), "{row}");
+    assert!(
+        !kept.as_array().unwrap().iter().any(|k| k["component"] == "parameter"),
+        "only activations and temps: {kept}"
+    );
     // The line says what the memory is, largest first.
     let line = outputs(&out, 5)
         .iter()
