@@ -21,8 +21,10 @@ from torch.cuda import _memory_viz as viz
 def frame_text(frames):
     """The stack as the viewer prints it (its own formatter, whichever this version has)."""
     if hasattr(viz, "_frames_fmt"):
-        return viz._frames_fmt(frames, full_filename=True)
-    return "\n".join(viz._frame_fmt(f, full_filename=True) for f in frames)
+        text = viz._frames_fmt(frames, full_filename=True)
+    else:
+        text = [viz._frame_fmt(f, full_filename=True) for f in frames]
+    return text.splitlines() if isinstance(text, str) else [str(t) for t in text]
 
 
 def main():
@@ -43,7 +45,7 @@ def main():
                 continue
             blocks += 1
             text = frame_text(b.get("frames", []))
-            names = [line.split("component ", 1)[1].strip() for line in text.splitlines() if "component " in line]
+            names = [line.split("component ", 1)[1].strip() for line in text if "component " in line]
             if names:
                 by_component[names[-1]] = by_component.get(names[-1], 0) + b["size"]
             else:
