@@ -425,7 +425,7 @@ fn by_component(
     changes: Option<&CellChanges>,
     shown_by_block: &[Place],
 ) -> HashMap<Place, Vec<ComponentReading>> {
-    use crate::track::changes::{Of, rises};
+    use crate::track::changes::{Change, Of, released_within_phase, rises};
     let mut owners = owners_for_report(state());
     let owners = owners.get();
     let mut sums: HashMap<Place, BTreeMap<Component, u64>> = HashMap::new();
@@ -438,9 +438,16 @@ fn by_component(
         }
         if let Some(ch) = changes {
             let of: HashMap<_, _> = ch.stacks.iter().map(|(id, f)| (*id, classify(f))).collect();
-            rose = Some(rises(&ch.changes, |c| {
+            let component = |c: &Change| of.get(&c.stack).copied().unwrap_or(Component::Other);
+            // A backward pass's and an optimizer step's working memory is `temp`, as PyTorch
+            // counts it: what they released before their run of allocations ended (the
+            // gradients a store holds and the optimizer's moments outlive it).
+            let working = released_within_phase(&ch.changes, |c| {
+                Some(component(c)).filter(|k| matches!(k, Component::Gradient | Component::OptimizerState))
+            });
+            rose = Some(rises(&ch.changes, |i, c| {
                 let counted = if shown_by_block.contains(&c.place) { c.of != Of::Segment } else { c.of != Of::Block };
-                counted.then(|| (c.place, of.get(&c.stack).copied().unwrap_or(Component::Other)))
+                counted.then(|| (c.place, if working[i] { Component::Temp } else { component(c) }))
             }));
         }
     });

@@ -29,6 +29,8 @@ pub(crate) enum Of {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Change {
     pub place: Place,
+    /// The allocation's address (a VMM handle's creation: 0), pairing a release with it.
+    pub addr: u64,
     pub stack: StackId,
     pub delta: i64,
     pub of: Of,
@@ -75,7 +77,7 @@ impl ChangeLog {
 
     /// Logs a change (only while a slot is open).
     #[inline]
-    pub(crate) fn push(&mut self, place: Place, stack: StackId, delta: i64, of: Of) {
+    pub(crate) fn push(&mut self, place: Place, addr: u64, stack: StackId, delta: i64, of: Of) {
         if delta == 0 || self.from.iter().all(Option::is_none) {
             return;
         }
@@ -83,19 +85,19 @@ impl ChangeLog {
             self.full = true;
             return;
         }
-        self.log.push(Change { place, stack, delta, of });
+        self.log.push(Change { place, addr, stack, delta, of });
     }
 
     /// A block of gpumem-nb's allocator handed out (its stack interned as `stack`).
     pub(crate) fn block_alloc(&mut self, place: Place, addr: u64, size: u64, stack: StackId) {
         self.blocks.insert((place, addr), (stack, size));
-        self.push(place, stack, size as i64, Of::Block);
+        self.push(place, addr, stack, size as i64, Of::Block);
     }
 
     /// A block freed (unknown blocks, handed out before tracking watched, are not logged).
     pub(crate) fn block_free(&mut self, place: Place, addr: u64) {
         if let Some((stack, size)) = self.blocks.remove(&(place, addr)) {
-            self.push(place, stack, -(size as i64), Of::Block);
+            self.push(place, addr, stack, -(size as i64), Of::Block);
         }
     }
 
@@ -106,15 +108,61 @@ impl ChangeLog {
     }
 }
 
-/// The highest each key's running sum went above zero over `changes` (keys from `key`; a
-/// change whose key is `None` is left out).
+/// Which allocations of a phase outlived it: for every change, whether it belongs to an
+/// allocation that `phase` names (its key) and that was released before that phase's run of
+/// allocations ended. A phase's run is a stretch of the log in which every allocation is of
+/// that phase (a backward pass, an optimizer step); what it allocated and released within the
+/// run was its working memory, what was still live at the run's end is what it made (the
+/// gradients a store holds, an optimizer's moments). Releases pair with their allocation by
+/// place and address.
+pub(crate) fn released_within_phase<K: PartialEq + Copy>(
+    changes: &[Change],
+    mut phase: impl FnMut(&Change) -> Option<K>,
+) -> Vec<bool> {
+    let mut out = vec![false; changes.len()];
+    // The run each allocation is in: (key, index of the run's last allocation).
+    let mut run_of: Vec<Option<usize>> = vec![None; changes.len()];
+    let mut runs: Vec<usize> = Vec::new();
+    let mut current: Option<K> = None;
+    for (i, c) in changes.iter().enumerate().filter(|(_, c)| c.delta > 0) {
+        let k = phase(c);
+        if k.is_none() || k != current {
+            current = k;
+            if k.is_some() {
+                runs.push(i);
+            }
+        }
+        if k.is_some() {
+            *runs.last_mut().expect("a run was opened") = i;
+            run_of[i] = Some(runs.len() - 1);
+        }
+    }
+    let mut open: HashMap<(Place, u64), usize> = HashMap::new();
+    for (i, c) in changes.iter().enumerate() {
+        if c.delta > 0 {
+            if run_of[i].is_some() {
+                open.insert((c.place, c.addr), i);
+            }
+        } else if let Some(a) = open.remove(&(c.place, c.addr))
+            && let Some(r) = run_of[a]
+            && i < runs[r]
+        {
+            out[a] = true;
+            out[i] = true;
+        }
+    }
+    out
+}
+
+/// The highest each key's running sum went above zero over `changes` (keys from `key`, given
+/// each change and its index; a change whose key is `None` is left out).
 pub(crate) fn rises<K: std::hash::Hash + Eq + Copy>(
     changes: &[Change],
-    mut key: impl FnMut(&Change) -> Option<K>,
+    mut key: impl FnMut(usize, &Change) -> Option<K>,
 ) -> HashMap<K, u64> {
     let mut run: HashMap<K, (i64, i64)> = HashMap::new();
-    for c in changes {
-        let Some(k) = key(c) else { continue };
+    for (i, c) in changes.iter().enumerate() {
+        let Some(k) = key(i, c) else { continue };
         let (now, top) = run.entry(k).or_default();
         *now += c.delta;
         *top = (*top).max(*now);
@@ -129,27 +177,27 @@ mod tests {
     #[test]
     fn a_rise_is_the_highest_point_above_the_start() {
         let mut log = ChangeLog::default();
-        log.push(Some(0), 1, 100, Of::Driver);
+        log.push(Some(0), 0x10, 1, 100, Of::Driver);
         assert!(log.since(0).is_none(), "nothing is logged with no slot open");
         log.open(0);
-        log.push(Some(0), 1, 64, Of::Driver);
-        log.push(Some(0), 1, -64, Of::Driver);
-        log.push(Some(0), 1, 16, Of::Driver);
-        log.push(Some(0), 2, -8, Of::Driver);
+        log.push(Some(0), 0x10, 1, 64, Of::Driver);
+        log.push(Some(0), 0x10, 1, -64, Of::Driver);
+        log.push(Some(0), 0x10, 1, 16, Of::Driver);
+        log.push(Some(0), 0x20, 2, -8, Of::Driver);
         log.block_alloc(Some(0), 0x1000, 32, 3);
         log.block_free(Some(0), 0x1000);
         log.block_free(Some(0), 0x2000);
         let changes = log.since(0).unwrap();
         assert_eq!(changes.len(), 6, "the unknown block's free is not logged");
-        let r = rises(changes, |c| Some(c.stack));
+        let r = rises(changes, |_, c| Some(c.stack));
         assert_eq!(r[&1], 64);
         assert_eq!(r[&2], 0, "only fell");
         assert_eq!(r[&3], 32);
-        let blocks_only = rises(changes, |c| (c.of == Of::Block).then_some(c.stack));
+        let blocks_only = rises(changes, |_, c| (c.of == Of::Block).then_some(c.stack));
         assert_eq!(blocks_only.len(), 1);
         // A slot opened later sees only its own changes; closing the last one empties the log.
         log.open(1);
-        log.push(Some(0), 1, 8, Of::Driver);
+        log.push(Some(0), 0x30, 1, 8, Of::Driver);
         assert_eq!(log.since(1).unwrap().len(), 1);
         log.close(0);
         assert_eq!(log.since(1).unwrap().len(), 1);
@@ -157,5 +205,29 @@ mod tests {
         assert!(log.since(1).is_none());
         log.open(0);
         assert_eq!(log.since(0).unwrap().len(), 0);
+    }
+
+    #[test]
+    fn what_a_phase_released_before_its_run_ended_was_working_memory() {
+        let c = |addr: u64, stack: StackId, delta: i64| Change { place: Some(0), addr, stack, delta, of: Of::Driver };
+        // Stack 7 is the backward pass, 1 the forward before it and 2 the step after it.
+        let log = [
+            c(0xa, 1, 10), // forward
+            c(0xb, 7, 4),  // backward: an intermediate …
+            c(0xc, 7, 8),  // … a gradient …
+            c(0xb, 7, -4), // … the intermediate released within the pass
+            c(0xd, 7, 8),  // another gradient, the pass's last allocation
+            c(0xe, 2, 3),  // the step
+            c(0xc, 7, -8), // gradients dropped after the pass
+            c(0xd, 7, -8),
+            c(0xf, 7, 5), // a second pass: released only after it ended
+            c(0x1, 1, 1),
+            c(0xf, 7, -5),
+        ];
+        let within = released_within_phase(&log, |ch| (ch.stack == 7).then_some(7));
+        assert_eq!(within, [false, true, false, true, false, false, false, false, false, false, false]);
+        let r = rises(&log, |i, ch| Some(if within[i] { 0 } else { ch.stack }));
+        assert_eq!(r[&7], 16, "the gradients alone at their highest");
+        assert_eq!(r[&0], 4, "the working memory");
     }
 }

@@ -367,7 +367,7 @@ impl Tracker {
                 a.source = Source::Allocator;
                 self.sub(device, old, size);
                 self.add(device, Source::Allocator, size);
-                self.moved_to_allocator(device, stack, size);
+                self.moved_to_allocator(device, addr, stack, size);
             }
             return;
         }
@@ -378,22 +378,22 @@ impl Tracker {
                 h.alloc.source = Source::Allocator;
                 self.sub(device, old, size);
                 self.add(device, Source::Allocator, size);
-                self.moved_to_allocator(device, stack, size);
+                self.moved_to_allocator(device, addr, stack, size);
             }
         }
     }
 
     /// A driver allocation became a segment of gpumem-nb's allocator: so the log says.
-    fn moved_to_allocator(&mut self, place: Place, stack: stacks::StackId, size: u64) {
-        self.changes.push(place, stack, -(size as i64), changes::Of::Driver);
-        self.changes.push(place, stack, size as i64, changes::Of::Segment);
+    fn moved_to_allocator(&mut self, place: Place, addr: u64, stack: stacks::StackId, size: u64) {
+        self.changes.push(place, addr, stack, -(size as i64), changes::Of::Driver);
+        self.changes.push(place, addr, stack, size as i64, changes::Of::Segment);
     }
 
     /// Logs an allocation made (`alloc`) or released, for components' peaks.
     fn log(&mut self, a: &TrackedAlloc, alloc: bool) {
         let of = if a.source == Source::Allocator { changes::Of::Segment } else { changes::Of::Driver };
         let delta = if alloc { a.size as i64 } else { -(a.size as i64) };
-        self.changes.push(a.device, a.stack, delta, of);
+        self.changes.push(a.device, a.addr, a.stack, delta, of);
     }
 
     /// A block of gpumem-nb's allocator at `place` handed out (`frames`: its stack) or freed.
