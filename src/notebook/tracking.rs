@@ -425,7 +425,7 @@ fn by_component(
     changes: Option<&CellChanges>,
     shown_by_block: &[Place],
 ) -> HashMap<Place, Vec<ComponentReading>> {
-    use crate::track::changes::{Change, Of, released_within_phase, rises};
+    use crate::track::changes::{Change, Of, Step, released_within_phase, rises};
     let mut owners = owners_for_report(state());
     let owners = owners.get();
     let mut sums: HashMap<Place, BTreeMap<Component, u64>> = HashMap::new();
@@ -442,8 +442,10 @@ fn by_component(
             // A backward pass's and an optimizer step's working memory is `temp`, as PyTorch
             // counts it: what they released before their run of allocations ended (the
             // gradients a store holds and the optimizer's moments outlive it).
-            let working = released_within_phase(&ch.changes, |c| {
-                Some(component(c)).filter(|k| matches!(k, Component::Gradient | Component::OptimizerState))
+            let working = released_within_phase(&ch.changes, |c| match component(c) {
+                k @ (Component::Gradient | Component::OptimizerState) => Step::In(k),
+                Component::Workspace | Component::Other | Component::Temp => Step::Aside,
+                _ => Step::Other,
             });
             rose = Some(rises(&ch.changes, |i, c| {
                 let counted = if shown_by_block.contains(&c.place) { c.of != Of::Segment } else { c.of != Of::Block };

@@ -108,33 +108,46 @@ impl ChangeLog {
     }
 }
 
+/// What an allocation is to a phase's run (see [`released_within_phase`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Step<K> {
+    /// Made by phase `K`.
+    In(K),
+    /// Made by no phase that runs: it neither continues nor ends a run (library workspace,
+    /// unclassified buffers).
+    Aside,
+    /// Made by another part of the program: the run ends.
+    Other,
+}
+
 /// Which allocations of a phase outlived it: for every change, whether it belongs to an
-/// allocation that `phase` names (its key) and that was released before that phase's run of
-/// allocations ended. A phase's run is a stretch of the log in which every allocation is of
-/// that phase (a backward pass, an optimizer step); what it allocated and released within the
-/// run was its working memory, what was still live at the run's end is what it made (the
+/// allocation that a phase made and released before that phase's run of allocations ended. A
+/// phase's run is a stretch of the log in which the allocations are of that phase (or aside:
+/// library workspaces, unclassified buffers); what it allocated and released within the run
+/// was its working memory, what was still live at the run's end is what it made (the
 /// gradients a store holds, an optimizer's moments). Releases pair with their allocation by
 /// place and address.
 pub(crate) fn released_within_phase<K: PartialEq + Copy>(
     changes: &[Change],
-    mut phase: impl FnMut(&Change) -> Option<K>,
+    mut step: impl FnMut(&Change) -> Step<K>,
 ) -> Vec<bool> {
     let mut out = vec![false; changes.len()];
-    // The run each allocation is in: (key, index of the run's last allocation).
+    // The run each allocation of a phase is in; each run's last allocation.
     let mut run_of: Vec<Option<usize>> = vec![None; changes.len()];
     let mut runs: Vec<usize> = Vec::new();
     let mut current: Option<K> = None;
     for (i, c) in changes.iter().enumerate().filter(|(_, c)| c.delta > 0) {
-        let k = phase(c);
-        if k.is_none() || k != current {
-            current = k;
-            if k.is_some() {
-                runs.push(i);
+        match step(c) {
+            Step::In(k) => {
+                if current != Some(k) {
+                    current = Some(k);
+                    runs.push(i);
+                }
+                *runs.last_mut().expect("a run is open") = i;
+                run_of[i] = Some(runs.len() - 1);
             }
-        }
-        if k.is_some() {
-            *runs.last_mut().expect("a run was opened") = i;
-            run_of[i] = Some(runs.len() - 1);
+            Step::Aside => {}
+            Step::Other => current = None,
         }
     }
     let mut open: HashMap<(Place, u64), usize> = HashMap::new();
@@ -223,11 +236,21 @@ mod tests {
             c(0xf, 7, 5), // a second pass: released only after it ended
             c(0x1, 1, 1),
             c(0xf, 7, -5),
+            c(0x2, 7, 6), // a third, with a library's workspace made inside it: one run still
+            c(0x3, 9, 1),
+            c(0x2, 7, -6),
+            c(0x4, 7, 2),
         ];
-        let within = released_within_phase(&log, |ch| (ch.stack == 7).then_some(7));
-        assert_eq!(within, [false, true, false, true, false, false, false, false, false, false, false]);
+        let within = released_within_phase(&log, |ch| match ch.stack {
+            7 => Step::In(7),
+            9 => Step::Aside,
+            _ => Step::Other,
+        });
+        let want =
+            [false, true, false, true, false, false, false, false, false, false, false, true, false, true, false];
+        assert_eq!(within, want);
         let r = rises(&log, |i, ch| Some(if within[i] { 0 } else { ch.stack }));
         assert_eq!(r[&7], 16, "the gradients alone at their highest");
-        assert_eq!(r[&0], 4, "the working memory");
+        assert_eq!(r[&0], 6, "the working memory");
     }
 }
