@@ -121,18 +121,20 @@ pub(crate) enum Step<K> {
 }
 
 /// Which allocations of a phase outlived it: for every change, whether it belongs to an
-/// allocation that a phase made and released before that phase's run of allocations ended. A
-/// phase's run is a stretch of the log in which the allocations are of that phase (or aside:
-/// library workspaces, unclassified buffers); what it allocated and released within the run
-/// was its working memory, what was still live at the run's end is what it made (the
-/// gradients a store holds, an optimizer's moments). Releases pair with their allocation by
-/// place and address.
+/// allocation that a phase made and released before that phase's run ended. A phase's run is
+/// a stretch of the log in which the allocations are of that phase (or aside: library
+/// workspaces, unclassified buffers), up to the next allocation of anything else; what it
+/// allocated and released within the run was its working memory, what was still live at the
+/// run's end is what it made (the gradients a store holds, an optimizer's moments). Releases
+/// pair with their allocation by place and address.
 pub(crate) fn released_within_phase<K: PartialEq + Copy>(
     changes: &[Change],
     mut step: impl FnMut(&Change) -> Step<K>,
 ) -> Vec<bool> {
     let mut out = vec![false; changes.len()];
-    // The run each allocation of a phase is in; each run's last allocation.
+    // The run each allocation of a phase is in; where each run ends: the next allocation of
+    // another part of the program (releases up to it are the phase's own tail: a backward pass
+    // drops its last intermediates after its last allocation), or the log's end.
     let mut run_of: Vec<Option<usize>> = vec![None; changes.len()];
     let mut runs: Vec<usize> = Vec::new();
     let mut current: Option<K> = None;
@@ -140,14 +142,20 @@ pub(crate) fn released_within_phase<K: PartialEq + Copy>(
         match step(c) {
             Step::In(k) => {
                 if current != Some(k) {
+                    if current.is_some() {
+                        *runs.last_mut().expect("a run is open") = i;
+                    }
                     current = Some(k);
-                    runs.push(i);
+                    runs.push(changes.len());
                 }
-                *runs.last_mut().expect("a run is open") = i;
                 run_of[i] = Some(runs.len() - 1);
             }
             Step::Aside => {}
-            Step::Other => current = None,
+            Step::Other => {
+                if current.take().is_some() {
+                    *runs.last_mut().expect("a run is open") = i;
+                }
+            }
         }
     }
     let mut open: HashMap<(Place, u64), usize> = HashMap::new();
@@ -230,6 +238,8 @@ mod tests {
             c(0xc, 7, 8),  // … a gradient …
             c(0xb, 7, -4), // … the intermediate released within the pass
             c(0xd, 7, 8),  // another gradient, the pass's last allocation
+            c(0x5, 7, 2),  // an intermediate released after it, before anything else allocates
+            c(0x5, 7, -2),
             c(0xe, 2, 3),  // the step
             c(0xc, 7, -8), // gradients dropped after the pass
             c(0xd, 7, -8),
@@ -246,8 +256,10 @@ mod tests {
             9 => Step::Aside,
             _ => Step::Other,
         });
-        let want =
-            [false, true, false, true, false, false, false, false, false, false, false, true, false, true, false];
+        let want = [
+            false, true, false, true, false, true, true, false, false, false, false, false, false, true, false, true,
+            false,
+        ];
         assert_eq!(within, want);
         let r = rises(&log, |i, ch| Some(if within[i] { 0 } else { ch.stack }));
         assert_eq!(r[&7], 16, "the gradients alone at their highest");
