@@ -248,7 +248,8 @@ impl CellRecord {
     }
 
     /// The components whose bytes grew over the cell, largest first (`activation +48.00 MiB,
-    /// gradient +16.00 MiB`); the allocator's cache is not a component.
+    /// gradient +16.00 MiB`); the allocator's cache is not a component, and nothing is said
+    /// while only `other` grew (nothing was classified).
     fn components_grown(&self) -> Option<String> {
         let all = self.all_allocations.as_ref()?;
         let mut grown: Vec<(i64, &str)> = all
@@ -258,8 +259,9 @@ impl CellRecord {
             .filter_map(|c| c.delta().filter(|&d| d > 0).map(|d| (d, c.component.as_str())))
             .collect();
         grown.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(b.1)));
-        (!grown.is_empty())
-            .then(|| grown.iter().map(|(d, c)| format!("{c} {}", iec_delta(*d))).collect::<Vec<_>>().join(", "))
+        // As on the line: said only once something is more than `other`.
+        let classified = grown.iter().any(|(_, c)| crate::notebook::protocol::is_classified(c));
+        classified.then(|| grown.iter().map(|(d, c)| format!("{c} {}", iec_delta(*d))).collect::<Vec<_>>().join(", "))
     }
 
     /// [`Self::growth`]'s amount and the source that says it.
@@ -447,5 +449,14 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(rec.growth().unwrap().detail.as_deref(), Some("grew: activation +48.00 MiB, gradient +16.00 MiB"));
+        // Nothing classified: no component is named.
+        let only_other = CellRecord {
+            all_allocations: Some(AllAllocations {
+                by_component: vec![part("other", 0, 8 * MIB)],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(only_other.growth(), Some(Growth { bytes: 8 * MIB as i64, detail: None }));
     }
 }
