@@ -5,22 +5,23 @@
 //! live line while it runs, and the engine that puts them together.
 //!
 //! ## Layers
-//! 1. `build_dir`, `toolchain`, `cell_times`, `quick_build`, `dep`, `display`, `compile`,
-//!    `magic`, `complete`, `stderr_sync` — where evcxr compiles the cells (outside any cargo
-//!    workspace); what the kernel needs from the Rust toolchain; where a cell's time goes (for
-//!    the cell benchmark); a cell built without cargo when only the cell changed; a cell's
-//!    value shown in one compile; `:dep gpumem-nb` is the crate the kernel was built with; how
-//!    far a cell's build has come; the `%gpumem` / `%%gpumem` parser and the table its help
-//!    comes from; `is_complete`; a barrier on the evcxr child's stderr (a cell's panic before
-//!    its report).
-//! 2. `cell_lines`, `session_deps` — line tables in the cells' own code (the cell crate's rustc,
+//! 1. `build_dir`, `toolchain`, `cell_times`, `dep`, `display`, `compile`, `magic`,
+//!    `complete`, `stderr_sync` — where evcxr compiles the cells (outside any cargo workspace);
+//!    what the kernel needs from the Rust toolchain; where a cell's time goes (for the cell
+//!    benchmark); a cell's value shown in one compile; `:dep gpumem-nb` is the crate the kernel
+//!    was built with; how far a cell's build has come; the `%gpumem` / `%%gpumem` parser and the
+//!    table its help comes from; `is_complete`; a barrier on the evcxr child's stderr (a cell's
+//!    panic before its report).
+//! 2. `quick_build` — a cell built without cargo when only the cell changed (evcxr's cargo
+//!    wrapper).
+//! 3. `cell_lines`, `session_deps` — line tables in the cells' own code (the cell crate's rustc,
 //!    timed when asked, its command kept for a build without cargo); one copy of every `:dep`
 //!    crate for the session, beside the build directory.
-//! 3. `user_error` — in the child, the mark that a cell's code returned `Err` (evcxr keeps it
+//! 4. `user_error` — in the child, the mark that a cell's code returned `Err` (evcxr keeps it
 //!    to itself), put on stderr in order for the stream pump.
-//! 4. `hooks` — the per-cell readings: NVML and the crate's numbers around a cell.
-//! 5. `live` — the live line while a long cell runs.
-//! 6. `engine` — evcxr's `CommandContext`, the hooks, magics and reports, shared by the Jupyter
+//! 5. `hooks` — the per-cell readings: NVML and the crate's numbers around a cell.
+//! 6. `live` — the live line while a long cell runs.
+//! 7. `engine` — evcxr's `CommandContext`, the hooks, magics and reports, shared by the Jupyter
 //!    kernel and headless runs.
 
 pub mod build_dir;
@@ -30,9 +31,10 @@ pub mod complete;
 pub mod dep;
 pub mod display;
 pub mod magic;
-pub mod quick_build;
 pub mod stderr_sync;
 pub mod toolchain;
+
+pub mod quick_build;
 
 pub mod cell_lines;
 pub mod session_deps;
