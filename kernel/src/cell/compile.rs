@@ -2,7 +2,8 @@
 //!
 //! The first `:dep gpumem-nb` cell builds the crate and every dependency (a minute on two
 //! cores); evcxr runs that cargo build silently. A [`Watch`] sees it from outside: a `cargo
-//! build` child of this process is running, and its `rustc` children say which crates it is
+//! build` child of this process (or of the cargo wrapper, this same binary) is running, and its
+//! `rustc` children say which crates it is
 //! compiling (a build compiles dependencies while one of them is not the cells' own crate);
 //! the packages it has to build are the ones `cargo tree` lists for the host (features and
 //! platforms resolved as the build resolves them; asked once per `Cargo.toml`), and a package is built
@@ -204,10 +205,15 @@ fn cargo_build() -> Option<(u32, Vec<String>)> {
         }
     }
     let cmdline = |pid: u32| std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    // cargo is this process's child, or its grandchild through the cargo wrapper (this binary:
+    // `quick_build`).
+    let children: Vec<u32> = processes.iter().filter(|(_, _, ppid)| *ppid == me).map(|(pid, _, _)| *pid).collect();
     let cargo = processes
         .iter()
         .find(|(pid, comm, ppid)| {
-            *ppid == me && comm == "cargo" && cmdline(*pid).split(|&b| b == 0).any(|a| a == b"build")
+            (*ppid == me || children.contains(ppid))
+                && comm == "cargo"
+                && cmdline(*pid).split(|&b| b == 0).any(|a| a == b"build")
         })?
         .0;
     let compiling = processes
