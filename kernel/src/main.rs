@@ -34,8 +34,9 @@ the device of the gpumem-nb crate (without a GPU: a simulated 80 GiB device).
 
 fn main() {
     // First: the same binary is also evcxr's cargo wrapper (a cell built without cargo), the
-    // cell crate's rustc wrapper (line tables), evcxr's child process and evcxr's rustc wrapper. As the child, it answers the kernel's stderr
-    // sync requests on a thread of its own (`stderr_sync`).
+    // cell crate's rustc wrapper (line tables), evcxr's child process and evcxr's rustc
+    // wrapper. As the child, it answers the kernel's stderr sync requests on a thread of its
+    // own (`stderr_sync`).
     gpumem_kernel::cell::quick_build::run_if_asked();
     gpumem_kernel::cell::cell_lines::wrap_if_asked();
     gpumem_kernel::cell::stderr_sync::serve_in_child();

@@ -367,14 +367,13 @@ pub(crate) fn readings(slot: Option<TrackSlot>, owners: bool, components: bool) 
     // The allocator's blocks, read before the tracker's lock is taken (the allocator reports to
     // the tracker under its own lock: never the other way round).
     let blocks = if need_live { allocator_blocks() } else { Vec::new() };
-    let shown_by_block: Vec<Place> = blocks.iter().map(|b| b.0).collect();
     let (totals, live, changes) = {
         let tr = lock(&t.tracker);
         let totals = match slot.and_then(|s| tr.slot(s)) {
             Some(s) => s,
             None => tr.totals().clone(),
         };
-        let live = if need_live { live_now(&tr, blocks, &shown_by_block) } else { LiveNow::default() };
+        let live = if need_live { live_now(&tr, blocks) } else { LiveNow::default() };
         let peak = if owners { peak_by_stack(&tr) } else { HashMap::new() };
         let changes = if components { slot.and_then(|s| cell_changes(&tr, s)) } else { None };
         (totals, (live, peak), changes)
@@ -390,7 +389,7 @@ pub(crate) fn readings(slot: Option<TrackSlot>, owners: bool, components: bool) 
     // library and its `lib.rs` are the ones its code was built from: `%gpumem top` asked later,
     // after other cells rewrote `lib.rs`, still gives those sites their lines.
     top_sites(&peak, 0);
-    let mut parts = if components { by_component(&live, changes.as_ref(), &shown_by_block) } else { HashMap::new() };
+    let mut parts = if components { by_component(&live, changes.as_ref()) } else { HashMap::new() };
     totals
         .iter()
         .filter(|(_, t)| t.total.peak > 0 || t.total.live > 0)
@@ -420,11 +419,7 @@ fn cell_changes(tr: &Tracker, slot: TrackSlot) -> Option<CellChanges> {
 /// slot, in [`Component::ALL`]'s order), each with how far it rose above its start when the
 /// slot's changes are known, and the allocator's cached free memory as `cached`: together,
 /// every live byte. A place whose allocator shows blocks counts the blocks, not the segments.
-fn by_component(
-    live: &LiveNow,
-    changes: Option<&CellChanges>,
-    shown_by_block: &[Place],
-) -> HashMap<Place, Vec<ComponentReading>> {
+fn by_component(live: &LiveNow, changes: Option<&CellChanges>) -> HashMap<Place, Vec<ComponentReading>> {
     use crate::track::changes::{Change, Of, Step, released_within_phase, rises};
     let mut owners = owners_for_report(state());
     let owners = owners.get();
@@ -448,7 +443,8 @@ fn by_component(
                 _ => Step::Other,
             });
             rose = Some(rises(&ch.changes, |i, c| {
-                let counted = if shown_by_block.contains(&c.place) { c.of != Of::Segment } else { c.of != Of::Block };
+                let counted =
+                    if live.shown_by_block.contains(&c.place) { c.of != Of::Segment } else { c.of != Of::Block };
                 counted.then(|| (c.place, if working[i] { Component::Temp } else { component(c) }))
             }));
         }
@@ -526,14 +522,16 @@ struct LiveNow {
     segment: HashMap<(Place, Option<Frames>, u64), Option<Frames>>,
     /// Per device: the allocator's cached free bytes.
     cached: HashMap<Place, u64>,
+    /// The places whose allocator shows its blocks (its segments are not counted there).
+    shown_by_block: Vec<Place>,
 }
 
 /// See [`LiveNow`] (under the tracker's lock: no symbols).
-fn live_now(tr: &Tracker, blocks: Vec<AllocatorBlocks>, shown_by_block: &[Place]) -> LiveNow {
-    let mut out = LiveNow::default();
+fn live_now(tr: &Tracker, blocks: Vec<AllocatorBlocks>) -> LiveNow {
+    let mut out = LiveNow { shown_by_block: blocks.iter().map(|b| b.0).collect(), ..LiveNow::default() };
     let mut cells: HashMap<u32, u64> = HashMap::new();
     for a in tr.live() {
-        if a.source == Source::Allocator && shown_by_block.contains(&a.device) {
+        if a.source == Source::Allocator && out.shown_by_block.contains(&a.device) {
             continue;
         }
         let cell = *cells.entry(a.label).or_insert_with(|| label_cell(tr.label_name(a.label)));
@@ -598,10 +596,9 @@ pub fn top(n: usize) -> crate::notebook::protocol::TopReport {
     let t = state();
     let status = status();
     let blocks = allocator_blocks();
-    let shown_by_block: Vec<Place> = blocks.iter().map(|b| b.0).collect();
     let (live, peak, totals) = {
         let tr = lock(&t.tracker);
-        (live_now(&tr, blocks, &shown_by_block), peak_by_stack(&tr), tr.totals().clone())
+        (live_now(&tr, blocks), peak_by_stack(&tr), tr.totals().clone())
     };
     let (mut now, mut at_peak) = (live_sites(&live, n), top_sites(&peak, n));
     let places = totals

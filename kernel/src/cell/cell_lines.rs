@@ -92,12 +92,13 @@ pub fn wrap_if_asked() {
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
     let exe = std::env::current_exe().ok();
     let Some((rustc, args)) = wrapped_command(&args, exe.as_deref()) else { return };
-    if is_cell_crate(&args) {
+    let cell = is_cell_crate(&args);
+    if cell {
         // As cargo gave it (the flags above are added again on a build without cargo).
         let given: Vec<OsString> = std::env::args_os().skip(2).collect();
         super::quick_build::record_if_asked(&rustc, &given);
     }
-    if let Some(exe) = exe.as_deref().filter(|_| super::cell_times::enabled() && is_cell_crate(&args)) {
+    if let Some(exe) = exe.as_deref().filter(|_| cell && super::cell_times::enabled()) {
         super::cell_times::run_rustc(&rustc, args, exe, WRAP_VAR);
     }
     let mut cmd = std::process::Command::new(&rustc);

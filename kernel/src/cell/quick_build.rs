@@ -172,7 +172,12 @@ fn real_cargo(cargo: &OsString, args: &[OsString], crate_dir: &Path, build: bool
 
 fn new_state(crate_dir: &Path, cargo_args: &[OsString], record: &Path) -> Option<State> {
     let record: Record = serde_json::from_slice(&std::fs::read(record).ok()?).ok()?;
+    // The libraries the cell links must all be there; a file a stale dep-info names (a build
+    // from a checkout since deleted) is not watched.
     let mut paths = externs(&record.args);
+    if !paths.iter().all(|p| p.exists()) {
+        return None;
+    }
     let packages = path_packages(&crate_dir.join("Cargo.lock"));
     for dir in dependency_dirs(&record.args) {
         for package in &packages {
@@ -181,11 +186,6 @@ fn new_state(crate_dir: &Path, cargo_args: &[OsString], record: &Path) -> Option
     }
     paths.sort();
     paths.dedup();
-    // A file a stale dep-info names (a build from a checkout since deleted) is not watched;
-    // the libraries the cell links must all be there.
-    if !externs(&record.args).iter().all(|p| p.exists()) {
-        return None;
-    }
     let watch = paths.iter().filter_map(|p| watched(p)).collect();
     let key = key(crate_dir, cargo_args, std::env::vars_os());
     Some(State { key, record, watch })

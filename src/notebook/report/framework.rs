@@ -251,17 +251,21 @@ impl CellRecord {
     /// gradient +16.00 MiB`); the allocator's cache is not a component, and nothing is said
     /// while only `other` grew (nothing was classified).
     fn components_grown(&self) -> Option<String> {
-        let all = self.all_allocations.as_ref()?;
-        let mut grown: Vec<(i64, &str)> = all
-            .by_component
-            .iter()
-            .filter(|c| c.component != crate::notebook::protocol::CACHED)
-            .filter_map(|c| c.delta().filter(|&d| d > 0).map(|d| (d, c.component.as_str())))
-            .collect();
+        let mut grown: Vec<(i64, &str)> = self.component_changes().filter(|(d, _)| *d > 0).collect();
         grown.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(b.1)));
         // As on the line: said only once something is more than `other`.
         let classified = grown.iter().any(|(_, c)| crate::notebook::protocol::is_classified(c));
         classified.then(|| grown.iter().map(|(d, c)| format!("{c} {}", iec_delta(*d))).collect::<Vec<_>>().join(", "))
+    }
+
+    /// Each component's change over the cell, where known (the allocator's cache is not a
+    /// component).
+    fn component_changes(&self) -> impl Iterator<Item = (i64, &str)> {
+        self.all_allocations
+            .iter()
+            .flat_map(|a| a.by_component.iter())
+            .filter(|c| c.component != crate::notebook::protocol::CACHED)
+            .filter_map(|c| c.delta().map(|d| (d, c.component.as_str())))
     }
 
     /// [`Self::growth`]'s amount and the source that says it.
@@ -284,13 +288,7 @@ impl CellRecord {
             }
         }
         // Tracking: every allocation's bytes, what the components hold (not the cache).
-        let tracked: i64 = self
-            .all_allocations
-            .iter()
-            .flat_map(|a| a.by_component.iter())
-            .filter(|c| c.component != crate::notebook::protocol::CACHED)
-            .filter_map(|c| c.delta())
-            .sum();
+        let tracked: i64 = self.component_changes().map(|(d, _)| d).sum();
         if tracked >= FRAMEWORK_GROWTH_MIN {
             return Some(Growth { bytes: tracked, detail: None });
         }
