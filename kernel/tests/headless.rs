@@ -694,6 +694,40 @@ fn dependencies_are_loaded_once_for_the_session() {
     assert!(!src.contains("gpumem_deps_"), "the loading cell is the kernel's, not shown: {src}");
 }
 
+/// A `tracing` subscriber set in one cell serves the next ones, as in a program: `tracing`
+/// keeps its global dispatcher in a static, which evcxr alone copies into every cell (the
+/// second cell's events went nowhere, evcxr#331). Two cells later a new `:dep` adds a
+/// generation over the loaded one, and the subscriber still hears the cell after it.
+#[test]
+fn a_tracing_subscriber_set_in_one_cell_serves_the_next() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("tracing-deps");
+    let _ = std::fs::remove_dir_all(&dir);
+    let later = path_crate(&dir, "later", "", "pub fn answer() -> u32 { 42 }\n");
+    let later_cell = format!(
+        ":dep later = {{ path = {:?} }}\ntracing::warn!(cell = 3, answer = later::answer(), \"after a new :dep\");",
+        later.display().to_string()
+    );
+    let nb = notebook(&[
+        (
+            ":dep tracing = \"0.1\"\n:dep tracing-subscriber = \"0.3\"\n\
+             tracing_subscriber::fmt().with_ansi(false).without_time().with_writer(std::io::stdout).init();\n\
+             tracing::info!(cell = 1, \"subscriber set\");",
+            &[],
+        ),
+        ("tracing::info!(cell = 2, \"heard in the next cell\");\ntracing::dispatcher::has_been_set()", &[]),
+        (&later_cell, &[]),
+    ]);
+    let (code, out, stderr) = run("tracing-across-cells", &nb, &[]);
+    assert_eq!(code, 0, "{stderr}");
+    let stdout = |i: usize| -> String {
+        outputs(&out, i).iter().filter(|o| o["name"] == "stdout").filter_map(|o| o["text"].as_str()).collect()
+    };
+    assert!(stdout(0).contains("INFO") && stdout(0).contains("subscriber set cell=1"), "{:?}", outputs(&out, 0));
+    assert!(stdout(1).contains("heard in the next cell cell=2"), "the second cell's event: {:?}", outputs(&out, 1));
+    assert_eq!(result_text(&out, 1), "true");
+    assert!(stdout(2).contains("WARN") && stdout(2).contains("after a new :dep cell=3 answer=42"), "{:?}", outputs(&out, 2));
+}
+
 /// What memory is, through the kernel's record: a rule of the notebook's own on a function it
 /// defines (parameter), a stamp around a closure (optimizer_state, on the allocator's blocks), a
 /// guard on a thread the cell starts (gradient), nothing (other), and the allocator's cached
