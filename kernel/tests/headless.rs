@@ -725,7 +725,11 @@ fn a_tracing_subscriber_set_in_one_cell_serves_the_next() {
     assert!(stdout(0).contains("INFO") && stdout(0).contains("subscriber set cell=1"), "{:?}", outputs(&out, 0));
     assert!(stdout(1).contains("heard in the next cell cell=2"), "the second cell's event: {:?}", outputs(&out, 1));
     assert_eq!(result_text(&out, 1), "true");
-    assert!(stdout(2).contains("WARN") && stdout(2).contains("after a new :dep cell=3 answer=42"), "{:?}", outputs(&out, 2));
+    assert!(
+        stdout(2).contains("WARN") && stdout(2).contains("after a new :dep cell=3 answer=42"),
+        "{:?}",
+        outputs(&out, 2)
+    );
 }
 
 /// What memory is, through the kernel's record: a rule of the notebook's own on a function it
