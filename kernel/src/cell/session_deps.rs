@@ -19,6 +19,10 @@
 //!   inference and `use` work as before and the cell's line numbers do not move.
 //! - A `:dep` after that adds a generation that depends on the one loaded (a loaded shared
 //!   library cannot be rebuilt under its name) and holds only the new crates.
+//! - A generation no session planned for [`KEEP_UNUSED`] (30 days) is removed when a kernel
+//!   starts ([`prune`]): its crate and what cargo built of it in the build directories beside the
+//!   shared one (a shared library each, tens to hundreds of MiB). Planning one marks it used
+//!   (`.used`); a later session that declares the same crates builds it again.
 //! - What cannot be loaded this way (the build fails: a crate whose library name is not its
 //!   package's, native static libraries, …) falls back to evcxr's static linking, said in one
 //!   line that names it; `:allow_static_linking 1` turns the whole mechanism off, `0` on again
@@ -141,6 +145,7 @@ impl SessionDeps {
         let name = generation_name(self.top.as_deref(), &deps);
         let dir = self.root.join(&name);
         write_generation(&dir, &name, self.top.as_deref().map(|p| (p, self.root.join(p))), &deps)
+            .and_then(|()| mark_used(&dir, std::time::SystemTime::now()))
             .map_err(|e| format!("{}: {e}", dir.display()))?;
         let path = toml::Value::String(dir.to_string_lossy().into_owned());
         let cell = format!(":dep {name} = {{ path = {path} }}\nextern crate {name};");
@@ -292,6 +297,101 @@ fn write_generation(
     }
 }
 
+/// How long a generation stays on disk after the last session that planned it.
+pub const KEEP_UNUSED: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
+
+/// The file whose modification time says when a generation was last planned.
+const USED: &str = ".used";
+
+/// Marks the generation in `dir` used at `when`.
+fn mark_used(dir: &Path, when: std::time::SystemTime) -> std::io::Result<()> {
+    std::fs::File::create(dir.join(USED))?.set_modified(when)
+}
+
+/// When the generation in `dir` was last planned (its manifest's time where it has no mark).
+fn last_used(dir: &Path) -> Option<std::time::SystemTime> {
+    let time = |f: &str| std::fs::metadata(dir.join(f)).and_then(|m| m.modified()).ok();
+    time(USED).or_else(|| time("Cargo.toml"))
+}
+
+/// What pruning removed: the generations' names and the bytes their files held.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Pruned {
+    /// The generations removed.
+    pub names: Vec<String>,
+    /// The bytes of every file removed (crates and build outputs).
+    pub bytes: u64,
+}
+
+/// Removes the generations under `root` that no session planned within `keep` before `now`:
+/// each crate's directory and every build output named after it (cargo's `deps/`,
+/// `.fingerprint/`, `incremental/`, the copied-up library) in the build directories beside
+/// `root` (those of its parent that hold a `target`, and the parent itself). A kernel that still
+/// runs with one loaded keeps its mapped copy; a cell of it that links again would rebuild it
+/// (cargo rebuilds what is missing), which takes a session open longer than `keep`.
+pub fn prune(root: &Path, keep: std::time::Duration, now: std::time::SystemTime) -> Pruned {
+    let mut pruned = Pruned::default();
+    let Ok(entries) = std::fs::read_dir(root) else { return pruned };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let dir = e.path();
+        if !name.starts_with(PREFIX) || !dir.is_dir() {
+            continue;
+        }
+        let stale = last_used(&dir).is_some_and(|t| now.duration_since(t).is_ok_and(|age| age > keep));
+        if stale {
+            pruned.bytes += size_of(&dir);
+            if std::fs::remove_dir_all(&dir).is_ok() {
+                pruned.names.push(name);
+            }
+        }
+    }
+    if pruned.names.is_empty() {
+        return pruned;
+    }
+    let Some(parent) = root.parent() else { return pruned };
+    let mut builds: Vec<PathBuf> = vec![parent.to_path_buf()];
+    if let Ok(entries) = std::fs::read_dir(parent) {
+        builds.extend(entries.flatten().map(|e| e.path()).filter(|p| p.join("target").is_dir()));
+    }
+    for build in builds {
+        pruned.bytes += remove_named(&build.join("target"), &pruned.names, 5);
+    }
+    pruned
+}
+
+/// The bytes of the files under `p`.
+fn size_of(p: &Path) -> u64 {
+    match std::fs::symlink_metadata(p) {
+        Ok(m) if m.is_dir() => {
+            std::fs::read_dir(p).map(|es| es.flatten().map(|e| size_of(&e.path())).sum()).unwrap_or(0)
+        }
+        Ok(m) => m.len(),
+        Err(_) => 0,
+    }
+}
+
+/// Removes every entry under `dir` (down to `depth` levels) whose name contains one of
+/// `names`; returns the bytes removed.
+fn remove_named(dir: &Path, names: &[String], depth: usize) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    let mut bytes = 0;
+    for e in entries.flatten() {
+        let (path, file) = (e.path(), e.file_name().to_string_lossy().into_owned());
+        let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
+        if names.iter().any(|n| file.contains(n.as_str())) {
+            let size = size_of(&path);
+            let gone = if is_dir { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
+            if gone.is_ok() {
+                bytes += size;
+            }
+        } else if is_dir && depth > 0 {
+            bytes += remove_named(&path, names, depth - 1);
+        }
+    }
+    bytes
+}
+
 /// The line said when loading `load` built loaded generations again (`rebuilt`, the crates
 /// they hold) and the notebook's process was restarted for it.
 pub fn rebuilt_message(load: &Load, rebuilt: &[String]) -> String {
@@ -374,5 +474,43 @@ mod tests {
         assert_eq!(s.plan(":dep rand = \"0.8\"", cwd.path()).unwrap(), None);
         let msg = fallback_message(&second, "\nerror[E0463]: can't find crate for `libc`\n");
         assert!(msg.starts_with("gpumem-kernel: libc cannot be loaded once for the session (error[E0463]"), "{msg}");
+    }
+
+    /// A generation nobody planned for longer than the limit goes, with its build outputs in
+    /// every build directory beside the root; one planned since, and other files, stay.
+    #[test]
+    fn generations_unused_too_long_are_removed_with_their_builds() {
+        let cache = tempfile::tempdir().unwrap();
+        let root = cache.path().join("deps");
+        let cwd = tempfile::tempdir().unwrap();
+        let old = SessionDeps::new(root.clone()).plan(":dep cfg-if = \"1\"", cwd.path()).unwrap().unwrap();
+        let kept = SessionDeps::new(root.clone()).plan(":dep libc = \"0.2\"", cwd.path()).unwrap().unwrap();
+        let day = std::time::Duration::from_secs(24 * 3600);
+        let now = std::time::SystemTime::now();
+        mark_used(&root.join(&old.name), now - 40 * day).unwrap();
+        let mut built = Vec::new();
+        for build in ["evcxr", "evcxr-2"] {
+            let deps = cache.path().join(build).join("target/x86_64-unknown-linux-gnu/debug/deps");
+            let fingerprint = deps.with_file_name(".fingerprint").join(format!("{}-0123", old.name));
+            std::fs::create_dir_all(&fingerprint).unwrap();
+            std::fs::create_dir_all(&deps).unwrap();
+            std::fs::write(fingerprint.join("lib"), b"1234").unwrap();
+            for lib in [&old.name, &kept.name, &"libc-0123".to_string()] {
+                std::fs::write(deps.join(format!("lib{lib}.so")), vec![0u8; 1000]).unwrap();
+                built.push(deps.join(format!("lib{lib}.so")));
+            }
+            built.push(fingerprint);
+        }
+        assert_eq!(prune(&root, 50 * day, now).names, Vec::<String>::new(), "nothing unused for 50 days");
+        let p = prune(&root, KEEP_UNUSED, now);
+        assert_eq!(p.names, std::slice::from_ref(&old.name));
+        assert!(!root.join(&old.name).exists() && root.join(&kept.name).join("lib.rs").is_file());
+        let gone: Vec<bool> = built.iter().map(|b| !b.exists()).collect();
+        assert_eq!(gone, [true, false, false, true, true, false, false, true], "{built:?}");
+        assert!(p.bytes >= 2 * 1004, "{p:?}");
+        // Planning marks it used again: a later session that declares it writes it again.
+        let again = SessionDeps::new(root.clone()).plan(":dep cfg-if = \"1\"", cwd.path()).unwrap().unwrap();
+        assert_eq!(again.name, old.name);
+        assert!(prune(&root, KEEP_UNUSED, now).names.is_empty());
     }
 }

@@ -209,6 +209,21 @@ impl Engine {
         if let Err(e) = ctx.execute(":load_config --quiet") {
             eprintln!("gpumem-kernel: evcxr startup configuration not loaded: {e}");
         }
+        let deps_root = SessionDeps::default_root().unwrap_or_else(|| std::env::temp_dir().join("gpumem-deps"));
+        // Generations no session planned for a month go, beside the session (a few file system
+        // calls; said in the kernel's log).
+        let prune_root = deps_root.clone();
+        std::thread::spawn(move || {
+            let pruned = session_deps::prune(&prune_root, session_deps::KEEP_UNUSED, std::time::SystemTime::now());
+            if !pruned.names.is_empty() {
+                eprintln!(
+                    "gpumem-kernel: removed {} session-dependency builds unused for {} days ({} MiB)",
+                    pruned.names.len(),
+                    session_deps::KEEP_UNUSED.as_secs() / 86_400,
+                    pruned.bytes >> 20
+                );
+            }
+        });
         Ok(Engine {
             ctx,
             child,
@@ -232,9 +247,7 @@ impl Engine {
                 .map(|d| Arc::new(Mutex::new(compile::Watch::new(std::path::Path::new(&d))))),
             own: dep::Own::of_this_build(),
             own_declared: false,
-            deps: SessionDeps::new(
-                SessionDeps::default_root().unwrap_or_else(|| std::env::temp_dir().join("gpumem-deps")),
-            ),
+            deps: SessionDeps::new(deps_root),
             display: Display::new(evcxr::config_dir().as_deref()),
             lost: None,
             restarted_by_magic: None,
