@@ -599,6 +599,50 @@ fn settings_of_the_first_cell_apply_to_its_own_code() {
     );
 }
 
+/// `%gpumem fit` says what the peak is made of: each component live at the requested peak (a
+/// stamped temporary that came and went counts there, not at the end), the allocator's rounding
+/// and cache, the CUDA context, and the smallest card of the usual sizes.
+#[test]
+fn fit_shows_the_peak_by_component_and_the_smallest_card() {
+    let nb = notebook(&[
+        (":dep gpumem-nb", &[]),
+        (
+            "%gpumem record on\nuse gpumem_nb::{Component, DeviceBuffer, StreamId, components};\n\
+             let w = gpumem_nb::component(Component::Parameter, || gpumem_nb::mem::driver_alloc_mib(48))?;",
+            &[],
+        ),
+        (
+            "let s = gpumem_nb::component(Component::OptimizerState, || DeviceBuffer::<u8>::zeros(&gpumem_nb::current()?, 96 << 20, StreamId::DEFAULT))?;",
+            &[],
+        ),
+        (
+            "{\n    let _t = components::enter(Component::Temp);\n    let t = gpumem_nb::mem::driver_alloc_mib(200)?;\n    drop(t);\n}",
+            &[],
+        ),
+        ("%gpumem fit 20GiB", &[]),
+    ]);
+    let (code, out, stderr) = run("fit-components", &nb, &[]);
+    assert_eq!(code, 0, "{stderr}");
+    let fit = outputs(&out, 4);
+    let plan = fit
+        .iter()
+        .find_map(|o| o["data"].get("application/vnd.gpumem.fit+json"))
+        .unwrap_or_else(|| panic!("no plan: {fit:?}\n{stderr}"));
+    let mib = 1u64 << 20;
+    let c = &plan["components"];
+    assert_eq!(c["parameter"]["at_peak"], json!(48 * mib), "{c}");
+    assert_eq!(c["optimizer_state"]["at_peak"], json!(96 * mib), "{c}");
+    assert_eq!((c["temp"]["at_peak"].clone(), c["temp"]["end"].clone()), (json!(200 * mib), json!(0)), "{c}");
+    let text = fit.iter().filter_map(|o| o["data"]["text/plain"].as_str()).collect::<String>();
+    assert!(text.contains("what the peak is made of"), "{text}");
+    let row = |name: &str| text.lines().find(|l| l.contains(name)).unwrap_or_else(|| panic!("no {name}: {text}"));
+    assert!(row("optimizer_state").contains("96.00 MiB"), "{text}");
+    // Driver allocations of whole 2 MiB and a block of the allocator's own size: no rounding.
+    assert!(row("rounding and cache").contains(" 0 B "), "{text}");
+    assert!(row("CUDA context and modules").contains("not measured") || row("CUDA context").contains("NVML"));
+    assert!(row("smallest card").contains("16 GB (margin"), "{text}");
+}
+
 /// Writes a path crate `dir/name` with `manifest_extra` after its `[package]` and `lib` as its
 /// `src/lib.rs`.
 fn path_crate(dir: &Path, name: &str, manifest_extra: &str, lib: &str) -> PathBuf {

@@ -402,12 +402,8 @@ fn device(args: &Args, input: &Input, trace: &DeviceTrace) -> Result<(Value, Str
     Ok((out, text))
 }
 
-/// Cards people plan for, by their nominal size in GB (taken as GiB: a card's usable memory
-/// is a little less, its CUDA context takes some).
-const CARDS_GB: [u64; 8] = [16, 24, 40, 48, 80, 94, 141, 192];
-
 /// `--fit`'s table by component (what was live at the requested peak, from the stacks) and the
-/// smallest card of [`CARDS_GB`] at least the smallest device the program fits on.
+/// smallest card of `CARDS_GB` at least the smallest device the program fits on.
 fn by_card(
     parts: &std::collections::BTreeMap<gpumem_nb::Component, gpumem_nb::replay::components::ComponentBytes>,
     stacks: bool,
@@ -430,17 +426,17 @@ fn by_card(
         }
         text += "                CUDA context    not in a snapshot (NVML shows it on the card)\n";
     }
-    let card = CARDS_GB.iter().copied().find(|gb| gb << 30 >= min_device);
+    let card = gpumem_nb::plan::smallest_card(min_device);
     match card {
-        Some(gb) => {
+        Some((gb, margin)) => {
             text += &format!(
                 "smallest card   {gb} GB of 16, 24, 40, 48, 80, 94, 141, 192 (margin {} over the smallest device, before the CUDA context)\n",
-                iec((gb << 30) - min_device)
+                iec(margin)
             );
         }
         None => text += "smallest card   none of 16 to 192 GB holds it\n",
     }
-    (json!({"smallest_card_gb": card, "cards_gb": CARDS_GB}), text)
+    (json!({"smallest_card_gb": card.map(|c| c.0), "cards_gb": gpumem_nb::plan::CARDS_GB}), text)
 }
 
 fn merge(out: &mut Value, add: Value) {

@@ -304,11 +304,13 @@ impl Session {
             }
             Op::Record(RecordRequest { enabled, max_entries, stacks }) => {
                 let max_entries = max_entries.map_or(usize::MAX, |m| m.min(usize::MAX as u64) as usize);
-                // Live blocks keep their stacks whatever is recorded (see `block_stacks`).
+                // Live blocks keep their stacks whatever is recorded (see `block_stacks`); the
+                // allocation events keep the same stack (captured for the block anyway), so a
+                // recording says what each allocation was (its component, `%gpumem fit`).
                 let blocks = tracking::block_stacks();
                 let context = match (stacks, blocks) {
                     (true, _) => StackContext::All,
-                    (false, Some(b)) => b.context,
+                    (false, Some(_)) => StackContext::Alloc,
                     (false, None) => StackContext::None,
                 };
                 let options = match (*enabled, blocks) {

@@ -13,7 +13,7 @@
 
 mod session;
 
-pub use session::{CellFit, FitPlan, MODELLED, NOT_MODELLED, PolicyFit, fit_snapshot, plan};
+pub use session::{CARDS_GB, CellFit, FitPlan, MODELLED, NOT_MODELLED, PolicyFit, fit_snapshot, plan, smallest_card};
 
 use crate::allocator::Allocator;
 use crate::error::Error;

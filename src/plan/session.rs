@@ -3,12 +3,24 @@
 
 use crate::error::Error;
 use crate::policy::config::AllocatorConfig;
+use crate::record::component::Component;
+use crate::replay::components::{ComponentBytes, components};
 use crate::replay::fit::{self, BEFORE_TRACE, Failure, POLICIES, Program};
 use crate::replay::{DeviceTrace, ReplayOptions, TraceStart, from_snapshot, replay, settings_conf};
 use crate::snapshot::Snapshot;
 use crate::units::iec;
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::fmt;
+
+/// Cards people plan for, by their nominal size in GB (taken as GiB: a card's usable memory is a
+/// little less).
+pub const CARDS_GB: [u64; 8] = [16, 24, 40, 48, 80, 94, 141, 192];
+
+/// The smallest card of [`CARDS_GB`] that holds `bytes`, with its margin over them.
+pub fn smallest_card(bytes: u64) -> Option<(u64, u64)> {
+    CARDS_GB.iter().map(|gb| (*gb, gb << 30)).find(|(_, b)| *b >= bytes).map(|(gb, b)| (gb, b - bytes))
+}
 
 /// What a fit plan replays, in its own words (shown under every plan).
 pub const MODELLED: &str = "this session's recorded allocations and frees (allocator blocks under each policy with \
@@ -69,6 +81,12 @@ pub struct FitPlan {
     pub before_recording: (usize, u64),
     /// The program's live peak: no device below it can run it.
     pub live_peak: u64,
+    /// What the recording's memory was, by component (bytes requested, every source): at the
+    /// end, at the requested peak, and each component's own peak.
+    pub components: BTreeMap<Component, ComponentBytes>,
+    /// The CUDA context and modules of the notebook's process, where measured (NVML's process
+    /// bytes beyond every tracked allocation and the CUDA pool's cache); set by the kernel.
+    pub context: Option<u64>,
     /// What is modelled.
     pub modelled: &'static str,
     /// What is not.
@@ -156,6 +174,8 @@ pub fn plan(trace: &DeviceTrace, recorded: &AllocatorConfig, device_bytes: u64) 
         cells,
         before_recording: (prologue.len(), prologue.iter().map(|e| e.size).sum()),
         live_peak: program.live_peak(),
+        components: components(trace),
+        context: None,
         modelled: MODELLED,
         not_modelled: NOT_MODELLED,
     })
@@ -244,14 +264,52 @@ impl FitPlan {
         ))
     }
 
+    /// What the peak is made of, as the peers' estimators show it: each component live at the
+    /// requested peak (and its own peak), the allocator's rounding and cache (the default
+    /// policy's device peak beyond them), the CUDA context, and the smallest card of
+    /// [`CARDS_GB`] that holds the default policy's smallest device with the context.
+    pub fn component_table(&self) -> crate::render::Table {
+        let mut t = crate::render::Table::new(["what", "at the peak", "own peak", "source"]).right_align([1, 2]);
+        let mut at_peak = 0;
+        for (c, b) in self.components.iter().filter(|(_, b)| b.peak > 0) {
+            at_peak += b.at_peak;
+            t.row([c.key().to_string(), iec(b.at_peak), iec(b.peak), "recorded allocations (requested bytes)".into()]);
+        }
+        let default = self.policies.first();
+        if let Some(p) = default {
+            t.row([
+                "rounding and cache".into(),
+                iec(p.min_device_bytes.saturating_sub(at_peak)),
+                "–".into(),
+                "the default policy's smallest device − the components at the peak (replayed)".into(),
+            ]);
+        }
+        t.row(match self.context {
+            Some(b) => ["CUDA context and modules".into(), iec(b), "–".into(), "NVML, now".into()],
+            None => [
+                "CUDA context and modules".into(),
+                "not measured".into(),
+                "–".into(),
+                "no NVML here: leave 300-600 MiB".into(),
+            ],
+        });
+        let need = default.map_or(0, |p| p.min_device_bytes) + self.context.unwrap_or(0);
+        let card = match smallest_card(need) {
+            Some((gb, margin)) => format!("{gb} GB (margin {})", iec(margin)),
+            None => "none of 16 to 192 GB".into(),
+        };
+        t.row(["smallest card".into(), card, "–".into(), format!("{} needed", iec(need))]);
+        t.caption(format!(
+            "what the peak is made of (device {}), and the smallest card of 16, 24, 40, 48, 80, 94, 141, 192 GB",
+            self.device
+        ))
+    }
+
     /// Text, HTML and the plan as JSON (`application/json`).
     pub fn bundle(&self) -> crate::render::MimeBundle {
-        let (a, b) = (self.policy_table(), self.cell_table());
-        crate::render::MimeBundle::text(format!("{}\n\n{}", a.to_text(), b.to_text())).with_html(format!(
-            "{}<br>{}",
-            a.to_html(),
-            b.to_html()
-        ))
+        let (a, b, c) = (self.policy_table(), self.cell_table(), self.component_table());
+        crate::render::MimeBundle::text(format!("{}\n\n{}\n\n{}", a.to_text(), b.to_text(), c.to_text()))
+            .with_html(format!("{}<br>{}<br>{}", a.to_html(), b.to_html(), c.to_html()))
     }
 
     /// The plan as JSON.
@@ -262,7 +320,13 @@ impl FitPlan {
 
 impl fmt::Display for FitPlan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}\n\n{}", self.policy_table().to_text(), self.cell_table().to_text())
+        write!(
+            f,
+            "{}\n\n{}\n\n{}",
+            self.policy_table().to_text(),
+            self.cell_table().to_text(),
+            self.component_table().to_text()
+        )
     }
 }
 

@@ -42,6 +42,37 @@ pub struct ComponentBytes {
     pub peak: u64,
 }
 
+/// Live bytes per component, each one's peak, and what they held at the total's peak.
+#[derive(Default)]
+struct Tally {
+    live: BTreeMap<Component, u64>,
+    out: BTreeMap<Component, ComponentBytes>,
+    total: u64,
+    peak: u64,
+}
+
+impl Tally {
+    fn add(&mut self, c: Component, size: u64) {
+        let l = self.live.entry(c).or_default();
+        *l += size;
+        let o = self.out.entry(c).or_default();
+        o.peak = o.peak.max(*l);
+        self.total += size;
+        if self.total > self.peak {
+            self.peak = self.total;
+            for (c, b) in self.out.iter_mut() {
+                b.at_peak = self.live.get(c).copied().unwrap_or(0);
+            }
+        }
+    }
+
+    fn sub(&mut self, c: Component, size: u64) {
+        let l = self.live.entry(c).or_default();
+        *l = l.saturating_sub(size);
+        self.total = self.total.saturating_sub(size);
+    }
+}
+
 /// What the frames say before lifetimes are known.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Class {
@@ -59,8 +90,11 @@ fn apply_line(info: &EventInfo) -> Option<u32> {
     info.frames.iter().find(|f| f.name == "_apply" && is_torch(&f.filename, "nn/modules/module.py")).map(|f| f.line)
 }
 
-fn classify(info: Option<&EventInfo>, apply_roles: &HashMap<u32, Component>) -> Class {
-    let Some(info) = info.filter(|i| !i.frames.is_empty()) else { return Class::Backward };
+fn classify(info: Option<&EventInfo>, apply_roles: &HashMap<u32, Component>, python: bool) -> Class {
+    // PyTorch's autograd threads have no Python frame; in a snapshot without Python frames
+    // (gpumem-nb's own) no frame says nothing.
+    let unknown = if python { Class::Backward } else { Class::Known(Component::Other) };
+    let Some(info) = info.filter(|i| !i.frames.is_empty()) else { return unknown };
     let frames = &info.frames;
     // gpumem-nb's own snapshots say it in a frame of their own.
     let said = frames.iter().filter(|f| f.filename == crate::record::component::COMPONENT_FILE);
@@ -108,16 +142,18 @@ fn apply_roles(trace: &DeviceTrace) -> HashMap<u32, Component> {
     lines.into_iter().zip(roles.iter().copied().chain(std::iter::repeat(Component::Buffer))).collect()
 }
 
-/// Each component's bytes at the trace's end, at the requested peak, and at its own peak.
+/// Each component's bytes at the trace's end, at the requested peak (every source together), and
+/// at its own peak.
 pub fn components(trace: &DeviceTrace) -> BTreeMap<Component, ComponentBytes> {
     let roles = apply_roles(trace);
+    let python = trace.info.iter().flatten().any(|i| i.frames.iter().any(|f| f.filename.ends_with(".py")));
     // First pass: what each allocation is (a backward allocation's fate decides).
     let mut class: Vec<Option<Component>> = vec![None; trace.events.len()];
     let mut open: HashMap<u64, (usize, Class)> = HashMap::new();
     for (i, e) in trace.events.iter().enumerate() {
         match e.action {
             TraceAction::Alloc => {
-                open.insert(e.addr, (i, classify(trace.info_of(i), &roles)));
+                open.insert(e.addr, (i, classify(trace.info_of(i), &roles, python)));
             }
             TraceAction::FreeRequested => {
                 if let Some((at, c)) = open.remove(&e.addr) {
@@ -140,37 +176,42 @@ pub fn components(trace: &DeviceTrace) -> BTreeMap<Component, ComponentBytes> {
             Class::Backward => Component::Gradient,
         });
     }
-    // Second pass: bytes, released when the allocator completed the free.
-    let mut live: BTreeMap<Component, u64> = BTreeMap::new();
-    let mut out: BTreeMap<Component, ComponentBytes> = BTreeMap::new();
+    // Second pass: bytes, released when the allocator completed the free; the other sources'
+    // allocations (a gpumem-nb snapshot's CUDA pool, driver and VMM ones) where they happened,
+    // each by the component its stack says (none said: other).
+    let mut tally = Tally::default();
     let mut blocks: HashMap<u64, (u64, Component)> = HashMap::new();
-    let (mut total, mut peak) = (0u64, 0u64);
-    for (i, e) in trace.events.iter().enumerate() {
+    let mut foreign_live: HashMap<(&str, u64), (u64, Component)> = HashMap::new();
+    let mut fi = trace.foreign.iter().peekable();
+    for (i, c) in class.iter().map(Some).chain([None]).enumerate() {
+        while let Some(f) = fi.next_if(|f| f.before <= i) {
+            if f.alloc {
+                let c = match classify(f.info.as_deref(), &roles, python) {
+                    Class::Known(c) => c,
+                    Class::Backward => Component::Other,
+                };
+                foreign_live.insert((f.source, f.addr), (f.size, c));
+                tally.add(c, f.size);
+            } else if let Some((size, c)) = foreign_live.remove(&(f.source, f.addr)) {
+                tally.sub(c, size);
+            }
+        }
+        let (Some(e), Some(c)) = (trace.events.get(i), c) else { break };
         match e.action {
             TraceAction::Alloc => {
-                let c = class[i].unwrap_or(Component::Other);
+                let c = c.unwrap_or(Component::Other);
                 blocks.insert(e.addr, (e.size, c));
-                let l = live.entry(c).or_default();
-                *l += e.size;
-                let o = out.entry(c).or_default();
-                o.peak = o.peak.max(*l);
-                total += e.size;
-                if total > peak {
-                    peak = total;
-                    for (c, b) in out.iter_mut() {
-                        b.at_peak = live.get(c).copied().unwrap_or(0);
-                    }
-                }
+                tally.add(c, e.size);
             }
             TraceAction::FreeCompleted => {
                 if let Some((size, c)) = blocks.remove(&e.addr) {
-                    *live.entry(c).or_default() -= size;
-                    total -= size;
+                    tally.sub(c, size);
                 }
             }
             _ => {}
         }
     }
+    let Tally { live, mut out, .. } = tally;
     for (c, b) in out.iter_mut() {
         b.end = live.get(c).copied().unwrap_or(0);
     }

@@ -453,6 +453,15 @@ impl CellRecord {
         Some(NvmlGap { nvml, tracked, pool_cache, rest: nvml - tracked - pool_cache })
     }
 
+    /// The CUDA context and modules after the cell: NVML's bytes of the process beyond every
+    /// tracked allocation and the CUDA pool's cache; `None` where one of them has no number.
+    pub fn context_after(&self) -> Option<u64> {
+        let nvml = self.nvml.process.after.filter(|b| *b > 0)?;
+        let tracked = self.all_allocations.as_ref()?.after?;
+        let cache = self.pool.as_ref().map_or(Some(0), |p| Some(p.reserved.after?.saturating_sub(p.used.after?)))?;
+        Some(nvml.saturating_sub(tracked + cache))
+    }
+
     /// What the budget is compared with: the cell's peak of live memory, the allocator's
     /// allocated peak plus the CUDA pool's used high-water mark (cached but free memory does
     /// not count: it is reusable).

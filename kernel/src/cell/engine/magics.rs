@@ -320,7 +320,8 @@ impl Engine {
         };
         let _ = std::fs::remove_dir_all(&dir);
         match planned {
-            Ok(plan) => {
+            Ok(mut plan) => {
+                plan.context = self.history.cells.last().and_then(|r| r.context_after());
                 let b = plan.bundle();
                 let mut m = Map::new();
                 m.insert("text/plain".into(), Value::String(b.text));
