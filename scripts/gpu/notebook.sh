@@ -343,9 +343,13 @@ import sys, nbformat
 from nbclient import NotebookClient
 import os, re
 nb = nbformat.read(sys.argv[1], as_version=4)
-# gpumem-kernel's magics are not the stock kernel's: those cells go. A bare `:dep gpumem-nb`
-# (gpumem-kernel's: the crate it was built with) is this repo's path for the stock kernel.
-nb.cells = [c for c in nb.cells if not (c.cell_type == "code" and c.source.lstrip().startswith("%"))]
+# gpumem-kernel's magics are not the stock kernel's: their lines go, and cells left empty. A bare
+# `:dep gpumem-nb` (gpumem-kernel's: the crate it was built with) is this repo's path for the
+# stock kernel.
+for c in nb.cells:
+    if c.cell_type == "code":
+        c.source = "\n".join(l for l in c.source.splitlines() if not l.lstrip().startswith("%"))
+nb.cells = [c for c in nb.cells if not (c.cell_type == "code" and not c.source.strip())]
 # GPUMEM_STOCK_LINES=1: the README's recipe for the notebook's own functions in the stock kernel,
 # line tables for every crate evcxr builds (evcxr's `:build_env`, before the first `:dep`).
 if os.environ.get("GPUMEM_STOCK_LINES") == "1":
