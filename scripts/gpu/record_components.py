@@ -24,9 +24,9 @@ import time
 import torch
 
 
-def main():
-    out = sys.argv[1]
-    os.makedirs(out, exist_ok=True)
+def train():
+    """The workload: the model made on the CPU, moved, three AdamW steps. `fit_check.py` runs the
+    same under a memory cap."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Linear(1024, 1024),
@@ -34,8 +34,6 @@ def main():
         torch.nn.ReLU(),
         torch.nn.Linear(1024, 256),
     )
-    torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python", max_entries=1_000_000)
-    t0 = time.time()
     model = model.to("cuda")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     for _ in range(3):
@@ -45,6 +43,15 @@ def main():
         loss.backward()
         opt.step()
     torch.cuda.synchronize()
+    return model, opt
+
+
+def main():
+    out = sys.argv[1]
+    os.makedirs(out, exist_ok=True)
+    torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python", max_entries=1_000_000)
+    t0 = time.time()
+    model, opt = train()
     snap = os.path.join(out, "components_adamw_bn.pickle")
     torch.cuda.memory._dump_snapshot(snap)
     torch.cuda.memory._record_memory_history(enabled=None)
