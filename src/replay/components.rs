@@ -142,32 +142,97 @@ fn apply_roles(trace: &DeviceTrace) -> HashMap<u32, Component> {
     lines.into_iter().zip(roles.iter().copied().chain(std::iter::repeat(Component::Buffer))).collect()
 }
 
+/// One step of the merged timeline: the allocator's events and the other sources', in order.
+struct Step<'a> {
+    kind: StepKind,
+    /// The source and the address.
+    key: (&'a str, u64),
+    size: u64,
+    info: Option<&'a EventInfo>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum StepKind {
+    Alloc,
+    /// A free asked for (the allocator's `free_requested`): what classifies.
+    Request,
+    /// A free done (the allocator's `free_completed`): what releases the bytes.
+    Release,
+    /// Another source's free: both.
+    Free,
+}
+
+/// The allocator's events and the other sources' allocations (a gpumem-nb snapshot's CUDA pool,
+/// driver and VMM ones) in the order they happened.
+fn timeline(trace: &DeviceTrace) -> Vec<Step<'_>> {
+    let mut steps = Vec::with_capacity(trace.events.len() + trace.foreign.len());
+    let mut fi = trace.foreign.iter().peekable();
+    for i in 0..=trace.events.len() {
+        while let Some(f) = fi.next_if(|f| f.before <= i) {
+            let kind = if f.alloc { StepKind::Alloc } else { StepKind::Free };
+            steps.push(Step { kind, key: (f.source, f.addr), size: f.size, info: f.info.as_deref() });
+        }
+        let Some(e) = trace.events.get(i) else { break };
+        let kind = match e.action {
+            TraceAction::Alloc => StepKind::Alloc,
+            TraceAction::FreeRequested => StepKind::Request,
+            TraceAction::FreeCompleted => StepKind::Release,
+            _ => continue,
+        };
+        steps.push(Step { kind, key: ("allocator", e.addr), size: e.size, info: trace.info_of(i) });
+    }
+    steps
+}
+
 /// Each component's bytes at the trace's end, at the requested peak (every source together), and
 /// at its own peak.
+///
+/// In gpumem-nb's own snapshots (no Python frames) a backward pass's and an optimizer step's
+/// allocations are their component only when they outlive their run, as the notebook's per-cell
+/// reports count them: one released before the run ends (the next allocation of another
+/// component; workspaces and `other` do not end it) is `temp`.
 pub fn components(trace: &DeviceTrace) -> BTreeMap<Component, ComponentBytes> {
     let roles = apply_roles(trace);
     let python = trace.info.iter().flatten().any(|i| i.frames.iter().any(|f| f.filename.ends_with(".py")));
-    // First pass: what each allocation is (a backward allocation's fate decides).
-    let mut class: Vec<Option<Component>> = vec![None; trace.events.len()];
-    let mut open: HashMap<u64, (usize, Class)> = HashMap::new();
-    for (i, e) in trace.events.iter().enumerate() {
-        match e.action {
-            TraceAction::Alloc => {
-                open.insert(e.addr, (i, classify(trace.info_of(i), &roles, python)));
-            }
-            TraceAction::FreeRequested => {
-                if let Some((at, c)) = open.remove(&e.addr) {
-                    let zero_grad = trace.info_of(i).is_some_and(|f| {
-                        f.frames.iter().any(|f| f.name == "zero_grad" || is_torch(&f.filename, "optim/"))
-                    });
-                    class[at] = Some(match c {
-                        Class::Known(c) => c,
-                        Class::Backward if zero_grad => Component::Gradient,
-                        Class::Backward => Component::Temp,
-                    });
+    let steps = timeline(trace);
+    // First pass: what each allocation is (a backward or optimizer allocation's fate decides).
+    let mut class: Vec<Option<Component>> = vec![None; steps.len()];
+    let mut open: HashMap<(&str, u64), (usize, Class)> = HashMap::new();
+    // The run of backward or optimizer allocations going on (gpumem-nb's snapshots), and the
+    // allocations it made that are still live.
+    let mut run: Option<Component> = None;
+    let mut in_run: std::collections::HashSet<(&str, u64)> = std::collections::HashSet::new();
+    let runs = |c: Component| !python && matches!(c, Component::Gradient | Component::OptimizerState);
+    for (i, st) in steps.iter().enumerate() {
+        match st.kind {
+            StepKind::Alloc => {
+                let c = classify(st.info, &roles, python);
+                if let Class::Known(k) = c {
+                    if !matches!(k, Component::Workspace | Component::Other) && run.is_some_and(|r| r != k) {
+                        run = None;
+                        in_run.clear();
+                    }
+                    if runs(k) {
+                        run = Some(k);
+                        in_run.insert(st.key);
+                    }
                 }
+                open.insert(st.key, (i, c));
             }
-            _ => {}
+            StepKind::Request | StepKind::Free => {
+                let Some((at, c)) = open.remove(&st.key) else { continue };
+                let zero_grad = st
+                    .info
+                    .is_some_and(|f| f.frames.iter().any(|f| f.name == "zero_grad" || is_torch(&f.filename, "optim/")));
+                class[at] = Some(match c {
+                    Class::Known(k) if runs(k) && in_run.contains(&st.key) => Component::Temp,
+                    Class::Known(c) => c,
+                    Class::Backward if zero_grad => Component::Gradient,
+                    Class::Backward => Component::Temp,
+                });
+                in_run.remove(&st.key);
+            }
+            StepKind::Release => {}
         }
     }
     for (at, c) in open.into_values() {
@@ -176,39 +241,22 @@ pub fn components(trace: &DeviceTrace) -> BTreeMap<Component, ComponentBytes> {
             Class::Backward => Component::Gradient,
         });
     }
-    // Second pass: bytes, released when the allocator completed the free; the other sources'
-    // allocations (a gpumem-nb snapshot's CUDA pool, driver and VMM ones) where they happened,
-    // each by the component its stack says (none said: other).
+    // Second pass: bytes, released when the allocator completed the free.
     let mut tally = Tally::default();
-    let mut blocks: HashMap<u64, (u64, Component)> = HashMap::new();
-    let mut foreign_live: HashMap<(&str, u64), (u64, Component)> = HashMap::new();
-    let mut fi = trace.foreign.iter().peekable();
-    for (i, c) in class.iter().map(Some).chain([None]).enumerate() {
-        while let Some(f) = fi.next_if(|f| f.before <= i) {
-            if f.alloc {
-                let c = match classify(f.info.as_deref(), &roles, python) {
-                    Class::Known(c) => c,
-                    Class::Backward => Component::Other,
-                };
-                foreign_live.insert((f.source, f.addr), (f.size, c));
-                tally.add(c, f.size);
-            } else if let Some((size, c)) = foreign_live.remove(&(f.source, f.addr)) {
-                tally.sub(c, size);
-            }
-        }
-        let (Some(e), Some(c)) = (trace.events.get(i), c) else { break };
-        match e.action {
-            TraceAction::Alloc => {
+    let mut live: HashMap<(&str, u64), (u64, Component)> = HashMap::new();
+    for (st, c) in steps.iter().zip(&class) {
+        match st.kind {
+            StepKind::Alloc => {
                 let c = c.unwrap_or(Component::Other);
-                blocks.insert(e.addr, (e.size, c));
-                tally.add(c, e.size);
+                live.insert(st.key, (st.size, c));
+                tally.add(c, st.size);
             }
-            TraceAction::FreeCompleted => {
-                if let Some((size, c)) = blocks.remove(&e.addr) {
+            StepKind::Release | StepKind::Free => {
+                if let Some((size, c)) = live.remove(&st.key) {
                     tally.sub(c, size);
                 }
             }
-            _ => {}
+            StepKind::Request => {}
         }
     }
     let Tally { live, mut out, .. } = tally;
@@ -216,4 +264,86 @@ pub fn components(trace: &DeviceTrace) -> BTreeMap<Component, ComponentBytes> {
         b.end = live.get(c).copied().unwrap_or(0);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::StreamId;
+    use crate::record::frames::Frame;
+    use crate::replay::TraceLine;
+    use crate::replay::input::Foreign;
+    use std::sync::Arc;
+
+    fn said(c: Option<Component>) -> Option<Arc<EventInfo>> {
+        let mut frames = vec![Frame { name: "step".into(), filename: "cell 3".into(), line: 2 }];
+        if let Some(c) = c {
+            frames.push(Frame {
+                name: format!("component {}", c.key()),
+                filename: crate::record::component::COMPONENT_FILE.into(),
+                line: 0,
+            });
+        }
+        Some(Arc::new(EventInfo { label: "cell 3".into(), frames }))
+    }
+
+    /// A gpumem-nb snapshot: a backward run's allocations released before the run ends are
+    /// `temp`, those that outlive it `gradient`, and the same for an optimizer step; a workspace
+    /// in the middle does not end a run; tracked (driver) allocations count beside the
+    /// allocator's blocks.
+    #[test]
+    fn backward_and_optimizer_runs_keep_their_component_only_for_what_outlives_them() {
+        use Component::*;
+        let mib = 1u64 << 20;
+        let mut trace = DeviceTrace::default();
+        let ev = |trace: &mut DeviceTrace, action, addr, size, c: Option<Component>| {
+            trace.events.push(TraceLine {
+                line: trace.events.len(),
+                action,
+                addr,
+                size,
+                stream: StreamId::DEFAULT,
+                time_us: 0,
+            });
+            trace.info.push(said(c));
+        };
+        let alloc = TraceAction::Alloc;
+        let (req, done) = (TraceAction::FreeRequested, TraceAction::FreeCompleted);
+        ev(&mut trace, alloc, 1, 10 * mib, Some(Parameter));
+        // Backward: a temporary (2), a workspace (3) that does not end the run, a gradient (4).
+        ev(&mut trace, alloc, 2, 8 * mib, Some(Gradient));
+        ev(&mut trace, alloc, 3, mib, Some(Workspace));
+        ev(&mut trace, req, 2, 8 * mib, Some(Gradient));
+        ev(&mut trace, done, 2, 8 * mib, Some(Gradient));
+        ev(&mut trace, alloc, 4, 10 * mib, Some(Gradient));
+        // The step: state that stays (5), a temporary (6); the run ended the backward's.
+        ev(&mut trace, alloc, 5, 20 * mib, Some(OptimizerState));
+        ev(&mut trace, alloc, 6, 4 * mib, Some(OptimizerState));
+        ev(&mut trace, req, 6, 4 * mib, Some(OptimizerState));
+        ev(&mut trace, done, 6, 4 * mib, Some(OptimizerState));
+        // The gradient freed after its run: still a gradient.
+        ev(&mut trace, alloc, 7, mib, Some(Activation));
+        ev(&mut trace, req, 4, 10 * mib, Some(Gradient));
+        ev(&mut trace, done, 4, 10 * mib, Some(Gradient));
+        // A driver allocation of a stamped activation, between the allocator's events 1 and 2.
+        trace.foreign.push(Foreign {
+            before: 1,
+            alloc: true,
+            addr: 100,
+            size: 6 * mib,
+            source: "driver",
+            info: said(Some(Activation)),
+            event: 0,
+        });
+        let c = components(&trace);
+        let get = |k: Component| c.get(&k).copied().unwrap_or_default();
+        assert_eq!(get(Temp).peak, 8 * mib, "{c:?}");
+        assert_eq!((get(Gradient).peak, get(Gradient).end), (10 * mib, 0), "{c:?}");
+        assert_eq!((get(OptimizerState).peak, get(Temp).end), (20 * mib, 0), "{c:?}");
+        assert_eq!(get(Activation).end, 7 * mib, "the driver's 6 and the block's 1: {c:?}");
+        // The peak: parameter, workspace, gradient, the state and its temporary, the activation.
+        let at_peak: u64 = c.values().map(|b| b.at_peak).sum();
+        assert_eq!(at_peak, (10 + 6 + 1 + 10 + 20 + 4) * mib, "{c:?}");
+        assert_eq!(get(Temp).at_peak, 4 * mib, "the step's temporary is live at the peak: {c:?}");
+    }
 }
