@@ -620,6 +620,8 @@ fn fit_shows_the_peak_by_component_and_the_smallest_card() {
             &[],
         ),
         ("%gpumem fit 20GiB", &[]),
+        ("%gpumem history", &[]),
+        ("%gpumem plot", &[]),
     ]);
     let (code, out, stderr) = run("fit-components", &nb, &[]);
     assert_eq!(code, 0, "{stderr}");
@@ -641,6 +643,18 @@ fn fit_shows_the_peak_by_component_and_the_smallest_card() {
     assert!(row("rounding and cache").contains(" 0 B "), "{text}");
     assert!(row("CUDA context and modules").contains("not measured") || row("CUDA context").contains("NVML"));
     assert!(row("smallest card").contains("16 GB (margin"), "{text}");
+    // The history has a column per component the session held, live after each cell; the plot
+    // stacks them.
+    let text = |i: usize| outputs(&out, i).iter().filter_map(|o| o["data"]["text/plain"].as_str()).collect::<String>();
+    let history = text(5);
+    let header =
+        history.lines().find(|l| l.contains("cell") && l.contains("parameter")).unwrap_or_else(|| panic!("{history}"));
+    assert!(header.contains("optimizer_state") && !header.contains("gradient"), "{header}");
+    let third = history.lines().find(|l| l.contains("[3]")).unwrap_or_else(|| panic!("{history}"));
+    assert!(third.matches("48.00 MiB").count() >= 1 && third.contains("96.00 MiB"), "{third}");
+    let plot = text(6);
+    assert!(plot.contains("optimizer_state (after) (stacked): "), "{plot}");
+    assert!(plot.contains("stacked together: max"), "{plot}");
 }
 
 /// Writes a path crate `dir/name` with `manifest_extra` after its `[package]` and `lib` as its

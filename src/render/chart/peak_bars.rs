@@ -11,6 +11,9 @@ pub enum SeriesKind {
     Bar,
     /// A line with a dot per value, over the bars.
     Line,
+    /// Bars stacked on the other stacked series, in their order, in one slot beside the grouped
+    /// bars (parts of one whole: what is live by component).
+    Stacked,
 }
 
 /// One named series of byte values, one value per label (`None`: no value there).
@@ -28,6 +31,11 @@ impl Series {
     /// A bar series: `Series::bars("allocated peak", [1 << 30, 2 << 30])`.
     pub fn bars<V: Into<Option<u64>>>(name: impl Into<String>, values: impl IntoIterator<Item = V>) -> Self {
         Series { name: name.into(), values: values.into_iter().map(Into::into).collect(), kind: SeriesKind::Bar }
+    }
+
+    /// A stacked series: its bars sit on the stacked series before it.
+    pub fn stacked<V: Into<Option<u64>>>(name: impl Into<String>, values: impl IntoIterator<Item = V>) -> Self {
+        Series { name: name.into(), values: values.into_iter().map(Into::into).collect(), kind: SeriesKind::Stacked }
     }
 
     /// A line series (e.g. the whole process as NVML sees it, with `None` where unknown).
@@ -79,6 +87,7 @@ fn draw_peak_bars(
     root.fill(&WHITE).map_err(err)?;
     let n = labels.len().max(series.iter().map(|s| s.values.len()).max().unwrap_or(0));
     let vmax = series.iter().flat_map(|s| s.values.iter().flatten().copied()).max().unwrap_or(0);
+    let vmax = (0..n).map(|i| stacked_total(series, i)).max().unwrap_or(0).max(vmax);
     let top = vmax.max(budget.unwrap_or(0)).max(1);
     let (unit, div) = axis_unit(top);
     let y_top = top as f64 / div * 1.12;
@@ -88,7 +97,7 @@ fn draw_peak_bars(
         .enumerate()
         .map(|(ci, s)| {
             let c = PALETTE[ci % PALETTE.len()];
-            (s.name.clone(), if s.kind == SeriesKind::Bar { Swatch::Square(c) } else { Swatch::Dotted(c) })
+            (s.name.clone(), if s.kind == SeriesKind::Line { Swatch::Dotted(c) } else { Swatch::Square(c) })
         })
         .collect();
     if let Some(b) = budget {
@@ -123,18 +132,31 @@ fn draw_peak_bars(
     let (x_px, y_px) = chart.plotting_area().get_pixel_range();
     let bar_series: Vec<(usize, &Series)> =
         series.iter().enumerate().filter(|(_, s)| s.kind == SeriesKind::Bar).collect();
-    let nb = bar_series.len().max(1) as f64;
+    let stacked = series.iter().any(|s| s.kind == SeriesKind::Stacked);
+    let nb = (bar_series.len() + usize::from(stacked)).max(1) as f64;
     let group = 0.8;
+    let bar = |slot: usize, i: usize, from: u64, to: u64, color: RGBColor| -> DrawResult {
+        let left = i as f64 - group / 2.0 + group * slot as f64 / nb;
+        let right = left + group / nb;
+        let (a, b) = (chart.backend_coord(&(left, to as f64 / div)), chart.backend_coord(&(right, from as f64 / div)));
+        let (ax, bx) = (a.0, b.0.max(a.0 + 1));
+        let ay = a.1.min(b.1 - 1);
+        root.draw(&Rectangle::new([(ax, ay), (bx, b.1)], color.filled())).map_err(err)
+    };
     for (slot, (ci, s)) in bar_series.iter().enumerate() {
-        let color = PALETTE[ci % PALETTE.len()];
         for (i, v) in s.values.iter().enumerate() {
-            let Some(v) = v else { continue };
-            let left = i as f64 - group / 2.0 + group * slot as f64 / nb;
-            let right = left + group / nb;
-            let (a, b) = (chart.backend_coord(&(left, *v as f64 / div)), chart.backend_coord(&(right, 0.0)));
-            let (ax, bx) = (a.0, b.0.max(a.0 + 1));
-            let ay = a.1.min(b.1 - 1);
-            root.draw(&Rectangle::new([(ax, ay), (bx, b.1)], color.filled())).map_err(err)?;
+            if let Some(v) = v {
+                bar(slot, i, 0, *v, PALETTE[ci % PALETTE.len()])?;
+            }
+        }
+    }
+    let mut base = vec![0u64; n];
+    for (ci, s) in series.iter().enumerate().filter(|(_, s)| s.kind == SeriesKind::Stacked) {
+        for (i, v) in s.values.iter().enumerate().filter(|(i, _)| *i < n) {
+            if let Some(v) = v.filter(|v| *v > 0) {
+                bar(bar_series.len(), i, base[i], base[i] + v, PALETTE[ci % PALETTE.len()])?;
+                base[i] += v;
+            }
         }
     }
     for (ci, s) in series.iter().enumerate().filter(|(_, s)| s.kind == SeriesKind::Line) {
@@ -190,6 +212,11 @@ fn draw_peak_bars(
     Ok(())
 }
 
+/// The stacked series' sum at label `i`.
+fn stacked_total(series: &[Series], i: usize) -> u64 {
+    series.iter().filter(|s| s.kind == SeriesKind::Stacked).filter_map(|s| s.values.get(i).copied().flatten()).sum()
+}
+
 fn describe_peaks(labels: &[&str], series: &[Series], budget: Option<u64>, title: &str) -> String {
     let name = |i: usize| labels.get(i).map_or_else(|| format!("#{i}"), |l| l.to_string());
     let mut s = format!("{title}\n");
@@ -204,6 +231,7 @@ fn describe_peaks(labels: &[&str], series: &[Series], budget: Option<u64>, title
         let kind = match sr.kind {
             SeriesKind::Bar => "bars",
             SeriesKind::Line => "line",
+            SeriesKind::Stacked => "stacked",
         };
         match (known.iter().min_by_key(|x| x.1), known.iter().max_by_key(|x| (x.1, std::cmp::Reverse(x.0)))) {
             (Some(&(imin, min)), Some(&(imax, max))) => s.push_str(&format!(
@@ -219,9 +247,18 @@ fn describe_peaks(labels: &[&str], series: &[Series], budget: Option<u64>, title
             _ => s.push_str(&format!("{} ({kind}): no values\n", sr.name)),
         }
     }
+    if series.iter().any(|sr| sr.kind == SeriesKind::Stacked) {
+        let totals: Vec<u64> = (0..n).map(|i| stacked_total(series, i)).collect();
+        if let Some((imax, max)) = totals.iter().enumerate().max_by_key(|x| (*x.1, std::cmp::Reverse(x.0))) {
+            s.push_str(&format!("stacked together: max {} at {}\n", iec(*max), name(imax)));
+        }
+    }
     if let Some(b) = budget {
         let over: Vec<String> = (0..n)
-            .filter(|&i| series.iter().any(|sr| sr.values.get(i).copied().flatten().is_some_and(|v| v > b)))
+            .filter(|&i| {
+                stacked_total(series, i) > b
+                    || series.iter().any(|sr| sr.values.get(i).copied().flatten().is_some_and(|v| v > b))
+            })
             .map(name)
             .collect();
         if over.is_empty() {
@@ -257,5 +294,23 @@ mod tests {
         );
         assert!(c.text.ends_with("budget 4.00 MiB: above it at [2]"), "{}", c.text);
         assert!(c.svg.starts_with("<svg") && c.svg.contains("budget 4.00 MiB"));
+    }
+
+    /// Stacked series add up per label: their sum is what breaches a budget and sets the scale.
+    #[test]
+    fn stacked_parts_add_up() {
+        let c = peak_bars(
+            &["[1]", "[2]"],
+            &[
+                Series::bars("all allocations peak", [3 * MIB, 3 * MIB]),
+                Series::stacked("parameter", [2 * MIB, 2 * MIB]),
+                Series::stacked("gradient", [0, 3 * MIB]),
+            ],
+            Some(4 * MIB),
+        );
+        assert!(c.text.contains("gradient (stacked): 2 values, min 0 B at [1], max 3.00 MiB at [2]"), "{}", c.text);
+        assert!(c.text.contains("stacked together: max 5.00 MiB at [2]"), "{}", c.text);
+        assert!(c.text.ends_with("budget 4.00 MiB: above it at [2]"), "{}", c.text);
+        assert!(c.svg.contains("gradient") && c.svg.contains("parameter"), "the legend names the parts");
     }
 }

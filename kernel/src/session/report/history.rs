@@ -83,6 +83,10 @@ impl History {
                 Box::new(move |c: &CellRecord| opt(c.all_allocations.as_ref().and_then(|x| x.peak))),
             ));
         }
+        // What is live after each cell, by component, for the components some cell holds.
+        for name in self.components() {
+            cols.push((name, true, Box::new(move |c: &CellRecord| opt(component_after(c, name)))));
+        }
         if alloc {
             cols.push((
                 "Δ allocated",
@@ -160,6 +164,10 @@ impl History {
         {
             caption.push(format!("all: every allocation of the process (tracking: {tracking})"));
         }
+        let components = self.components();
+        if !components.is_empty() {
+            caption.push(format!("{}: live after the cell, by what it is (tracking)", components.join(", ")));
+        }
         if self.cells.iter().any(|c| c.allocator.is_some()) {
             caption.push("allocated, reserved: the gpumem-nb allocator (exact)".into());
         }
@@ -186,10 +194,27 @@ impl History {
             series.push(Series::bars("all allocations peak", all));
         }
         series.extend([Series::bars("allocated peak", alloc), Series::bars("reserved peak", resv)]);
+        // What is live after each cell, stacked by component.
+        for name in self.components() {
+            series.push(Series::stacked(
+                format!("{name} (after)"),
+                self.cells.iter().map(|c| component_after(c, name)).collect::<Vec<_>>(),
+            ));
+        }
         if proc_.iter().any(Option::is_some) {
             series.push(Series::line("process (NVML)", proc_));
         }
         peak_bars(&labels, &series, self.budget).bundle()
+    }
+
+    /// The components some cell holds after it ran, in a fixed order (what a model is made of
+    /// first, the allocator's cached free memory last).
+    fn components(&self) -> Vec<&'static str> {
+        COMPONENT_ORDER
+            .iter()
+            .copied()
+            .filter(|name| self.cells.iter().any(|c| component_after(c, name).is_some_and(|b| b > 0)))
+            .collect()
     }
 
     /// CSV with bytes as integers.
@@ -249,6 +274,17 @@ impl History {
         )
         .unwrap_or_default()
     }
+}
+
+/// The order of the components' columns and stacked bars.
+const COMPONENT_ORDER: [&str; 9] =
+    ["parameter", "buffer", "gradient", "optimizer_state", "activation", "temp", "workspace", "other", "cached"];
+
+/// What `name` held after the cell (its device's tracked allocations), when the record has
+/// components.
+fn component_after(c: &CellRecord, name: &str) -> Option<u64> {
+    let a = c.all_allocations.as_ref().filter(|a| !a.by_component.is_empty())?;
+    Some(a.by_component.iter().find(|x| x.component == name).map_or(0, |x| x.after))
 }
 
 fn csv_quote(s: &str) -> String {
