@@ -155,13 +155,17 @@ PY
 }
 
 split_parts() {
-    # Each call carries the working tree too (64 MiB in all, the device tool's limit): parts of
-    # at most 40 MiB leave the tree 24 MiB.
-    local work="$CARGO_TARGET_DIR/gpu-nb-pack" exclude n i
+    # Each call carries the working tree too (64 MiB in all, the device tool's limit): a part
+    # is at most 40 MiB and leaves the tree (its tracked and untracked files) and 4 MiB to spare.
+    local work="$CARGO_TARGET_DIR/gpu-nb-pack" exclude n i tree part
     exclude="$(git rev-parse --git-path info/exclude)"
     mkdir -p "$(dirname "$exclude")"
     rm -rf .gpu-nb[0-9]* "$work"/part*
-    split -b 40M -d -a 1 "$work/payload.tar.xz" "$work/part"
+    tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+    part=$(( 60 - tree / 1048576 ))
+    [ "$part" -gt 40 ] && part=40
+    [ "$part" -lt 8 ] && { echo "the working tree ($((tree / 1048576)) MiB) leaves no room for a part"; return 1; }
+    split -b "${part}M" -d -a 1 "$work/payload.tar.xz" "$work/part"
     n=$(ls "$work"/part* | wc -l)
     for i in $(seq 1 "$n"); do
         mkdir -p ".gpu-nb$i"
