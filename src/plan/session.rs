@@ -6,7 +6,7 @@ use crate::policy::config::AllocatorConfig;
 use crate::record::component::Component;
 use crate::replay::components::{ComponentBytes, components};
 use crate::replay::fit::{self, BEFORE_TRACE, Failure, POLICIES, Program};
-use crate::replay::{DeviceTrace, ReplayOptions, TraceStart, from_snapshot, replay, settings_conf};
+use crate::replay::{DeviceTrace, Ordered, ReplayOptions, TraceStart, from_snapshot, replay, settings_conf};
 use crate::snapshot::Snapshot;
 use crate::units::iec;
 use serde::Serialize;
@@ -146,14 +146,12 @@ pub fn plan(trace: &DeviceTrace, recorded: &AllocatorConfig, device_bytes: u64) 
     if !trace.prologue.is_empty() {
         labels.push(BEFORE_TRACE.to_string());
     }
-    let mut fi = trace.foreign.iter().peekable();
-    for i in 0..=trace.events.len() {
-        while let Some(f) = fi.next_if(|f| f.before <= i) {
-            if let Some(l) = f.info.as_ref().map(|x| &x.label).filter(|l| !l.is_empty() && !labels.contains(l)) {
-                labels.push(l.clone());
-            }
-        }
-        if let Some(l) = trace.info_of(i).map(|x| &x.label).filter(|l| !l.is_empty() && !labels.contains(l)) {
+    for step in trace.in_order() {
+        let info = match step {
+            Ordered::Foreign(f) => f.info.as_deref(),
+            Ordered::Event(i, _) => trace.info_of(i),
+        };
+        if let Some(l) = info.map(|x| &x.label).filter(|l| !l.is_empty() && !labels.contains(l)) {
             labels.push(l.clone());
         }
     }

@@ -26,7 +26,7 @@
 //! they count under the phase that made them (an activation, or a gradient for the backward
 //! thread's), as PyTorch's own thread-local stamp would count them.
 
-use super::input::{DeviceTrace, EventInfo};
+use super::input::{DeviceTrace, EventInfo, Ordered};
 use crate::record::component::Component;
 use crate::record::history::TraceAction;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -165,23 +165,24 @@ enum StepKind {
 /// The allocator's events and the other sources' allocations (a gpumem-nb snapshot's CUDA pool,
 /// driver and VMM ones) in the order they happened.
 fn timeline(trace: &DeviceTrace) -> Vec<Step<'_>> {
-    let mut steps = Vec::with_capacity(trace.events.len() + trace.foreign.len());
-    let mut fi = trace.foreign.iter().peekable();
-    for i in 0..=trace.events.len() {
-        while let Some(f) = fi.next_if(|f| f.before <= i) {
-            let kind = if f.alloc { StepKind::Alloc } else { StepKind::Free };
-            steps.push(Step { kind, key: (f.source, f.addr), size: f.size, info: f.info.as_deref() });
-        }
-        let Some(e) = trace.events.get(i) else { break };
-        let kind = match e.action {
-            TraceAction::Alloc => StepKind::Alloc,
-            TraceAction::FreeRequested => StepKind::Request,
-            TraceAction::FreeCompleted => StepKind::Release,
-            _ => continue,
-        };
-        steps.push(Step { kind, key: ("allocator", e.addr), size: e.size, info: trace.info_of(i) });
-    }
-    steps
+    trace
+        .in_order()
+        .filter_map(|step| match step {
+            Ordered::Foreign(f) => {
+                let kind = if f.alloc { StepKind::Alloc } else { StepKind::Free };
+                Some(Step { kind, key: (f.source, f.addr), size: f.size, info: f.info.as_deref() })
+            }
+            Ordered::Event(i, e) => {
+                let kind = match e.action {
+                    TraceAction::Alloc => StepKind::Alloc,
+                    TraceAction::FreeRequested => StepKind::Request,
+                    TraceAction::FreeCompleted => StepKind::Release,
+                    _ => return None,
+                };
+                Some(Step { kind, key: ("allocator", e.addr), size: e.size, info: trace.info_of(i) })
+            }
+        })
+        .collect()
 }
 
 /// Each component's bytes at the trace's end, at the requested peak (every source together), and
@@ -221,13 +222,15 @@ pub fn components(trace: &DeviceTrace) -> BTreeMap<Component, ComponentBytes> {
             }
             StepKind::Request | StepKind::Free => {
                 let Some((at, c)) = open.remove(&st.key) else { continue };
-                let zero_grad = st
-                    .info
-                    .is_some_and(|f| f.frames.iter().any(|f| f.name == "zero_grad" || is_torch(&f.filename, "optim/")));
+                let zero_grad = |info: Option<&EventInfo>| {
+                    info.is_some_and(|f| {
+                        f.frames.iter().any(|f| f.name == "zero_grad" || is_torch(&f.filename, "optim/"))
+                    })
+                };
                 class[at] = Some(match c {
                     Class::Known(k) if runs(k) && in_run.contains(&st.key) => Component::Temp,
                     Class::Known(c) => c,
-                    Class::Backward if zero_grad => Component::Gradient,
+                    Class::Backward if zero_grad(st.info) => Component::Gradient,
                     Class::Backward => Component::Temp,
                 });
                 in_run.remove(&st.key);

@@ -39,7 +39,7 @@
 //! (NCCL's buffers, cuBLAS/cuDNN workspaces allocated before recording), the CUDA pool's own
 //! caching beyond its live bytes, and CUDA graphs' private pools. Leave room for them.
 
-use super::input::{DeviceTrace, EventInfo};
+use super::input::{DeviceTrace, EventInfo, Ordered};
 use super::{TraceError, TraceLine};
 use crate::device::replay::ReplayBackend;
 use crate::device::sim::GRANULARITY;
@@ -106,33 +106,23 @@ impl<'a> Program<'a> {
         let (mut now, mut peak) = (sizes.values().sum::<u64>(), 0u64);
         peak = peak.max(now);
         let mut foreign: HashMap<u64, u64> = HashMap::new();
-        let mut fi = self.trace.foreign.iter().peekable();
-        let mut foreign_step = |f: &super::Foreign, now: &mut u64| {
-            if f.alloc {
-                let s = f.size.div_ceil(GRANULARITY) * GRANULARITY;
-                foreign.insert(f.addr, s);
-                *now += s;
-            } else if let Some(s) = foreign.remove(&f.addr) {
-                *now -= s;
-            }
-        };
-        for (i, e) in self.trace.events.iter().enumerate() {
-            while let Some(f) = fi.next_if(|f| f.before <= i) {
-                foreign_step(f, &mut now);
-                peak = peak.max(now);
-            }
-            match e.action {
-                TraceAction::Alloc => {
-                    sizes.insert(e.addr, e.size);
-                    now += e.size;
+        for step in self.trace.in_order() {
+            match step {
+                Ordered::Foreign(f) if f.alloc => {
+                    let s = f.size.div_ceil(GRANULARITY) * GRANULARITY;
+                    foreign.insert(f.addr, s);
+                    now += s;
                 }
-                TraceAction::FreeRequested => now -= sizes.remove(&e.addr).unwrap_or(0),
-                _ => {}
+                Ordered::Foreign(f) => now -= foreign.remove(&f.addr).unwrap_or(0),
+                Ordered::Event(_, e) => match e.action {
+                    TraceAction::Alloc => {
+                        sizes.insert(e.addr, e.size);
+                        now += e.size;
+                    }
+                    TraceAction::FreeRequested => now -= sizes.remove(&e.addr).unwrap_or(0),
+                    _ => {}
+                },
             }
-            peak = peak.max(now);
-        }
-        for f in fi {
-            foreign_step(f, &mut now);
             peak = peak.max(now);
         }
         peak

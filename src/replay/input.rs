@@ -120,7 +120,29 @@ pub struct DeviceTrace {
     pub prologue: Vec<TraceLine>,
 }
 
+/// One step of a device's recording, in the order it happened (see [`DeviceTrace::in_order`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Ordered<'a> {
+    /// Another source's allocation or release.
+    Foreign(&'a Foreign),
+    /// The caching allocator's event, with its index in `events`.
+    Event(usize, &'a TraceLine),
+}
+
 impl DeviceTrace {
+    /// The allocator's events and the other sources' in the order they happened: each other
+    /// source's entry before the event it was recorded before, those after the last event last.
+    pub(crate) fn in_order(&self) -> impl Iterator<Item = Ordered<'_>> {
+        let mut fi = self.foreign.iter().peekable();
+        let mut ei = self.events.iter().enumerate().peekable();
+        std::iter::from_fn(move || match (fi.peek(), ei.peek()) {
+            (Some(f), Some((i, _))) if f.before <= *i => fi.next().map(Ordered::Foreign),
+            (_, Some(_)) => ei.next().map(|(i, e)| Ordered::Event(i, e)),
+            (Some(_), None) => fi.next().map(Ordered::Foreign),
+            (None, None) => None,
+        })
+    }
+
     /// Label and stack of `events[i]`.
     pub fn info_of(&self, i: usize) -> Option<&EventInfo> {
         self.info.get(i).and_then(|x| x.as_deref())
@@ -133,35 +155,37 @@ impl DeviceTrace {
         let (mut reserved, mut all) = (0u64, 0u64);
         let mut by: BTreeMap<&'static str, (u64, u64)> = BTreeMap::new();
         let mut sizes: HashMap<u64, u64> = HashMap::new();
-        let mut fi = self.foreign.iter().peekable();
-        for i in 0..=self.events.len() {
-            while let Some(f) = fi.next_if(|f| f.before <= i) {
-                let e = by.entry(f.source).or_default();
-                if f.alloc {
-                    sizes.insert(f.addr, f.size);
-                    e.0 += f.size;
-                    all += f.size;
-                } else if let Some(s) = sizes.remove(&f.addr) {
-                    e.0 -= s;
-                    all -= s;
+        for step in self.in_order() {
+            match step {
+                Ordered::Foreign(f) => {
+                    let e = by.entry(f.source).or_default();
+                    if f.alloc {
+                        sizes.insert(f.addr, f.size);
+                        e.0 += f.size;
+                        all += f.size;
+                    } else if let Some(s) = sizes.remove(&f.addr) {
+                        e.0 -= s;
+                        all -= s;
+                    }
+                    e.1 = e.1.max(e.0);
+                    out.all = out.all.max(all);
                 }
-                e.1 = e.1.max(e.0);
-                out.all = out.all.max(all);
+                Ordered::Event(_, e) => {
+                    match e.action {
+                        TraceAction::SegmentAlloc | TraceAction::SegmentMap => {
+                            reserved += e.size;
+                            all += e.size;
+                        }
+                        TraceAction::SegmentFree | TraceAction::SegmentUnmap => {
+                            reserved = reserved.saturating_sub(e.size);
+                            all = all.saturating_sub(e.size);
+                        }
+                        _ => {}
+                    }
+                    out.allocator = out.allocator.max(reserved);
+                    out.all = out.all.max(all);
+                }
             }
-            let Some(e) = self.events.get(i) else { break };
-            match e.action {
-                TraceAction::SegmentAlloc | TraceAction::SegmentMap => {
-                    reserved += e.size;
-                    all += e.size;
-                }
-                TraceAction::SegmentFree | TraceAction::SegmentUnmap => {
-                    reserved = reserved.saturating_sub(e.size);
-                    all = all.saturating_sub(e.size);
-                }
-                _ => {}
-            }
-            out.allocator = out.allocator.max(reserved);
-            out.all = out.all.max(all);
         }
         out.others = by.into_iter().map(|(k, (_, peak))| (k.to_string(), peak)).collect();
         out

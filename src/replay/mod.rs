@@ -38,6 +38,7 @@ pub mod components;
 pub mod fit;
 mod input;
 mod sequence;
+pub(crate) use input::Ordered;
 pub use input::{
     DeviceTrace, EventInfo, Foreign, InputKind, Recording, SourcePeaks, TraceStart, check_start, from_snapshot,
     read_recording, settings_conf,

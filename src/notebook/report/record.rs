@@ -443,13 +443,10 @@ impl CellRecord {
     pub fn nvml_gap(&self) -> Option<NvmlGap> {
         let nvml = self.nvml.process.delta()?;
         let tracked = self.all_allocations.as_ref()?.delta()?;
-        let cache = |s: fn(&Span) -> Option<u64>| {
-            self.pool.as_ref().map_or(Some(0), |p| Some(s(&p.reserved)? as i64 - s(&p.used)? as i64))
-        };
         // Before the process's first CUDA call (NVML had nothing of it) no pool held anything,
         // though the crate, not loaded yet, could not say so.
         let fresh = self.nvml.process.before == Some(0);
-        let pool_cache = cache(|s| s.after)? - cache(|s| s.before).or(fresh.then_some(0))?;
+        let pool_cache = self.pool_cache(|s| s.after)? - self.pool_cache(|s| s.before).or(fresh.then_some(0))?;
         Some(NvmlGap { nvml, tracked, pool_cache, rest: nvml - tracked - pool_cache })
     }
 
@@ -458,8 +455,14 @@ impl CellRecord {
     pub fn context_after(&self) -> Option<u64> {
         let nvml = self.nvml.process.after.filter(|b| *b > 0)?;
         let tracked = self.all_allocations.as_ref()?.after?;
-        let cache = self.pool.as_ref().map_or(Some(0), |p| Some(p.reserved.after?.saturating_sub(p.used.after?)))?;
+        let cache = self.pool_cache(|s| s.after)?.max(0) as u64;
         Some(nvml.saturating_sub(tracked + cache))
+    }
+
+    /// The CUDA pool's cached free bytes (reserved − used) at one end of the cell (`at`: `before`
+    /// or `after`); 0 without a pool, `None` where it was not read.
+    fn pool_cache(&self, at: fn(&Span) -> Option<u64>) -> Option<i64> {
+        self.pool.as_ref().map_or(Some(0), |p| Some(at(&p.reserved)? as i64 - at(&p.used)? as i64))
     }
 
     /// What the budget is compared with: the cell's peak of live memory, the allocator's

@@ -62,6 +62,7 @@ impl History {
         let tracked = self.cells.iter().any(|c| c.all_allocations.as_ref().is_some_and(|a| a.is_tracked()));
         let alloc = self.cells.iter().any(|c| c.allocator.is_some());
         let nvml = self.cells.iter().any(|c| c.nvml.process.after.is_some());
+        let components = self.components();
         let opt = |v: Option<u64>| v.map_or("–".into(), iec);
         let optd = |v: Option<i64>| v.map_or("–".into(), iec_delta);
         type Col<'a> = (&'a str, bool, Box<dyn Fn(&CellRecord) -> String + 'a>);
@@ -84,7 +85,7 @@ impl History {
             ));
         }
         // What is live after each cell, by component, for the components some cell holds.
-        for name in self.components() {
+        for &name in &components {
             cols.push((name, true, Box::new(move |c: &CellRecord| opt(component_after(c, name)))));
         }
         if alloc {
@@ -164,7 +165,6 @@ impl History {
         {
             caption.push(format!("all: every allocation of the process (tracking: {tracking})"));
         }
-        let components = self.components();
         if !components.is_empty() {
             caption.push(format!("{}: live after the cell, by what it is (tracking)", components.join(", ")));
         }
