@@ -7,6 +7,7 @@
 //! first allocation, no trace at all.
 
 use gpumem_nb::replay::{ReplayOptions, read_recording, replay};
+use gpumem_nb::units::iec;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -334,5 +335,12 @@ fn a_pytorch_snapshot_by_component() {
     assert_eq!(dev["smallest_card_gb"], 16, "{dev}");
     let text = Command::new(env!("CARGO_BIN_EXE_gpumem-replay")).arg(&p).args(["--fit", "1GiB"]).output().unwrap();
     let text = String::from_utf8_lossy(&text.stdout);
-    assert!(text.contains("optimizer_state") && text.contains("smallest card   16 GB"), "{text}");
+    let row = |name: &str| text.lines().find(|l| l.contains(name)).unwrap_or_else(|| panic!("no {name}: {text}"));
+    assert!(row("optimizer_state").contains(&iec(model("optimizer_state"))), "{text}");
+    assert!(row("smallest card").contains("16 GB (margin"), "{text}");
+    // `%gpumem fit`'s table, with its one definition: the smallest device less the components
+    // at the peak, which add up to it.
+    let at_peak: u64 = c.as_object().unwrap().values().map(|b| b["at_peak"].as_u64().unwrap()).sum();
+    let min = dev["min_device_bytes"].as_u64().unwrap();
+    assert!(row("rounding and cache").contains(&iec(min - at_peak)), "{text}");
 }

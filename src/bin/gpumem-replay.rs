@@ -394,48 +394,34 @@ fn device(args: &Args, input: &Input, trace: &DeviceTrace) -> Result<(Value, Str
             plan(&program, &conf, &input.conf.0, size, if snap_input { "event" } else { "line" }).map_err(err)?;
         merge(&mut out, j);
         text += &t;
-        let (j, t) =
-            by_card(&parts, stacks, out["min_device_bytes"].as_u64().unwrap_or(0), out["reserved_peak"].as_u64());
+        let (j, t) = by_card(&parts, stacks, &input.conf.0, out["min_device_bytes"].as_u64().unwrap_or(0));
         merge(&mut out, j);
         text += &t;
     }
     Ok((out, text))
 }
 
-/// `--fit`'s table by component (what was live at the requested peak, from the stacks) and the
-/// smallest card of `CARDS_GB` at least the smallest device the program fits on.
+/// `--fit`'s table of what the peak is made of (the same as `%gpumem fit`'s: by component where
+/// the snapshot's stacks tell, rounding and cache, the CUDA context a snapshot does not have) and
+/// the smallest card of `CARDS_GB` that holds the smallest device the program fits on.
 fn by_card(
     parts: &std::collections::BTreeMap<gpumem_nb::Component, gpumem_nb::replay::components::ComponentBytes>,
     stacks: bool,
+    conf: &str,
     min_device: u64,
-    reserved_peak: Option<u64>,
 ) -> (Value, String) {
-    let mut text = String::new();
-    if stacks {
-        text += "at the peak     by component (bytes requested, live at their peak, from the stacks)\n";
-        for (c, b) in parts.iter().filter(|(_, b)| b.at_peak > 0) {
-            text += &format!("                {:<16}{:>12}\n", c.key(), iec(b.at_peak));
-        }
-        let allocated: u64 = parts.values().map(|b| b.at_peak).sum();
-        if let Some(r) = reserved_peak.filter(|r| *r >= allocated) {
-            text += &format!(
-                "                {:<16}{:>12} (reserved − requested at the peaks)\n",
-                "rounding+cache",
-                iec(r - allocated)
-            );
-        }
-        text += "                CUDA context    not in a snapshot (NVML shows it on the card)\n";
-    }
+    let none = std::collections::BTreeMap::new();
+    let policy = if conf.is_empty() {
+        "the recorded policy (PyTorch's default)".to_string()
+    } else {
+        format!("the recorded policy ({conf})")
+    };
+    let context = Err("not in a snapshot: NVML shows it on the card (300-600 MiB)");
+    let table = gpumem_nb::plan::component_table(if stacks { parts } else { &none }, &policy, min_device, context);
+    let caption =
+        if stacks { "what the peak is made of" } else { "what the peak is made of (no Python stacks: no components)" };
+    let text = format!("{}\n", table.caption(caption).to_text());
     let card = gpumem_nb::plan::smallest_card(min_device);
-    match card {
-        Some((gb, margin)) => {
-            text += &format!(
-                "smallest card   {gb} GB of 16, 24, 40, 48, 80, 94, 141, 192 (margin {} over the smallest device, before the CUDA context)\n",
-                iec(margin)
-            );
-        }
-        None => text += "smallest card   none of 16 to 192 GB holds it\n",
-    }
     (json!({"smallest_card_gb": card.map(|c| c.0), "cards_gb": gpumem_nb::plan::CARDS_GB}), text)
 }
 

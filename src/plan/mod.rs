@@ -13,7 +13,9 @@
 
 mod session;
 
-pub use session::{CARDS_GB, CellFit, FitPlan, MODELLED, NOT_MODELLED, PolicyFit, fit_snapshot, plan, smallest_card};
+pub use session::{
+    CARDS_GB, CellFit, FitPlan, MODELLED, NOT_MODELLED, PolicyFit, component_table, fit_snapshot, plan, smallest_card,
+};
 
 use crate::allocator::Allocator;
 use crate::error::Error;

@@ -22,6 +22,54 @@ pub fn smallest_card(bytes: u64) -> Option<(u64, u64)> {
     CARDS_GB.iter().map(|gb| (*gb, gb << 30)).find(|(_, b)| *b >= bytes).map(|(gb, b)| (gb, b - bytes))
 }
 
+/// `16, 24, 40, 48, 80, 94, 141, 192 GB`.
+fn cards() -> String {
+    let list: Vec<String> = CARDS_GB.iter().map(|g| g.to_string()).collect();
+    format!("{} GB", list.join(", "))
+}
+
+/// What a program's peak is made of, as the peers' estimators show it, for `%gpumem fit` and
+/// `gpumem-replay --fit` alike: each component live at the requested peak (and its own peak);
+/// the allocator's rounding and cache, which is the smallest device the program fits on under
+/// `policy` (`min_device`, replayed) less the components at the peak; the CUDA context and
+/// modules (`Ok`: measured, `Err`: why not); and the smallest card of [`CARDS_GB`] that holds the
+/// smallest device and the context.
+pub fn component_table(
+    components: &BTreeMap<Component, ComponentBytes>,
+    policy: &str,
+    min_device: u64,
+    context: std::result::Result<u64, &str>,
+) -> crate::render::Table {
+    let mut t = crate::render::Table::new(["what", "at the peak", "own peak", "source"]).right_align([1, 2]);
+    let mut at_peak = 0;
+    for (c, b) in components.iter().filter(|(_, b)| b.peak > 0) {
+        at_peak += b.at_peak;
+        t.row([c.key().to_string(), iec(b.at_peak), iec(b.peak), "recorded allocations (requested bytes)".into()]);
+    }
+    t.row([
+        "rounding and cache".into(),
+        iec(min_device.saturating_sub(at_peak)),
+        "–".into(),
+        format!("the smallest device under {policy} − the components at the peak (replayed)"),
+    ]);
+    t.row(match context {
+        Ok(b) => ["CUDA context and modules".into(), iec(b), "–".into(), "NVML, now".into()],
+        Err(why) => ["CUDA context and modules".into(), "not measured".into(), "–".into(), why.into()],
+    });
+    let need = min_device + context.unwrap_or(0);
+    let card = match smallest_card(need) {
+        Some((gb, margin)) => format!("{gb} GB (margin {})", iec(margin)),
+        None => "none of 16 to 192 GB".into(),
+    };
+    let needed = if context.is_ok() {
+        format!("{} needed", iec(need))
+    } else {
+        format!("{} needed, and the CUDA context", iec(need))
+    };
+    t.row(["smallest card".into(), card, "–".into(), needed]);
+    t
+}
+
 /// What a fit plan replays, in its own words (shown under every plan).
 pub const MODELLED: &str = "this session's recorded allocations and frees (allocator blocks under each policy with \
     its out-of-memory path; CUDA pool, driver and VMM allocations at their sizes, rounded to the driver's 2 MiB), \
@@ -262,44 +310,15 @@ impl FitPlan {
         ))
     }
 
-    /// What the peak is made of, as the peers' estimators show it: each component live at the
-    /// requested peak (and its own peak), the allocator's rounding and cache (the default
-    /// policy's device peak beyond them), the CUDA context, and the smallest card of
-    /// [`CARDS_GB`] that holds the default policy's smallest device with the context.
+    /// What the peak is made of ([`component_table`]) under the default policy, with the CUDA
+    /// context NVML measured.
     pub fn component_table(&self) -> crate::render::Table {
-        let mut t = crate::render::Table::new(["what", "at the peak", "own peak", "source"]).right_align([1, 2]);
-        let mut at_peak = 0;
-        for (c, b) in self.components.iter().filter(|(_, b)| b.peak > 0) {
-            at_peak += b.at_peak;
-            t.row([c.key().to_string(), iec(b.at_peak), iec(b.peak), "recorded allocations (requested bytes)".into()]);
-        }
-        let default = self.policies.first();
-        if let Some(p) = default {
-            t.row([
-                "rounding and cache".into(),
-                iec(p.min_device_bytes.saturating_sub(at_peak)),
-                "–".into(),
-                "the default policy's smallest device − the components at the peak (replayed)".into(),
-            ]);
-        }
-        t.row(match self.context {
-            Some(b) => ["CUDA context and modules".into(), iec(b), "–".into(), "NVML, now".into()],
-            None => [
-                "CUDA context and modules".into(),
-                "not measured".into(),
-                "–".into(),
-                "no NVML here: leave 300-600 MiB".into(),
-            ],
-        });
-        let need = default.map_or(0, |p| p.min_device_bytes) + self.context.unwrap_or(0);
-        let card = match smallest_card(need) {
-            Some((gb, margin)) => format!("{gb} GB (margin {})", iec(margin)),
-            None => "none of 16 to 192 GB".into(),
-        };
-        t.row(["smallest card".into(), card, "–".into(), format!("{} needed", iec(need))]);
-        t.caption(format!(
-            "what the peak is made of (device {}), and the smallest card of 16, 24, 40, 48, 80, 94, 141, 192 GB",
-            self.device
+        let min_device = self.policies.first().map_or(0, |p| p.min_device_bytes);
+        let context = self.context.ok_or("no NVML here: leave 300-600 MiB");
+        component_table(&self.components, "the default policy", min_device, context).caption(format!(
+            "what the peak is made of (device {}), and the smallest card of {}",
+            self.device,
+            cards()
         ))
     }
 
