@@ -92,6 +92,14 @@ def plan(repo):
              report=[]),
         cell("q.alloc_later(20);\nq.alloc_later(16);\nassert_eq!(q.held(), 0);",
              report=["all allocations 56.00 MiB (+36.00 MiB)"]),
+        # Component stamps are phases of a watched framework: its books at each stamp's ends,
+        # the nested stamp's change its own, the outer one's the rest.
+        cell("gpumem_nb::component(gpumem_nb::Component::Parameter, || {\n"
+             "    q.alloc_later(24);\n"
+             "    gpumem_nb::component(gpumem_nb::Component::OptimizerState, || q.alloc_later(48));\n"
+             "});",
+             report=["simqueue in use 108.00 MiB (+72.00 MiB, cached 0 B); by stamp: optimizer_state +48.00 MiB, "
+                     "parameter +24.00 MiB"]),
         # A kernel's fault (injected: the simulated device's next copy faults): the report says
         # the context is lost instead of numbers, stderr says why once and leaves the restart
         # to the user (the stock kernel has no restart of its own), on stdout above the line.

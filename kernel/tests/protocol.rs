@@ -894,5 +894,31 @@ async fn a_framework_thread_lands_in_the_cell_that_queued_it() {
     assert_eq!(e.status(), ReplyStatus::Ok, "{:?}", e.json());
     let text = e.display_text();
     assert!(text.contains(&format!("← cell {cell}")), "{text}");
+    // Component stamps are phases of the watched framework (issue 33): its books read at each
+    // stamp's ends, settled first; a nested stamp's change is its own, the outer one's the rest.
+    let e = k
+        .execute(
+            "gpumem_nb::component(gpumem_nb::Component::Parameter, || {\n    q.alloc_later(24);\n    \
+             gpumem_nb::component(gpumem_nb::Component::OptimizerState, || q.alloc_later(48));\n});",
+        )
+        .await;
+    assert_eq!(e.status(), ReplyStatus::Ok, "{:?}", e.json());
+    let line = e.reports_text();
+    assert!(
+        line.contains(
+            "simqueue in use 108.00 MiB (+72.00 MiB, cached 0 B); by stamp: optimizer_state +48.00 MiB, parameter \
+             +24.00 MiB"
+        ),
+        "{line}"
+    );
+    let phases = &e.reports()[0]["frameworks"][0]["phases"];
+    let want = serde_json::json!([
+        {"component": "optimizer_state", "phases": 1, "change": 48u64 << 20},
+        {"component": "parameter", "phases": 1, "change": 24u64 << 20},
+    ]);
+    assert_eq!(phases, &want);
+    // A cell without stamps has no phases.
+    let e = k.execute("q.held()").await;
+    assert!(!e.reports_text().contains("by stamp"), "{}", e.reports_text());
     k.shutdown().await;
 }

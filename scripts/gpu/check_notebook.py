@@ -52,7 +52,9 @@ Assertions (exit 1 when one fails):
   adds up to every tracked byte after the cell and before it; `component-delta=NAME:SPEC` /
   `component-after=NAME:SPEC` / `component-peak=NAME:SPEC`: component NAME's change over the
   cell / bytes after it / highest bytes during it meets SPEC:
-  a number, `result` (the cell's value), or either after `>=` or `>`.
+  a number, `result` (the cell's value), or either after `>=` or `>`; `cubecl-phase=NAME:SPEC`:
+  cubecl's in-use bytes changed by SPEC across the cell's `NAME` stamps (its books read at each
+  stamp's ends: burn's tensors live inside cubecl's pools, where no stack says what they are).
 
 --stock (the stock evcxr kernel): a record comes only beside a cell's value, so cells without one
 are listed but not failed (tagged cells end in a value, and must have one), and the warnings
@@ -181,6 +183,7 @@ def main():
             if got != want and not (got.replace(".", "", 1).isdigit() and float(got) == float(want)):
                 failures.append(f"cell {i} ({first}): the cell returned {got!r}, expected {want}")
         component_checks(i, first, tags, alla, result, failures)
+        phase_checks(i, first, tags, cubecl, result, failures)
         for tag in (t for t in tags if t.startswith("cubecl-in-use-falls=")):
             mib = float(tag[len("cubecl-in-use-falls="):])
             fell = delta((cubecl or {}).get("in_use"))
@@ -274,16 +277,38 @@ def component_checks(i, first, tags, alla, result, failures):
             failures.append(f"cell {i} ({first}): {name} has no peak (the cell's changes were not known): {parts}")
             continue
         got = {"component-delta": c["after"] - (c.get("before") or 0), "component-after": c["after"]}.get(kind, c.get("peak"))
-        op = ">=" if want.startswith(">=") else ">" if want.startswith(">") else "=="
-        value = want[len(op) if op != "==" else 0:]
-        try:
-            value = int((result or "").strip()) if value == "result" else int(value)
-        except ValueError:
-            failures.append(f"cell {i} ({first}): {tag}: the cell's value {result!r} is not a byte count")
+        why = unmet(got, want, result)
+        if why:
+            failures.append(f"cell {i} ({first}): {name} {kind.split('-')[1]} {why}: {parts}")
+
+
+def unmet(got, want, result):
+    """Why `got` does not meet the spec `want` (a number, `result`, or either after `>=` or `>`);
+    None when it does."""
+    op = ">=" if want.startswith(">=") else ">" if want.startswith(">") else "=="
+    value = want[len(op) if op != "==" else 0:]
+    try:
+        value = int((result or "").strip()) if value == "result" else int(value)
+    except ValueError:
+        return f"cannot be checked: the cell's value {result!r} is not a byte count"
+    ok = got >= value if op == ">=" else got > value if op == ">" else got == value
+    return None if ok else f"{got}, expected {op} {value}"
+
+
+def phase_checks(i, first, tags, cubecl, result, failures):
+    """Issue 33: cubecl's in-use change across the cell's component stamps (its own books at each
+    stamp's ends), against the model's own counts."""
+    phases = {p["component"]: p for p in (cubecl or {}).get("phases") or []}
+    for tag in (t for t in tags if t.startswith("cubecl-phase=")):
+        name, _, want = tag[len("cubecl-phase="):].partition(":")
+        p = phases.get(name)
+        if p is None:
+            failures.append(f"cell {i} ({first}): no `{name}` stamp in cubecl's books: {phases}")
             continue
-        ok = got >= value if op == ">=" else got > value if op == ">" else got == value
-        if not ok:
-            failures.append(f"cell {i} ({first}): {name} {kind.split('-')[1]} {got}, expected {op} {value}: {parts}")
+        print(f"    cubecl in use across `{name}` stamps: {p['change']:+,} B ({p['phases']} stamps)")
+        why = unmet(p["change"], want, result)
+        if why:
+            failures.append(f"cell {i} ({first}): cubecl in use across `{name}` stamps {why}")
 
 
 def fault_checks(i, first, tags, errors, r, line, failures):

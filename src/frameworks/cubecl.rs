@@ -91,8 +91,8 @@ pub fn reading(device: &str, report: &MemoryReport) -> FrameworkReading {
         framework: "cubecl".into(),
         device: device.to_string(),
         source: SOURCE.into(),
-        error: None,
         pools,
+        ..Default::default()
     }
 }
 

@@ -84,7 +84,7 @@ fn watch_usage_settled(
                 device: label.clone(),
                 source: SOURCE.into(),
                 error: Some(first_line(&e)),
-                pools: Vec::new(),
+                ..Default::default()
             },
         }),
         settle,
@@ -120,6 +120,7 @@ pub fn reading(device: &str, u: &MemoryUsage) -> FrameworkReading {
             reserved: u.bytes_reserved,
             ..Default::default()
         }],
+        ..Default::default()
     }
 }
 

@@ -109,7 +109,6 @@ impl SimQueue {
                     framework: "simqueue".into(),
                     device: name.clone(),
                     source: "the queue's own books (simulated)".into(),
-                    error: None,
                     pools: vec![FrameworkPool {
                         kind: "pages".into(),
                         allocations: pages,
@@ -118,6 +117,7 @@ impl SimQueue {
                         pages,
                         ..Default::default()
                     }],
+                    ..Default::default()
                 }
             }),
             Some(Arc::new(move || SimQueue::flush_inner(&settler, watched::SETTLE_TIMEOUT))),

@@ -19,6 +19,14 @@
 //!
 //! Under evcxr each cell has its own copy of this crate; stamps and rules are one per process
 //! (the anchor), so a stamp set through one copy is seen by the tracking another started.
+//!
+//! A framework that keeps its tensors in pools of its own (cubecl, for burn's GPU backends)
+//! allocates inside pages tracking saw once, so no stack says what a tensor is. When such a
+//! framework is watched (`gpumem_nb::frameworks`), each stamp is also a phase of it: its books
+//! are settled and read when the stamp begins and ends, and the change of its in-use bytes is
+//! the component's (less what nested stamps changed), shown beside its numbers in the cell's
+//! report. That is a net change by the framework's own count, not a peak: a tensor made and
+//! dropped inside the phase is not in it. With no framework watched a stamp reads nothing.
 
 use crate::record::component::Stamp;
 use crate::sync::lock;
@@ -55,6 +63,8 @@ fn state() -> &'static State {
 #[derive(Debug)]
 pub struct ComponentGuard {
     _local: Stamp,
+    /// A phase of the watched frameworks began with the stamp.
+    phase: bool,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -70,7 +80,8 @@ pub fn enter(c: Component) -> ComponentGuard {
     let s = state();
     lock(&s.by_thread).entry(std::thread::current().id()).or_default().push(c);
     s.active.fetch_add(1, Ordering::AcqRel);
-    ComponentGuard { _local: Stamp::push(c), _not_send: PhantomData }
+    let phase = super::watched::phase_begin(c.key());
+    ComponentGuard { _local: Stamp::push(c), phase, _not_send: PhantomData }
 }
 
 impl Drop for ComponentGuard {
@@ -85,6 +96,10 @@ impl Drop for ComponentGuard {
             }
         }
         s.active.fetch_sub(1, Ordering::AcqRel);
+        drop(map);
+        if self.phase {
+            super::watched::phase_end();
+        }
     }
 }
 
@@ -138,6 +153,7 @@ mod tests {
 
     #[test]
     fn guards_nest_per_thread_and_end_with_a_panic() {
+        let _one = crate::sync::lock(&crate::notebook::watched::ONE_AT_A_TIME);
         assert_eq!(current(), None);
         let out = component(Component::Parameter, || {
             assert_eq!(current(), Some(Component::Parameter));

@@ -13,22 +13,23 @@
 //!    of the crate are loaded; the control channel's typed messages, shared with
 //!    gpumem-kernel; the notebook's worker processes on the device (NVML, or the simulated
 //!    process table), shown beside its own numbers.
-//! 2. `registry`, `watched`, `report`, `components` — `GPUMEM_NB_DEVICE`, and one allocator per
-//!    device per process (selecting and opening devices, nothing more); frameworks with their
-//!    own books of device memory (cubecl's pools), read with every cell's numbers; the per-cell
-//!    record and its one-line report, shared by both kernels; what memory is (the stamps a
-//!    thread sets and the rules on stacks).
-//! 3. `tracking`, `metrics` — every device allocation of the process (CUPTI, or the simulated
+//! 2. `registry`, `watched`, `report` — `GPUMEM_NB_DEVICE`, and one allocator per device per
+//!    process (selecting and opening devices, nothing more); frameworks with their own books
+//!    of device memory (cubecl's pools), read with every cell's numbers and at each component
+//!    stamp's ends; the per-cell record and its one-line report, shared by both kernels.
+//! 3. `components` — what memory is: the stamps a thread sets (each a phase of the watched
+//!    frameworks) and the rules on stacks.
+//! 4. `tracking`, `metrics` — every device allocation of the process (CUPTI, or the simulated
 //!    driver); the per-cell numbers in the OpenMetrics text format, for Prometheus, and
 //!    (feature `metrics`) the endpoint serving them.
-//! 4. `oom` — out-of-memory failures caught as they happen (a snapshot then, and why).
-//! 5. `control` — the child end of gpumem-kernel's control channel (serves its per-cell
+//! 5. `oom` — out-of-memory failures caught as they happen (a snapshot then, and why).
+//! 6. `control` — the child end of gpumem-kernel's control channel (serves its per-cell
 //!    readings).
-//! 6. `stock` — the same reports in the stock evcxr kernel, from hooks in the child
+//! 7. `stock` — the same reports in the stock evcxr kernel, from hooks in the child
 //!    (`set_reports`).
-//! 7. `session` — what opening the process's first device starts: tracking, the control
+//! 8. `session` — what opening the process's first device starts: tracking, the control
 //!    channel, the stock kernel's hooks ([`crate::current`], [`crate::device()`]).
-//! 8. `scope`, `mem` — `measure` / `save_memory_snapshot` scopes; the ipyexperiments helpers
+//! 9. `scope`, `mem` — `measure` / `save_memory_snapshot` scopes; the ipyexperiments helpers
 //!    (free/used/total, allocate, leave free, preload).
 
 #[allow(unsafe_code)]
@@ -36,10 +37,11 @@ pub(crate) mod anchor;
 pub mod children;
 pub mod protocol;
 
-pub mod components;
 pub(crate) mod registry;
 pub mod report;
 pub(crate) mod watched;
+
+pub mod components;
 
 pub mod metrics;
 pub mod tracking;

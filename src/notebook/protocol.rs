@@ -443,6 +443,25 @@ pub struct FrameworkReading {
     /// Every pool of every stream, in the framework's order.
     #[serde(default)]
     pub pools: Vec<FrameworkPool>,
+    /// What the component stamps that ended since the previous reading changed in its books
+    /// (`gpumem_nb::component`), per component in the order first seen.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub phases: Vec<FrameworkPhase>,
+}
+
+/// The stamped phases of one component, on one watched framework: how its in-use bytes changed
+/// from when each stamp began to when it ended, less what stamps nested in it changed (those
+/// count for their own component). A framework that keeps tensors in pools of its own (cubecl)
+/// hides each allocation from tracking; its books, read at the stamp's two ends, are what is
+/// known: the net change, not a peak, and memory made and freed inside the phase is not in it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FrameworkPhase {
+    /// The component stamped (`parameter`).
+    pub component: String,
+    /// How many stamps of it ended.
+    pub phases: u64,
+    /// Bytes in use at their ends − at their beginnings, summed, nested stamps' changes excepted.
+    pub change: i64,
 }
 
 /// One pool of a framework, named and counted as the framework counts it (bytes, pages).

@@ -12,11 +12,19 @@
 //! A reader runs on a thread of its own with a time limit ([`READ_TIMEOUT`]): a framework whose
 //! queue is stuck costs its numbers in the report, never the report or the kernel. A panicking
 //! reader is an error in its reading.
+//!
+//! A component stamp (`gpumem_nb::component`) is a phase here: each watched framework is settled
+//! and read when a stamp begins and when it ends ([`phase_begin`], [`phase_end`]), and the
+//! change of its in-use bytes goes to the stamp's component, less what stamps nested in it
+//! changed. The next reading carries the phases that ended ([`FrameworkPhase`]). That is what a
+//! framework keeping tensors in pools of its own (cubecl) lets one know of what its memory is.
 #![forbid(unsafe_code)]
 
-use super::protocol::{FrameworkReading, Settled};
+use super::protocol::{FrameworkPhase, FrameworkReading, Settled};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
+use std::thread::ThreadId;
 use std::time::Duration;
 
 /// How long a cell's reading waits for one framework's answer.
@@ -44,10 +52,22 @@ struct Watch {
     busy: Arc<AtomicBool>,
 }
 
+/// A stamped phase not ended yet: each framework's in-use bytes when it began, and what the
+/// phases nested in it changed.
+struct Open {
+    component: String,
+    start: Vec<(String, u64)>,
+    nested: HashMap<String, i64>,
+}
+
 /// The frameworks watched in this process (one per process, in the anchor).
 #[derive(Default)]
 pub(crate) struct Watched {
     list: Mutex<Vec<Watch>>,
+    /// Phases begun and not ended, per thread, innermost last.
+    open: Mutex<HashMap<ThreadId, Vec<Open>>>,
+    /// Phases ended since the last reading, per framework key: one entry per component.
+    ended: Mutex<HashMap<String, Vec<FrameworkPhase>>>,
 }
 
 fn watched() -> &'static Watched {
@@ -67,6 +87,7 @@ pub(crate) fn unwatch(key: &str) -> bool {
     let mut list = crate::sync::lock(&watched().list);
     let n = list.len();
     list.retain(|w| w.key != key);
+    crate::sync::lock(&watched().ended).remove(key);
     list.len() != n
 }
 
@@ -115,9 +136,24 @@ pub(crate) fn settle(deadline: Duration) -> Vec<Settled> {
     out
 }
 
-/// Every watched framework's numbers now, in the order they were watched; `None` when nothing
-/// is watched (the reply then has no `frameworks` field at all).
+/// Every watched framework's numbers now, in the order they were watched, each with the
+/// stamped phases that ended since the previous reading; `None` when nothing is watched (the
+/// reply then has no `frameworks` field at all).
 pub(crate) fn readings() -> Option<Vec<FrameworkReading>> {
+    let read = read_all()?;
+    let mut ended = crate::sync::lock(&watched().ended);
+    Some(
+        read.into_iter()
+            .map(|(key, mut r)| {
+                r.phases = ended.remove(&key).unwrap_or_default();
+                r
+            })
+            .collect(),
+    )
+}
+
+/// Every watched framework's reading, with its key; `None` when nothing is watched.
+fn read_all() -> Option<Vec<(String, FrameworkReading)>> {
     let list: Vec<(String, Reader, Arc<AtomicBool>)> = {
         let list = crate::sync::lock(&watched().list);
         list.iter().map(|w| (w.key.clone(), Arc::clone(&w.reader), Arc::clone(&w.busy))).collect()
@@ -125,7 +161,73 @@ pub(crate) fn readings() -> Option<Vec<FrameworkReading>> {
     if list.is_empty() {
         return None;
     }
-    Some(list.into_iter().map(|(key, reader, busy)| read_one(&key, reader, busy)).collect())
+    Some(list.into_iter().map(|(key, reader, busy)| (key.clone(), read_one(&key, reader, busy))).collect())
+}
+
+/// Each watched framework's bytes in use now, settled first; those that did not answer are
+/// left out (a phase has no change for them).
+fn in_use_now() -> Vec<(String, u64)> {
+    settle(SETTLE_TIMEOUT);
+    read_all()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(_, r)| r.error.is_none())
+        .map(|(key, r)| (key, r.pools.iter().map(|p| p.in_use).sum()))
+        .collect()
+}
+
+/// Begins a stamped phase of `component` on this thread when a framework is watched: reads
+/// each one's in-use bytes. False (and nothing read) when none is.
+pub(crate) fn phase_begin(component: &str) -> bool {
+    if crate::sync::lock(&watched().list).is_empty() {
+        return false;
+    }
+    let start = in_use_now();
+    let open = Open { component: component.to_string(), start, nested: HashMap::new() };
+    crate::sync::lock(&watched().open).entry(std::thread::current().id()).or_default().push(open);
+    true
+}
+
+/// Ends this thread's innermost phase: reads the frameworks again and keeps, per framework, the
+/// change less what its nested phases changed, for the next reading; the whole change counts
+/// as nested in the phase around it.
+pub(crate) fn phase_end() {
+    let id = std::thread::current().id();
+    let Some(open) = ({
+        let mut map = crate::sync::lock(&watched().open);
+        let v = map.get_mut(&id);
+        let top = v.and_then(|v| v.pop());
+        if map.get(&id).is_some_and(|v| v.is_empty()) {
+            map.remove(&id);
+        }
+        top
+    }) else {
+        return;
+    };
+    let now = in_use_now();
+    let mut changes = Vec::new();
+    for (key, before) in &open.start {
+        if let Some((_, after)) = now.iter().find(|(k, _)| k == key) {
+            changes.push((key.clone(), *after as i64 - *before as i64));
+        }
+    }
+    if let Some(parent) = crate::sync::lock(&watched().open).get_mut(&id).and_then(|v| v.last_mut()) {
+        for (key, change) in &changes {
+            *parent.nested.entry(key.clone()).or_default() += change;
+        }
+    }
+    let mut ended = crate::sync::lock(&watched().ended);
+    for (key, change) in changes {
+        let own = change - open.nested.get(&key).copied().unwrap_or(0);
+        let list = ended.entry(key).or_default();
+        match list.iter_mut().find(|p| p.component == open.component) {
+            Some(p) => {
+                p.phases += 1;
+                p.change += own;
+            }
+            None => list.push(FrameworkPhase { component: open.component.clone(), phases: 1, change: own }),
+        }
+    }
 }
 
 /// One reader's answer, or an error reading that names the key and what went wrong.
@@ -167,6 +269,11 @@ fn read_one(key: &str, reader: Reader, busy: Arc<AtomicBool>) -> FrameworkReadin
     }
 }
 
+/// The watched list is the process's: tests that watch frameworks or stamp (a stamp reads every
+/// watched framework) take turns.
+#[cfg(test)]
+pub(crate) static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -181,10 +288,50 @@ mod tests {
         }
     }
 
+    /// Stamps as phases: a framework's in-use change from a stamp's beginning to its end goes to
+    /// its component, a nested stamp's to its own and not to the outer one's, stamps of one
+    /// component add up, and the next reading takes them (the one after has none).
+    #[test]
+    fn a_stamp_is_a_phase_of_each_watched_framework() {
+        let _one = crate::sync::lock(&ONE_AT_A_TIME);
+        use std::sync::atomic::AtomicU64;
+        let in_use = Arc::new(AtomicU64::new(100));
+        let r = Arc::clone(&in_use);
+        let key = "test phases";
+        let read = move || FrameworkReading {
+            framework: "test".into(),
+            device: "phases".into(),
+            pools: vec![FrameworkPool { kind: "all".into(), in_use: r.load(Ordering::SeqCst), ..Default::default() }],
+            ..Default::default()
+        };
+        watch(key, Arc::new(read), None);
+        let add = |n: i64| in_use.fetch_add(n as u64, Ordering::SeqCst);
+        assert!(phase_begin("parameter"));
+        add(24);
+        assert!(phase_begin("optimizer_state"));
+        add(48);
+        phase_end();
+        add(-4);
+        phase_end();
+        assert!(phase_begin("optimizer_state"));
+        add(8);
+        phase_end();
+        let mine = |all: Vec<FrameworkReading>| all.into_iter().find(|r| r.device == "phases").unwrap().phases;
+        let phases = mine(readings().unwrap());
+        let p = |c: &str, phases: u64, change: i64| FrameworkPhase { component: c.into(), phases, change };
+        assert_eq!(phases, vec![p("optimizer_state", 2, 56), p("parameter", 1, 20)]);
+        assert!(mine(readings().unwrap()).is_empty(), "taken by the reading before");
+        // A phase ended with nothing open is nothing; unwatched, a stamp reads nothing.
+        phase_end();
+        assert!(unwatch(key));
+        assert!(!crate::sync::lock(&watched().ended).contains_key(key));
+    }
+
     /// Watching, replacing by key, a reader that panics and one that hangs: each is its own
     /// reading, the others still answer, and nothing is left watched afterwards.
     #[test]
     fn readers_answer_fail_alone_and_are_replaced_by_key() {
+        let _one = crate::sync::lock(&ONE_AT_A_TIME);
         watch("test sim:9", Arc::new(|| reading(1)), None);
         watch("test sim:9", Arc::new(|| reading(2)), None);
         watch("test panics", Arc::new(|| panic!("server gone\nsecond line")), None);

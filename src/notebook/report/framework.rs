@@ -3,7 +3,7 @@
 //! words the line and the details table show them with; and what a re-run left behind.
 
 use super::{CellRecord, Span};
-use crate::notebook::protocol::{FrameworkPool, FrameworkReading};
+use crate::notebook::protocol::{FrameworkPhase, FrameworkPool, FrameworkReading};
 use crate::render::Table;
 use crate::units::{iec, iec_delta};
 use serde::{Deserialize, Serialize};
@@ -35,6 +35,10 @@ pub struct FrameworkPart {
     /// Per pool kind (cubecl: `sliced`, `adaptive`, `exclusive`, `direct`, `persistent`,
     /// `dedicated`), in the framework's order.
     pub kinds: Vec<PoolKindPart>,
+    /// What the component stamps that ended in the cell changed in its in-use bytes, per
+    /// component (`gpumem_nb::component`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub phases: Vec<FrameworkPhase>,
 }
 
 /// The pools of one kind (one per stream, usually), summed.
@@ -142,6 +146,7 @@ pub fn framework_parts(before: Option<&[FrameworkReading]>, after: Option<&[Fram
                 reserved: span(total_b, total_a, |s| s.reserved),
                 allocations: span(total_b, total_a, |s| s.allocations),
                 kinds,
+                phases: a.phases.clone(),
             }
         })
         .collect()
@@ -177,9 +182,10 @@ impl FrameworkPart {
     }
 
     /// The line's words, in the report's vocabulary: `cubecl in use 64.00 MiB (+64.00 MiB,
-    /// cached 12.00 MiB)` (what it reserved is in the details).
+    /// cached 12.00 MiB)` (what it reserved is in the details), then what the cell's stamped
+    /// phases changed: `; by stamp: parameter +24.14 MiB`.
     pub fn line(&self) -> String {
-        match (&self.error, self.in_use.after) {
+        let line = match (&self.error, self.in_use.after) {
             (Some(e), _) => format!("{} n/a ({e})", self.framework),
             (None, Some(after)) => {
                 let mut more: Vec<String> = self.in_use.delta().map(iec_delta).into_iter().collect();
@@ -187,7 +193,12 @@ impl FrameworkPart {
                 format!("{} in use {} ({})", self.framework, iec(after), more.join(", "))
             }
             (None, None) => format!("{} n/a", self.framework),
+        };
+        if self.phases.is_empty() {
+            return line;
         }
+        let by: Vec<String> = self.phases.iter().map(|p| format!("{} {}", p.component, iec_delta(p.change))).collect();
+        format!("{line}; by stamp: {}", by.join(", "))
     }
 
     /// Its rows in a cell's details table.
@@ -208,6 +219,17 @@ impl FrameworkPart {
             ("reserved (its pages)", &self.reserved),
         ] {
             t.row([format!("{name}: {what}"), b(s.before), b(s.after), d(s), "–".into(), source.clone()]);
+        }
+        for p in &self.phases {
+            let n = if p.phases == 1 { "1 stamp".to_string() } else { format!("{} stamps", p.phases) };
+            t.row([
+                format!("{name}: in use, `{}` stamps", p.component),
+                "–".into(),
+                "–".into(),
+                iec_delta(p.change),
+                "–".into(),
+                format!("{source}: read when each stamp began and ended ({n}; nested stamps count for their own)"),
+            ]);
         }
         for k in &self.kinds {
             let page = k.page_size.map_or(String::new(), |p| format!(", page {}", iec(p)));
