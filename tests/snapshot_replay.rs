@@ -344,3 +344,28 @@ fn a_pytorch_snapshot_by_component() {
     let min = dev["min_device_bytes"].as_u64().unwrap();
     assert!(row("rounding and cache").contains(&iec(min - at_peak)), "{text}");
 }
+
+/// The same workload recorded with C++ frames too (`stacks="all"`): the cuBLAS workspaces have
+/// frames of their own, so `workspace` is exactly what PyTorch gives back when asked to clear
+/// them (two handles' 32 MiB, the forward thread's and the autograd engine's, and cuBLASLt's
+/// 1 MiB on an H200), and the gradients at the end are exactly the model's, the backward
+/// thread's allocations being known by the autograd engine's frames.
+#[test]
+fn a_pytorch_snapshot_with_cpp_frames_tells_workspaces_from_gradients() {
+    let p = root().join("tests/fixtures/snapshots/h200_components_adamw_bn_all.pickle");
+    let side: Value = serde_json::from_str(&std::fs::read_to_string(p.with_extension("json")).unwrap()).unwrap();
+    assert_eq!(side["stacks"], "all");
+    let got = replay_json(&p, &[]).unwrap();
+    let c = &got["devices"][0]["components"];
+    let model = |k: &str| side["components"][k].as_u64().unwrap();
+    let end = |k: &str| c[k]["end"].as_u64().unwrap_or_else(|| panic!("no {k} in {c}"));
+    for k in ["parameter", "buffer", "gradient", "optimizer_state", "workspace"] {
+        assert_eq!(end(k), model(k), "{k}: {c}");
+    }
+    assert!(model("workspace") > 32 << 20, "{side}");
+    let all: u64 = c.as_object().unwrap().values().map(|b| b["end"].as_u64().unwrap()).sum();
+    assert_eq!(all, side["stats"]["requested_bytes.all.current"].as_u64().unwrap(), "{c}");
+    // What is left is the last step's input batch and loss: nothing of the model's.
+    let named: u64 = ["parameter", "buffer", "gradient", "optimizer_state", "workspace"].iter().map(|k| end(k)).sum();
+    assert!(all - named <= (2 << 20) + 4096, "{}: {c}", all - named);
+}

@@ -11,8 +11,9 @@
 //!   buffers; three: all of them); a module's `__init__` or `torch/nn/parameter.py` made on the
 //!   device is a parameter;
 //! - the backward pass (`torch/autograd/`, and the allocations with no Python frame, which the
-//!   autograd engine's threads make) is a gradient where the allocation became one (still live at
-//!   the end, or freed by an optimizer's `zero_grad`), a temporary otherwise;
+//!   autograd engine's threads make; with C++ frames, those under `torch::autograd::Engine`) is a
+//!   gradient where the allocation became one (still live at the end, or freed by an optimizer's
+//!   `zero_grad`), a temporary otherwise;
 //! - the rest is `other`.
 //!
 //! gpumem-nb's own snapshots carry each stack's component as a frame of its own
@@ -22,7 +23,9 @@
 //! `requested_bytes`, before the allocator's rounding). PyTorch takes cuBLAS's workspaces from its
 //! caching allocator, when a forward or backward first needs them, and keeps them: with C++
 //! frames in the snapshot (`stacks="all"`) they are `workspace` (a frame of
-//! `getCurrentCUDABlasHandle`, `getCUDABlasLtWorkspace` or cuBLAS); with Python frames alone
+//! `getCurrentCUDABlasHandle`, `getCUDABlasLtWorkspace` or cuBLAS: on an H200 a handle's 32 MiB
+//! for each thread that multiplies, the forward's and the autograd engine's, and cuBLASLt's
+//! 1 MiB, all that `torch._C._cuda_clearCublasWorkspaces()` gives back); with Python frames alone
 //! they count under the phase that made them (an activation, or a gradient for the backward
 //! thread's), as PyTorch's own thread-local stamp would count them.
 
@@ -109,7 +112,8 @@ fn classify(info: Option<&EventInfo>, apply_roles: &HashMap<u32, Component>, pyt
     if frames.iter().any(|f| is_torch(&f.filename, "optim/")) {
         return Class::Known(Component::OptimizerState);
     }
-    if frames.iter().any(|f| is_torch(&f.filename, "autograd/")) {
+    // The backward pass: from Python, or on the autograd engine's threads (their C++ frames).
+    if frames.iter().any(|f| is_torch(&f.filename, "autograd/") || f.name.starts_with("torch::autograd::Engine::")) {
         return Class::Backward;
     }
     if let Some(line) = apply_line(info) {
