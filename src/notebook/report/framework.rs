@@ -383,6 +383,33 @@ mod tests {
         );
     }
 
+    /// The stamps that ended in the cell: after the numbers on the line, a row each in the
+    /// details, from the reading after the cell (the one before had the earlier cell's).
+    #[test]
+    fn stamped_phases_follow_the_line_and_have_rows() {
+        let phase = |c: &str, phases, change| FrameworkPhase { component: c.into(), phases, change };
+        let before = FrameworkReading { phases: vec![phase("temp", 1, 5)], ..reading(vec![]) };
+        let after = FrameworkReading {
+            phases: vec![phase("parameter", 1, 80 * MIB as i64), phase("optimizer_state", 3, -(2 * MIB as i64))],
+            ..reading(vec![pool("sliced", 0, 80 * MIB, 0, 96 * MIB, 1)])
+        };
+        let f = &framework_parts(Some(&[before]), Some(&[after]))[0];
+        assert_eq!(
+            f.line(),
+            "cubecl in use 80.00 MiB (+80.00 MiB, cached 16.00 MiB); by stamp: parameter +80.00 MiB, optimizer_state \
+             -2.00 MiB"
+        );
+        let mut t = crate::render::Table::new(["", "before", "after", "Δ", "peak in cell", "source"]);
+        f.rows(&mut t);
+        let text = t.to_text();
+        let row = text.lines().find(|l| l.contains("`optimizer_state` stamps")).unwrap_or_else(|| panic!("{text}"));
+        assert!(row.contains("-2.00 MiB") && row.contains("3 stamps"), "{row}");
+        assert!(!text.contains("`temp`"), "{text}");
+        // Without stamps the line is as before.
+        let plain = &framework_parts(None, Some(&[reading(vec![])]))[0];
+        assert!(!plain.line().contains("by stamp"), "{}", plain.line());
+    }
+
     /// Watched during the cell: no `before`, absolute numbers in the line; a reader that failed
     /// after the cell: its error, no numbers; nothing watched: no parts.
     #[test]
