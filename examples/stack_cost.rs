@@ -2,8 +2,9 @@
 //! feeds the same tracker CUPTI does): allocations and releases through
 //! `gpumem_nb::mem::driver_alloc_mib`, untracked (`GPUMEM_NB_TRACK=off`, in a second process run
 //! before and after the tracked loops), then tracked without a stack and with stacks of 8, 16
-//! and 32 frames; at 32 frames, inside a component stamp and not (issue 33); and naming the
-//! sites of a report. Prints one JSON object per line.
+//! and 32 frames; at 32 frames, inside a component stamp and not (issue 33); a stamp's own cost
+//! with no framework watched and with one (its books read at both ends); and naming the sites
+//! of a report. Prints one JSON object per line.
 //!
 //! `cargo run --release --example stack_cost` (BENCHMARKS.md, "Sites").
 
@@ -109,6 +110,27 @@ fn main() {
         "{}",
         json!({"stack_depth": 32, "plain_alloc_ns": plain.0, "stamped_alloc_ns": stamped.0,
                "stamp_alloc_overhead_ns": stamped.0 - plain.0, "plain_free_ns": plain.1, "stamped_free_ns": stamped.1})
+    );
+    // A stamp's own cost: with nothing watched it reads nothing; with a framework watched (the
+    // simulated queue, settled by a flush as cubecl is) it reads that framework's books at both
+    // ends.
+    let stamp_us = |n: usize| {
+        let t = Instant::now();
+        for _ in 0..n {
+            gpumem_nb::component(gpumem_nb::Component::Temp, || std::hint::black_box(()));
+        }
+        t.elapsed().as_secs_f64() * 1e6 / n as f64
+    };
+    let bare = stamp_us(100_000);
+    let q = gpumem_nb::frameworks::SimQueue::start("stamp-cost", 32).expect("queue");
+    q.watch().expect("watch");
+    let mut watched: Vec<f64> = (0..5).map(|_| stamp_us(200)).collect();
+    q.unwatch();
+    watched.sort_by(f64::total_cmp);
+    println!(
+        "{}",
+        json!({"stamp_us_nothing_watched": bare, "stamp_us_one_framework_watched_median": watched[2],
+               "stamp_us_one_framework_watched_max": watched[4]})
     );
     let keep: Vec<_> = (0..1000).map(|_| gpumem_nb::mem::driver_alloc_mib(2).expect("alloc")).collect();
     let mut times = Vec::new();
