@@ -246,7 +246,6 @@ pub fn run_with(program: &Program<'_>, config: &AllocatorConfig, opts: &RunOptio
     let mut foreign: HashMap<u64, u64> = HashMap::new();
     let mut private = 0u64;
     let mut ec = program.empty_cache_before.iter().copied().peekable();
-    let mut fi = t.foreign.iter().peekable();
 
     // A failure: counted, the first (and each label's first) described.
     let failed = |out: &mut FitRun,
@@ -315,31 +314,34 @@ pub fn run_with(program: &Program<'_>, config: &AllocatorConfig, opts: &RunOptio
         }
         peak_of(&mut out, dev.used(), Some(&before));
     }
-    for i in 0..=t.events.len() {
-        while let Some(f) = fi.next_if(|f| f.before <= i) {
-            let info = f.info.as_deref();
-            if f.alloc {
-                let bytes = f.size.div_ceil(GRANULARITY) * GRANULARITY;
-                match dev.take_external(bytes) {
-                    Ok(()) => {
-                        foreign.insert(f.addr, bytes);
+    let empty_cache = |state: &mut DeviceState, dev: &mut ReplayBackend| {
+        state.empty_cache(dev).map_err(|err| TraceError::file("", format!("empty_cache failed: {err}")))
+    };
+    // The recording in order: the other sources' entries, and before each allocator event the
+    // `empty_cache` calls recorded before it.
+    for step in t.in_order() {
+        let (i, e) = match step {
+            Ordered::Event(i, e) => (i, e),
+            Ordered::Foreign(f) => {
+                let info = f.info.as_deref();
+                if f.alloc {
+                    let bytes = f.size.div_ceil(GRANULARITY) * GRANULARITY;
+                    match dev.take_external(bytes) {
+                        Ok(()) => {
+                            foreign.insert(f.addr, bytes);
+                        }
+                        Err(_) => failed(&mut out, &mut state, &dev, f.event - 1, f.event, f.size, 0, f.source, info),
                     }
-                    Err(_) => failed(&mut out, &mut state, &dev, f.event - 1, f.event, f.size, 0, f.source, info),
+                } else if let Some(bytes) = foreign.remove(&f.addr) {
+                    dev.release_external(bytes);
                 }
-            } else if let Some(bytes) = foreign.remove(&f.addr) {
-                dev.release_external(bytes);
+                peak_of(&mut out, dev.used(), info);
+                continue;
             }
-            peak_of(&mut out, dev.used(), info);
-        }
-        while ec.next_if(|&k| k <= i).is_some() {
-            state.empty_cache(&mut dev).map_err(|err| TraceError::file("", format!("empty_cache failed: {err}")))?;
-        }
-        let Some(e) = t.events.get(i) else {
-            if opts.explain_at.contains(&i) {
-                out.explained.push((i, state.reserved_parts()));
-            }
-            break;
         };
+        while ec.next_if(|&k| k <= i).is_some() {
+            empty_cache(&mut state, &mut dev)?;
+        }
         let info = t.info_of(i);
         match e.action {
             TraceAction::Alloc => match state.malloc(&mut dev, e.size, e.stream) {
@@ -398,6 +400,14 @@ pub fn run_with(program: &Program<'_>, config: &AllocatorConfig, opts: &RunOptio
         if opts.explain_at.contains(&i) {
             out.explained.push((i, state.reserved_parts()));
         }
+    }
+    // After the last event: the `empty_cache` calls recorded at the end, and the end's parts.
+    let end = t.events.len();
+    while ec.next_if(|&k| k <= end).is_some() {
+        empty_cache(&mut state, &mut dev)?;
+    }
+    if opts.explain_at.contains(&end) {
+        out.explained.push((end, state.reserved_parts()));
     }
     let s = state.stats();
     out.reserved_peak = s.reserved_bytes[0].peak.max(0) as u64;
