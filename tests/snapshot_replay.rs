@@ -335,8 +335,12 @@ fn a_pytorch_snapshot_by_component() {
     assert_eq!(dev["smallest_card_gb"], 16, "{dev}");
     let text = Command::new(env!("CARGO_BIN_EXE_gpumem-replay")).arg(&p).args(["--fit", "1GiB"]).output().unwrap();
     let text = String::from_utf8_lossy(&text.stdout);
-    let row = |name: &str| text.lines().find(|l| l.contains(name)).unwrap_or_else(|| panic!("no {name}: {text}"));
-    assert!(row("optimizer_state").contains(&iec(model("optimizer_state"))), "{text}");
+    // The fit table's rows (its cells are split by `┆`; the components section above has none).
+    let row = |name: &str| {
+        text.lines().find(|l| l.contains(name) && l.contains('┆')).unwrap_or_else(|| panic!("no {name}: {text}"))
+    };
+    let at_peak_of = |k: &str| c[k]["at_peak"].as_u64().unwrap();
+    assert!(row("optimizer_state").contains(&iec(at_peak_of("optimizer_state"))), "{text}");
     assert!(row("smallest card").contains("16 GB (margin"), "{text}");
     // `%gpumem fit`'s table, with its one definition: the smallest device less the components
     // at the peak, which add up to it.

@@ -394,7 +394,7 @@ fn device(args: &Args, input: &Input, trace: &DeviceTrace) -> Result<(Value, Str
             plan(&program, &conf, &input.conf.0, size, if snap_input { "event" } else { "line" }).map_err(err)?;
         merge(&mut out, j);
         text += &t;
-        let (j, t) = by_card(&parts, stacks, &input.conf.0, out["min_device_bytes"].as_u64().unwrap_or(0));
+        let (j, t) = by_card(&parts, stacks, &input.conf, out["min_device_bytes"].as_u64().unwrap_or(0));
         merge(&mut out, j);
         text += &t;
     }
@@ -407,16 +407,16 @@ fn device(args: &Args, input: &Input, trace: &DeviceTrace) -> Result<(Value, Str
 fn by_card(
     parts: &std::collections::BTreeMap<gpumem_nb::Component, gpumem_nb::replay::components::ComponentBytes>,
     stacks: bool,
-    conf: &str,
+    (conf, from): &(String, &str),
     min_device: u64,
 ) -> (Value, String) {
     let none = std::collections::BTreeMap::new();
-    let policy = if conf.is_empty() {
-        "the recorded policy (PyTorch's default)".to_string()
-    } else {
-        format!("the recorded policy ({conf})")
+    let policy = match (conf.is_empty(), *from) {
+        (true, _) => "PyTorch's default policy".to_string(),
+        (false, "--alloc-conf") => format!("the policy from --alloc-conf ({conf})"),
+        (false, from) => format!("the recorded policy ({conf}, from the {from})"),
     };
-    let context = Err("not in a snapshot: NVML shows it on the card (300-600 MiB)");
+    let context = Err("not in the recording: NVML shows it on the card (300-600 MiB)");
     let table = gpumem_nb::plan::component_table(if stacks { parts } else { &none }, &policy, min_device, context);
     let caption =
         if stacks { "what the peak is made of" } else { "what the peak is made of (no Python stacks: no components)" };

@@ -26,7 +26,10 @@
 //! are settled and read when the stamp begins and ends, and the change of its in-use bytes is
 //! the component's (less what nested stamps changed), shown beside its numbers in the cell's
 //! report. That is a net change by the framework's own count, not a peak: a tensor made and
-//! dropped inside the phase is not in it. With no framework watched a stamp reads nothing.
+//! dropped inside the phase is not in it. The books are the process's: what another thread
+//! changes while a stamp is open counts in it too. With no framework watched a stamp reads
+//! nothing; with one, beginning or ending a stamp waits for its settle and reading (at most
+//! their time limits, also when a panic ends the stamp).
 
 use crate::record::component::Stamp;
 use crate::sync::lock;

@@ -372,6 +372,8 @@ mod tests {
 
     #[test]
     fn malformed_and_unknown_requests_are_answered_not_fatal() {
+        // Readings take the watched frameworks' ended stamps: not beside the tests that count them.
+        let _one = crate::sync::lock(&crate::notebook::watched::ONE_AT_A_TIME);
         let r = run("not json\n{\"id\":7,\"op\":\"frobnicate\"}\n{\"id\":8}\n\n{\"id\":9,\"op\":\"read\"}\n");
         assert_eq!(r.len(), 4);
         assert!(!r[0].ok && r[0].id.is_none());
@@ -388,6 +390,8 @@ mod tests {
     /// JSON; now it is malformed and changes nothing.
     #[test]
     fn only_json_whitespace_surrounds_a_request() {
+        // Readings take the watched frameworks' ended stamps: not beside the tests that count them.
+        let _one = crate::sync::lock(&crate::notebook::watched::ONE_AT_A_TIME);
         let fixture = include_str!("../../tests/fixtures/fuzz/control-vertical-tab.jsonl");
         let r = run(fixture);
         assert!(r.iter().all(|r| !r.ok), "{r:?}");
@@ -415,6 +419,8 @@ mod tests {
     /// one `live` still counts in the next one and in `post`; no owners are computed.
     #[test]
     fn live_reads_leave_the_cells_slots_open() {
+        // Readings take the watched frameworks' ended stamps: not beside the tests that count them.
+        let _one = crate::sync::lock(&crate::notebook::watched::ONE_AT_A_TIME);
         let alloc = crate::notebook::session::current().unwrap();
         let mut s = Session::default();
         assert!(s.handle(1, &Op::Pre { cell: 1 }).ok);
@@ -434,6 +440,8 @@ mod tests {
 
     #[test]
     fn an_overlong_line_ends_the_conversation_with_a_reason() {
+        // Readings take the watched frameworks' ended stamps: not beside the tests that count them.
+        let _one = crate::sync::lock(&crate::notebook::watched::ONE_AT_A_TIME);
         let mut input = vec![b'x'; protocol::MAX_LINE + 10];
         input.extend_from_slice(b"\n{\"id\":1,\"op\":\"read\"}\n");
         let mut out = Vec::new();

@@ -454,6 +454,8 @@ pub struct FrameworkReading {
 /// count for their own component). A framework that keeps tensors in pools of its own (cubecl)
 /// hides each allocation from tracking; its books, read at the stamp's two ends, are what is
 /// known: the net change, not a peak, and memory made and freed inside the phase is not in it.
+/// The books are the process's: what another thread changes while a stamp is open (another
+/// stamp, or unstamped work) is in that stamp's change too.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FrameworkPhase {
     /// The component stamped (`parameter`).
@@ -462,6 +464,14 @@ pub struct FrameworkPhase {
     pub phases: u64,
     /// Bytes in use at their ends − at their beginnings, summed, nested stamps' changes excepted.
     pub change: i64,
+    /// Stamps whose framework did not answer at one end (busy, too slow, or failed): not in
+    /// `phases` nor `change`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unread: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// One pool of a framework, named and counted as the framework counts it (bytes, pages).

@@ -52,11 +52,11 @@ struct Watch {
     busy: Arc<AtomicBool>,
 }
 
-/// A stamped phase not ended yet: each framework's in-use bytes when it began, and what the
-/// phases nested in it changed.
+/// A stamped phase not ended yet: each framework's in-use bytes when it began (`None`: it did
+/// not answer), and what the phases nested in it changed.
 struct Open {
     component: String,
-    start: Vec<(String, u64)>,
+    start: Vec<(String, Option<u64>)>,
     nested: HashMap<String, i64>,
 }
 
@@ -164,15 +164,17 @@ fn read_all() -> Option<Vec<(String, FrameworkReading)>> {
     Some(list.into_iter().map(|(key, reader, busy)| (key.clone(), read_one(&key, reader, busy))).collect())
 }
 
-/// Each watched framework's bytes in use now, settled first; those that did not answer are
-/// left out (a phase has no change for them).
-fn in_use_now() -> Vec<(String, u64)> {
+/// Each watched framework's bytes in use now, settled first; `None` for one that did not
+/// answer (a phase has no change for it then, and says so).
+fn in_use_now() -> Vec<(String, Option<u64>)> {
     settle(SETTLE_TIMEOUT);
     read_all()
         .unwrap_or_default()
         .into_iter()
-        .filter(|(_, r)| r.error.is_none())
-        .map(|(key, r)| (key, r.pools.iter().map(|p| p.in_use).sum()))
+        .map(|(key, r)| {
+            let in_use = r.error.is_none().then(|| r.pools.iter().map(|p| p.in_use).sum());
+            (key, in_use)
+        })
         .collect()
 }
 
@@ -190,7 +192,9 @@ pub(crate) fn phase_begin(component: &str) -> bool {
 
 /// Ends this thread's innermost phase: reads the frameworks again and keeps, per framework, the
 /// change less what its nested phases changed, for the next reading; the whole change counts
-/// as nested in the phase around it.
+/// as nested in the phase around it. A framework not read at either end has no change for
+/// this stamp (it is counted as `unread`), and what its nested stamps changed is passed up
+/// instead, so that no byte counts twice.
 pub(crate) fn phase_end() {
     let id = std::thread::current().id();
     let Some(open) = ({
@@ -205,27 +209,38 @@ pub(crate) fn phase_end() {
         return;
     };
     let now = in_use_now();
-    let mut changes = Vec::new();
-    for (key, before) in &open.start {
-        if let Some((_, after)) = now.iter().find(|(k, _)| k == key) {
-            changes.push((key.clone(), *after as i64 - *before as i64));
-        }
-    }
+    // Per framework watched at the beginning: the change, or `None` when one end was not read.
+    let changes: Vec<(String, Option<i64>)> = open
+        .start
+        .iter()
+        .map(|(key, before)| {
+            let after = now.iter().find(|(k, _)| k == key).and_then(|(_, a)| *a);
+            (key.clone(), before.zip(after).map(|(b, a)| a as i64 - b as i64))
+        })
+        .collect();
+    let nested = |key: &str| open.nested.get(key).copied().unwrap_or(0);
     if let Some(parent) = crate::sync::lock(&watched().open).get_mut(&id).and_then(|v| v.last_mut()) {
         for (key, change) in &changes {
-            *parent.nested.entry(key.clone()).or_default() += change;
+            *parent.nested.entry(key.clone()).or_default() += change.unwrap_or_else(|| nested(key));
         }
     }
     let mut ended = crate::sync::lock(&watched().ended);
     for (key, change) in changes {
-        let own = change - open.nested.get(&key).copied().unwrap_or(0);
+        let own = change.map(|c| c - nested(&key));
         let list = ended.entry(key).or_default();
-        match list.iter_mut().find(|p| p.component == open.component) {
-            Some(p) => {
+        let p = match list.iter().position(|p| p.component == open.component) {
+            Some(i) => &mut list[i],
+            None => {
+                list.push(FrameworkPhase { component: open.component.clone(), ..Default::default() });
+                list.last_mut().expect("just pushed")
+            }
+        };
+        match own {
+            Some(own) => {
                 p.phases += 1;
                 p.change += own;
             }
-            None => list.push(FrameworkPhase { component: open.component.clone(), phases: 1, change: own }),
+            None => p.unread += 1,
         }
     }
 }
@@ -318,9 +333,50 @@ mod tests {
         phase_end();
         let mine = |all: Vec<FrameworkReading>| all.into_iter().find(|r| r.device == "phases").unwrap().phases;
         let phases = mine(readings().unwrap());
-        let p = |c: &str, phases: u64, change: i64| FrameworkPhase { component: c.into(), phases, change };
+        let p = |c: &str, phases: u64, change: i64| FrameworkPhase { component: c.into(), phases, change, unread: 0 };
         assert_eq!(phases, vec![p("optimizer_state", 2, 56), p("parameter", 1, 20)]);
         assert!(mine(readings().unwrap()).is_empty(), "taken by the reading before");
+        // A framework not read at the end of the middle stamp: that stamp is `unread`, and what
+        // its nested stamp changed still does not count for the outer one.
+        let fail = Arc::new(AtomicBool::new(false));
+        let (r, f) = (Arc::clone(&in_use), Arc::clone(&fail));
+        watch(
+            key,
+            Arc::new(move || {
+                if f.load(Ordering::SeqCst) {
+                    panic!("not now");
+                }
+                FrameworkReading {
+                    framework: "test".into(),
+                    device: "phases".into(),
+                    pools: vec![FrameworkPool {
+                        kind: "all".into(),
+                        in_use: r.load(Ordering::SeqCst),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }
+            }),
+            None,
+        );
+        assert!(phase_begin("other"));
+        add(1);
+        assert!(phase_begin("activation"));
+        add(10);
+        assert!(phase_begin("temp"));
+        add(100);
+        phase_end();
+        fail.store(true, Ordering::SeqCst);
+        phase_end();
+        fail.store(false, Ordering::SeqCst);
+        phase_end();
+        let got = mine(readings().unwrap());
+        let unread = FrameworkPhase { unread: 1, ..p("activation", 0, 0) };
+        assert_eq!(
+            got,
+            vec![p("temp", 1, 100), unread, p("other", 1, 11)],
+            "the 10 of the unread stamp go to the outer one"
+        );
         // A phase ended with nothing open is nothing; unwatched, a stamp reads nothing.
         phase_end();
         assert!(unwatch(key));

@@ -46,18 +46,32 @@ pub fn component_table(
         at_peak += b.at_peak;
         t.row([c.key().to_string(), iec(b.at_peak), iec(b.peak), "recorded allocations (requested bytes)".into()]);
     }
-    t.row([
-        "rounding and cache".into(),
-        iec(min_device.saturating_sub(at_peak)),
-        "–".into(),
-        format!("the smallest device under {policy} − the components at the peak (replayed)"),
-    ]);
+    t.row(if components.is_empty() {
+        [
+            "allocations, rounding and cache".into(),
+            iec(min_device),
+            "–".into(),
+            format!("the smallest device under {policy} (replayed; no stacks to tell components)"),
+        ]
+    } else {
+        [
+            "rounding and cache".into(),
+            iec(min_device.saturating_sub(at_peak)),
+            "–".into(),
+            format!("the smallest device under {policy} − the components at the peak (replayed)"),
+        ]
+    });
     t.row(match context {
         Ok(b) => ["CUDA context and modules".into(), iec(b), "–".into(), "NVML, now".into()],
         Err(why) => ["CUDA context and modules".into(), "not measured".into(), "–".into(), why.into()],
     });
     let need = min_device + context.unwrap_or(0);
     let card = match smallest_card(need) {
+        // A CUDA context takes 300-600 MiB: a margin below that, with the context not measured,
+        // may not hold it.
+        Some((gb, margin)) if context.is_err() && margin < 600 << 20 => {
+            format!("{gb} GB (margin {}, less than a CUDA context may take)", iec(margin))
+        }
         Some((gb, margin)) => format!("{gb} GB (margin {})", iec(margin)),
         None => "none of 16 to 192 GB".into(),
     };

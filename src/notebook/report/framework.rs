@@ -175,6 +175,21 @@ impl Growth {
     }
 }
 
+/// `1 stamp`, `3 stamps`.
+fn stamps(n: u64) -> String {
+    if n == 1 { "1 stamp".into() } else { format!("{n} stamps") }
+}
+
+/// One component's stamps on the line: `parameter +80.28 MiB`, with the stamps whose books were
+/// not read at one end said (`parameter +80.28 MiB (1 stamp not read)`, `parameter not read`).
+fn phase_words(p: &FrameworkPhase) -> String {
+    match (p.phases, p.unread) {
+        (_, 0) => format!("{} {}", p.component, iec_delta(p.change)),
+        (0, n) => format!("{} not read ({})", p.component, stamps(n)),
+        (_, n) => format!("{} {} ({} not read)", p.component, iec_delta(p.change), stamps(n)),
+    }
+}
+
 impl FrameworkPart {
     /// Live bytes (in use and their padding) after − before.
     pub fn live_delta(&self) -> Option<i64> {
@@ -197,8 +212,7 @@ impl FrameworkPart {
         if self.phases.is_empty() {
             return line;
         }
-        let by: Vec<String> = self.phases.iter().map(|p| format!("{} {}", p.component, iec_delta(p.change))).collect();
-        format!("{line}; by stamp: {}", by.join(", "))
+        format!("{line}; by stamp: {}", self.phases.iter().map(phase_words).collect::<Vec<_>>().join(", "))
     }
 
     /// Its rows in a cell's details table.
@@ -221,14 +235,17 @@ impl FrameworkPart {
             t.row([format!("{name}: {what}"), b(s.before), b(s.after), d(s), "–".into(), source.clone()]);
         }
         for p in &self.phases {
-            let n = if p.phases == 1 { "1 stamp".to_string() } else { format!("{} stamps", p.phases) };
+            let unread = if p.unread > 0 { format!(", {} not read", stamps(p.unread)) } else { String::new() };
             t.row([
                 format!("{name}: in use, `{}` stamps", p.component),
                 "–".into(),
                 "–".into(),
-                iec_delta(p.change),
+                if p.phases > 0 { iec_delta(p.change) } else { "–".into() },
                 "–".into(),
-                format!("{source}: read when each stamp began and ended ({n}; nested stamps count for their own)"),
+                format!(
+                    "{source}: read when each stamp began and ended ({}{unread}; nested stamps count for their own)",
+                    stamps(p.phases)
+                ),
             ]);
         }
         for k in &self.kinds {
@@ -387,7 +404,7 @@ mod tests {
     /// details, from the reading after the cell (the one before had the earlier cell's).
     #[test]
     fn stamped_phases_follow_the_line_and_have_rows() {
-        let phase = |c: &str, phases, change| FrameworkPhase { component: c.into(), phases, change };
+        let phase = |c: &str, phases, change| FrameworkPhase { component: c.into(), phases, change, unread: 0 };
         let before = FrameworkReading { phases: vec![phase("temp", 1, 5)], ..reading(vec![]) };
         let after = FrameworkReading {
             phases: vec![phase("parameter", 1, 80 * MIB as i64), phase("optimizer_state", 3, -(2 * MIB as i64))],
@@ -405,6 +422,10 @@ mod tests {
         let row = text.lines().find(|l| l.contains("`optimizer_state` stamps")).unwrap_or_else(|| panic!("{text}"));
         assert!(row.contains("-2.00 MiB") && row.contains("3 stamps"), "{row}");
         assert!(!text.contains("`temp`"), "{text}");
+        // Stamps whose books were not read at one end are said, not counted.
+        let p = |phases, unread| FrameworkPhase { unread, ..phase("temp", phases, 4 * MIB as i64) };
+        assert_eq!(phase_words(&p(2, 1)), "temp +4.00 MiB (1 stamp not read)");
+        assert_eq!(phase_words(&FrameworkPhase { change: 0, ..p(0, 3) }), "temp not read (3 stamps)");
         // Without stamps the line is as before.
         let plain = &framework_parts(None, Some(&[reading(vec![])]))[0];
         assert!(!plain.line().contains("by stamp"), "{}", plain.line());
