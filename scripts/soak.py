@@ -15,8 +15,11 @@ middle and the end; growth; hook time p50/p99 of the first and the last 10 % of 
 500 each); reports per cell. With --assert it fails (exit 1) unless every cell that ran code has
 exactly one report, the history (when more cells ran than `GPUMEM_NB_HISTORY_CELLS` keeps) says
 how many earlier cells it no longer keeps, the kernel's RSS grew by less than 64 MiB from the end of the first 10 % of
-cells to the end, and the p99 hook time of the last cells is at most 1.5x that of the first
-(plus 1 ms, what a 2-core machine's scheduling noise alone gives).
+cells to the end, and the median hook time of the last cells is at most 1.5x that of the first
+(plus 1 ms, what a 2-core machine's scheduling noise alone gives): hooks whose cost grew with
+the session would move the median; the p99 of a 100-cell run's ten cells is their slowest, one
+scheduling hiccup (2,514 µs first and 4,791 µs last in one run, 7,179 and 3,047 in the one
+before), so it is shown, not checked.
 """
 
 import json
@@ -193,8 +196,8 @@ def main():
             fails.append(f"cells without exactly one report: {bad_reports[:20]}")
         if end_k - base_k >= 64 * MIB:
             fails.append(f"kernel RSS grew {mib(end_k - base_k)} MiB")
-        if p(last, 99) > 1.5 * p(first, 99) + 1000:
-            fails.append(f"hook p99 {p(first, 99)} -> {p(last, 99)} us")
+        if p(last, 50) > 1.5 * p(first, 50) + 1000:
+            fails.append(f"hook median {p(first, 50)} -> {p(last, 50)} us")
         if n + 1 > keep and "earlier cells not kept" not in history:
             fails.append(f"the history does not summarise the cells it dropped: {history[-500:]!r}")
         if statuses.get("panicked", 0) < n // 50:
