@@ -17,7 +17,7 @@ exactly one report, the history (when more cells ran than `GPUMEM_NB_HISTORY_CEL
 how many earlier cells it no longer keeps, the kernel's RSS grew by less than 64 MiB from the end of the first 10 % of
 cells to the end, and the median hook time of the last cells is at most 1.5x that of the first
 (plus 1 ms, what a 2-core machine's scheduling noise alone gives): hooks whose cost grew with
-the session would move the median; the p99 of a 100-cell run's ten cells is their slowest, one
+the session would move the median; the p99 of a 100-cell run's nine-cell windows is their slowest cell, one
 scheduling hiccup (2,514 µs first and 4,791 µs last in one run, 7,179 and 3,047 in the one
 before), so it is shown, not checked.
 """
