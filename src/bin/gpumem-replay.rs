@@ -411,10 +411,10 @@ fn by_card(
     min_device: u64,
 ) -> (Value, String) {
     let none = std::collections::BTreeMap::new();
-    let policy = match (conf.is_empty(), *from) {
-        (true, _) => "PyTorch's default policy".to_string(),
-        (false, "--alloc-conf") => format!("the policy from --alloc-conf ({conf})"),
-        (false, from) => format!("the recorded policy ({conf}, from the {from})"),
+    let policy = if conf.is_empty() {
+        "PyTorch's default policy".to_string()
+    } else {
+        format!("the policy {conf:?} (from {from})")
     };
     let context = Err("not in the recording: NVML shows it on the card (300-600 MiB)");
     let table = gpumem_nb::plan::component_table(if stacks { parts } else { &none }, &policy, min_device, context);

@@ -311,13 +311,13 @@ mod tests {
         let _one = crate::sync::lock(&ONE_AT_A_TIME);
         use std::sync::atomic::AtomicU64;
         let in_use = Arc::new(AtomicU64::new(100));
-        let r = Arc::clone(&in_use);
+        // A reader that fails (panics) while `fail` is set: a framework that does not answer.
+        let fail = Arc::new(AtomicBool::new(false));
+        let (r, f) = (Arc::clone(&in_use), Arc::clone(&fail));
         let key = "test phases";
-        let read = move || FrameworkReading {
-            framework: "test".into(),
-            device: "phases".into(),
-            pools: vec![FrameworkPool { kind: "all".into(), in_use: r.load(Ordering::SeqCst), ..Default::default() }],
-            ..Default::default()
+        let read = move || {
+            assert!(!f.load(Ordering::SeqCst), "not now");
+            FrameworkReading { device: "phases".into(), ..reading(r.load(Ordering::SeqCst)) }
         };
         watch(key, Arc::new(read), None);
         let add = |n: i64| in_use.fetch_add(n as u64, Ordering::SeqCst);
@@ -338,27 +338,6 @@ mod tests {
         assert!(mine(readings().unwrap()).is_empty(), "taken by the reading before");
         // A framework not read at the end of the middle stamp: that stamp is `unread`, and what
         // its nested stamp changed still does not count for the outer one.
-        let fail = Arc::new(AtomicBool::new(false));
-        let (r, f) = (Arc::clone(&in_use), Arc::clone(&fail));
-        watch(
-            key,
-            Arc::new(move || {
-                if f.load(Ordering::SeqCst) {
-                    panic!("not now");
-                }
-                FrameworkReading {
-                    framework: "test".into(),
-                    device: "phases".into(),
-                    pools: vec![FrameworkPool {
-                        kind: "all".into(),
-                        in_use: r.load(Ordering::SeqCst),
-                        ..Default::default()
-                    }],
-                    ..Default::default()
-                }
-            }),
-            None,
-        );
         assert!(phase_begin("other"));
         add(1);
         assert!(phase_begin("activation"));
@@ -377,7 +356,7 @@ mod tests {
             vec![p("temp", 1, 100), unread, p("other", 1, 11)],
             "the 10 of the unread stamp go to the outer one"
         );
-        // A phase ended with nothing open is nothing; unwatched, a stamp reads nothing.
+        // A phase ended with nothing open is nothing; unwatching drops what no reading took.
         phase_end();
         assert!(unwatch(key));
         assert!(!crate::sync::lock(&watched().ended).contains_key(key));

@@ -109,7 +109,7 @@ impl<'a> Program<'a> {
         for step in self.trace.in_order() {
             match step {
                 Ordered::Foreign(f) if f.alloc => {
-                    let s = f.size.div_ceil(GRANULARITY) * GRANULARITY;
+                    let s = driver_bytes(f.size);
                     foreign.insert(f.addr, s);
                     now += s;
                 }
@@ -325,7 +325,7 @@ pub fn run_with(program: &Program<'_>, config: &AllocatorConfig, opts: &RunOptio
             Ordered::Foreign(f) => {
                 let info = f.info.as_deref();
                 if f.alloc {
-                    let bytes = f.size.div_ceil(GRANULARITY) * GRANULARITY;
+                    let bytes = driver_bytes(f.size);
                     match dev.take_external(bytes) {
                         Ok(()) => {
                             foreign.insert(f.addr, bytes);
@@ -415,6 +415,12 @@ pub fn run_with(program: &Program<'_>, config: &AllocatorConfig, opts: &RunOptio
     out.requested_peak = s.requested_bytes[0].peak.max(0) as u64;
     out.num_alloc_retries = s.num_alloc_retries.max(0) as u64;
     Ok(out)
+}
+
+/// What another source's allocation takes on the device: its size rounded up to the driver's
+/// granularity.
+fn driver_bytes(size: u64) -> u64 {
+    size.div_ceil(GRANULARITY) * GRANULARITY
 }
 
 /// The smallest device a program fits on under a policy (see the module docs).
