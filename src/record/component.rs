@@ -9,7 +9,8 @@
 //!   (tracked allocations, the allocator's blocks, snapshots) keeps it;
 //! - **rules** on the stack's function names ([`Rules`]): built-in ones for candle, burn and the
 //!   CUDA libraries, and the user's own, first match from the outermost frame in, so that
-//!   `AdamW::new` making its moments with `Var::zeros` is optimizer state, not a parameter. A
+//!   `AdamW::new` making its moments with `Var::zeros` is optimizer state, not a parameter (one
+//!   exception: a backward pass run by an optimizer, `backward_step`, makes gradients). A
 //!   function inlined into another is named from its source file (`candle_nn::optim::new`).
 //!
 //! What neither classifies is `other`.
@@ -213,23 +214,33 @@ impl Rules {
     }
 
     /// The component of a stack given as `(function, library file)` per frame, innermost
-    /// first: the first frame from the outermost in that a rule matches.
+    /// first: the first frame from the outermost in that a rule matches, except that a backward
+    /// pass inside an optimizer (candle's `Optimizer::backward_step` runs `backward` and then
+    /// the step) makes gradients: under an optimizer's frame, a gradient rule further in wins.
     pub(crate) fn classify<'a>(
         &self,
         frames: impl DoubleEndedIterator<Item = (&'a str, &'a str)>,
     ) -> Option<Component> {
-        frames.rev().find_map(|(function, library)| {
-            self.rules
-                .iter()
-                .find(|r| {
-                    if r.pattern.starts_with("lib") && !r.pattern.contains("::") {
-                        library.contains(&r.pattern) || function.contains(&r.pattern)
-                    } else {
-                        function.contains(&r.pattern)
-                    }
-                })
-                .map(|r| r.component)
-        })
+        let mut matched = frames.rev().filter_map(|(function, library)| self.matching(function, library));
+        let outer = matched.next()?;
+        if outer == Component::OptimizerState && matched.any(|c| c == Component::Gradient) {
+            return Some(Component::Gradient);
+        }
+        Some(outer)
+    }
+
+    /// The component of the first rule that matches one frame.
+    fn matching(&self, function: &str, library: &str) -> Option<Component> {
+        self.rules
+            .iter()
+            .find(|r| {
+                if r.pattern.starts_with("lib") && !r.pattern.contains("::") {
+                    library.contains(&r.pattern) || function.contains(&r.pattern)
+                } else {
+                    function.contains(&r.pattern)
+                }
+            })
+            .map(|r| r.component)
     }
 }
 
@@ -288,6 +299,21 @@ mod tests {
         assert_eq!(rules.classify(stack(&var)), Some(Component::Parameter));
         let grad = ["candle_core::tensor::Tensor::matmul", "candle_core::backprop::<impl Tensor>::backward"];
         assert_eq!(rules.classify(stack(&grad)), Some(Component::Gradient));
+        // `opt.backward_step(&loss)`: the backward inside the optimizer makes gradients, the
+        // step after it (no backward frame) works on optimizer state.
+        let in_step = [
+            "candle_core::tensor::Tensor::add",
+            "candle_core::backprop::<impl Tensor>::backward",
+            "candle_nn::optim::Optimizer::backward_step",
+        ];
+        assert_eq!(rules.classify(stack(&in_step)), Some(Component::Gradient));
+        let step = ["candle_core::tensor::Tensor::mul", "<candle_nn::optim::AdamW as Optimizer>::step"];
+        assert_eq!(rules.classify(stack(&step)), Some(Component::OptimizerState));
+        // A forward inside a backward pass (a recomputing checkpoint) stays the backward's: the
+        // outermost frame decides everywhere else.
+        let recompute =
+            ["<my::Block as candle_core::Module>::forward", "candle_core::backprop::<impl Tensor>::backward"];
+        assert_eq!(rules.classify(stack(&recompute)), Some(Component::Gradient));
         let fwd =
             ["candle_core::tensor::Tensor::matmul", "<candle_nn::linear::Linear as candle_core::Module>::forward"];
         assert_eq!(rules.classify(stack(&fwd)), Some(Component::Activation));
