@@ -434,11 +434,13 @@ fn by_component(live: &LiveNow, changes: Option<&CellChanges>) -> HashMap<Place,
         if let Some(ch) = changes {
             let of: HashMap<_, _> = ch.stacks.iter().map(|(id, f)| (*id, classify(f))).collect();
             let component = |c: &Change| of.get(&c.stack).copied().unwrap_or(Component::Other);
-            // A backward pass's and an optimizer step's working memory is `temp`, as PyTorch
-            // counts it: what they released before their run of allocations ended (the
-            // gradients a store holds and the optimizer's moments outlive it).
+            // A backward pass's, an optimizer step's and a parameter initializer's working
+            // memory is `temp`, as PyTorch counts it: what they released before their run of
+            // allocations ended (the gradients a store holds, the optimizer's moments and the
+            // parameters outlive it; candle's uniform initializer makes a tensor and scales it
+            // into another).
             let working = released_within_phase(&ch.changes, |c| match component(c) {
-                k @ (Component::Gradient | Component::OptimizerState) => Step::In(k),
+                k @ (Component::Gradient | Component::OptimizerState | Component::Parameter) => Step::In(k),
                 Component::Workspace | Component::Other | Component::Temp => Step::Aside,
                 _ => Step::Other,
             });

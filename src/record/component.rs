@@ -9,8 +9,9 @@
 //!   (tracked allocations, the allocator's blocks, snapshots) keeps it;
 //! - **rules** on the stack's function names ([`Rules`]): built-in ones for candle, burn and the
 //!   CUDA libraries, and the user's own, first match from the outermost frame in, so that
-//!   `AdamW::new` making its moments with `Var::zeros` is optimizer state, not a parameter (one
-//!   exception: a backward pass run by an optimizer, `backward_step`, makes gradients). A
+//!   `AdamW::new` making its moments with `Var::zeros` is optimizer state, not a parameter (two
+//!   exceptions: a CUDA library's frame anywhere makes workspace, and a backward pass run by an
+//!   optimizer, `backward_step`, makes gradients). A
 //!   function inlined into another is named from its source file (`candle_nn::optim::new`).
 //!
 //! What neither classifies is `other`.
@@ -214,16 +215,25 @@ impl Rules {
     }
 
     /// The component of a stack given as `(function, library file)` per frame, innermost
-    /// first: the first frame from the outermost in that a rule matches, except that a backward
-    /// pass inside an optimizer (candle's `Optimizer::backward_step` runs `backward` and then
-    /// the step) makes gradients: under an optimizer's frame, a gradient rule further in wins.
+    /// first: the first frame from the outermost in that a rule matches, with two exceptions
+    /// where the inner frame knows better:
+    /// - a CUDA library's frame anywhere makes `workspace`: what cuRAND or cuBLAS allocates for
+    ///   itself is its own, whoever called it (candle's first `Var::randn` creates cuRAND's
+    ///   generator state under `VarMap::get`);
+    /// - a backward pass inside an optimizer (candle's `Optimizer::backward_step` runs
+    ///   `backward`, then the step) makes gradients: under an optimizer's frame, a gradient rule
+    ///   further in wins.
     pub(crate) fn classify<'a>(
         &self,
         frames: impl DoubleEndedIterator<Item = (&'a str, &'a str)>,
     ) -> Option<Component> {
-        let mut matched = frames.rev().filter_map(|(function, library)| self.matching(function, library));
-        let outer = matched.next()?;
-        if outer == Component::OptimizerState && matched.any(|c| c == Component::Gradient) {
+        let matched: Vec<Component> =
+            frames.rev().filter_map(|(function, library)| self.matching(function, library)).collect();
+        let outer = *matched.first()?;
+        if matched.contains(&Component::Workspace) {
+            return Some(Component::Workspace);
+        }
+        if outer == Component::OptimizerState && matched.contains(&Component::Gradient) {
             return Some(Component::Gradient);
         }
         Some(outer)
@@ -321,6 +331,15 @@ mod tests {
         // A library's frames by its file.
         let cublas = [("cuMemAlloc_v2", "libcuda.so.1"), ("??", "libcublasLt.so.13"), ("user::f", "libx.so")];
         assert_eq!(rules.classify(cublas.iter().copied()), Some(Component::Workspace));
+        // A library's own memory wherever its caller is: cuRAND's generator state, made by the
+        // first `Var::randn` under `VarMap::get`, is cuRAND's, not a parameter.
+        let curand = [
+            ("cuMemAlloc_v2", "libcuda.so.1"),
+            ("??", "libcurand.so.10"),
+            ("candle_core::variable::Var::randn", "libdeps.so"),
+            ("candle_nn::var_map::VarMap::get", "libdeps.so"),
+        ];
+        assert_eq!(rules.classify(curand.iter().copied()), Some(Component::Workspace));
     }
 
     #[test]

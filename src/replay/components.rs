@@ -192,10 +192,10 @@ fn timeline(trace: &DeviceTrace) -> Vec<Step<'_>> {
 /// Each component's bytes at the trace's end, at the requested peak (every source together), and
 /// at its own peak.
 ///
-/// In gpumem-nb's own snapshots (no Python frames) a backward pass's and an optimizer step's
-/// allocations are their component only when they outlive their run, as the notebook's per-cell
-/// reports count them: one released before the run ends (the next allocation of another
-/// component; workspaces and `other` do not end it) is `temp`.
+/// In gpumem-nb's own snapshots (no Python frames) a backward pass's, an optimizer step's and a
+/// parameter initializer's allocations are their component only when they outlive their run, as
+/// the notebook's per-cell reports count them: one released before the run ends (the next
+/// allocation of another component; workspaces and `other` do not end it) is `temp`.
 pub fn components(trace: &DeviceTrace) -> BTreeMap<Component, ComponentBytes> {
     let roles = apply_roles(trace);
     let python = trace.info.iter().flatten().any(|i| i.frames.iter().any(|f| f.filename.ends_with(".py")));
@@ -203,11 +203,12 @@ pub fn components(trace: &DeviceTrace) -> BTreeMap<Component, ComponentBytes> {
     // First pass: what each allocation is (a backward or optimizer allocation's fate decides).
     let mut class: Vec<Option<Component>> = vec![None; steps.len()];
     let mut open: HashMap<(&str, u64), (usize, Class)> = HashMap::new();
-    // The run of backward or optimizer allocations going on (gpumem-nb's snapshots), and the
+    // The run of backward, optimizer or parameter allocations going on (gpumem-nb's snapshots), and the
     // allocations it made that are still live.
     let mut run: Option<Component> = None;
     let mut in_run: std::collections::HashSet<(&str, u64)> = std::collections::HashSet::new();
-    let runs = |c: Component| !python && matches!(c, Component::Gradient | Component::OptimizerState);
+    let runs =
+        |c: Component| !python && matches!(c, Component::Gradient | Component::OptimizerState | Component::Parameter);
     for (i, st) in steps.iter().enumerate() {
         match st.kind {
             StepKind::Alloc => {
@@ -295,7 +296,8 @@ mod tests {
     }
 
     /// A gpumem-nb snapshot: a backward run's allocations released before the run ends are
-    /// `temp`, those that outlive it `gradient`, and the same for an optimizer step; a workspace
+    /// `temp`, those that outlive it `gradient`, and the same for an optimizer step and a
+    /// parameter initializer; a workspace
     /// in the middle does not end a run; tracked (driver) allocations count beside the
     /// allocator's blocks.
     #[test]
@@ -316,7 +318,11 @@ mod tests {
         };
         let alloc = TraceAction::Alloc;
         let (req, done) = (TraceAction::FreeRequested, TraceAction::FreeCompleted);
+        // A parameter initializer: the parameter (1) and a tensor it scaled into it (8).
+        ev(&mut trace, alloc, 8, mib, Some(Parameter));
         ev(&mut trace, alloc, 1, 10 * mib, Some(Parameter));
+        ev(&mut trace, req, 8, mib, Some(Parameter));
+        ev(&mut trace, done, 8, mib, Some(Parameter));
         // Backward: a temporary (2), a workspace (3) that does not end the run, a gradient (4).
         ev(&mut trace, alloc, 2, 8 * mib, Some(Gradient));
         ev(&mut trace, alloc, 3, mib, Some(Workspace));
@@ -332,9 +338,10 @@ mod tests {
         ev(&mut trace, alloc, 7, mib, Some(Activation));
         ev(&mut trace, req, 4, 10 * mib, Some(Gradient));
         ev(&mut trace, done, 4, 10 * mib, Some(Gradient));
-        // A driver allocation of a stamped activation, between the allocator's events 1 and 2.
+        // A driver allocation of a stamped activation, after the initializer's run (events 0 to
+        // 3) and before the backward's.
         trace.foreign.push(Foreign {
-            before: 1,
+            before: 4,
             alloc: true,
             addr: 100,
             size: 6 * mib,
@@ -345,6 +352,7 @@ mod tests {
         let c = components(&trace);
         let get = |k: Component| c.get(&k).copied().unwrap_or_default();
         assert_eq!(get(Temp).peak, 8 * mib, "{c:?}");
+        assert_eq!(get(Parameter).peak, 10 * mib, "the initializer's own tensor is temp: {c:?}");
         assert_eq!((get(Gradient).peak, get(Gradient).end), (10 * mib, 0), "{c:?}");
         assert_eq!((get(OptimizerState).peak, get(Temp).end), (20 * mib, 0), "{c:?}");
         assert_eq!(get(Activation).end, 7 * mib, "the driver's 6 and the block's 1: {c:?}");
