@@ -322,3 +322,17 @@ fn gpu_leave_free_mib_on_a_real_device() {
     assert_eq!(r.allocator_reserved, 2 * MIB);
     a.check_invariants().unwrap();
 }
+
+/// The CUDA pool's cap is for cudarc and candle on a GPU: on the simulated device, and for a
+/// size of 0, it is a one-line error that names what was wrong, and nothing changes.
+#[test]
+fn capping_the_cuda_pool_needs_one_and_a_size() {
+    let a = sim(GIB);
+    let e = mem::cap_cuda_pool_on(&a, 512 * MIB).unwrap_err().to_string();
+    assert!(e.contains("cap_cuda_pool") && e.contains("has no CUDA stream-ordered pool"), "{e}");
+    assert!(!e.contains('\n'), "{e}");
+    let e = mem::cap_cuda_pool_on(&a, 0).unwrap_err().to_string();
+    assert!(e.contains("a cap of 0 bytes"), "{e}");
+    // The device still allocates as before.
+    assert!(allocate_mib_on(&a, 100).is_some());
+}

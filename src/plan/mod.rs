@@ -7,11 +7,16 @@
 //!   whether each fits, each cell's first request that would fail (with its site when stacks
 //!   were recorded), and the smallest device per policy ([`FitPlan`]). The replay itself is
 //!   [`crate::replay::fit`]; `gpumem-replay --fit` does the same for a PyTorch snapshot.
+//!   The CUDA stream-ordered pool (cudarc, candle) is read, not replayed ([`PoolFit`]): what it
+//!   reserved at most, cell by cell, and where a pool capped at the plan's size would refuse.
 //! - [`explain`]: every byte a device's allocator reserved, in parts that add up
 //!   ([`crate::blocks::ReservedParts`]), with the CUDA pool beside it.
 #![forbid(unsafe_code)]
 
+mod pool;
 mod session;
+
+pub use pool::{PoolCell, PoolFit};
 
 pub use session::{
     CARDS_GB, CellFit, FitPlan, MODELLED, NOT_MODELLED, PolicyFit, component_table, fit_snapshot, plan, smallest_card,

@@ -149,6 +149,9 @@ pub struct FitPlan {
     /// The CUDA context and modules of the notebook's process, where measured (NVML's process
     /// bytes beyond every tracked allocation and the CUDA pool's cache); set by the kernel.
     pub context: Option<u64>,
+    /// The CUDA stream-ordered pool as its driver counted it cell by cell, and where a pool capped
+    /// at the plan's size would first refuse; set by the kernel, from its cells' records.
+    pub pool: Option<super::PoolFit>,
     /// What is modelled.
     pub modelled: &'static str,
     /// What is not.
@@ -236,6 +239,7 @@ pub fn plan(trace: &DeviceTrace, recorded: &AllocatorConfig, device_bytes: u64) 
         live_peak: program.live_peak(),
         components: components(trace),
         context: None,
+        pool: None,
         modelled: MODELLED,
         not_modelled: NOT_MODELLED,
     })
@@ -336,11 +340,20 @@ impl FitPlan {
         ))
     }
 
+    /// The plan's tables: the policies, the cells, what the peak is made of, and the CUDA pool
+    /// where it was read.
+    fn tables(&self) -> Vec<crate::render::Table> {
+        let mut t = vec![self.policy_table(), self.cell_table(), self.component_table()];
+        t.extend(self.pool.as_ref().map(|p| p.table()));
+        t
+    }
+
     /// Text, HTML and the plan as JSON (`application/json`).
     pub fn bundle(&self) -> crate::render::MimeBundle {
-        let (a, b, c) = (self.policy_table(), self.cell_table(), self.component_table());
-        crate::render::MimeBundle::text(format!("{}\n\n{}\n\n{}", a.to_text(), b.to_text(), c.to_text()))
-            .with_html(format!("{}<br>{}<br>{}", a.to_html(), b.to_html(), c.to_html()))
+        let tables = self.tables();
+        let text: Vec<String> = tables.iter().map(|t| t.to_text()).collect();
+        let html: Vec<String> = tables.iter().map(|t| t.to_html()).collect();
+        crate::render::MimeBundle::text(text.join("\n\n")).with_html(html.join("<br>"))
     }
 
     /// The plan as JSON.
@@ -351,13 +364,8 @@ impl FitPlan {
 
 impl fmt::Display for FitPlan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}\n\n{}\n\n{}",
-            self.policy_table().to_text(),
-            self.cell_table().to_text(),
-            self.component_table().to_text()
-        )
+        let text: Vec<String> = self.tables().iter().map(|t| t.to_text()).collect();
+        f.write_str(&text.join("\n\n"))
     }
 }
 

@@ -67,6 +67,7 @@
 //! | `cuDeviceGetMemPool` | `result::device::get_mem_pool` | `pool_usage`, `reset_pool_high_water` |
 //! | `cuMemPoolGetAttribute` | `result::mem_pool::get_attribute` | `pool_usage` |
 //! | `cuMemPoolSetAttribute` | `result::mem_pool::set_attribute` | `reset_pool_high_water` |
+//! | `cuMemPoolCreate` (`maxSize`), `cuDeviceSetMemPool` | `result::mem_pool::create`, `result::device::set_mem_pool` | [`cap_stream_ordered_pool`] |
 //! | `cuLaunchHostFunc` | `result::stream::launch_host_function` | [`CudaBackend::sleep_on_stream`] (a busy stream, for probes and tests) |
 //!
 //! # Pinned host memory
@@ -787,6 +788,43 @@ impl Drop for DriverAllocation {
         }
     }
 }
+/// Caps the device's CUDA stream-ordered pool, what `cuMemAllocAsync` (cudarc's `CudaSlice`,
+/// candle) draws from: a pool created with `maxSize = max_bytes` becomes the device's current
+/// pool (`cuDeviceSetMemPool`), so the stream-ordered allocations made from now on fail with
+/// `CUDA_ERROR_OUT_OF_MEMORY` once it would reserve more. Allocations already made stay in the
+/// pool that made them; the pool lives as long as the process (a pool in use cannot be
+/// destroyed). Returns the pool's handle.
+pub fn cap_stream_ordered_pool(ctx: &Arc<CudaContext>, max_bytes: u64) -> Result<usize, DeviceError> {
+    let max_size = to_usize(max_bytes)?;
+    ctx.bind_to_thread().map_err(|e| driver("cuCtxSetCurrent", e))?;
+    let dev = ctx.cu_device();
+    // SAFETY: `dev` is this context's device; both calls only read which pools it has.
+    let (current, default) = unsafe { (result::device::get_mem_pool(dev), result::device::get_default_mem_pool(dev)) };
+    let current = current.map_err(|e| driver("cuDeviceGetMemPool", e))?;
+    if current != default.map_err(|e| driver("cuDeviceGetDefaultMemPool", e))? {
+        return Err(DeviceError::Driver(
+            "the device's current CUDA pool is not its default one: it was capped already, or another library set it"
+                .into(),
+        ));
+    }
+    let props = sys::CUmemPoolProps {
+        allocType: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+        handleTypes: sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+        location: sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: dev },
+        win32SecurityAttributes: std::ptr::null_mut(),
+        maxSize: max_size,
+        usage: 0,
+        reserved: [0; 54],
+    };
+    // SAFETY: the context is bound to this thread; `props` is a fully initialised
+    // `CUmemPoolProps` of the driver's layout (cudarc's bindings for CUDA 13.0) that outlives the
+    // call; the pool returned is owned here and never destroyed (the device keeps using it).
+    let pool = unsafe { result::mem_pool::create(&props) }.map_err(|e| driver("cuMemPoolCreate", e))?;
+    // SAFETY: `dev` is this context's device and `pool` a live pool created for it just above.
+    unsafe { result::device::set_mem_pool(dev, pool) }.map_err(|e| driver("cuDeviceSetMemPool", e))?;
+    Ok(pool as usize)
+}
+
 pub use view::{CudaView, CudaViewMut};
 
 #[cfg(test)]

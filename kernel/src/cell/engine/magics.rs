@@ -322,6 +322,14 @@ impl Engine {
         match planned {
             Ok(mut plan) => {
                 plan.context = self.history.cells.last().and_then(|r| r.context_after());
+                // The CUDA pool as its driver counted it, cell by cell (each record's high-water
+                // reservation, restarted at every cell): read, not replayed.
+                let pool_cells = self.history.cells.iter().filter_map(|r| {
+                    let p = r.pool.as_ref()?;
+                    let reserved_high = p.reserved_high.or(p.reserved.after)?;
+                    Some(gpumem_nb::plan::PoolCell { cell: r.cell, reserved_high })
+                });
+                plan.pool = gpumem_nb::plan::PoolFit::new(pool_cells, size);
                 let b = plan.bundle();
                 let mut m = Map::new();
                 m.insert("text/plain".into(), Value::String(b.text));
