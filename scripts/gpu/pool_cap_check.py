@@ -2,13 +2,13 @@
 """Issue 33, item 4, for candle: does a candle notebook fit where `%gpumem fit` says its CUDA
 pool fits, and fail where it says it fails?
 
-    python3 scripts/gpu/pool_cap_check.py OUT      (on the GPU machine, after notebook.sh setup)
+    python3 scripts/gpu/pool_cap_check.py OUT [--chunks]   (on the GPU machine, after notebook.sh setup)
 
 Runs `notebooks/gpu_pool_cap.ipynb` in gpumem-kernel four times (a copy in notebooks/ each time,
 its last cell's `%gpumem fit` size and the pool's cap set per run):
   A  uncapped, `%gpumem fit 16GiB`: what the pool reserved at most (R, the driver's count);
-  B  uncapped, `%gpumem fit C` with C = 0.97 R rounded down to the pool's 32 MiB chunks: the cell
-     the plan says a pool capped at C refuses first in;
+  B  uncapped, `%gpumem fit C` with C = 0.97 R (with --chunks, rounded down to the pool's 32 MiB
+     chunks): the cell the plan says a pool capped at C refuses first in;
   C  capped at R (`GPUMEM_POOL_CAP`, read by the notebook's `mem::cap_cuda_pool`): every cell runs;
   D  capped at C: the first cell that fails is B's, with CUDA's out of memory, and none before.
 Writes the executed notebooks, their logs and pool_cap_check.json to OUT; prints PASS or FAIL
@@ -73,12 +73,14 @@ def main():
     if fails:
         return finish(out, report, fails)
     need = pool["reserved_high"]
-    cap = (97 * need // 100) // CHUNK * CHUNK
+    cap = 97 * need // 100
+    if "--chunks" in sys.argv:
+        cap = cap // CHUNK * CHUNK
     report["need"], report["cap_097"] = need, cap
 
     b = report["B"] = run(out, "B", None, str(cap))
     over = (b["pool"] or {}).get("first_over")
-    say(b["exit"] == 0 and over is not None, f"B uncapped, fit at {cap} (0.97 x {need}, in 32 MiB chunks): the plan says cell {over and over['cell']} refuses ({over})")
+    say(b["exit"] == 0 and over is not None, f"B uncapped, fit at {cap} (0.97 x {need}{', in 32 MiB chunks' if '--chunks' in sys.argv else ''}): the plan says cell {over and over['cell']} refuses ({over})")
     if fails:
         return finish(out, report, fails)
 
