@@ -44,6 +44,10 @@
 #                     bash scripts/gpu/notebook.sh warm notebooks/gpu_components.ipynb stock
 #                     bash scripts/gpu/notebook.sh stock notebooks/gpu_components.ipynb && python3 \
 #                       scripts/gpu/check_notebook.py "$OUT/gpu_components-stock.ipynb" --stock --require-tracking cupti
+# candle under a cap where `%gpumem fit` says (issue 33, item 4), still warm (four runs of
+# notebooks/gpu_pool_cap.ipynb; the same :dep lines as gpu_components, so the same build):
+#                     python3 scripts/gpu/pool_cap_check.py "$OUT/cap"
+#                     python3 scripts/gpu/pool_probe.py "$OUT/pool_probe.jsonl"   (how the CUDA pool reserves)
 # Small cells against the stock kernel on this host (issue 35):
 #                     bash scripts/gpu/notebook.sh cellbench --rounds 3 --no-candle
 set -euo pipefail

@@ -91,8 +91,8 @@ pub const MODELLED: &str = "this session's recorded allocations and frees (alloc
 
 /// What it does not (leave room for it).
 pub const NOT_MODELLED: &str = "the CUDA context (300-600 MiB per process), other processes on the device, NCCL \
-    and other library memory that was not tracked, the CUDA pool's own caching beyond its live bytes, CUDA graphs' \
-    private pools";
+    and other library memory that was not tracked, the CUDA pool's own chunks and caching beyond its live bytes (read \
+    instead, cell by cell, where the notebook has a pool: the CUDA pool table), CUDA graphs' private pools";
 
 /// One policy's answer.
 #[derive(Clone, Debug, Serialize)]
