@@ -2,17 +2,21 @@
 """Issue 33, item 4, for candle: does a candle notebook fit where `%gpumem fit` says its CUDA
 pool fits, and fail where it says it fails?
 
-    python3 scripts/gpu/pool_cap_check.py OUT [--chunks]   (on the GPU machine, after notebook.sh setup)
+    python3 scripts/gpu/pool_cap_check.py OUT      (on the GPU machine, after notebook.sh setup)
 
-Runs `notebooks/gpu_pool_cap.ipynb` in gpumem-kernel four times (a copy in notebooks/ each time,
-its last cell's `%gpumem fit` size and the pool's cap set per run):
-  A  uncapped, `%gpumem fit 16GiB`: what the pool reserved at most (R, the driver's count);
-  B  uncapped, `%gpumem fit C` with C = 0.97 R (with --chunks, rounded down to the pool's 32 MiB
-     chunks): the cell the plan says a pool capped at C refuses first in;
-  C  capped at R (`GPUMEM_POOL_CAP`, read by the notebook's `mem::cap_cuda_pool`): every cell runs;
-  D  capped at C: the first cell that fails is B's, with CUDA's out of memory, and none before.
-Writes the executed notebooks, their logs and pool_cap_check.json to OUT; prints PASS or FAIL
-lines and exits 1 on any FAIL.
+Runs `notebooks/gpu_pool_cap.ipynb` in gpumem-kernel (a copy in notebooks/ each time, its last
+cells' `%gpumem fit` sizes and the pool's cap set per run):
+  A  uncapped, `%gpumem fit 16GiB`: what the pool reserved at most (R, the driver's count), and
+     in each cell;
+  B  uncapped, one `%gpumem fit CAP` per cap below: the plan's verdict for each (the first cell
+     a pool capped at CAP refuses in, or none);
+  then one run capped at each CAP (`GPUMEM_POOL_CAP`, read by the notebook's
+  `mem::cap_cuda_pool`): the first cell that fails must be the plan's, with CUDA's out of
+  memory, and no cell before it; where the plan says none, every cell runs.
+The caps: R (what the pool needs); 0.97 R; R - 16 MiB (between two of the pool's 32 MiB chunks:
+it holds R); 0.97 of the highest reservation of a cell before R's (a refusal before the
+session's highest cell). Writes the executed notebooks, their logs and pool_cap_check.json to
+OUT; prints PASS or FAIL lines and exits 1 on any FAIL.
 """
 import json
 import os
@@ -21,16 +25,16 @@ import subprocess
 import sys
 
 MIB = 1 << 20
-CHUNK = 32 * MIB  # the pool's reservation step on the H200 (scripts/gpu/pool_probe.py)
 FIT_MIME = "application/vnd.gpumem.fit+json"
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 NOTEBOOK = os.path.join(REPO, "notebooks", "gpu_pool_cap.ipynb")
 
 
-def run(out, name, cap, fit_size):
+def run(out, name, cap, fit_sizes):
     nb = json.load(open(NOTEBOOK))
-    fit = [c for c in nb["cells"] if c["cell_type"] == "code" and "".join(c["source"]).startswith("%gpumem fit")]
-    fit[-1]["source"] = [f"%gpumem fit {fit_size}"]
+    fit = [c for c in nb["cells"] if c["cell_type"] == "code" and "".join(c["source"]).startswith("%gpumem fit")][-1]
+    at = nb["cells"].index(fit)
+    nb["cells"][at:at + 1] = [dict(fit, source=[f"%gpumem fit {s}"]) for s in fit_sizes]
     src = os.path.join(REPO, "notebooks", f".pool-cap-{name}.ipynb")
     json.dump(nb, open(src, "w"))
     dst = os.path.join(out, f"gpu_pool_cap-{name}.ipynb")
@@ -43,7 +47,7 @@ def run(out, name, cap, fit_size):
     open(os.path.join(out, f"gpu_pool_cap-{name}.log"), "w").write(p.stdout + p.stderr)
     os.remove(src)
     done = json.load(open(dst)) if os.path.exists(dst) else {"cells": []}
-    errors, plan = [], None
+    errors, plans = [], []
     for c in done["cells"]:
         if c["cell_type"] != "code":
             continue
@@ -53,8 +57,8 @@ def run(out, name, cap, fit_size):
                 text = (o.get("evalue", "") + " " + streams)[:600]
                 errors.append({"cell": c.get("execution_count"), "ename": o.get("ename"), "evalue": text})
             if FIT_MIME in o.get("data", {}):
-                plan = o["data"][FIT_MIME]
-    return {"exit": p.returncode, "errors": errors, "pool": (plan or {}).get("pool")}
+                plans.append(o["data"][FIT_MIME].get("pool"))
+    return {"exit": p.returncode, "errors": errors, "pools": plans}
 
 
 def main():
@@ -67,33 +71,35 @@ def main():
         if not ok:
             fails.append(text)
 
-    a = report["A"] = run(out, "A", None, "16GiB")
-    pool = a["pool"] or {}
-    say(a["exit"] == 0 and not a["errors"] and pool.get("reserved_high"), f"A uncapped: ran, pool read: {pool and {k: pool[k] for k in ('reserved_high', 'high_cell')}} {a['errors']}")
+    a = report["A"] = run(out, "A", None, ["16GiB"])
+    pool = (a["pools"] or [None])[0] or {}
+    say(a["exit"] == 0 and not a["errors"] and pool.get("reserved_high"),
+        f"A uncapped: ran, the pool reserved at most {pool.get('reserved_high')} (cell {pool.get('high_cell')}) {a['errors']}")
     if fails:
         return finish(out, report, fails)
     need = pool["reserved_high"]
-    cap = 97 * need // 100
-    if "--chunks" in sys.argv:
-        cap = cap // CHUNK * CHUNK
-    report["need"], report["cap_097"] = need, cap
+    earlier = [c for c in pool["cells"] if c["cell"] < pool["high_cell"] and c["reserved_high"] > 0]
+    caps = {"need": need, "0.97": 97 * need // 100, "need-16MiB": need - 16 * MIB}
+    if earlier:
+        caps["0.97-of-earlier"] = 97 * max(c["reserved_high"] for c in earlier) // 100
+    report["caps"] = caps
 
-    b = report["B"] = run(out, "B", None, str(cap))
-    over = (b["pool"] or {}).get("first_over")
-    say(b["exit"] == 0 and over is not None, f"B uncapped, fit at {cap} (0.97 x {need}{', in 32 MiB chunks' if '--chunks' in sys.argv else ''}): the plan says cell {over and over['cell']} refuses ({over})")
+    b = report["B"] = run(out, "B", None, [str(v) for v in caps.values()])
+    ok = b["exit"] == 0 and len(b["pools"]) == len(caps) and all(b["pools"])
+    say(ok, f"B uncapped, the plan at {len(caps)} caps: {[(k, p and p.get('first_over')) for k, p in zip(caps, b['pools'])]}")
     if fails:
         return finish(out, report, fails)
-
-    c = report["C"] = run(out, "C", need, str(need))
-    cpool = c["pool"] or {}
-    say(c["exit"] == 0 and not c["errors"], f"C capped at {need} (what A's pool reserved at most): every cell ran {c['errors']}")
-    say(cpool.get("reserved_high", need + 1) <= need, f"C: the capped pool reserved at most {cpool.get('reserved_high')} <= {need}")
-
-    d = report["D"] = run(out, "D", cap, str(cap))
-    first = d["errors"][0] if d["errors"] else None
-    oom = bool(first and re.search(r"OUT_OF_MEMORY|out of memory", first["evalue"], re.I))
-    say(first is not None and first["cell"] == over["cell"] and oom,
-        f"D capped at {cap}: first failure in cell {first and first['cell']} (the plan: cell {over['cell']}), out of memory: {oom}: {first}")
+    for (name, cap), plan in zip(caps.items(), b["pools"]):
+        over = plan.get("first_over")
+        r = report[f"capped-{name}"] = run(out, f"capped-{name}", cap, [str(cap)])
+        first = r["errors"][0] if r["errors"] else None
+        if over is None:
+            say(r["exit"] == 0 and first is None, f"capped at {cap} ({name}): the plan says every cell runs (holds {plan['holds']}); ran: {first}")
+        else:
+            oom = bool(first and re.search(r"OUT_OF_MEMORY|out of memory", first["evalue"], re.I))
+            say(first is not None and first["cell"] == over["cell"] and oom,
+                f"capped at {cap} ({name}): the plan says cell {over['cell']} refuses; first failure in cell "
+                f"{first and first['cell']}, out of memory: {oom}: {first and first['evalue'][:160]}")
     return finish(out, report, fails)
 
 

@@ -10,7 +10,9 @@
 //!    optimizer_state), any `forward` (candle's, burn's or the notebook's own modules →
 //!    activation) and the CUDA libraries (cuBLAS, cuBLASLt, cuDNN, cuFFT, cuRAND → workspace),
 //!    and yours ([`add_rule`]), tried before the built-in ones; the outermost frame a rule
-//!    matches decides;
+//!    matches decides, except that under a built-in rule a CUDA library's frame anywhere makes
+//!    workspace and, under an optimizer's, a backward pass further in makes gradients
+//!    (`backward_step`);
 //! 3. `other`.
 //!
 //! The stamp travels with the allocation's stack, so it needs stacks (`GPUMEM_NB_TRACK=nostacks`

@@ -16,7 +16,7 @@
 mod pool;
 mod session;
 
-pub use pool::{PoolCell, PoolFit};
+pub use pool::{POOL_CHUNK, PoolCell, PoolFit, pool_holds};
 
 pub use session::{
     CARDS_GB, CellFit, FitPlan, MODELLED, NOT_MODELLED, PolicyFit, component_table, fit_snapshot, plan, smallest_card,

@@ -5,13 +5,24 @@
 //! model the pool: it reads what the pool reserved at most in each cell
 //! (`CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH`, restarted at every cell) and says where a pool capped at
 //! the plan's size ([`crate::mem::cap_cuda_pool`]) would first refuse: in the first cell whose
-//! reservation went above the cap. That holds while a capped pool places allocations as the
-//! uncapped one did, which it does until it would have to grow past the cap
-//! (`scripts/gpu/pool_probe.py`, GPU_VALIDATION.md §20).
+//! reservation went above what the cap holds (the cap in whole chunks, [`POOL_CHUNK`]). That
+//! holds while a capped pool places allocations as the uncapped one did, which it does until it
+//! would have to grow past the cap (`scripts/gpu/pool_probe.py`, `scripts/gpu/pool_cap_check.py`,
+//! GPU_VALIDATION.md §20).
 
 use crate::render::Table;
-use crate::units::iec;
+use crate::units::{MIB, iec};
 use serde::Serialize;
+
+/// What the driver's stream-ordered pool reserves in, measured (H200, driver 580,
+/// `scripts/gpu/pool_probe.py`): every reservation is a whole number of these, and a pool's
+/// `maxSize` between two of them holds up to the next (1,000 MiB held 1,024 MiB).
+pub const POOL_CHUNK: u64 = 32 * MIB;
+
+/// What a pool with `maxSize = cap` can reserve: the cap rounded up to [`POOL_CHUNK`].
+pub fn pool_holds(cap: u64) -> u64 {
+    cap.div_ceil(POOL_CHUNK).saturating_mul(POOL_CHUNK)
+}
 
 /// One cell's reading of the pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -27,14 +38,16 @@ pub struct PoolCell {
 pub struct PoolFit {
     /// The cap asked about: the plan's device size.
     pub cap: u64,
+    /// What a pool capped there can reserve ([`pool_holds`]: the cap in whole chunks).
+    pub holds: u64,
     /// Every cell that read the pool, in the order they ran.
     pub cells: Vec<PoolCell>,
     /// The most the pool reserved in the session, and the first cell that reached it.
     pub reserved_high: u64,
     /// That cell.
     pub high_cell: u64,
-    /// With the pool capped at `cap`: the first cell whose reservation went above it (where a
-    /// capped run refuses), or `None` when every cell stayed within it.
+    /// With the pool capped at `cap`: the first cell whose reservation went above what it holds
+    /// (where a capped run refuses), or `None` when every cell stayed within it.
     pub first_over: Option<PoolCell>,
 }
 
@@ -45,8 +58,10 @@ impl PoolFit {
         let cells: Vec<PoolCell> = cells.into_iter().collect();
         // The first cell at the session's highest (max_by_key keeps the last of equals).
         let high = cells.iter().rev().max_by_key(|c| c.reserved_high).filter(|c| c.reserved_high > 0)?;
-        let first_over = cells.iter().find(|c| c.reserved_high > cap).copied();
-        Some(PoolFit { cap, reserved_high: high.reserved_high, high_cell: high.cell, first_over, cells: cells.clone() })
+        let holds = pool_holds(cap);
+        let first_over = cells.iter().find(|c| c.reserved_high > holds).copied();
+        let (reserved_high, high_cell) = (high.reserved_high, high.cell);
+        Some(PoolFit { cap, holds, reserved_high, high_cell, first_over, cells })
     }
 
     /// The pool's rows: what it reserved at most, and the cap's verdict.
@@ -58,13 +73,17 @@ impl PoolFit {
             format!("cell {}", self.high_cell),
             "the driver's count (CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH), per cell".to_string(),
         ]);
-        let capped = format!("capped at {}", iec(self.cap));
+        let capped = if self.holds == self.cap {
+            format!("capped at {}", iec(self.cap))
+        } else {
+            format!("capped at {} (holds {})", iec(self.cap), iec(self.holds))
+        };
         t.row(match self.first_over {
             Some(c) => [
                 capped,
                 format!("refuses: {} reserved there", iec(c.reserved_high)),
                 format!("cell {}", c.cell),
-                "the first cell whose reservation went above the cap".to_string(),
+                "the first cell whose reservation went above what the cap holds".to_string(),
             ],
             None => [capped, "holds every cell".to_string(), "–".to_string(), "no cell reserved more".to_string()],
         });
@@ -94,6 +113,14 @@ mod tests {
         assert_eq!(p.first_over, Some(PoolCell { cell: 5, reserved_high: 160 * MIB }));
         // At a cell's reservation exactly: it holds (the pool refuses only beyond its maxSize).
         assert_eq!(PoolFit::new(c.clone(), 160 * MIB).unwrap().first_over.map(|c| c.cell), Some(8));
+        // A cap between chunks holds up to the next chunk: 1 B or 16 MiB under the highest
+        // reservation still holds it; a whole chunk under does not.
+        for under in [1, 16 * MIB] {
+            let p = PoolFit::new(c.clone(), 224 * MIB - under).unwrap();
+            assert_eq!((p.holds, p.first_over), (224 * MIB, None), "{under}");
+        }
+        assert_eq!(PoolFit::new(c.clone(), 192 * MIB).unwrap().first_over.map(|c| c.cell), Some(8));
+        assert_eq!(pool_holds(1000 * MIB), 1024 * MIB, "the probe's 1,000 MiB pool held 1,024 x 1 MiB");
         // The highest reached twice: the first cell that reached it.
         let p = PoolFit::new(cells(&[(1, 32), (2, 96), (3, 96)]), 64 * MIB).unwrap();
         assert_eq!((p.high_cell, p.first_over.map(|c| c.cell)), (2, Some(2)));
@@ -109,7 +136,10 @@ mod tests {
         assert!(text.contains("224.00 MiB") && text.contains("cell 8"), "{text}");
         assert!(text.contains("refuses: 160.00 MiB reserved there") && text.contains("cell 5"), "{text}");
         assert!(text.contains("CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH") && text.contains("cap_cuda_pool"), "{text}");
-        let text = PoolFit::new(c, 256 * MIB).unwrap().table().to_text();
-        assert!(text.contains("holds every cell"), "{text}");
+        let text = PoolFit::new(c, 250 * MIB).unwrap().table().to_text();
+        assert!(
+            text.contains("holds every cell") && text.contains("capped at 250.00 MiB (holds 256.00 MiB)"),
+            "{text}"
+        );
     }
 }

@@ -215,42 +215,45 @@ impl Rules {
     }
 
     /// The component of a stack given as `(function, library file)` per frame, innermost
-    /// first: the first frame from the outermost in that a rule matches, with two exceptions
-    /// where the inner frame knows better:
+    /// first: the first frame from the outermost in that a rule matches. Where that rule is a
+    /// built-in one, two built-in rules further in know better:
     /// - a CUDA library's frame anywhere makes `workspace`: what cuRAND or cuBLAS allocates for
     ///   itself is its own, whoever called it (candle's first `Var::randn` creates cuRAND's
     ///   generator state under `VarMap::get`);
     /// - a backward pass inside an optimizer (candle's `Optimizer::backward_step` runs
     ///   `backward`, then the step) makes gradients: under an optimizer's frame, a gradient rule
     ///   further in wins.
+    ///
+    /// A user's rule at the outermost match decides alone: it says what the user meant.
     pub(crate) fn classify<'a>(
         &self,
         frames: impl DoubleEndedIterator<Item = (&'a str, &'a str)>,
     ) -> Option<Component> {
-        let matched: Vec<Component> =
+        let matched: Vec<&Rule> =
             frames.rev().filter_map(|(function, library)| self.matching(function, library)).collect();
         let outer = *matched.first()?;
-        if matched.contains(&Component::Workspace) {
+        let built_in = |c: Component| matched.iter().any(|r| r.origin == "built-in" && r.component == c);
+        if outer.origin == "user" {
+            return Some(outer.component);
+        }
+        if built_in(Component::Workspace) {
             return Some(Component::Workspace);
         }
-        if outer == Component::OptimizerState && matched.contains(&Component::Gradient) {
+        if outer.component == Component::OptimizerState && built_in(Component::Gradient) {
             return Some(Component::Gradient);
         }
-        Some(outer)
+        Some(outer.component)
     }
 
-    /// The component of the first rule that matches one frame.
-    fn matching(&self, function: &str, library: &str) -> Option<Component> {
-        self.rules
-            .iter()
-            .find(|r| {
-                if r.pattern.starts_with("lib") && !r.pattern.contains("::") {
-                    library.contains(&r.pattern) || function.contains(&r.pattern)
-                } else {
-                    function.contains(&r.pattern)
-                }
-            })
-            .map(|r| r.component)
+    /// The first rule that matches one frame.
+    fn matching(&self, function: &str, library: &str) -> Option<&Rule> {
+        self.rules.iter().find(|r| {
+            if r.pattern.starts_with("lib") && !r.pattern.contains("::") {
+                library.contains(&r.pattern) || function.contains(&r.pattern)
+            } else {
+                function.contains(&r.pattern)
+            }
+        })
     }
 }
 
@@ -353,5 +356,17 @@ mod tests {
         // At one frame, the user's rule wins over a built-in one.
         rules.add("candle_nn::optim::AdamW::new", Component::Other).unwrap();
         assert_eq!(rules.classify(stack(&["candle_nn::optim::AdamW::new"])), Some(Component::Other));
+        // A user's rule at the outermost match decides alone: a library or a backward inside it
+        // does not overrule it, nor does a user's workspace rule further in overrule an outer rule.
+        rules.add("my_model::load", Component::Parameter).unwrap();
+        let load = [
+            ("??", "libcurand.so.10"),
+            ("candle_core::backprop::<impl Tensor>::backward", "l"),
+            ("my_model::load", "l"),
+        ];
+        assert_eq!(rules.classify(load.iter().copied()), Some(Component::Parameter));
+        rules.add("my_helper::scratch", Component::Workspace).unwrap();
+        let fwd = ["my_helper::scratch", "<my::Block as candle_core::Module>::forward"];
+        assert_eq!(rules.classify(stack(&fwd)), Some(Component::Activation));
     }
 }

@@ -195,7 +195,7 @@ fn timeline(trace: &DeviceTrace) -> Vec<Step<'_>> {
 /// In gpumem-nb's own snapshots (no Python frames) a backward pass's, an optimizer step's and a
 /// parameter initializer's allocations are their component only when they outlive their run, as
 /// the notebook's per-cell reports count them: one released before the run ends (the next
-/// allocation of another component; workspaces and `other` do not end it) is `temp`.
+/// allocation of another component; workspaces, `other` and `temp` do not end it) is `temp`.
 pub fn components(trace: &DeviceTrace) -> BTreeMap<Component, ComponentBytes> {
     let roles = apply_roles(trace);
     let python = trace.info.iter().flatten().any(|i| i.frames.iter().any(|f| f.filename.ends_with(".py")));
@@ -214,7 +214,11 @@ pub fn components(trace: &DeviceTrace) -> BTreeMap<Component, ComponentBytes> {
             StepKind::Alloc => {
                 let c = classify(st.info, &roles, python);
                 if let Class::Known(k) = c {
-                    if !matches!(k, Component::Workspace | Component::Other) && run.is_some_and(|r| r != k) {
+                    // As the per-cell reports count them: workspaces, `other` and stamped
+                    // temporaries neither continue nor end a run.
+                    if !matches!(k, Component::Workspace | Component::Other | Component::Temp)
+                        && run.is_some_and(|r| r != k)
+                    {
                         run = None;
                         in_run.clear();
                     }
@@ -318,11 +322,15 @@ mod tests {
         };
         let alloc = TraceAction::Alloc;
         let (req, done) = (TraceAction::FreeRequested, TraceAction::FreeCompleted);
-        // A parameter initializer: the parameter (1) and a tensor it scaled into it (8).
+        // A parameter initializer: the parameter (1) and a tensor it scaled into it (8); a
+        // stamped temporary (9) in between neither continues nor ends its run.
         ev(&mut trace, alloc, 8, mib, Some(Parameter));
+        ev(&mut trace, alloc, 9, mib, Some(Temp));
         ev(&mut trace, alloc, 1, 10 * mib, Some(Parameter));
         ev(&mut trace, req, 8, mib, Some(Parameter));
         ev(&mut trace, done, 8, mib, Some(Parameter));
+        ev(&mut trace, req, 9, mib, Some(Temp));
+        ev(&mut trace, done, 9, mib, Some(Temp));
         // Backward: a temporary (2), a workspace (3) that does not end the run, a gradient (4).
         ev(&mut trace, alloc, 2, 8 * mib, Some(Gradient));
         ev(&mut trace, alloc, 3, mib, Some(Workspace));
@@ -339,9 +347,9 @@ mod tests {
         ev(&mut trace, req, 4, 10 * mib, Some(Gradient));
         ev(&mut trace, done, 4, 10 * mib, Some(Gradient));
         // A driver allocation of a stamped activation, after the initializer's run (events 0 to
-        // 3) and before the backward's.
+        // 6) and before the backward's.
         trace.foreign.push(Foreign {
-            before: 4,
+            before: 7,
             alloc: true,
             addr: 100,
             size: 6 * mib,

@@ -114,7 +114,7 @@ pub(crate) enum Step<K> {
     /// Made by phase `K`.
     In(K),
     /// Made by no phase that runs: it neither continues nor ends a run (library workspace,
-    /// unclassified buffers).
+    /// unclassified buffers, stamped temporaries).
     Aside,
     /// Made by another part of the program: the run ends.
     Other,

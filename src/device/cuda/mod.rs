@@ -67,7 +67,7 @@
 //! | `cuDeviceGetMemPool` | `result::device::get_mem_pool` | `pool_usage`, `reset_pool_high_water` |
 //! | `cuMemPoolGetAttribute` | `result::mem_pool::get_attribute` | `pool_usage` |
 //! | `cuMemPoolSetAttribute` | `result::mem_pool::set_attribute` | `reset_pool_high_water` |
-//! | `cuMemPoolCreate` (`maxSize`), `cuDeviceSetMemPool` | `result::mem_pool::create`, `result::device::set_mem_pool` | [`cap_stream_ordered_pool`] |
+//! | `cuDriverGetVersion`, `cuMemPoolCreate` (`maxSize`), `cuDeviceSetMemPool`, `cuMemPoolDestroy` (if setting fails) | `sys`, `result::mem_pool::{create, destroy}`, `result::device::set_mem_pool` | [`cap_stream_ordered_pool`] |
 //! | `cuLaunchHostFunc` | `result::stream::launch_host_function` | [`CudaBackend::sleep_on_stream`] (a busy stream, for probes and tests) |
 //!
 //! # Pinned host memory
@@ -792,11 +792,22 @@ impl Drop for DriverAllocation {
 /// candle) draws from: a pool created with `maxSize = max_bytes` becomes the device's current
 /// pool (`cuDeviceSetMemPool`), so the stream-ordered allocations made from now on fail with
 /// `CUDA_ERROR_OUT_OF_MEMORY` once it would reserve more. Allocations already made stay in the
-/// pool that made them; the pool lives as long as the process (a pool in use cannot be
-/// destroyed). Returns the pool's handle.
+/// pool that made them; the new pool is kept for the life of the process (destroying the
+/// current pool would put the uncapped default one back). Needs a driver of CUDA 12.2 or later,
+/// the first to read `maxSize`. Returns the pool's handle.
 pub fn cap_stream_ordered_pool(ctx: &Arc<CudaContext>, max_bytes: u64) -> Result<usize, DeviceError> {
     let max_size = to_usize(max_bytes)?;
     ctx.bind_to_thread().map_err(|e| driver("cuCtxSetCurrent", e))?;
+    let mut version = 0;
+    // SAFETY: the driver is loaded (a context is bound); `version` is a valid out-pointer.
+    let r = unsafe { sys::cuDriverGetVersion(&mut version) };
+    if r != sys::CUresult::CUDA_SUCCESS || version < 12020 {
+        return Err(DeviceError::Driver(format!(
+            "the driver (CUDA {}.{}) predates a pool's maxSize (CUDA 12.2): a pool made here would not be capped",
+            version / 1000,
+            version % 1000 / 10
+        )));
+    }
     let dev = ctx.cu_device();
     // SAFETY: `dev` is this context's device; both calls only read which pools it has.
     let (current, default) = unsafe { (result::device::get_mem_pool(dev), result::device::get_default_mem_pool(dev)) };
@@ -817,11 +828,16 @@ pub fn cap_stream_ordered_pool(ctx: &Arc<CudaContext>, max_bytes: u64) -> Result
         reserved: [0; 54],
     };
     // SAFETY: the context is bound to this thread; `props` is a fully initialised
-    // `CUmemPoolProps` of the driver's layout (cudarc's bindings for CUDA 13.0) that outlives the
-    // call; the pool returned is owned here and never destroyed (the device keeps using it).
+    // `CUmemPoolProps` in the CUDA 13.0 header's layout (cudarc's bindings), which drivers read
+    // from CUDA 12.2 on (checked above), and it outlives the call; the pool returned is owned
+    // here and kept for the life of the process once it is the device's pool.
     let pool = unsafe { result::mem_pool::create(&props) }.map_err(|e| driver("cuMemPoolCreate", e))?;
     // SAFETY: `dev` is this context's device and `pool` a live pool created for it just above.
-    unsafe { result::device::set_mem_pool(dev, pool) }.map_err(|e| driver("cuDeviceSetMemPool", e))?;
+    if let Err(e) = unsafe { result::device::set_mem_pool(dev, pool) } {
+        // SAFETY: `pool` was created above, never handed out nor made current: destroyed once.
+        let _ = unsafe { result::mem_pool::destroy(pool) };
+        return Err(driver("cuDeviceSetMemPool", e));
+    }
     Ok(pool as usize)
 }
 

@@ -323,10 +323,12 @@ impl Engine {
             Ok(mut plan) => {
                 plan.context = self.history.cells.last().and_then(|r| r.context_after());
                 // The CUDA pool as its driver counted it, cell by cell (each record's high-water
-                // reservation, restarted at every cell): read, not replayed.
-                let pool_cells = self.history.cells.iter().filter_map(|r| {
-                    let p = r.pool.as_ref()?;
-                    let reserved_high = p.reserved_high.or(p.reserved.after)?;
+                // reservation, restarted at every cell): read, not replayed; the cells of this
+                // process only, as the recording is (from the last restart on).
+                let cells = &self.history.cells;
+                let from = cells.iter().rposition(|r| r.restarted).unwrap_or(0);
+                let pool_cells = cells[from..].iter().filter_map(|r| {
+                    let reserved_high = r.pool.as_ref()?.reserved_high?;
                     Some(gpumem_nb::plan::PoolCell { cell: r.cell, reserved_high })
                 });
                 plan.pool = gpumem_nb::plan::PoolFit::new(pool_cells, size);
