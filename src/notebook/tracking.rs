@@ -440,8 +440,8 @@ fn by_component(live: &LiveNow, changes: Option<&CellChanges>) -> HashMap<Place,
             // parameters outlive it; candle's uniform initializer makes a tensor and scales it
             // into another).
             let working = released_within_phase(&ch.changes, |c| match component(c) {
-                k @ (Component::Gradient | Component::OptimizerState | Component::Parameter) => Step::In(k),
-                Component::Workspace | Component::Other | Component::Temp => Step::Aside,
+                k if k.has_runs() => Step::In(k),
+                k if k.beside_runs() => Step::Aside,
                 _ => Step::Other,
             });
             rose = Some(rises(&ch.changes, |i, c| {

@@ -73,6 +73,20 @@ impl Component {
         Component::ALL.into_iter().find(|c| c.key() == n)
     }
 
+    /// Whether this component's allocations come in runs whose working memory is `temp`: what
+    /// a backward pass, an optimizer step or a parameter initializer releases before its run of
+    /// allocations ends (the next allocation of a component that is neither this one nor
+    /// [`Component::beside_runs`]). The per-cell reports and gpumem-nb's snapshots both ask.
+    pub(crate) fn has_runs(self) -> bool {
+        matches!(self, Component::Gradient | Component::OptimizerState | Component::Parameter)
+    }
+
+    /// Whether this component's allocations neither continue nor end a run (library workspaces,
+    /// unclassified buffers, stamped temporaries).
+    pub(crate) fn beside_runs(self) -> bool {
+        matches!(self, Component::Workspace | Component::Other | Component::Temp)
+    }
+
     /// The marker a stamped stack carries after its frames.
     pub(crate) fn marker(self) -> usize {
         MARKER_BASE + self as usize

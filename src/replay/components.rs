@@ -207,18 +207,14 @@ pub fn components(trace: &DeviceTrace) -> BTreeMap<Component, ComponentBytes> {
     // allocations it made that are still live.
     let mut run: Option<Component> = None;
     let mut in_run: std::collections::HashSet<(&str, u64)> = std::collections::HashSet::new();
-    let runs =
-        |c: Component| !python && matches!(c, Component::Gradient | Component::OptimizerState | Component::Parameter);
+    let runs = |c: Component| !python && c.has_runs();
     for (i, st) in steps.iter().enumerate() {
         match st.kind {
             StepKind::Alloc => {
                 let c = classify(st.info, &roles, python);
                 if let Class::Known(k) = c {
-                    // As the per-cell reports count them: workspaces, `other` and stamped
-                    // temporaries neither continue nor end a run.
-                    if !matches!(k, Component::Workspace | Component::Other | Component::Temp)
-                        && run.is_some_and(|r| r != k)
-                    {
+                    // As the per-cell reports count them (`Component::beside_runs`).
+                    if !k.beside_runs() && run.is_some_and(|r| r != k) {
                         run = None;
                         in_run.clear();
                     }

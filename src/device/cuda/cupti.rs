@@ -212,15 +212,7 @@ fn candidates() -> Vec<PathBuf> {
 
 /// The CUDA driver's major version (13 for driver 580), if libcuda loads; never panics.
 fn driver_major() -> Option<u32> {
-    if !crate::device::cuda::library_present() {
-        return None;
-    }
-    let mut v = 0;
-    // SAFETY: libcuda is present (checked just above), so `culib()` cannot panic; the
-    // `cuDriverGetVersion` symbol exists in every driver; `v` is a valid out-pointer. This call
-    // needs no `cuInit` and no context.
-    let r = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut v) };
-    (r == cudarc::driver::sys::CUresult::CUDA_SUCCESS && v > 0).then_some(v as u32 / 1000)
+    crate::device::cuda::driver_version().map(|v| v / 1000)
 }
 
 fn candidates_for_driver(driver_major: Option<u32>) -> Vec<PathBuf> {

@@ -67,7 +67,8 @@
 //! | `cuDeviceGetMemPool` | `result::device::get_mem_pool` | `pool_usage`, `reset_pool_high_water` |
 //! | `cuMemPoolGetAttribute` | `result::mem_pool::get_attribute` | `pool_usage` |
 //! | `cuMemPoolSetAttribute` | `result::mem_pool::set_attribute` | `reset_pool_high_water` |
-//! | `cuDriverGetVersion`, `cuMemPoolCreate` (`maxSize`), `cuDeviceSetMemPool`, `cuMemPoolDestroy` (if setting fails) | `sys`, `result::mem_pool::{create, destroy}`, `result::device::set_mem_pool` | [`cap_stream_ordered_pool`] |
+//! | `cuDriverGetVersion` | `sys` | [`driver_version`] (CUPTI's library, the pool cap) |
+//! | `cuMemPoolCreate` (`maxSize`), `cuDeviceSetMemPool`, `cuMemPoolDestroy` (if setting fails) | `result::mem_pool::{create, destroy}`, `result::device::set_mem_pool` | [`cap_stream_ordered_pool`] |
 //! | `cuLaunchHostFunc` | `result::stream::launch_host_function` | [`CudaBackend::sleep_on_stream`] (a busy stream, for probes and tests) |
 //!
 //! # Pinned host memory
@@ -118,6 +119,19 @@ pub fn library_present() -> bool {
             unsafe { libloading::Library::new(*name) }.is_ok()
         })
     })
+}
+
+/// The CUDA version the driver supports (`cuDriverGetVersion`: 13000 for CUDA 13.0), if libcuda
+/// loads; never panics, needs no `cuInit` and no context.
+pub(crate) fn driver_version() -> Option<u32> {
+    if !library_present() {
+        return None;
+    }
+    let mut v = 0;
+    // SAFETY: libcuda is present (checked just above), so `culib()` cannot panic; the
+    // `cuDriverGetVersion` symbol exists in every driver; `v` is a valid out-pointer.
+    let r = unsafe { sys::cuDriverGetVersion(&mut v) };
+    (r == sys::CUresult::CUDA_SUCCESS && v > 0).then_some(v as u32)
 }
 
 /// Probes the CUDA driver: `Ok(number of devices)` (at least 1), or why there is no usable GPU.
@@ -798,10 +812,8 @@ impl Drop for DriverAllocation {
 pub fn cap_stream_ordered_pool(ctx: &Arc<CudaContext>, max_bytes: u64) -> Result<usize, DeviceError> {
     let max_size = to_usize(max_bytes)?;
     ctx.bind_to_thread().map_err(|e| driver("cuCtxSetCurrent", e))?;
-    let mut version = 0;
-    // SAFETY: the driver is loaded (a context is bound); `version` is a valid out-pointer.
-    let r = unsafe { sys::cuDriverGetVersion(&mut version) };
-    if r != sys::CUresult::CUDA_SUCCESS || version < 12020 {
+    let version = driver_version().unwrap_or(0);
+    if version < 12020 {
         return Err(DeviceError::Driver(format!(
             "the driver (CUDA {}.{}) predates a pool's maxSize (CUDA 12.2): a pool made here would not be capped",
             version / 1000,

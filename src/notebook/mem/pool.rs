@@ -32,7 +32,7 @@ impl fmt::Display for PoolCap {
 }
 
 /// Caps the CUDA stream-ordered pool that `cuMemAllocAsync` draws from (cudarc's `CudaSlice`,
-/// candle; not this crate's allocator, which [`crate::Allocator::set_memory_fraction`] caps): a
+/// candle; not this crate's allocator, which `alloc.set_per_process_memory_fraction` caps): a
 /// pool with `maxSize = bytes` becomes the device's current pool, so a candle program runs as it
 /// would on a card whose pool can reserve that much. Call it before anything allocates from the
 /// pool (before candle's `Device::new_cuda`); an error says why not (no CUDA device, a pool that

@@ -5,7 +5,7 @@
 use super::{CellRecord, Span};
 use crate::notebook::protocol::{FrameworkPhase, FrameworkPool, FrameworkReading};
 use crate::render::Table;
-use crate::units::{iec, iec_delta};
+use crate::units::{count, iec, iec_delta};
 use serde::{Deserialize, Serialize};
 
 /// One framework's books over a cell (cubecl's pools for burn): the sums of its pools, then per
@@ -177,7 +177,7 @@ impl Growth {
 
 /// `1 stamp`, `3 stamps`.
 fn stamps(n: u64) -> String {
-    if n == 1 { "1 stamp".into() } else { format!("{n} stamps") }
+    count(n as usize, "stamp")
 }
 
 /// One component's stamps on the line: `parameter +80.28 MiB`, with the stamps whose books were
