@@ -93,7 +93,7 @@ pub struct DurationStat {
 
 impl DurationStat {
     /// Adds one call of `us` microseconds.
-    pub fn increase(&mut self, us: i64) {
+    pub(crate) fn increase(&mut self, us: i64) {
         self.total += us;
         self.count += 1;
         self.max = self.max.max(us);

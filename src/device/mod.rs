@@ -4,7 +4,7 @@
 //! free/total memory; nothing else. Three implementations:
 //! - [`cuda::CudaBackend`] (feature `cuda`): cudarc's driver API on a real GPU;
 //! - [`sim::SimBackend`]: a capacity-limited simulated device with deterministic addresses;
-//! - [`replay::ReplayBackend`]: hands out the segment addresses a recorded trace got, so a
+//! - `replay::ReplayBackend`: hands out the segment addresses a recorded trace got, so a
 //!   replay makes exactly the decisions PyTorch made.
 //!
 //! [`any::AnyBackend`] picks one of the device backends at run time (what the per-process
@@ -16,10 +16,10 @@
 //! cached memory and retries), anything else is [`DeviceError::Driver`] and is passed up.
 
 pub mod any;
-pub mod driver;
+pub(crate) mod driver;
 mod element;
 pub mod nvml;
-pub mod replay;
+pub(crate) mod replay;
 pub(crate) mod seam;
 pub mod sim;
 pub(crate) mod sim_procs;

@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 
 /// A device that replays a trace's segment addresses.
 #[derive(Clone, Debug)]
-pub struct ReplayBackend {
+pub(crate) struct ReplayBackend {
     total: u64,
     used: u64,
     addresses: VecDeque<u64>,
@@ -40,7 +40,7 @@ pub struct ReplayBackend {
 
 impl ReplayBackend {
     /// A replay device reporting `total` bytes of memory.
-    pub fn new(total: u64) -> Self {
+    pub(crate) fn new(total: u64) -> Self {
         ReplayBackend {
             total,
             used: 0,
@@ -60,16 +60,16 @@ impl ReplayBackend {
     }
     /// A device that reports `total` bytes and holds at most `capacity` (reservations, mapped
     /// pages and [`ReplayBackend::take_external`] together).
-    pub fn with_capacity(total: u64, capacity: u64) -> Self {
+    pub(crate) fn with_capacity(total: u64, capacity: u64) -> Self {
         ReplayBackend { capacity, ..ReplayBackend::new(total) }
     }
     /// Bytes in use: segments, mapped pages and external allocations.
-    pub fn used(&self) -> u64 {
+    pub(crate) fn used(&self) -> u64 {
         self.used
     }
     /// Gives each new segment of a size, when no address is queued, the next of `addrs` of
     /// that size (the trace's `segment_alloc`s, in order) that does not overlap a live one.
-    pub fn set_addresses_by_size(&mut self, addrs: impl IntoIterator<Item = (u64, u64)>) {
+    pub(crate) fn set_addresses_by_size(&mut self, addrs: impl IntoIterator<Item = (u64, u64)>) {
         self.by_size.clear();
         for (size, addr) in addrs {
             self.by_size.entry(size).or_default().push_back(addr);
@@ -77,7 +77,7 @@ impl ReplayBackend {
     }
     /// Takes `bytes` of capacity for another library's allocation (a driver, pool or VMM
     /// allocation of a recorded session). `Err(OutOfMemory)` when they do not fit.
-    pub fn take_external(&mut self, bytes: u64) -> Result<(), DeviceError> {
+    pub(crate) fn take_external(&mut self, bytes: u64) -> Result<(), DeviceError> {
         if self.used.saturating_add(bytes) > self.capacity {
             return Err(DeviceError::OutOfMemory);
         }
@@ -85,7 +85,7 @@ impl ReplayBackend {
         Ok(())
     }
     /// Returns capacity taken by [`ReplayBackend::take_external`].
-    pub fn release_external(&mut self, bytes: u64) {
+    pub(crate) fn release_external(&mut self, bytes: u64) {
         self.used = self.used.saturating_sub(bytes);
     }
     fn overlaps_live(&self, a: u64, size: u64) -> bool {
@@ -96,34 +96,34 @@ impl ReplayBackend {
         if self.used.saturating_add(bytes) > self.capacity { Err(DeviceError::OutOfMemory) } else { Ok(()) }
     }
     /// Queues the address the next segment reservation returns.
-    pub fn push_segment_address(&mut self, addr: u64) {
+    pub(crate) fn push_segment_address(&mut self, addr: u64) {
         self.addresses.push_back(addr);
     }
     /// Queues the base the next address-range reservation returns (expandable segments).
-    pub fn push_range_base(&mut self, addr: u64) {
+    pub(crate) fn push_range_base(&mut self, addr: u64) {
         self.range_bases.push_back(addr);
     }
     /// Candidate bases for a range reservation when none is queued, in trace order: a
     /// reservation whose first map failed (out of memory) leaves no trace of its address until
     /// a later map reveals it. The first candidate outside every live range is used.
-    pub fn set_lookahead_range_bases(&mut self, addrs: Vec<u64>) {
+    pub(crate) fn set_lookahead_range_bases(&mut self, addrs: Vec<u64>) {
         self.lookahead_range_bases = addrs;
     }
     /// Drops queued addresses that were not used.
-    pub fn clear_queued(&mut self) {
+    pub(crate) fn clear_queued(&mut self) {
         self.addresses.clear();
         self.range_bases.clear();
     }
     /// Makes the next `n` reservations or page maps fail with out-of-memory.
-    pub fn fail_next(&mut self, n: u32) {
+    pub(crate) fn fail_next(&mut self, n: u32) {
         self.fail = n;
     }
     /// Events recorded since the last call.
-    pub fn take_recorded_events(&mut self) -> Vec<EventId> {
+    pub(crate) fn take_recorded_events(&mut self) -> Vec<EventId> {
         std::mem::take(&mut self.recorded)
     }
     /// Marks an event complete.
-    pub fn complete_event(&mut self, e: EventId) {
+    pub(crate) fn complete_event(&mut self, e: EventId) {
         if let Some(done) = self.events.get_mut(&e.0) {
             *done = true;
         }

@@ -8,7 +8,7 @@
 //! the stream is synchronised, which is how tests hold a cross-stream free pending.
 //!
 //! It is also a simulated driver: other code can allocate straight from it
-//! ([`SimBackend::driver_alloc`], what `cuMemAlloc` is on a GPU), taking capacity the caching
+//! (`SimBackend::driver_alloc`, what `cuMemAlloc` is on a GPU), taking capacity the caching
 //! allocator then does not have, and once given a sink ([`Backend::set_driver_sink`]) it reports
 //! every allocation and release to it, its own segments and pages marked as the allocator's,
 //! as CUPTI reports a GPU's.
@@ -21,9 +21,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 /// Allocation granularity of the simulated driver.
 pub const GRANULARITY: u64 = 2 * MIB;
 /// First address handed out (looks like a CUDA device address).
-pub const BASE_ADDRESS: u64 = 0x7f00_0000_0000;
+pub(crate) const BASE_ADDRESS: u64 = 0x7f00_0000_0000;
 /// Default capacity of the simulated device: 80 GiB.
-pub const DEFAULT_CAPACITY: u64 = 80 * GIB;
+pub(crate) const DEFAULT_CAPACITY: u64 = 80 * GIB;
 
 /// A simulated GPU.
 #[derive(Clone, Debug)]
@@ -101,7 +101,7 @@ impl SimBackend {
 
     /// Lists this process, with the bytes it holds here, in the simulated process table (what
     /// NVML's process list is on a GPU: `device::sim_procs`), from now on.
-    pub fn publish_usage(&mut self) {
+    pub(crate) fn publish_usage(&mut self) {
         if self.published.is_none() {
             self.published = super::sim_procs::Row::open(self.device);
         }
@@ -155,7 +155,7 @@ impl SimBackend {
     /// Allocates `size` bytes straight from the simulated driver (what `cuMemAlloc` is on a
     /// GPU): capacity rounded up to the 2 MiB granularity, reported to the sink as another
     /// library's allocation. `Err(OutOfMemory)` when the device is full.
-    pub fn driver_alloc(&mut self, size: u64) -> Result<u64, DeviceError> {
+    pub(crate) fn driver_alloc(&mut self, size: u64) -> Result<u64, DeviceError> {
         self.alive()?;
         if size == 0 {
             return Err(DeviceError::Driver("CUDA_ERROR_INVALID_VALUE (simulated): 0 bytes".into()));
@@ -170,7 +170,7 @@ impl SimBackend {
     }
 
     /// Frees an allocation of [`SimBackend::driver_alloc`].
-    pub fn driver_free(&mut self, addr: u64) -> Result<(), DeviceError> {
+    pub(crate) fn driver_free(&mut self, addr: u64) -> Result<(), DeviceError> {
         let Some(size) = self.driver_allocs.remove(&addr) else {
             return Err(DeviceError::Driver(format!(
                 "CUDA_ERROR_INVALID_VALUE (simulated): {addr:#x} is not a driver allocation"

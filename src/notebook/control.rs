@@ -9,7 +9,7 @@
 //! are [`super::protocol`]'s.
 #![forbid(unsafe_code)]
 
-use super::protocol::{self, DeviceReading, Hello, Op, RecordRequest, Reply, Settled, SnapshotPaths};
+use super::protocol::{self, CONTROL_VAR, DeviceReading, Hello, Op, RecordRequest, Reply, Settled, SnapshotPaths};
 use super::tracking;
 use super::watched::SETTLE_TIMEOUT;
 use crate::allocator::Allocator;
@@ -22,15 +22,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Set (to anything): each reading the hooks ask for prints where its time went, on stderr.
-pub const TIMES_VAR: &str = "GPUMEM_NB_HOOK_TIMES";
+const TIMES_VAR: &str = "GPUMEM_NB_HOOK_TIMES";
 
-/// Whether [`TIMES_VAR`] asks for the hooks' times (the notebook process's readings here, the
-/// kernel's side in gpumem-kernel).
+/// Whether `GPUMEM_NB_HOOK_TIMES` (set to anything) asks for the hooks' times (the notebook
+/// process's readings here, the kernel's side in gpumem-kernel).
 pub fn times_wanted() -> bool {
     std::env::var_os(TIMES_VAR).is_some()
 }
-
-pub use super::protocol::CONTROL_VAR;
 
 /// Connects to the kernel if it asked for it and this process has not connected yet.
 pub(crate) fn start_if_requested() {

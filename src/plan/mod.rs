@@ -18,9 +18,7 @@ mod session;
 
 pub use pool::{POOL_CHUNK, PoolCell, PoolFit, pool_holds};
 
-pub use session::{
-    CARDS_GB, CellFit, FitPlan, MODELLED, NOT_MODELLED, PolicyFit, component_table, fit_snapshot, plan, smallest_card,
-};
+pub use session::{CARDS_GB, CellFit, FitPlan, PolicyFit, component_table, fit_snapshot, plan, smallest_card};
 
 use crate::allocator::Allocator;
 use crate::error::Error;

@@ -85,12 +85,12 @@ pub fn component_table(
 }
 
 /// What a fit plan replays, in its own words (shown under every plan).
-pub const MODELLED: &str = "this session's recorded allocations and frees (allocator blocks under each policy with \
+pub(crate) const MODELLED: &str = "this session's recorded allocations and frees (allocator blocks under each policy with \
     its out-of-memory path; CUDA pool, driver and VMM allocations at their sizes, rounded to the driver's 2 MiB), \
     replayed on a simulated device of that size";
 
 /// What it does not (leave room for it).
-pub const NOT_MODELLED: &str = "the CUDA context (300-600 MiB per process), other processes on the device, NCCL \
+pub(crate) const NOT_MODELLED: &str = "the CUDA context (300-600 MiB per process), other processes on the device, NCCL \
     and other library memory that was not tracked, the CUDA pool's own chunks and caching beyond its live bytes (read \
     instead, cell by cell, where the notebook has a pool: the CUDA pool table), CUDA graphs' private pools";
 

@@ -315,12 +315,12 @@ impl AllocatorConfig {
     }
 
     /// `max_split_size` as PyTorch reports it: −1 for unlimited.
-    pub fn max_split_size_reported(&self) -> i64 {
+    pub(crate) fn max_split_size_reported(&self) -> i64 {
         if self.max_split_size == u64::MAX { -1 } else { self.max_split_size as i64 }
     }
 
     /// Divisions for a (rounded-up) size: the interval index is `clamp(log2(size) − 20, 0, 15)`.
-    pub fn roundup_divisions(&self, size: u64) -> u64 {
+    pub(crate) fn roundup_divisions(&self, size: u64) -> u64 {
         let log_size = 63 - size.max(1).leading_zeros() as usize;
         let index = log_size.saturating_sub(20).min(ROUNDUP_POWER2_INTERVALS - 1);
         self.roundup_power2_divisions[index]

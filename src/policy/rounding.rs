@@ -16,7 +16,7 @@ pub enum PoolKind {
 
 impl PoolKind {
     /// The pool for a rounded size.
-    pub fn for_size(rounded: u64) -> PoolKind {
+    pub(crate) fn for_size(rounded: u64) -> PoolKind {
         if rounded <= SMALL_SIZE { PoolKind::Small } else { PoolKind::Large }
     }
     /// "small" / "large", as in snapshots' `segment_type`.

@@ -82,7 +82,7 @@ const UNITS: [&str; 11] = ["B", "KiB", "MiB", "GiB", "TiB", "µs", "ms", "s", "m
 
 /// Escaped HTML text with a non-breaking space wherever a line break would split a quantity: between
 /// a number and its unit (`64.00 MiB`), and after `Δ`. So `+64.00 MiB` never wraps.
-pub fn nowrap_units(escaped: &str) -> String {
+pub(crate) fn nowrap_units(escaped: &str) -> String {
     let chars: Vec<char> = escaped.chars().collect();
     let mut out = String::with_capacity(escaped.len() + 16);
     for (i, &c) in chars.iter().enumerate() {

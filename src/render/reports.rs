@@ -629,7 +629,7 @@ impl SnapshotSummary {
     }
 
     /// The time span line.
-    pub fn span_line(&self) -> String {
+    fn span_line(&self) -> String {
         match self.span_us {
             Some((a, b)) => format!("events from {} over {}", format_utc(a), format_duration_us(b - a)),
             None => "no timed events".to_string(),

@@ -12,7 +12,7 @@
 //! rounded up to the driver's 2 MiB granularity from the same device; the caching allocator
 //! does not release its cache for them (a driver never asks it to).
 //!
-//! The device ([`ReplayBackend::with_capacity`]) gives a segment the address the trace's
+//! The device (`ReplayBackend::with_capacity`) gives a segment the address the trace's
 //! segment of that size got when it is free, so a run on a device at least as large as the
 //! recorded peak makes exactly the recorded decisions (best fit breaks ties by address).
 //!

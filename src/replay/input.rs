@@ -144,7 +144,7 @@ impl DeviceTrace {
     }
 
     /// Label and stack of `events[i]`.
-    pub fn info_of(&self, i: usize) -> Option<&EventInfo> {
+    pub(crate) fn info_of(&self, i: usize) -> Option<&EventInfo> {
         self.info.get(i).and_then(|x| x.as_deref())
     }
 

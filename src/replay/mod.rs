@@ -6,8 +6,9 @@
 //! checks that the policy produces the device-level events (`segment_*`) the trace recorded.
 //!
 //! How each recorded situation is reproduced:
-//! - **Segment addresses**: the trace's `segment_alloc` addresses are queued on the
-//!   [`ReplayBackend`], so best-fit tie-breaks by address go the way they went in PyTorch.
+//! - **Segment addresses**: the trace's `segment_alloc` addresses are queued on the replay
+//!   device (`ReplayBackend`), so best-fit tie-breaks by address go the way they went in
+//!   PyTorch.
 //! - **Cross-stream frees**: a `free_requested` whose `free_completed` is not the next line was
 //!   waiting on another stream (`record_stream`). The block is marked as used on a stream of
 //!   its own, and its event completes when the trace's `free_completed` line is reached.

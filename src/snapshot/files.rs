@@ -48,7 +48,7 @@ pub fn rank_files(dir: &Path, stem: &str, ext: &str) -> Vec<PathBuf> {
 /// the one rank file there is. `Err` names the files when there are several ranks' and none is
 /// this process's (name one), and `Ok` of the plain name when there is none at all (reading it
 /// then says it is missing).
-pub fn find_in_dir(dir: &Path, stem: &str, ext: &str) -> Result<PathBuf, super::ReadError> {
+pub(crate) fn find_in_dir(dir: &Path, stem: &str, ext: &str) -> Result<PathBuf, super::ReadError> {
     let plain = dir.join(format!("{stem}.{ext}"));
     if plain.is_file() {
         return Ok(plain);

@@ -47,7 +47,7 @@ impl fmt::Display for UnpickleError {
 impl std::error::Error for UnpickleError {}
 
 /// Whether `bytes` start like a pickle of protocol 2 or later (`\x80` and the protocol).
-pub fn looks_like_pickle(bytes: &[u8]) -> bool {
+pub(crate) fn looks_like_pickle(bytes: &[u8]) -> bool {
     matches!(bytes, [0x80, 2..=5, ..])
 }
 

@@ -30,14 +30,14 @@ pub struct Stat {
 impl Stat {
     /// `current += n`, raising `peak`, adding to `allocated`.
     #[inline]
-    pub fn increase(&mut self, n: i64) {
+    pub(crate) fn increase(&mut self, n: i64) {
         self.current += n;
         self.peak = self.peak.max(self.current);
         self.allocated += n;
     }
     /// `current -= n`, adding to `freed`.
     #[inline]
-    pub fn decrease(&mut self, n: i64) {
+    pub(crate) fn decrease(&mut self, n: i64) {
         self.current -= n;
         self.freed += n;
     }
@@ -120,7 +120,7 @@ pub struct DeviceStats {
 
 impl DeviceStats {
     /// A zeroed set with the given `max_split_size` report value.
-    pub fn new(max_split_size: i64) -> Self {
+    pub(crate) fn new(max_split_size: i64) -> Self {
         DeviceStats { max_split_size, ..Default::default() }
     }
 
@@ -172,7 +172,7 @@ impl DeviceStats {
     }
 
     /// `reset_peak_memory_stats`: `peak = current` for every stat.
-    pub fn reset_peak(&mut self) {
+    pub(crate) fn reset_peak(&mut self) {
         for arr in self.arrays_mut() {
             arr.iter_mut().for_each(Stat::reset_peak);
         }
@@ -181,7 +181,7 @@ impl DeviceStats {
     }
 
     /// `reset_accumulated_memory_stats`: zero `allocated`/`freed` and the event counters.
-    pub fn reset_accumulated(&mut self) {
+    pub(crate) fn reset_accumulated(&mut self) {
         for arr in self.arrays_mut() {
             arr.iter_mut().for_each(Stat::reset_accumulated);
         }

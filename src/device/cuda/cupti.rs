@@ -51,13 +51,9 @@ thread_local! {
 }
 
 /// Whether tracking is subscribed now.
-pub fn is_started() -> bool {
+#[cfg(test)]
+fn is_started() -> bool {
     lock(&SUBSCRIBER).is_some()
-}
-
-/// The libcupti in use (or that would be), with its CUPTI version; `Err` why none is usable.
-pub fn library() -> Result<(PathBuf, u32), DeviceError> {
-    get().map(|c| (c.path.clone(), c.api_version)).map_err(|e| DeviceError::Unavailable(e.to_string()))
 }
 
 // -------------------------------------------------------------------------------------------
@@ -387,7 +383,7 @@ const MEM_ALLOC_FROM_POOL_ASYNC_PTSZ: u32 = Cb::CUPTI_DRIVER_TRACE_CBID_cuMemAll
 /// Every id [`start`] enables, with its name (the driver domain; never the whole domain, so
 /// launches, copies and event queries never reach the callback). Address-space reservations
 /// (`cuMemAddressReserve`) are not memory and are left out.
-pub const CALLBACK_IDS: [(u32, &str); 18] = [
+pub(crate) const CALLBACK_IDS: [(u32, &str); 18] = [
     (MEM_ALLOC_V2, "cuMemAlloc_v2"),
     (MEM_ALLOC_PITCH_V2, "cuMemAllocPitch_v2"),
     (MEM_FREE_V2, "cuMemFree_v2"),
@@ -413,29 +409,23 @@ pub const CALLBACK_IDS: [(u32, &str); 18] = [
 
 /// What [`start`] found.
 #[derive(Clone, Debug)]
-pub struct Started {
+pub(crate) struct Started {
     /// The libcupti that was loaded.
-    pub cupti_path: String,
+    pub(crate) cupti_path: String,
     /// `cuptiGetVersion` (130001 for CUDA 13.0's CUPTI).
-    pub cupti_api_version: u32,
-    /// Ids CUPTI refused to enable (unknown to that libcupti); tracking goes on without them.
-    pub not_enabled: Vec<&'static str>,
+    pub(crate) cupti_api_version: u32,
 }
 
 /// Loads libcupti (without panicking), subscribes, and enables exactly [`CALLBACK_IDS`];
 /// from then on every matching driver call is decoded and handed to `sink` on the calling
 /// thread. Idempotent (the first sink stays). `Err(Unavailable)` is one line fit for
 /// "tracking: unavailable (…)".
-pub fn start(sink: DriverSink) -> Result<Started, DeviceError> {
+pub(crate) fn start(sink: DriverSink) -> Result<Started, DeviceError> {
     let _ = SINK.set(sink);
     let cupti = get().map_err(|e| DeviceError::Unavailable(e.to_string()))?;
     let mut sub = lock(&SUBSCRIBER);
     if sub.is_some() {
-        return Ok(Started {
-            cupti_path: cupti.path.display().to_string(),
-            cupti_api_version: cupti.api_version,
-            not_enabled: Vec::new(),
-        });
+        return Ok(Started { cupti_path: cupti.path.display().to_string(), cupti_api_version: cupti.api_version });
     }
     let mut handle: CUpti_SubscriberHandle = std::ptr::null_mut();
     let mut old_name = [0 as c_char; 128];
@@ -481,6 +471,7 @@ pub fn start(sink: DriverSink) -> Result<Started, DeviceError> {
             cupti.path.display()
         )));
     }
+    // Ids CUPTI refused to enable (unknown to that libcupti); tracking goes on without them.
     let mut not_enabled = Vec::new();
     for (id, name) in CALLBACK_IDS {
         // SAFETY: prototype `CUptiResult cuptiEnableCallback(uint32_t enable,
@@ -497,12 +488,12 @@ pub fn start(sink: DriverSink) -> Result<Started, DeviceError> {
         return Err(DeviceError::Unavailable("CUPTI enabled none of the allocation callbacks".into()));
     }
     *sub = Some(handle as usize);
-    Ok(Started { cupti_path: cupti.path.display().to_string(), cupti_api_version: cupti.api_version, not_enabled })
+    Ok(Started { cupti_path: cupti.path.display().to_string(), cupti_api_version: cupti.api_version })
 }
 
 /// Unsubscribes (so a profiler can attach); [`start`] may be called again. Callbacks already
 /// running on other threads finish against the same sink.
-pub fn stop() -> Result<(), DeviceError> {
+pub(crate) fn stop() -> Result<(), DeviceError> {
     let Some(h) = lock(&SUBSCRIBER).take() else {
         return Ok(());
     };

@@ -6,7 +6,7 @@
 //! # Probing, never panicking
 //! cudarc (feature `fallback-dynamic-loading`) loads `libcuda` lazily and *panics* when it is
 //! absent, on the first call into the driver. So [`probe`] first checks that the driver library
-//! loads at all ([`library_present`], cached), and only then calls `cuInit` and
+//! loads at all (`library_present`, cached), and only then calls `cuInit` and
 //! `cuDeviceGetCount`. Every failure is a value: `DeviceError::Unavailable` from [`probe`] and
 //! [`CudaBackend::new`]. Driver errors are named from their `CUresult` variant
 //! (`CUDA_ERROR_NO_DEVICE`), never through `DriverError`'s `Debug`/`Display`, which call back
@@ -29,7 +29,7 @@
 //!
 //! | entry point | reached through | used by |
 //! | --- | --- | --- |
-//! | `dlopen("libcuda.so.1")` | `libloading` | [`library_present`] (cached) |
+//! | `dlopen("libcuda.so.1")` | `libloading` | `library_present` (cached) |
 //! | `cuInit` | `result::init` | [`probe`] |
 //! | `cuDeviceGetCount` | `result::device::get_count` | [`probe`] |
 //! | `cuDeviceGet`, `cuDevicePrimaryCtxRetain`, `cuCtxSetCurrent` | `CudaContext::new` | [`CudaBackend::new`] |
@@ -67,8 +67,8 @@
 //! | `cuDeviceGetMemPool` | `result::device::get_mem_pool` | `pool_usage`, `reset_pool_high_water` |
 //! | `cuMemPoolGetAttribute` | `result::mem_pool::get_attribute` | `pool_usage` |
 //! | `cuMemPoolSetAttribute` | `result::mem_pool::set_attribute` | `reset_pool_high_water` |
-//! | `cuDriverGetVersion` | `sys` | [`driver_version`] (CUPTI's library, the pool cap) |
-//! | `cuMemPoolCreate` (`maxSize`), `cuDeviceSetMemPool`, `cuMemPoolDestroy` (if setting fails) | `result::mem_pool::{create, destroy}`, `result::device::set_mem_pool` | [`cap_stream_ordered_pool`] |
+//! | `cuDriverGetVersion` | `sys` | `driver_version` (CUPTI's library, the pool cap) |
+//! | `cuMemPoolCreate` (`maxSize`), `cuDeviceSetMemPool`, `cuMemPoolDestroy` (if setting fails) | `result::mem_pool::{create, destroy}`, `result::device::set_mem_pool` | `cap_stream_ordered_pool` |
 //! | `cuLaunchHostFunc` | `result::stream::launch_host_function` | [`CudaBackend::sleep_on_stream`] (a busy stream, for probes and tests) |
 //!
 //! # Pinned host memory
@@ -109,7 +109,7 @@ const PER_THREAD_STREAM: StreamId = StreamId(2);
 const EVENT_POOL_LIMIT: usize = 64;
 
 /// Whether the CUDA driver library can be loaded (cached).
-pub fn library_present() -> bool {
+pub(crate) fn library_present() -> bool {
     static PRESENT: OnceLock<bool> = OnceLock::new();
     *PRESENT.get_or_init(|| {
         ["libcuda.so.1", "libcuda.so"].iter().any(|name| {
@@ -751,7 +751,7 @@ impl Drop for CudaBackend {
     }
 }
 
-pub mod cupti;
+pub(crate) mod cupti;
 mod host;
 mod view;
 
@@ -759,7 +759,7 @@ pub use host::PinnedHostMemory;
 
 /// Device memory straight from the driver (`cuMemAlloc`), past any caching allocator: what a
 /// foreign library does, for demos and tests of tracking. Freed (`cuMemFree`) on drop.
-pub struct DriverAllocation {
+pub(crate) struct DriverAllocation {
     ctx: Arc<CudaContext>,
     addr: CUdeviceptr,
     size: u64,
@@ -773,7 +773,7 @@ impl std::fmt::Debug for DriverAllocation {
 
 impl DriverAllocation {
     /// `cuMemAlloc(size)` in `ctx`. `Err(OutOfMemory)` when the device is full.
-    pub fn new(ctx: &Arc<CudaContext>, size: u64) -> Result<Self, DeviceError> {
+    pub(crate) fn new(ctx: &Arc<CudaContext>, size: u64) -> Result<Self, DeviceError> {
         let bytes = to_usize(size)?;
         ctx.bind_to_thread().map_err(|e| driver("cuCtxSetCurrent", e))?;
         // SAFETY: the context is bound to this thread; the result is a fresh allocation owned by
@@ -783,13 +783,8 @@ impl DriverAllocation {
     }
 
     /// Device address.
-    pub fn addr(&self) -> u64 {
+    pub(crate) fn addr(&self) -> u64 {
         self.addr
-    }
-
-    /// Bytes.
-    pub fn size(&self) -> u64 {
-        self.size
     }
 }
 
@@ -809,7 +804,7 @@ impl Drop for DriverAllocation {
 /// pool that made them; the new pool is kept for the life of the process (destroying the
 /// current pool would put the uncapped default one back). Needs a driver of CUDA 12.2 or later,
 /// the first to read `maxSize`. Returns the pool's handle.
-pub fn cap_stream_ordered_pool(ctx: &Arc<CudaContext>, max_bytes: u64) -> Result<usize, DeviceError> {
+pub(crate) fn cap_stream_ordered_pool(ctx: &Arc<CudaContext>, max_bytes: u64) -> Result<usize, DeviceError> {
     let max_size = to_usize(max_bytes)?;
     ctx.bind_to_thread().map_err(|e| driver("cuCtxSetCurrent", e))?;
     let version = driver_version().unwrap_or(0);

@@ -154,7 +154,7 @@ pub fn framework_parts(before: Option<&[FrameworkReading]>, after: Option<&[Fram
 
 /// The smallest growth of a framework's books that counts as a re-run leak: its metadata and
 /// launch buffers move by a few KiB from run to run.
-pub const FRAMEWORK_GROWTH_MIN: i64 = 1 << 20;
+const FRAMEWORK_GROWTH_MIN: i64 = 1 << 20;
 
 /// What a cell left behind that it did not find, and which numbers say so.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -272,8 +272,8 @@ impl FrameworkPart {
 impl CellRecord {
     /// What the cell left behind, when it left more than it found, from the most telling
     /// numbers: gpumem-nb's allocated bytes; else a watched framework's books, split into live
-    /// tensors and pool reserve (at least [`FRAMEWORK_GROWTH_MIN`]); else NVML's process memory
-    /// (more than 2 MiB: the driver's granularity). `None` when nothing grew or nothing says.
+    /// tensors and pool reserve (at least 1 MiB); else NVML's process memory (more than 2 MiB:
+    /// the driver's granularity). `None` when nothing grew or nothing says.
     pub fn growth(&self) -> Option<Growth> {
         let mut g = self.growth_by_source()?;
         // Which components grew, when tracking says what the memory is.

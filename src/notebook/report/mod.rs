@@ -17,10 +17,9 @@ mod line;
 mod record;
 mod top;
 
-pub use framework::{FRAMEWORK_GROWTH_MIN, FrameworkPart, Growth, PoolKindPart, framework_parts};
+pub use framework::{FrameworkPart, Growth, PoolKindPart, framework_parts};
 pub use line::{LOST_ASYNC_HINT, allocator_absent, format_ms, line_html, lost_message, quantity, short_device};
 pub use record::{
-    AllAllocations, AllocatorPart, CELL_MIME, CellRecord, ComponentDelta, CrateReading, LiveCost, NvmlGap, NvmlPart,
-    PlaceAll, PoolPart, Readings, SourceDelta, Sources, Span, TrackedReadings, all_allocations, build_record,
-    device_name,
+    AllAllocations, AllocatorPart, CELL_MIME, CellRecord, ComponentDelta, CrateReading, LiveCost, NvmlPart, PlaceAll,
+    PoolPart, Readings, SourceDelta, Sources, Span, TrackedReadings, all_allocations, build_record, device_name,
 };

@@ -426,7 +426,7 @@ pub struct Sources {
 /// keeps after frees, or reuses before asking for more), and the rest, which no tracker sees
 /// (the CUDA context, the code of the kernels loaded, a kernel's local memory).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NvmlGap {
+pub(crate) struct NvmlGap {
     /// NVML's change, bytes.
     pub nvml: i64,
     /// Every tracked allocation's change on that device.
@@ -440,7 +440,7 @@ pub struct NvmlGap {
 impl CellRecord {
     /// NVML's change over the cell, explained (see [`NvmlGap`]); `None` where NVML or tracking
     /// has no number for both ends (a restart, no GPU).
-    pub fn nvml_gap(&self) -> Option<NvmlGap> {
+    pub(crate) fn nvml_gap(&self) -> Option<NvmlGap> {
         let nvml = self.nvml.process.delta()?;
         let tracked = self.all_allocations.as_ref()?.delta()?;
         // Before the process's first CUDA call (NVML had nothing of it) no pool held anything,
