@@ -227,6 +227,7 @@ fn houses() -> Vec<(House, Vec<(PathBuf, String)>)> {
         (House { name: "gpumem-nb's notebook", src: lib, at: at(&["notebook"]) }, lib_files),
         (House { name: "gpumem-kernel", src: kernel.clone(), at: vec![] }, kernel_files.clone()),
         (House { name: "gpumem-kernel's session", src: kernel.clone(), at: at(&["session"]) }, kernel_files.clone()),
+        (House { name: "gpumem-kernel's build", src: kernel.clone(), at: at(&["build"]) }, kernel_files.clone()),
         (House { name: "gpumem-kernel's cell", src: kernel.clone(), at: at(&["cell"]) }, kernel_files.clone()),
         (House { name: "gpumem-kernel's jupyter", src: kernel, at: at(&["jupyter"]) }, kernel_files),
     ]
@@ -259,19 +260,28 @@ fn the_scan_sees_imports_and_a_bad_one_fails_it() {
             .collect();
     assert_eq!(got, want);
     // A deliberate bad import in each house is caught: the notebook's registry (layer 2)
-    // reaching up to its session (layer 7), and the kernel's session reaching up to a cell.
-    for (house, mut files) in houses() {
-        let (unit, up) = match house.name {
-            "gpumem-nb's notebook" => ("registry.rs", "use crate::notebook::session::current;"),
-            "gpumem-kernel" => ("session/nvml.rs", "use crate::cell::engine::Engine;"),
-            "gpumem-nb" => ("units.rs", "use crate::allocator::Allocator;"),
-            _ => continue,
-        };
+    // reaching up to its session (layer 7); the kernel's build room reaching into the running
+    // side (a cell's live line), and its session reaching up to the engine; inside the build
+    // room, the build directory (layer 1) reaching up to the session's dependencies (layer 3);
+    // inside the cell room, the hooks (layer 3) reaching up to the engine (layer 5).
+    let cases = [
+        ("gpumem-nb", "units.rs", "use crate::allocator::Allocator;"),
+        ("gpumem-nb's notebook", "registry.rs", "use crate::notebook::session::current;"),
+        ("gpumem-kernel", "build/progress.rs", "use crate::cell::live::Sampler;"),
+        ("gpumem-kernel", "session/control.rs", "use crate::cell::engine::Engine;"),
+        ("gpumem-kernel's build", "build_dir.rs", "use crate::build::session_deps::SessionDeps;"),
+        ("gpumem-kernel's cell", "hooks.rs", "use crate::cell::engine::Engine;"),
+    ];
+    let all = houses();
+    for (name, unit, up) in cases {
+        let (house, files) = all.iter().find(|(h, _)| h.name == name).unwrap();
+        let mut files = files.clone();
         let folder = house.at.iter().fold(house.src.clone(), |p, s| p.join(s));
+        assert!(check_house(house, &files).is_empty(), "{name}: clean before the bad import");
         let (_, text) = files.iter_mut().find(|(p, _)| *p == folder.join(unit)).unwrap();
         text.insert_str(0, &format!("{up}\n"));
-        let bad = check_house(&house, &files);
-        assert!(bad.len() == 1 && bad[0].contains("layer"), "{}: {bad:?}", house.name);
+        let bad = check_house(house, &files);
+        assert!(bad.len() == 1 && bad[0].contains("layer"), "{name}, {unit}: {bad:?}");
     }
 }
 
@@ -402,4 +412,62 @@ fn how_it_works_names_every_room() {
     let stale: Vec<_> = named.difference(&actual).collect();
     assert!(missing.is_empty(), "HOW_IT_WORKS.md does not name: {missing:?}");
     assert!(stale.is_empty(), "HOW_IT_WORKS.md names files that do not exist: {stale:?}");
+}
+
+/// The text of HOW_IT_WORKS.md's section under `### {title}`, up to the next heading.
+fn how_it_works_section(title: &str) -> String {
+    let doc = std::fs::read_to_string(repo().join("HOW_IT_WORKS.md")).unwrap();
+    let start = doc.find(&format!("\n### {title}\n")).unwrap_or_else(|| panic!("HOW_IT_WORKS.md has no '### {title}'"));
+    let body = &doc[start + title.len() + 6..];
+    body[..body.find("\n#").unwrap_or(body.len())].to_string()
+}
+
+/// Every role `main` asks for before it reads its arguments is named in HOW_IT_WORKS.md's list of
+/// roles (by `module::function`), in the order `main` asks; and the count of `unsafe` blocks in
+/// `main.rs` is the one the page gives.
+#[test]
+fn how_it_works_names_every_role_of_main() {
+    let main = std::fs::read_to_string(repo().join("kernel/src/main.rs")).unwrap();
+    let body = &main[main.find("fn main()").unwrap()..];
+    let body = &body[..body.find("let args").unwrap()];
+    let calls: Vec<String> = code(body)
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim().strip_suffix("();")?;
+            let parts: Vec<&str> = l.split("::").collect();
+            Some(parts[parts.len().saturating_sub(2)..].join("::"))
+        })
+        .collect();
+    assert!(calls.len() >= 5, "the scan found {calls:?} in main");
+    let roles = how_it_works_section("One binary, six roles");
+    let mut at = 0;
+    for call in &calls {
+        let found = roles[at..].find(&format!("`{call}`")).or_else(|| roles[at..].find(&format!("`{call}")));
+        let Some(i) = found else {
+            panic!("HOW_IT_WORKS.md's roles do not name `{call}` (or not in main's order): {calls:?}")
+        };
+        at += i;
+    }
+    let blocks = code(&main).matches("unsafe {").count();
+    assert!(
+        roles.contains(&format!("`main.rs` has {blocks} `unsafe` blocks")),
+        "main.rs has {blocks} unsafe blocks; HOW_IT_WORKS.md says otherwise"
+    );
+    let lib = std::fs::read_to_string(repo().join("kernel/src/lib.rs")).unwrap();
+    assert!(lib.contains("#![forbid(unsafe_code)]"));
+}
+
+/// The walk of one cell names files that exist, from the request to the history row.
+#[test]
+fn how_it_works_walks_a_cell_through_files_that_exist() {
+    let walk = how_it_works_section("A cell's way through the kernel");
+    let files: Vec<&str> =
+        walk.split('`').skip(1).step_by(2).filter(|s| s.ends_with(".rs") && s.contains('/')).collect();
+    assert!(files.len() >= 15, "the walk names only {files:?}");
+    for f in &files {
+        assert!(repo().join(f).is_file(), "HOW_IT_WORKS.md's walk names {f}, which does not exist");
+    }
+    for room in ["kernel/src/jupyter/", "kernel/src/cell/engine/", "kernel/src/build/", "kernel/src/session/"] {
+        assert!(files.iter().any(|f| f.starts_with(room)), "the walk goes through no file of {room}");
+    }
 }

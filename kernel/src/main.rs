@@ -6,8 +6,26 @@
 //! gpumem-kernel --connection-file FILE          (how Jupyter starts it)
 //! gpumem-kernel run NOTEBOOK.ipynb [--output OUT.ipynb] [--html OUT.html] [--allow-errors]
 //! ```
+//!
+//! One binary, six roles. A person or Jupyter starts it as the kernel; the kernel and its
+//! cells' build start it again, each role told by its environment. `main` asks each role in
+//! turn, in this order, and a role that is not asked returns at once:
+//!
+//! 1. evcxr's cargo wrapper (`EVCXR_CARGO_WRAPPER`): a cell built without cargo when only the
+//!    cell changed (`build::quick_build`);
+//! 2. the cell crate's timed linker (`GPUMEM_KERNEL_LINK_VIA`, the cell benchmark only:
+//!    `build::timings`);
+//! 3. the cell crate's rustc wrapper (`GPUMEM_KERNEL_CELL_RUSTC`): line tables in the cells'
+//!    own code, the command kept for a build without cargo (`build::cell_lines`);
+//! 4. evcxr's child, the notebook process that loads and runs the cells (`EVCXR_IS_RUNTIME`,
+//!    in `evcxr::runtime_hook`), after two threads of the kernel's are set up in it: the stderr
+//!    barrier (`cell::stderr_sync`) and the mark of a returned `Err` (`cell::user_error`);
+//! 5. evcxr's own rustc wrapper, its build cache (`EVCXR_RUSTC_WRAPPER`, in
+//!    `evcxr::runtime_hook`);
+//! 6. the kernel: Jupyter's (`--connection-file`), or a command (`install`, `run`, `--help`,
+//!    `--version`).
 
-use gpumem_kernel::cell::build_dir;
+use gpumem_kernel::build::build_dir;
 use gpumem_kernel::jupyter::{install, kernel, run};
 use std::path::PathBuf;
 
@@ -33,15 +51,16 @@ the device of the gpumem-nb crate (without a GPU: a simulated 80 GiB device).
 ";
 
 fn main() {
-    // First: the same binary is also evcxr's cargo wrapper (a cell built without cargo), the
-    // cell crate's rustc wrapper (line tables), evcxr's child process and evcxr's rustc
-    // wrapper. As the child, it answers the kernel's stderr sync requests on a thread of its
-    // own (`stderr_sync`).
-    gpumem_kernel::cell::quick_build::run_if_asked();
-    gpumem_kernel::cell::cell_lines::wrap_if_asked();
+    // Roles 1 to 5 (the module's documentation), each returning at once when not asked. As the
+    // child (role 4), the stderr barrier and the `Err` mark start before evcxr's runtime takes
+    // the main thread.
+    gpumem_kernel::build::quick_build::run_if_asked();
+    gpumem_kernel::build::timings::link_if_asked();
+    gpumem_kernel::build::cell_lines::wrap_if_asked();
     gpumem_kernel::cell::stderr_sync::serve_in_child();
     gpumem_kernel::cell::user_error::watch_in_child();
     evcxr::runtime_hook();
+    // Role 6: the kernel.
     let args: Vec<String> = std::env::args().skip(1).collect();
     // Where evcxr compiles cells: a directory kept between kernel starts, outside any cargo
     // workspace (see `build_dir`), held for the kernel's whole life. Set before any thread
@@ -62,9 +81,9 @@ fn main() {
         // first thing `main` does after `runtime_hook` (which returns only in the kernel
         // process and starts no thread), so no other thread exists yet.
         unsafe { std::env::set_var("EVCXR_TMPDIR", &dir.path) };
-        // evcxr runs cargo through this binary (`cell::quick_build`).
+        // evcxr runs cargo through this binary (`build::quick_build`).
         if let Some((key, value)) =
-            std::env::current_exe().ok().and_then(|e| gpumem_kernel::cell::quick_build::kernel_env(&e))
+            std::env::current_exe().ok().and_then(|e| gpumem_kernel::build::quick_build::kernel_env(&e))
         {
             // SAFETY: as above: no other thread exists yet.
             unsafe { std::env::set_var(key, value) };

@@ -20,7 +20,8 @@
 
 use gpumem_kernel::cell::hooks::{self, Hooks};
 use gpumem_kernel::session::control::{CONTROL_VAR, ControlServer};
-use gpumem_kernel::session::report::{CellRecord, History};
+use gpumem_kernel::session::history::History;
+use gpumem_nb::kernel::report::CellRecord;
 use gpumem_nb::{Allocator, DeviceBuffer, StreamId};
 use serde_json::{Value, json};
 use std::collections::HashMap;

@@ -1,5 +1,5 @@
 //! What the per-cell hooks cost the kernel, measured with the real pieces: kernel-side NVML
-//! (`nvml::read`) and the control channel's `pre` and `post` round trips, answered by the
+//! (`nvml::snapshot`) and the control channel's `pre` and `post` round trips, answered by the
 //! gpumem-nb crate's own serving loop (`gpumem_nb::kernel::control::serve`) over a Unix socket, with a
 //! device open (CUDA when there is one, else simulated).
 //!
@@ -22,7 +22,7 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
 
 /// A measurement's figures with what they were measured on: the backend and NVML's devices.
 fn with_machine(alloc: &gpumem_nb::Allocator, mut figures: serde_json::Value) -> serde_json::Value {
-    let nvml = gpumem_kernel::session::nvml::read();
+    let nvml = gpumem_nb::device::nvml::snapshot();
     figures["backend"] = json!(alloc.backend_kind().name());
     figures["nvml_devices"] = json!(nvml.devices.len());
     figures["nvml_error"] = json!(nvml.error);
@@ -55,12 +55,12 @@ fn hook_overhead() {
         let t0 = Instant::now();
         let _ = server.poll(Some(std::process::id()));
         let t1 = Instant::now();
-        let snap = gpumem_kernel::session::nvml::read();
+        let snap = gpumem_nb::device::nvml::snapshot();
         let t2 = Instant::now();
         server.request(Op::Pre { cell }, Duration::from_secs(5)).unwrap();
         let t3 = Instant::now();
         let _ = server.poll(Some(std::process::id()));
-        let _ = gpumem_kernel::session::nvml::read();
+        let _ = gpumem_nb::device::nvml::snapshot();
         let t4 = Instant::now();
         server.request(Op::Post { cell }, Duration::from_secs(5)).unwrap();
         let t5 = Instant::now();

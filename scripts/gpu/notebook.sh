@@ -68,7 +68,7 @@ pack() {
     # binary): a target directory shared with another clone may hold a kernel compiled there,
     # which cargo would not rebuild for this one. Touching the file that reads the path makes
     # it this checkout's.
-    touch kernel/src/cell/dep.rs
+    touch kernel/src/build/dep.rs
     cargo build --release -p gpumem-kernel
     cp "$CARGO_TARGET_DIR/release/gpumem-kernel" "$work/payload/bin/"
     strip "$work/payload/bin/gpumem-kernel"

@@ -10,9 +10,9 @@
 //! GPU machine where evcxr cannot compile cells.
 
 use crate::session::control::ControlServer;
-use crate::session::nvml::{self, NvmlSnapshot};
-use crate::session::report::{CellRecord, CrateReading, Readings, TrackedReadings, build_record, framework_parts};
+use gpumem_nb::device::nvml::{self, NvmlSnapshot};
 use gpumem_nb::kernel::protocol::{FrameworkReading, OomEvent, Op, Reply};
+use gpumem_nb::kernel::report::{CellRecord, CrateReading, Readings, TrackedReadings, build_record, framework_parts};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -245,7 +245,7 @@ impl Hooks {
             }
         }
         let requested = t.elapsed();
-        let nvml = nvml::read();
+        let nvml = nvml::snapshot();
         let us = t.elapsed().as_micros() as u64;
         if gpumem_nb::kernel::control::times_wanted() {
             // Beside the notebook process's own split (the same variable): the kernel's side.

@@ -10,16 +10,16 @@
 //! What it costs is measured on the sampler's own thread (its CPU time, [`LiveCost`]) and kept
 //! in the cell's record; `tests/overhead.rs` measures a long cell (BENCHMARKS.md).
 
-use crate::cell::compile::Watch;
+use crate::build::progress::Watch;
 use crate::cell::hooks::{self, SharedControl};
 use crate::output::Progress;
 use crate::output::{Output, Sink};
-use crate::session::nvml::{self, NvmlSnapshot};
-use crate::session::report::{
+use gpumem_nb::device::nvml::{self, NvmlSnapshot};
+use gpumem_nb::kernel::protocol::Op;
+use gpumem_nb::kernel::report::{
     CrateReading, LiveCost, TrackedReadings, allocator_absent, device_name, format_ms, line_html, quantity,
     short_device,
 };
-use gpumem_nb::kernel::protocol::Op;
 use gpumem_nb::units::iec;
 use serde_json::{Map, Value};
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -49,7 +49,7 @@ pub struct LiveReading {
 
 /// Reads the crate (when it is connected and answers within 250 ms) and NVML.
 pub fn read(control: &SharedControl) -> LiveReading {
-    let mut r = LiveReading { nvml: nvml::read(), ..Default::default() };
+    let mut r = LiveReading { nvml: nvml::snapshot(), ..Default::default() };
     let mut control = hooks::lock(control);
     if control.connected().is_some()
         && let Ok(reply) = control.request(Op::Live, LIVE_TIMEOUT)

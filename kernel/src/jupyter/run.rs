@@ -9,7 +9,7 @@
 
 use crate::cell::engine::Engine;
 use crate::output::{Output, Sink};
-use crate::session::report::CELL_MIME;
+use gpumem_nb::kernel::report::CELL_MIME;
 use gpumem_nb::render::escape;
 use serde_json::{Map, Value, json};
 use std::path::{Path, PathBuf};
@@ -217,7 +217,7 @@ pub fn run(opts: &RunOptions) -> anyhow::Result<i32> {
     eprintln!(
         "gpumem-kernel run: {} code cells in {}, {} failed",
         i_code,
-        crate::session::report::format_ms(started.elapsed().as_secs_f64() * 1000.0),
+        gpumem_nb::kernel::report::format_ms(started.elapsed().as_secs_f64() * 1000.0),
         failures.len()
     );
     for f in &failures {

@@ -17,7 +17,7 @@
 //! other clients read `gpu_memory`.
 
 use crate::cell::hooks::SharedControl;
-use crate::session::nvml;
+use gpumem_nb::device::nvml;
 use gpumem_nb::kernel::protocol::{DeviceReading, Op};
 use gpumem_nb::procfs::{self, kb_field, process_memory, read};
 use serde_json::{Value, json};
@@ -168,7 +168,7 @@ fn crate_readings(control: &SharedControl) -> Option<Vec<DeviceReading>> {
 /// `gpu_memory`: NVML's devices with the crate's numbers where the UUIDs match, then the
 /// crate's devices NVML does not list (the simulated device); and why NVML was unreadable.
 fn gpu_memory(child: Option<u32>, crate_devices: Option<&[DeviceReading]>) -> (Vec<Value>, Option<String>) {
-    let snap = nvml::read();
+    let snap = nvml::snapshot();
     let crate_devices = crate_devices.unwrap_or_default();
     let mut matched = vec![false; crate_devices.len()];
     let mut out = Vec::new();

@@ -1,6 +1,7 @@
 //! A cell's error as Jupyter shows it (`ErrorInfo`, from evcxr's errors), and what the
 //! record keeps of the cell's code (its first line, a hash for re-run detection).
 
+use crate::build::stable_hash::StableHash;
 use crate::output::ErrorInfo;
 
 /// evcxr's error as Jupyter's: `held` is what the child held on its devices when the cell began
@@ -153,16 +154,13 @@ pub(super) fn first_code_line(code: &str) -> String {
     if l.chars().count() > 48 { format!("{}…", l.chars().take(47).collect::<String>()) } else { l.to_string() }
 }
 
-/// A stable hash of a cell's code (whitespace at line ends ignored): FNV-1a, hex.
+/// A stable hash of a cell's code (whitespace at line ends and empty lines ignored), hex.
 pub(super) fn source_hash(code: &str) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut h = StableHash::default();
     for line in code.lines().map(str::trim_end).filter(|l| !l.is_empty()) {
-        for b in line.bytes().chain(std::iter::once(b'\n')) {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
+        h.write(line.as_bytes()).write(b"\n");
     }
-    format!("{h:016x}")
+    h.hex()
 }
 
 #[cfg(test)]

@@ -19,23 +19,26 @@
 mod diff;
 mod errors;
 mod magics;
+mod outcome;
 mod panic;
+mod prepare;
 mod pump;
 
-use crate::cell::compile;
-use crate::cell::dep;
-use crate::cell::display::{self, Display};
-use crate::cell::hooks::{self, HOOK_TIMEOUT, Hooks};
-use crate::cell::live;
+use crate::build::dep;
+use crate::build::display::Display;
+use crate::build::progress;
+use crate::build::session_deps::{self, SessionDeps};
+use crate::build::toolchain;
+use crate::cell::hooks::{self, Hooks};
 use crate::cell::magic::{self, Magic};
-use crate::cell::session_deps::{self, SessionDeps};
 use crate::cell::stderr_sync::{SYNC_VAR, StderrSync};
-use crate::cell::toolchain;
 use crate::output::{ErrorInfo, Output, Progress, Sink};
 use crate::session::control::{CONTROL_VAR, ControlServer};
-use crate::session::report::{CellRecord, CrateReading, History};
-use errors::{error_info, first_code_line, source_hash};
+use crate::session::history::History;
+use errors::first_code_line;
+use gpumem_nb::kernel::report::CellRecord;
 use magics::RecordSetting;
+use outcome::RanCode;
 use pump::StreamPump;
 use serde_json::{Map, Value};
 use std::path::PathBuf;
@@ -137,14 +140,14 @@ pub struct Engine {
     /// Why `%gpumem restart` replaced the child before this cell's code (its record says so).
     restarted_by_magic: Option<String>,
     /// The cells' build, watched for the live line and the console.
-    compile: Option<Arc<Mutex<compile::Watch>>>,
+    compile: Option<Arc<Mutex<progress::Watch>>>,
     /// The gpumem-nb this kernel was built with (what `:dep gpumem-nb` loads).
     own: dep::Own,
     /// A cell declared `:dep gpumem-nb` (it loads in the child at its first use).
     own_declared: bool,
     /// The session's `:dep` crates, loaded once as one shared library.
     deps: SessionDeps,
-    /// A cell's value shown in one compile (`crate::cell::display`).
+    /// A cell's value shown in one compile (`crate::build::display`).
     display: Display,
     /// When each cell that ran code ended (the child's pid then, µs since the epoch), for
     /// `%gpumem diff` of cells.
@@ -191,12 +194,12 @@ impl Engine {
         }
         let (mut eval, outputs) = evcxr::EvalContext::with_subprocess_command(cmd)
             .map_err(|e| anyhow::anyhow!("evcxr failed to start: {e}"))?;
-        // Cells keep line tables for their own code (`crate::cell::cell_lines`): sites then name
+        // Cells keep line tables for their own code (`crate::build::cell_lines`): sites then name
         // their cell lines. Set as evcxr's `:build_env` does, so `install`'s prebuild and every
         // session build alike.
-        if crate::cell::cell_lines::enabled() {
+        if crate::build::cell_lines::enabled() {
             let mut state = eval.state();
-            for (key, value) in crate::cell::cell_lines::build_envs(&std::env::current_exe()?) {
+            for (key, value) in crate::build::cell_lines::build_envs(&std::env::current_exe()?) {
                 state.set_build_env(&key, &value);
             }
             // No code: evcxr only takes the new state (nothing is compiled).
@@ -239,12 +242,12 @@ impl Engine {
             interrupted,
             last_hook_us: (0, 0),
             notice: notices([
-                crate::cell::build_dir::take_notice().map(|n| format!("gpumem-kernel: {n}")),
+                crate::build::build_dir::take_notice().map(|n| format!("gpumem-kernel: {n}")),
                 sysroot.as_deref().and_then(toolchain::rust_src_notice),
                 metrics_notice,
             ]),
             compile: std::env::var_os("EVCXR_TMPDIR")
-                .map(|d| Arc::new(Mutex::new(compile::Watch::new(std::path::Path::new(&d))))),
+                .map(|d| Arc::new(Mutex::new(progress::Watch::new(std::path::Path::new(&d))))),
             own: dep::Own::of_this_build(),
             own_declared: false,
             deps: SessionDeps::new(deps_root),
@@ -442,6 +445,8 @@ impl Engine {
         }
     }
 
+    /// Runs a cell's code between its readings: the preparation (`prepare`), the code, and its
+    /// outcome (`outcome`): the result or error shown, the record made and kept.
     fn run_cell(
         &mut self,
         count: u64,
@@ -453,143 +458,33 @@ impl Engine {
         // The cell's time is what its user waits for: from here to its report (the hooks, the
         // build, the code).
         let started = Instant::now();
-        // ---- pre hooks
-        self.hooks.poll(self.child_pid());
-        self.hooks.note_code(count, run_code);
-        let before = self.hooks.before(count, self.child_pid());
-        if let Some((_, snap)) = cell_magic {
-            let setting = RecordSetting { on: true, max_entries: None, stacks: snap.is_some() };
-            if self.hooks.control().connected().is_some() {
-                let sent = self.hooks.control().request(setting.request(), HOOK_TIMEOUT).is_ok();
-                if sent {
-                    self.hooks.note_recording(true);
-                }
-            }
-        }
-
-        // ---- the cell
+        let before = self.read_before(count, run_code, cell_magic);
         self.interrupted.store(false, Ordering::SeqCst);
         let t0 = Instant::now();
-        let sink = self.sink.clone();
-        let input = move |prompt: &str, password: bool| {
-            if allow_stdin { sink.input(prompt, password) } else { String::new() }
-        };
-        // `:restart` is done here: evcxr 0.22's own `:restart` leaves the cell's copy of the
-        // variable list behind, so the next cell asks the fresh child for variables it never had
-        // and aborts it.
-        let restart_here = run_code.lines().any(|l| l.trim() == ":restart");
-        let rest: String;
-        let run_code = if restart_here {
-            self.restart_child();
-            self.stream("stdout", "Child process restarted");
-            rest = run_code
-                .split_inclusive('\n')
-                .map(|l| {
-                    if l.trim() == ":restart" { l.replacen(":restart", "// :restart (done)", 1) } else { l.to_string() }
-                })
-                .collect();
-            rest.as_str()
-        } else {
-            run_code
-        };
-        // The cell runs on the child's main thread, whose thread id is the child's pid.
-        self.pump.begin_cell(self.child_pid());
-        // A long cell's live line, where outputs can be updated in place.
-        let sampler = (self.show && self.sink.updates_in_place() && magic::has_code(run_code))
-            .then(|| {
-                let control = self.hooks.shared_control();
-                let base = live::Baseline::of(&before, self.own_declared);
-                live::Sampler::start(
-                    count,
-                    t0,
-                    self.child_pid(),
-                    base,
-                    control,
-                    self.compile.clone(),
-                    self.sink.clone(),
-                )
-                .ok()
-            })
-            .flatten();
-        // Without a live line (`run`), the build's progress goes to the sink as it comes.
-        let ticker = match (&sampler, &self.compile) {
-            (None, Some(watch)) if magic::has_code(run_code) => {
-                let sink = self.sink.clone();
-                let each = move |p: &Progress| {
-                    if p.building_dependencies() {
-                        sink.compiling(count, p);
-                    }
-                };
-                compile::Ticker::start(watch.clone(), live::PERIOD, each).ok()
-            }
-            _ => None,
-        };
-        // Before the cell's code: its new `:dep` crates, loaded once for the session, and the
-        // trait that shows its value in one compile ((re)defined when evcxr's settings changed or
-        // `:clear` forgot it).
-        let mut not_loaded = None;
-        let mut new_generation = false;
-        let prelude_started = Instant::now();
-        if magic::has_code(run_code) {
-            let cwd = std::env::current_dir().unwrap_or_default();
-            match self.deps.plan(run_code, &cwd) {
-                Ok(Some(load)) => {
-                    let build_dir = std::env::var_os("EVCXR_TMPDIR").map(PathBuf::from);
-                    let before = build_dir.as_deref().map(|d| self.deps.built_libraries(d)).unwrap_or_default();
-                    match self.ctx.execute(&load.cell) {
-                        Ok(_) => {
-                            let rebuilt =
-                                build_dir.as_deref().map(|d| self.deps.rebuilt(&before, d)).unwrap_or_default();
-                            self.deps.loaded(&load);
-                            new_generation = true;
-                            if !rebuilt.is_empty() {
-                                self.restart_child();
-                                self.restarted_by_magic = Some("session dependencies rebuilt".into());
-                                self.show_notice(&session_deps::rebuilt_message(&load, &rebuilt));
-                            }
-                        }
-                        Err(e) => not_loaded = Some((load, e.to_string())),
-                    }
-                }
-                Ok(None) => {}
-                Err(e) => self.show_notice(&format!("gpumem-kernel: cannot write the session's dependencies: {e}")),
-            }
-            let defined = self.ctx.defined_item_names().any(|n| n == display::TRAIT);
-            if let Some((shown, src)) = self.display.cell(defined) {
-                match self.ctx.execute(&src) {
-                    Ok(_) => self.display.defined(shown),
-                    Err(_) => self.display.refused(),
-                }
-            }
-        }
-        let prelude_ms = prelude_started.elapsed().as_secs_f64() * 1e3;
+        let restarted = self.restart_if_asked(run_code);
+        let run_code = restarted.as_deref().unwrap_or(run_code);
+        let watchers = self.watch(count, t0, &before, run_code);
+        let prelude = self.prelude(run_code);
+
+        // ---- the cell's code
         let code_started = Instant::now();
-        let result = if magic::has_code(run_code) {
-            self.ctx.execute_with_callbacks(
-                run_code,
-                &mut evcxr::EvalCallbacks { input_reader: &|req| input(&req.prompt, req.is_password) },
-            )
-        } else {
-            Ok(evcxr::EvalOutputs::new())
-        };
+        let result = self.run_code(run_code, allow_stdin);
         // New dependencies: rust-analyzer loads them at the next type inference (seconds, a
         // crate graph of every dependency), and the next build records the command a build
         // without cargo runs. Both happen here, in the cell that declared them, rather than in
         // the user's next small cell.
-        if new_generation && result.is_ok() {
+        if prelude.new_generation && result.is_ok() {
             let _ = self.ctx.execute(WARM_UP);
         }
         let code_ms = code_started.elapsed().as_secs_f64() * 1e3;
         // evcxr's phases, kept only for the cell benchmark's timings.
-        let phases: Option<Vec<(String, f64)>> = crate::cell::cell_times::enabled().then(|| {
-            result
-                .as_ref()
-                .map(|o| o.phases.iter().map(|p| (p.name.clone(), p.duration.as_secs_f64() * 1e3)).collect())
-                .unwrap_or_default()
+        let phases: Option<Vec<(String, f64)>> = crate::build::timings::enabled().then(|| {
+            let phases = result.as_ref().map(|o| o.phases.as_slice()).unwrap_or_default();
+            phases.iter().map(|p| (p.name.clone(), p.duration.as_secs_f64() * 1e3)).collect()
         });
         // A generation that did not load: said (and its crates linked per cell from now on)
         // only when the cell itself built, so that a `:dep` of its own is not blamed on it.
-        if let Some((load, why)) = not_loaded
+        if let Some((load, why)) = prelude.not_loaded
             && result.is_ok()
         {
             self.deps.refused(&load);
@@ -599,154 +494,48 @@ impl Engine {
             self.deps.cleared();
         }
         self.display.follow(run_code);
-        let live = sampler.map(live::Sampler::stop);
-        if let Some(t) = ticker {
-            t.stop();
-        }
+        let live = watchers.stop();
         // Everything the cell wrote, stderr included, before its result and report.
         let marker = self.sync.as_mut().and_then(StderrSync::request);
         self.pump.flush(marker);
 
-        // ---- post hooks
+        // ---- the readings after, the outcome, the record
         let after = self.hooks.after(count, self.child_pid());
         self.cell_ends.insert(count, (after.pid, hooks::now_us()));
         self.last_hook_us = (before.us, after.us);
-
-        // ---- outputs: result or error
-        let interrupted = self.interrupted.swap(false, Ordering::SeqCst);
-        let panicked = self.pump.panics().pop();
-        // A panic's places in evcxr's generated code, as cell lines: the generated `lib.rs` is
-        // still the panicking cell's (read only when there is a panic).
-        let lines = panicked.as_ref().and_then(|_| {
-            let lib = std::env::var_os("EVCXR_TMPDIR").map(|d| PathBuf::from(d).join("src").join("lib.rs"))?;
-            let text = std::fs::read_to_string(lib).ok()?;
-            let codes: Vec<(u64, &str)> = self.hooks.codes().iter().map(|(c, s)| (*c, s.as_str())).collect();
-            Some(gpumem_nb::kernel::cells::LineMap::build(&text, &codes))
-        });
-        let locate = |line: u32| -> Option<(u64, u32)> { lines.as_ref()?.lookup(line) };
-        let mut error = None;
-        let mut terminated: Option<String> = None;
-        // The device's CUDA context lost in this cell (a kernel faulted): the cell's error,
-        // whatever its code made of the failing call.
-        let lost_here = after
-            .crate_readings
-            .as_ref()
-            .and_then(|v| v.iter().find_map(|d| d.lost.clone()))
-            .filter(|_| self.lost.is_none());
-        match result {
-            Ok(out) => {
-                let data = mime_map(out.content_by_mime_type);
-                if let Some(p) = &panicked {
-                    let mut info = panic::error_info(p, count, &locate);
-                    // The code panicked on a failing call of the lost context: the loss is
-                    // the cell's error, the panic its detail.
-                    if let Some(l) = &lost_here {
-                        let mut lost = errors::context_lost(l, count);
-                        lost.traceback.append(&mut info.traceback);
-                        info = lost;
-                    }
-                    self.sink.emit(Output::Error(info.clone()));
-                    error = Some(info);
-                } else {
-                    // An `Err` the code returned through `?`, or an `Err` as the cell's value.
-                    let returned = self.pump.returned_error().map(|lines| {
-                        let ooms = |r: &Option<Vec<CrateReading>>| {
-                            r.as_ref().map_or(0, |r| r.iter().map(|d| d.num_ooms).sum::<u64>())
-                        };
-                        let oom = after.oom.is_some() || ooms(&after.crate_readings) > ooms(&before.crate_readings);
-                        errors::returned_error(&lines, oom)
-                    });
-                    let value = errors::value_error(data.get("text/plain").and_then(Value::as_str));
-                    if !data.is_empty() && !is_unit(&data) {
-                        self.sink.emit(Output::ExecuteResult { count, data });
-                    }
-                    let lost = lost_here.as_ref().map(|l| errors::context_lost(l, count));
-                    if let Some(info) = lost.or(returned).or(value) {
-                        self.sink.emit(Output::Error(info.clone()));
-                        error = Some(info);
-                    }
-                }
-            }
-            Err(e) => {
-                if let evcxr::Error::SubprocessTerminated(msg) = &e {
-                    terminated = Some(msg.lines().last().unwrap_or("").to_string());
-                }
-                // What the stopped process held on its devices (NVML's process memory, else
-                // every tracked allocation, else the allocator's reserved bytes), at the
-                // cell's start: released with it.
-                let held = before
-                    .pid
-                    .map(|p| before.nvml.devices.iter().filter_map(|d| d.process_used(p)).sum::<u64>())
-                    .filter(|&b| b > 0)
-                    .or_else(|| before.tracked.as_ref().map(|t| t.places.iter().map(|p| p.live).sum::<u64>()))
-                    .or_else(|| before.crate_readings.as_ref().map(|r| r.iter().map(|d| d.reserved).sum::<u64>()));
-                let mut info = error_info(&e, run_code, interrupted, held);
-                // A panic that ended the child (it was not caught): its text first.
-                if let Some(p) = &panicked {
-                    let mut tb = panic::error_info(p, count, &locate).traceback;
-                    tb.append(&mut info.traceback);
-                    info.traceback = tb;
-                }
-                self.sink.emit(Output::Error(info.clone()));
-                error = Some(info);
-            }
-        }
-        let mut rec = hooks::record(count, &before, &after);
-        if let Some(l) = lost_here {
-            self.lost = Some((count, l));
-        }
-        rec.status = if error.as_ref().is_some_and(|e| gpumem_nb::device::Fault::from_code(&e.ename).is_some()) {
-            "lost".into()
-        } else if panicked.is_some() {
-            "panicked".into()
-        } else if error.as_ref().is_some_and(|e| e.ename == "OutOfMemoryError") {
-            "oom".into()
-        } else if error.is_some() {
-            "error".into()
-        } else {
-            "ok".into()
-        };
-        rec.first_line = shown.to_string();
-        rec.source_hash = source_hash(run_code);
-        rec.wall_ms = started.elapsed().as_secs_f64() * 1000.0;
+        let end = self.show_result(count, run_code, result, &before, &after);
+        let ran = RanCode { code: run_code, shown, started, restarted: restarted.is_some() };
+        let mut rec = self.record(count, &ran, &before, &after, &end);
+        rec.live = live.as_ref().filter(|l| l.id.is_some()).map(|l| l.cost.clone());
         if let Some(phases) = phases {
-            crate::cell::cell_times::append(&serde_json::json!({
-                "step": "cell", "cell": count, "wall_ms": rec.wall_ms, "prelude_ms": prelude_ms, "code_ms": code_ms,
+            crate::build::timings::append(&serde_json::json!({
+                "step": "cell", "cell": count, "wall_ms": rec.wall_ms, "prelude_ms": prelude.ms, "code_ms": code_ms,
                 "phases": phases, "hooks_us": [before.us, after.us],
             }));
         }
-        rec.crate_declared = self.own_declared;
-        rec.live = live.as_ref().filter(|l| l.id.is_some()).map(|l| l.cost.clone());
-        if let Some(why) = self.restarted_by_magic.take() {
-            // `%gpumem restart` replaced the child before the cell's readings began.
-            rec.restarted = true;
-            rec.restart_reason = Some(why);
-        } else if rec.restarted {
-            rec.restart_reason = Some(if interrupted {
-                "interrupted".into()
-            } else if let Some(t) = &terminated {
-                format!("crashed: {}", t.trim())
-            } else if restart_here || run_code.lines().any(|l| l.trim() == ":clear") {
-                "restart requested".into()
-            } else {
-                "child process replaced".into()
-            });
-        }
-        self.history.warn(&mut rec);
-        self.metrics.observe(&rec);
-        self.history.cells.push(rec.clone());
-        // A long session keeps its last cells; the rest is summarised (`crate::session::retention`).
-        let keep = crate::session::retention::keep();
-        crate::session::retention::trim(&mut self.history.cells, &mut self.history.dropped, keep);
-        crate::session::retention::trim_map(&mut self.cell_ends, keep);
-        self.hooks.trim_codes(keep.max(crate::session::retention::CODE_CELLS));
+        self.keep(&mut rec, &end);
 
         // ---- %%gpumem: timeline, snapshot, then the session's own recording setting again
         if let Some((timeline, snap)) = cell_magic {
             let was_loaded = before.crate_readings.is_some() && before.pid == after.pid;
             self.finish_cell_magic(count, *timeline, snap.as_deref(), was_loaded);
         }
-        Ran { error, record: rec, live: live.and_then(|l| l.id) }
+        Ran { error: end.error, record: rec, live: live.and_then(|l| l.id) }
+    }
+
+    /// The cell's code through evcxr, with the user's input when the front end allows it.
+    fn run_code(&mut self, run_code: &str, allow_stdin: bool) -> Result<evcxr::EvalOutputs, evcxr::Error> {
+        if !magic::has_code(run_code) {
+            return Ok(evcxr::EvalOutputs::new());
+        }
+        let sink = self.sink.clone();
+        let input = move |prompt: &str, password: bool| {
+            if allow_stdin { sink.input(prompt, password) } else { String::new() }
+        };
+        self.ctx.execute_with_callbacks(
+            run_code,
+            &mut evcxr::EvalCallbacks { input_reader: &|req| input(&req.prompt, req.is_password) },
+        )
     }
 
     /// Completions at `cursor` (a character offset, as Jupyter sends it): `%gpumem` verbs on

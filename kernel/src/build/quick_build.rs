@@ -29,9 +29,8 @@
 //! Timings (`GPUMEM_KERNEL_CELL_TIMES`) get a `cargo` step: the wrapper's time, and whether
 //! cargo ran (`quick: false`) or not.
 
-use std::collections::hash_map::DefaultHasher;
+use super::stable_hash::StableHash;
 use std::ffi::OsString;
-use std::hash::{Hash, Hasher};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -126,7 +125,7 @@ pub fn run_if_asked() {
         None => (real_cargo(cargo, rest, &crate_dir, build), false),
     };
     if build {
-        super::cell_times::append(&serde_json::json!({
+        super::timings::append(&serde_json::json!({
             "step": "cargo", "ms": started.elapsed().as_secs_f64() * 1e3, "quick": quick,
         }));
     }
@@ -135,15 +134,20 @@ pub fn run_if_asked() {
 
 /// The key of a build's inputs (see the module docs).
 fn key(crate_dir: &Path, cargo_args: &[OsString], env: impl Iterator<Item = (OsString, OsString)>) -> String {
-    let mut h = DefaultHasher::new();
-    cargo_args.hash(&mut h);
+    let mut h = StableHash::default();
+    h.write(&(cargo_args.len() as u64).to_le_bytes());
+    for a in cargo_args {
+        h.blob(Some(a.as_encoded_bytes()));
+    }
     for f in ["Cargo.toml", "Cargo.lock", ".cargo/config.toml"] {
-        std::fs::read(crate_dir.join(f)).ok().hash(&mut h);
+        h.blob(std::fs::read(crate_dir.join(f)).ok().as_deref());
     }
     let mut env: Vec<(OsString, OsString)> = env.filter(|(k, _)| !k.to_string_lossy().starts_with("GPUMEM_")).collect();
     env.sort();
-    env.hash(&mut h);
-    format!("{:016x}", h.finish())
+    for (k, v) in &env {
+        h.blob(Some(k.as_encoded_bytes())).blob(Some(v.as_encoded_bytes()));
+    }
+    h.hex()
 }
 
 /// Runs cargo as asked; after a build, keeps the state for the next one (or drops it).

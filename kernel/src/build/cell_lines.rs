@@ -85,7 +85,6 @@ fn is_cell_crate(args: &[OsString]) -> bool {
 /// Runs the wrapped rustc in place of this process when this process is the cells' rustc
 /// wrapper (see [`wrapped_command`]); returns otherwise. Call first thing in `main`.
 pub fn wrap_if_asked() {
-    super::cell_times::link_if_asked();
     if std::env::var_os(WRAP_VAR).is_none() {
         return;
     }
@@ -98,8 +97,8 @@ pub fn wrap_if_asked() {
         let given: Vec<OsString> = std::env::args_os().skip(2).collect();
         super::quick_build::record_if_asked(&rustc, &given);
     }
-    if let Some(exe) = exe.as_deref().filter(|_| cell && super::cell_times::enabled()) {
-        super::cell_times::run_rustc(&rustc, args, exe, WRAP_VAR);
+    if let Some(exe) = exe.as_deref().filter(|_| cell && super::timings::enabled()) {
+        super::timings::run_rustc(&rustc, args, exe, WRAP_VAR);
     }
     let mut cmd = std::process::Command::new(&rustc);
     cmd.args(&args).env_remove(WRAP_VAR);

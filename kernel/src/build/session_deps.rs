@@ -28,6 +28,7 @@
 //!   line that names it; `:allow_static_linking 1` turns the whole mechanism off, `0` on again
 //!   (evcxr never sees the command: its own dylib mode does not build on current Rust).
 
+use super::stable_hash::StableHash;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -231,22 +232,14 @@ fn inline(v: &toml::Value) -> String {
 }
 
 /// The name of the generation holding `deps` over `parent`: the same inputs, the same name
-/// (so a later session finds it built), FNV-1a over them.
+/// (so a later session finds it built).
 fn generation_name(parent: Option<&str>, deps: &[(String, String)]) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut feed = |s: &str| {
-        for b in s.bytes().chain([0u8]) {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    };
-    feed(env!("CARGO_PKG_VERSION"));
-    feed(parent.unwrap_or(""));
+    let mut h = StableHash::default();
+    h.text(env!("CARGO_PKG_VERSION")).text(parent.unwrap_or(""));
     for (k, s) in deps {
-        feed(k);
-        feed(s);
+        h.text(k).text(s);
     }
-    format!("{PREFIX}{h:016x}")
+    format!("{PREFIX}{}", h.hex())
 }
 
 /// Writes the generated crate into `dir` (atomically: a complete crate or none).

@@ -1,0 +1,205 @@
+//! What a cell ended with, after its code ran and its readings after were taken: the result or
+//! the error Jupyter is shown (a panic, an `Err` the code returned, out of memory, a lost CUDA
+//! context, a stopped child), the cell's status, its record, and the record kept in the history.
+
+use super::{Engine, errors, is_unit, mime_map, panic};
+use crate::cell::hooks::{self, After, Before};
+use crate::output::{ErrorInfo, Output};
+use gpumem_nb::device::LostContext;
+use gpumem_nb::kernel::report::{CellRecord, CrateReading};
+use serde_json::Value;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+
+/// How a cell's code ended, as evcxr and the child told it.
+pub(super) struct Ending {
+    /// The error Jupyter was shown, if any.
+    pub(super) error: Option<ErrorInfo>,
+    /// The code panicked.
+    pub(super) panicked: bool,
+    /// The child ended during the cell (its last words).
+    pub(super) terminated: Option<String>,
+    /// The cell was interrupted.
+    pub(super) interrupted: bool,
+    /// The device's CUDA context was lost in this cell.
+    pub(super) lost_here: Option<LostContext>,
+}
+
+impl Ending {
+    /// The record's status: the worst of what happened.
+    fn status(&self) -> &'static str {
+        let ename = self.error.as_ref().map(|e| e.ename.as_str());
+        if ename.is_some_and(|n| gpumem_nb::device::Fault::from_code(n).is_some()) {
+            "lost"
+        } else if self.panicked {
+            "panicked"
+        } else if ename == Some("OutOfMemoryError") {
+            "oom"
+        } else if ename.is_some() {
+            "error"
+        } else {
+            "ok"
+        }
+    }
+}
+
+impl Engine {
+    /// Shows the cell's result, or its error, and says how it ended.
+    pub(super) fn show_result(
+        &mut self,
+        count: u64,
+        run_code: &str,
+        result: Result<evcxr::EvalOutputs, evcxr::Error>,
+        before: &Before,
+        after: &After,
+    ) -> Ending {
+        let interrupted = self.interrupted.swap(false, Ordering::SeqCst);
+        let panicked = self.pump.panics().pop();
+        // A panic's places in evcxr's generated code, as cell lines: the generated `lib.rs` is
+        // still the panicking cell's (read only when there is a panic).
+        let lines = panicked.as_ref().and_then(|_| {
+            let lib = std::env::var_os("EVCXR_TMPDIR").map(|d| PathBuf::from(d).join("src").join("lib.rs"))?;
+            let text = std::fs::read_to_string(lib).ok()?;
+            let codes: Vec<(u64, &str)> = self.hooks.codes().iter().map(|(c, s)| (*c, s.as_str())).collect();
+            Some(gpumem_nb::kernel::cells::LineMap::build(&text, &codes))
+        });
+        let locate = |line: u32| -> Option<(u64, u32)> { lines.as_ref()?.lookup(line) };
+        // The device's CUDA context lost in this cell (a kernel faulted): the cell's error,
+        // whatever its code made of the failing call.
+        let lost_here = after
+            .crate_readings
+            .as_ref()
+            .and_then(|v| v.iter().find_map(|d| d.lost.clone()))
+            .filter(|_| self.lost.is_none());
+        let mut terminated = None;
+        let error = match result {
+            Ok(out) => match &panicked {
+                Some(p) => {
+                    let mut info = panic::error_info(p, count, &locate);
+                    // The code panicked on a failing call of the lost context: the loss is the
+                    // cell's error, the panic its detail.
+                    if let Some(l) = &lost_here {
+                        let mut lost = errors::context_lost(l, count);
+                        lost.traceback.append(&mut info.traceback);
+                        info = lost;
+                    }
+                    Some(info)
+                }
+                None => self.show_value(count, out, before, after, lost_here.as_ref()),
+            },
+            Err(e) => {
+                if let evcxr::Error::SubprocessTerminated(msg) = &e {
+                    terminated = Some(msg.lines().last().unwrap_or("").to_string());
+                }
+                let mut info = errors::error_info(&e, run_code, interrupted, held(before));
+                // A panic that ended the child (it was not caught): its text first.
+                if let Some(p) = &panicked {
+                    let mut tb = panic::error_info(p, count, &locate).traceback;
+                    tb.append(&mut info.traceback);
+                    info.traceback = tb;
+                }
+                Some(info)
+            }
+        };
+        if let Some(info) = &error {
+            self.sink.emit(Output::Error(info.clone()));
+        }
+        Ending { error, panicked: panicked.is_some(), terminated, interrupted, lost_here }
+    }
+
+    /// A cell that ran to its end without a panic: its value shown, and its error when it
+    /// returned an `Err` (through `?` or as its value), ran out of memory or lost the context.
+    fn show_value(
+        &self,
+        count: u64,
+        out: evcxr::EvalOutputs,
+        before: &Before,
+        after: &After,
+        lost_here: Option<&LostContext>,
+    ) -> Option<ErrorInfo> {
+        let data = mime_map(out.content_by_mime_type);
+        let returned = self.pump.returned_error().map(|lines| {
+            let ooms =
+                |r: &Option<Vec<CrateReading>>| r.as_ref().map_or(0, |r| r.iter().map(|d| d.num_ooms).sum::<u64>());
+            let oom = after.oom.is_some() || ooms(&after.crate_readings) > ooms(&before.crate_readings);
+            errors::returned_error(&lines, oom)
+        });
+        let value = errors::value_error(data.get("text/plain").and_then(Value::as_str));
+        if !data.is_empty() && !is_unit(&data) {
+            self.sink.emit(Output::ExecuteResult { count, data });
+        }
+        lost_here.map(|l| errors::context_lost(l, count)).or(returned).or(value)
+    }
+
+    /// The cell's record: its readings, status and code, and why its child was replaced.
+    pub(super) fn record(
+        &mut self,
+        count: u64,
+        run: &RanCode<'_>,
+        before: &Before,
+        after: &After,
+        end: &Ending,
+    ) -> CellRecord {
+        let mut rec = hooks::record(count, before, after);
+        rec.status = end.status().into();
+        rec.first_line = run.shown.to_string();
+        rec.source_hash = errors::source_hash(run.code);
+        rec.wall_ms = run.started.elapsed().as_secs_f64() * 1000.0;
+        rec.crate_declared = self.own_declared;
+        if let Some(why) = self.restarted_by_magic.take() {
+            // `%gpumem restart` replaced the child before the cell's readings began.
+            rec.restarted = true;
+            rec.restart_reason = Some(why);
+        } else if rec.restarted {
+            rec.restart_reason = Some(if end.interrupted {
+                "interrupted".into()
+            } else if let Some(t) = &end.terminated {
+                format!("crashed: {}", t.trim())
+            } else if run.restarted || run.code.lines().any(|l| l.trim() == ":clear") {
+                "restart requested".into()
+            } else {
+                "child process replaced".into()
+            });
+        }
+        rec
+    }
+
+    /// The record kept: warnings that need earlier cells, counted for the metrics endpoint, in
+    /// the history; a long session keeps its last cells and summarises the rest
+    /// (`crate::session::retention`).
+    pub(super) fn keep(&mut self, rec: &mut CellRecord, end: &Ending) {
+        if let Some(l) = &end.lost_here {
+            self.lost = Some((rec.cell, l.clone()));
+        }
+        self.history.warn(rec);
+        self.metrics.observe(rec);
+        self.history.cells.push(rec.clone());
+        let keep = crate::session::retention::keep();
+        crate::session::retention::trim(&mut self.history.cells, &mut self.history.dropped, keep);
+        crate::session::retention::trim_map(&mut self.cell_ends, keep);
+        self.hooks.trim_codes(keep.max(crate::session::retention::CODE_CELLS));
+    }
+}
+
+/// The code a cell ran, as the record tells it.
+pub(super) struct RanCode<'a> {
+    /// What evcxr got.
+    pub(super) code: &'a str,
+    /// Its first line as the history shows it.
+    pub(super) shown: &'a str,
+    /// When the cell began (the user's wait: hooks, build, code).
+    pub(super) started: std::time::Instant,
+    /// A `:restart` line restarted the child.
+    pub(super) restarted: bool,
+}
+
+/// What the stopped process held on its devices (NVML's process memory, else every tracked
+/// allocation, else the allocator's reserved bytes), at the cell's start: released with it.
+fn held(before: &Before) -> Option<u64> {
+    before
+        .pid
+        .map(|p| before.nvml.devices.iter().filter_map(|d| d.process_used(p)).sum::<u64>())
+        .filter(|&b| b > 0)
+        .or_else(|| before.tracked.as_ref().map(|t| t.places.iter().map(|p| p.live).sum::<u64>()))
+        .or_else(|| before.crate_readings.as_ref().map(|r| r.iter().map(|d| d.reserved).sum::<u64>()))
+}
