@@ -101,7 +101,7 @@ impl Cells {
 
 fn driver_delta(rec: &CellRecord) -> i64 {
     let all = rec.all_allocations.as_ref().unwrap();
-    all.by_source.iter().find(|s| s.source == "driver").map_or(0, |s| s.delta)
+    all.place.by_source.iter().find(|s| s.source == "driver").map_or(0, |s| s.delta)
 }
 
 fn reserve(mem: &Memory, bytes: u64) -> ManagedMemoryHandle {

@@ -47,7 +47,7 @@ fn what_a_cell_queues_lands_in_that_cell() {
     assert_eq!(all.delta(), Some(36 * MIB as i64), "the cell's own: {all:?}");
     let fw = &rec.frameworks[0];
     assert_eq!(fw.in_use.delta(), Some(36 * MIB as i64), "{fw:?}");
-    let site = all.top.iter().find(|t| t.bytes == 36 * MIB).unwrap_or_else(|| panic!("{:?}", all.top));
+    let site = all.place.top.iter().find(|t| t.bytes == 36 * MIB).unwrap_or_else(|| panic!("{:?}", all.place.top));
     assert!(site.queued && site.cell == Some(3), "made on the queue's thread, for cell 3: {site:?}");
     assert!(site.site().ends_with("← cell 3"), "{}", site.site());
     let line = rec.line();

@@ -85,7 +85,7 @@ pub fn enter(c: Component) -> ComponentGuard {
     let s = state();
     lock(&s.by_thread).entry(std::thread::current().id()).or_default().push(c);
     s.active.fetch_add(1, Ordering::AcqRel);
-    let phase = super::watched::phase_begin(c.key());
+    let phase = super::watched::phase_begin(c);
     ComponentGuard { _local: Stamp::push(c), phase, _not_send: PhantomData }
 }
 

@@ -16,7 +16,7 @@
 //! The counters are the session's: cells executed by status, child restarts, allocation
 //! failures, the hooks' time.
 
-use super::report::CellRecord;
+use super::report::{CellRecord, CellStatus};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Mutex;
@@ -69,8 +69,8 @@ impl Identity {
 pub struct State {
     /// The latest cell's record.
     pub last: Option<CellRecord>,
-    /// Cells executed, by the record's status (`ok`, `error`, `panicked`).
-    pub cells: BTreeMap<String, u64>,
+    /// Cells executed, by the record's status.
+    pub cells: BTreeMap<CellStatus, u64>,
     /// Cells after which the notebook process was another one.
     pub restarts: u64,
     /// Allocation failures the allocator counted, over all cells.
@@ -82,7 +82,7 @@ pub struct State {
 impl State {
     /// Counts a cell and keeps its record as the latest.
     pub fn observe(&mut self, rec: &CellRecord) {
-        *self.cells.entry(rec.status.clone()).or_default() += 1;
+        *self.cells.entry(rec.status).or_default() += 1;
         self.restarts += u64::from(rec.restarted);
         self.ooms += rec.allocator.as_ref().map_or(0, |a| a.ooms);
         self.hook_us += rec.hook_us;
@@ -113,7 +113,7 @@ pub(crate) fn exported() -> &'static Exported {
 
 /// The device id of a record: NVML's UUID, else `sim-N` on the simulated device, else `cuda-N`.
 pub fn hw_id(rec: &CellRecord) -> String {
-    let index = rec.allocator.as_ref().map(|a| a.device).or(rec.all_allocations.as_ref().and_then(|a| a.device));
+    let index = rec.allocator.as_ref().map(|a| a.device).or(rec.all_allocations.as_ref().and_then(|a| a.place.device));
     let index = index.unwrap_or(0);
     let simulated = rec.allocator.as_ref().is_some_and(|a| a.backend == crate::device::BackendKind::Simulated)
         || rec.sources.device.contains("simulated");
@@ -188,7 +188,7 @@ pub fn render(state: &State, who: &Identity) -> String {
         let usage = [
             ("allocator", alloc.and_then(|a| a.allocated.after)),
             ("pool", pool.and_then(|p| p.used.after)),
-            ("tracked", all.and_then(|a| a.after)),
+            ("tracked", all.and_then(|a| a.place.after)),
             ("process", rec.nvml.process.after),
         ];
         let mut f = family(
@@ -203,7 +203,7 @@ pub fn render(state: &State, who: &Identity) -> String {
                 f.sample("", &with(source), v);
             }
         }
-        if let Some(parts) = all.map(|a| &a.by_component).filter(|p| !p.is_empty()) {
+        if let Some(parts) = all.map(|a| &a.place.by_component).filter(|p| !p.is_empty()) {
             let mut f = family(
                 &mut out,
                 "gpumem_component_bytes",
@@ -214,7 +214,7 @@ pub fn render(state: &State, who: &Identity) -> String {
             );
             for c in parts {
                 let mut l = dev.clone();
-                l.push(("component", c.component.clone()));
+                l.push(("component", c.component.to_string()));
                 f.sample("", &l, c.after);
             }
         }
@@ -247,7 +247,7 @@ pub fn render(state: &State, who: &Identity) -> String {
         let peak = [
             ("allocator", alloc.map(|a| a.peak_allocated)),
             ("pool", pool.and_then(|p| p.used_high)),
-            ("tracked", all.and_then(|a| a.peak)),
+            ("tracked", all.and_then(|a| a.place.peak)),
         ];
         if peak.iter().any(|(_, v)| v.is_some()) {
             let mut f = family(
@@ -285,7 +285,7 @@ pub fn render(state: &State, who: &Identity) -> String {
     let mut f = family(&mut out, "gpumem_cells", "counter", None, "Cells that ran code, by status.");
     for (status, n) in &state.cells {
         let mut l = base.clone();
-        l.push(("status", status.clone()));
+        l.push(("status", status.to_string()));
         f.sample("_total", &l, *n);
     }
     let mut f =
@@ -404,12 +404,14 @@ mod server {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::notebook::report::{AllAllocations, AllocatorPart, ComponentDelta, PoolPart, Span};
+    use crate::notebook::protocol::Held;
+    use crate::notebook::report::{AllAllocations, AllocatorPart, ComponentDelta, PlaceAll, PoolPart, Span};
+    use crate::record::component::Component;
 
     fn record() -> CellRecord {
         CellRecord {
             cell: 7,
-            status: "ok".into(),
+            status: CellStatus::Ok,
             allocator: Some(AllocatorPart {
                 device: 0,
                 backend: crate::device::BackendKind::Simulated,
@@ -429,14 +431,21 @@ mod tests {
             }),
             all_allocations: Some(AllAllocations {
                 tracking: "simulated".into(),
-                device: Some(0),
-                before: Some(0),
-                after: Some((514 << 20) + (2 << 20)),
-                peak: Some((1026 << 20) + (2 << 20)),
-                by_component: [("parameter", 512 << 20), ("other", 2 << 20), ("cached", 2 << 20)]
+                place: PlaceAll {
+                    device: Some(0),
+                    before: Some(0),
+                    after: Some((514 << 20) + (2 << 20)),
+                    peak: Some((1026 << 20) + (2 << 20)),
+                    by_component: [
+                        (Component::Parameter.into(), 512 << 20),
+                        (Component::Other.into(), 2 << 20),
+                        (Held::Cached, 2 << 20),
+                    ]
                     .into_iter()
-                    .map(|(c, after)| ComponentDelta { component: c.into(), before: Some(0), after, peak: None })
+                    .map(|(component, after)| ComponentDelta { component, before: Some(0), after, peak: None })
                     .collect(),
+                    ..Default::default()
+                },
                 ..Default::default()
             }),
             crate_device_total: Some(80 << 30),
@@ -452,7 +461,7 @@ mod tests {
         let mut s = State::default();
         let mut failed = record();
         failed.cell = 6;
-        failed.status = "panicked".into();
+        failed.status = CellStatus::Panicked;
         failed.restarted = true;
         s.observe(&failed);
         s.observe(&record());

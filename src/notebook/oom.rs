@@ -10,7 +10,7 @@
 //! holds what the failing code held.
 #![forbid(unsafe_code)]
 
-use super::protocol::{CACHED, ComponentReading, OomEvent, SnapshotPaths, is_classified};
+use super::protocol::{ComponentReading, Held, OomEvent, SnapshotPaths};
 use crate::allocator::Allocator;
 use crate::error::OomReport;
 use crate::policy::SegmentView;
@@ -118,11 +118,11 @@ impl OomWatch {
 /// `of the 1.50 GiB in use: optimizer_state 1.00 GiB, parameter 512.00 MiB` (largest first,
 /// the allocator's cached free memory left out), where anything is more than `other`.
 fn in_use_by_component(parts: &[ComponentReading]) -> Option<String> {
-    if !parts.iter().any(|c| is_classified(&c.component) && c.live > 0) {
+    if !parts.iter().any(|c| c.component.is_classified() && c.live > 0) {
         return None;
     }
-    let mut held: Vec<&ComponentReading> = parts.iter().filter(|c| c.component != CACHED && c.live > 0).collect();
-    held.sort_by(|a, b| b.live.cmp(&a.live).then(a.component.cmp(&b.component)));
+    let mut held: Vec<&ComponentReading> = parts.iter().filter(|c| c.component != Held::Cached && c.live > 0).collect();
+    held.sort_by(|a, b| b.live.cmp(&a.live).then(a.component.key().cmp(b.component.key())));
     let total: u64 = held.iter().map(|c| c.live).sum();
     let words: Vec<String> = held.iter().map(|c| format!("{} {}", c.component, iec(c.live))).collect();
     Some(format!("of the {} in use: {}", iec(total), words.join(", ")))

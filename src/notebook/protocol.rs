@@ -12,6 +12,7 @@
 #![forbid(unsafe_code)]
 
 use crate::device::BackendKind;
+use crate::record::component::Component;
 use crate::record::history::RecordMode;
 use serde::{Deserialize, Serialize};
 
@@ -280,22 +281,68 @@ pub struct PlaceReading {
     pub by_component: Vec<ComponentReading>,
 }
 
-/// The `component` of the allocator's cached free memory in [`PlaceReading::by_component`]:
-/// reserved by gpumem-nb's allocator, allocated to no one.
-pub(crate) const CACHED: &str = "cached";
+/// What a component reading's bytes are: one component's memory, or the allocator's cached free
+/// memory (reserved by gpumem-nb's allocator, allocated to no one). On the wire, the
+/// component's key (`parameter`, …, `other`: [`Component::key`]) or `cached`; any other name is
+/// an error naming the ones known.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Held {
+    /// Memory of one component.
+    Component(Component),
+    /// The allocator's cached free memory.
+    Cached,
+}
 
-/// Whether a component name says more than nothing: neither `other` nor [`CACHED`]. The line,
-/// the out-of-memory message and `top` say what memory is only once something is.
-pub(crate) fn is_classified(component: &str) -> bool {
-    component != crate::record::component::Component::Other.key() && component != CACHED
+impl Held {
+    /// The name in data and on screen: the component's key, or `cached`.
+    pub fn key(self) -> &'static str {
+        match self {
+            Held::Component(c) => c.key(),
+            Held::Cached => "cached",
+        }
+    }
+
+    /// Whether it says more than nothing: neither `other` nor `cached`. The line, the
+    /// out-of-memory message and `top` say what memory is only once something is.
+    pub(crate) fn is_classified(self) -> bool {
+        !matches!(self, Held::Component(Component::Other) | Held::Cached)
+    }
+}
+
+impl From<Component> for Held {
+    fn from(c: Component) -> Self {
+        Held::Component(c)
+    }
+}
+
+impl std::fmt::Display for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.key())
+    }
+}
+
+impl Serialize for Held {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.key())
+    }
+}
+
+impl<'de> Deserialize<'de> for Held {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Held, D::Error> {
+        let name = String::deserialize(d)?;
+        let held = Component::ALL.into_iter().map(Held::Component).chain([Held::Cached]);
+        held.clone().find(|h| h.key() == name).ok_or_else(|| {
+            let known: Vec<&str> = held.map(Held::key).collect();
+            serde::de::Error::custom(format!("unknown component {name:?} (one of {})", known.join(", ")))
+        })
+    }
 }
 
 /// One component's live bytes.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ComponentReading {
-    /// `parameter`, `buffer`, `gradient`, `activation`, `temp`, `optimizer_state`, `workspace`,
-    /// `other`, or `cached` (the allocator's cached free memory).
-    pub component: String,
+    /// What the bytes are.
+    pub component: Held,
     /// Bytes now.
     pub live: u64,
     /// How far it rose above its bytes at the reading before (the cell's start) at its highest,
@@ -365,7 +412,7 @@ pub struct OwnerBytes {
     /// What the memory is (`parameter`, `optimizer_state`, …: [`crate::components`]); `null`
     /// for the allocator's cached free memory and from an older crate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub component: Option<String>,
+    pub component: Option<Component>,
 }
 
 impl OwnerBytes {
@@ -456,10 +503,10 @@ pub struct FrameworkReading {
 /// known: the net change, not a peak, and memory made and freed inside the phase is not in it.
 /// The books are the process's: what another thread changes while a stamp is open (another
 /// stamp, or unstamped work) is in that stamp's change too.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FrameworkPhase {
     /// The component stamped (`parameter`).
-    pub component: String,
+    pub component: Component,
     /// How many stamps of it ended.
     pub phases: u64,
     /// Bytes in use at their ends − at their beginnings, summed, nested stamps' changes excepted.

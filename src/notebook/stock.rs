@@ -23,7 +23,7 @@
 
 use super::control::Session;
 use super::protocol::{CONTROL_VAR, FrameworkReading, Op};
-use super::report::{CELL_MIME, CrateReading, Readings, TrackedReadings, build_record, framework_parts};
+use super::report::{CELL_MIME, CellStatus, CrateReading, Readings, TrackedReadings, build_record, framework_parts};
 use crate::device::nvml::{self, NvmlSnapshot};
 use std::io::{BufRead, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -397,13 +397,12 @@ impl Cells {
         );
         rec.frameworks = framework_parts(p.frameworks.as_deref(), frameworks.as_deref());
         rec.status = if rec.lost.is_some() {
-            "lost"
+            CellStatus::Lost
         } else if run.panicked {
-            "panicked"
+            CellStatus::Panicked
         } else {
-            "ok"
-        }
-        .into();
+            CellStatus::Ok
+        };
         rec.oom = oom;
         rec.unsettled = unsettled;
         let mut notice = None;

@@ -12,7 +12,7 @@
 //! opened the device, which reaches the same state (Note [Sinks are data, not statics]).
 #![forbid(unsafe_code)]
 
-use super::protocol::{CACHED, CACHED_FREE, ComponentReading, OwnerBytes, PlaceReading, SourceReading};
+use super::protocol::{CACHED_FREE, ComponentReading, Held, OwnerBytes, PlaceReading, SourceReading};
 use crate::device::DriverEvent;
 use crate::record::component::Component;
 use crate::record::frames::{self, Frames};
@@ -461,7 +461,7 @@ fn by_component(live: &LiveNow, changes: Option<&CellChanges>) -> HashMap<Place,
                 .into_iter()
                 .map(|(c, live)| {
                     let rise = rose.as_ref().map(|r| r.get(&(place, c)).copied().unwrap_or(0));
-                    ComponentReading { component: c.key().to_string(), live, rise }
+                    ComponentReading { component: Held::Component(c), live, rise }
                 })
                 .filter(|r| r.live > 0 || r.rise.unwrap_or(0) > 0)
                 .collect();
@@ -469,11 +469,7 @@ fn by_component(live: &LiveNow, changes: Option<&CellChanges>) -> HashMap<Place,
         })
         .collect();
     for (place, &cached) in live.cached.iter().filter(|(_, c)| **c > 0) {
-        out.entry(*place).or_default().push(ComponentReading {
-            component: CACHED.to_string(),
-            live: cached,
-            rise: None,
-        });
+        out.entry(*place).or_default().push(ComponentReading { component: Held::Cached, live: cached, rise: None });
     }
     out
 }
@@ -488,8 +484,8 @@ pub(crate) fn block_observer() -> crate::allocator::BlockObserver {
 /// The activations and temporaries among a place's live sites (largest first, at most
 /// [`TOP`]): what a report flags as kept alive past the code that made it.
 fn kept_alive(rows: &[OwnerBytes]) -> Vec<OwnerBytes> {
-    let kept = [Component::Activation.key(), Component::Temp.key()];
-    rows.iter().filter(|r| r.component.as_deref().is_some_and(|c| kept.contains(&c))).take(TOP).cloned().collect()
+    let kept = |r: &&OwnerBytes| matches!(r.component, Some(Component::Activation | Component::Temp));
+    rows.iter().filter(kept).take(TOP).cloned().collect()
 }
 
 /// How many sites a record's `top` lists.
@@ -668,7 +664,7 @@ fn top_sites_in(
                 .map(|((site, component), (bytes, made))| {
                     let mut o = owner_bytes(site, bytes);
                     o.segment = made.filter(|s| *s != o.site());
-                    o.component = Some(component.key().to_string());
+                    o.component = Some(component);
                     o
                 })
                 .collect();

@@ -21,6 +21,7 @@
 #![forbid(unsafe_code)]
 
 use super::protocol::{FrameworkPhase, FrameworkReading, Settled};
+use crate::record::component::Component;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
@@ -55,7 +56,7 @@ struct Watch {
 /// A stamped phase not ended yet: each framework's in-use bytes when it began (`None`: it did
 /// not answer), and what the phases nested in it changed.
 struct Open {
-    component: String,
+    component: Component,
     start: Vec<(String, Option<u64>)>,
     nested: HashMap<String, i64>,
 }
@@ -180,12 +181,12 @@ fn in_use_now() -> Vec<(String, Option<u64>)> {
 
 /// Begins a stamped phase of `component` on this thread when a framework is watched: reads
 /// each one's in-use bytes. False (and nothing read) when none is.
-pub(crate) fn phase_begin(component: &str) -> bool {
+pub(crate) fn phase_begin(component: Component) -> bool {
     if crate::sync::lock(&watched().list).is_empty() {
         return false;
     }
     let start = in_use_now();
-    let open = Open { component: component.to_string(), start, nested: HashMap::new() };
+    let open = Open { component, start, nested: HashMap::new() };
     crate::sync::lock(&watched().open).entry(std::thread::current().id()).or_default().push(open);
     true
 }
@@ -231,7 +232,7 @@ pub(crate) fn phase_end() {
         let p = match list.iter().position(|p| p.component == open.component) {
             Some(i) => &mut list[i],
             None => {
-                list.push(FrameworkPhase { component: open.component.clone(), ..Default::default() });
+                list.push(FrameworkPhase { component: open.component, phases: 0, change: 0, unread: 0 });
                 list.last_mut().expect("just pushed")
             }
         };
@@ -321,28 +322,28 @@ mod tests {
         };
         watch(key, Arc::new(read), None);
         let add = |n: i64| in_use.fetch_add(n as u64, Ordering::SeqCst);
-        assert!(phase_begin("parameter"));
+        assert!(phase_begin(Component::Parameter));
         add(24);
-        assert!(phase_begin("optimizer_state"));
+        assert!(phase_begin(Component::OptimizerState));
         add(48);
         phase_end();
         add(-4);
         phase_end();
-        assert!(phase_begin("optimizer_state"));
+        assert!(phase_begin(Component::OptimizerState));
         add(8);
         phase_end();
         let mine = |all: Vec<FrameworkReading>| all.into_iter().find(|r| r.device == "phases").unwrap().phases;
         let phases = mine(readings().unwrap());
-        let p = |c: &str, phases: u64, change: i64| FrameworkPhase { component: c.into(), phases, change, unread: 0 };
-        assert_eq!(phases, vec![p("optimizer_state", 2, 56), p("parameter", 1, 20)]);
+        let p = |component, phases: u64, change: i64| FrameworkPhase { component, phases, change, unread: 0 };
+        assert_eq!(phases, vec![p(Component::OptimizerState, 2, 56), p(Component::Parameter, 1, 20)]);
         assert!(mine(readings().unwrap()).is_empty(), "taken by the reading before");
         // A framework not read at the end of the middle stamp: that stamp is `unread`, and what
         // its nested stamp changed still does not count for the outer one.
-        assert!(phase_begin("other"));
+        assert!(phase_begin(Component::Other));
         add(1);
-        assert!(phase_begin("activation"));
+        assert!(phase_begin(Component::Activation));
         add(10);
-        assert!(phase_begin("temp"));
+        assert!(phase_begin(Component::Temp));
         add(100);
         phase_end();
         fail.store(true, Ordering::SeqCst);
@@ -350,10 +351,10 @@ mod tests {
         fail.store(false, Ordering::SeqCst);
         phase_end();
         let got = mine(readings().unwrap());
-        let unread = FrameworkPhase { unread: 1, ..p("activation", 0, 0) };
+        let unread = FrameworkPhase { unread: 1, ..p(Component::Activation, 0, 0) };
         assert_eq!(
             got,
-            vec![p("temp", 1, 100), unread, p("other", 1, 11)],
+            vec![p(Component::Temp, 1, 100), unread, p(Component::Other, 1, 11)],
             "the 10 of the unread stamp go to the outer one"
         );
         // A phase ended with nothing open is nothing; unwatching drops what no reading took.

@@ -1,7 +1,9 @@
 //! The session's history: warnings that need earlier cells, the table, the peaks chart, CSV
 //! and JSON export.
 
-use gpumem_nb::kernel::report::{CellRecord, format_ms, short_device};
+use gpumem_nb::Component;
+use gpumem_nb::kernel::protocol::Held;
+use gpumem_nb::kernel::report::{CellRecord, CellStatus, format_ms, short_device};
 use gpumem_nb::render::chart::{Series, peak_bars};
 use gpumem_nb::render::{MimeBundle, Table};
 use gpumem_nb::units::{iec, iec_delta};
@@ -81,12 +83,12 @@ impl History {
             cols.push((
                 "peak all",
                 true,
-                Box::new(move |c: &CellRecord| opt(c.all_allocations.as_ref().and_then(|x| x.peak))),
+                Box::new(move |c: &CellRecord| opt(c.all_allocations.as_ref().and_then(|x| x.place.peak))),
             ));
         }
         // What is live after each cell, by component, for the components some cell holds.
-        for &name in &components {
-            cols.push((name, true, Box::new(move |c: &CellRecord| opt(component_after(c, name)))));
+        for &held in &components {
+            cols.push((held.key(), true, Box::new(move |c: &CellRecord| opt(component_after(c, held)))));
         }
         if alloc {
             cols.push((
@@ -112,22 +114,22 @@ impl History {
         cols.push((
             "wall",
             true,
-            Box::new(|c: &CellRecord| if c.status == "refused" { "–".into() } else { format_ms(c.wall_ms) }),
+            Box::new(|c: &CellRecord| if c.status == CellStatus::Refused { "–".into() } else { format_ms(c.wall_ms) }),
         ));
         cols.push((
             "notes",
             false,
             Box::new(|c: &CellRecord| {
                 let mut notes: Vec<String> = Vec::new();
-                match c.status.as_str() {
-                    "ok" => {}
-                    "oom" => notes.push("OOM".into()),
-                    "lost" => notes.push(format!(
+                match c.status {
+                    CellStatus::Ok => {}
+                    CellStatus::Oom => notes.push("OOM".into()),
+                    CellStatus::Lost => notes.push(format!(
                         "✗ CUDA context lost ({})",
                         c.lost.as_ref().map_or("a kernel faulted", |l| l.fault.what())
                     )),
-                    "refused" => notes.push("not run: the CUDA context was lost".into()),
-                    other => notes.push(other.to_string()),
+                    CellStatus::Refused => notes.push("not run: the CUDA context was lost".into()),
+                    other @ (CellStatus::Error | CellStatus::Panicked) => notes.push(other.to_string()),
                 }
                 if c.restarted {
                     notes.push("child restarted".into());
@@ -143,7 +145,7 @@ impl History {
                 Box::new(move |c: &CellRecord| {
                     c.all_allocations
                         .as_ref()
-                        .and_then(|x| x.top.first())
+                        .and_then(|x| x.place.top.first())
                         .map_or("–".into(), |t| format!("{} {}", t.site(), iec(t.bytes)))
                 }),
             ));
@@ -166,7 +168,8 @@ impl History {
             caption.push(format!("all: every allocation of the process (tracking: {tracking})"));
         }
         if !components.is_empty() {
-            caption.push(format!("{}: live after the cell, by what it is (tracking)", components.join(", ")));
+            let names: Vec<&str> = components.iter().map(|h| h.key()).collect();
+            caption.push(format!("{}: live after the cell, by what it is (tracking)", names.join(", ")));
         }
         if self.cells.iter().any(|c| c.allocator.is_some()) {
             caption.push("allocated, reserved: the gpumem-nb allocator (exact)".into());
@@ -188,17 +191,17 @@ impl History {
         let resv: Vec<Option<u64>> = self.cells.iter().map(|c| c.allocator.as_ref().map(|a| a.peak_reserved)).collect();
         let proc_: Vec<Option<u64>> = self.cells.iter().map(|c| c.nvml.process.after).collect();
         let all: Vec<Option<u64>> =
-            self.cells.iter().map(|c| c.all_allocations.as_ref().and_then(|a| a.peak)).collect();
+            self.cells.iter().map(|c| c.all_allocations.as_ref().and_then(|a| a.place.peak)).collect();
         let mut series = Vec::new();
         if all.iter().any(Option::is_some) {
             series.push(Series::bars("all allocations peak", all));
         }
         series.extend([Series::bars("allocated peak", alloc), Series::bars("reserved peak", resv)]);
         // What is live after each cell, stacked by component.
-        for name in self.components() {
+        for held in self.components() {
             series.push(Series::stacked(
-                format!("{name} (after)"),
-                self.cells.iter().map(|c| component_after(c, name)).collect::<Vec<_>>(),
+                format!("{held} (after)"),
+                self.cells.iter().map(|c| component_after(c, held)).collect::<Vec<_>>(),
             ));
         }
         if proc_.iter().any(Option::is_some) {
@@ -209,11 +212,10 @@ impl History {
 
     /// The components some cell holds after it ran, in a fixed order (what a model is made of
     /// first, the allocator's cached free memory last).
-    fn components(&self) -> Vec<&'static str> {
+    fn components(&self) -> Vec<Held> {
         COMPONENT_ORDER
-            .iter()
-            .copied()
-            .filter(|name| self.cells.iter().any(|c| component_after(c, name).is_some_and(|b| b > 0)))
+            .into_iter()
+            .filter(|&held| self.cells.iter().any(|c| component_after(c, held).is_some_and(|b| b > 0)))
             .collect()
     }
 
@@ -232,13 +234,13 @@ impl History {
             let (free, total) = c.device_free_total().unzip();
             let fields = [
                 c.cell.to_string(),
-                c.status.clone(),
+                c.status.to_string(),
                 csv_quote(&c.device),
                 a.map_or(String::new(), |a| a.backend.name().to_string()),
                 csv_quote(&all.map_or(String::new(), |x| x.tracking.clone())),
-                n(all.and_then(|x| x.before)),
-                n(all.and_then(|x| x.after)),
-                n(all.and_then(|x| x.peak)),
+                n(all.and_then(|x| x.place.before)),
+                n(all.and_then(|x| x.place.after)),
+                n(all.and_then(|x| x.place.peak)),
                 n(a.and_then(|a| a.allocated.before)),
                 n(a.and_then(|a| a.allocated.after)),
                 n(a.map(|a| a.peak_allocated)),
@@ -258,8 +260,8 @@ impl History {
                 c.restarted.to_string(),
                 csv_quote(&c.warnings.join("; ")),
                 csv_quote(&c.first_line),
-                csv_quote(&all.and_then(|x| x.top.first()).map_or(String::new(), |t| t.site())),
-                n(all.and_then(|x| x.top.first()).map(|t| t.bytes)),
+                csv_quote(&all.and_then(|x| x.place.top.first()).map_or(String::new(), |t| t.site())),
+                n(all.and_then(|x| x.place.top.first()).map(|t| t.bytes)),
             ];
             out.push_str(&fields.join(","));
             out.push('\n');
@@ -276,15 +278,26 @@ impl History {
     }
 }
 
-/// The order of the components' columns and stacked bars.
-const COMPONENT_ORDER: [&str; 9] =
-    ["parameter", "buffer", "gradient", "optimizer_state", "activation", "temp", "workspace", "other", "cached"];
+/// The order of the components' columns and stacked bars: what a model is made of first (an
+/// optimizer's state beside its gradients, not [`Component::ALL`]'s order), the allocator's
+/// cached free memory last.
+const COMPONENT_ORDER: [Held; 9] = [
+    Held::Component(Component::Parameter),
+    Held::Component(Component::Buffer),
+    Held::Component(Component::Gradient),
+    Held::Component(Component::OptimizerState),
+    Held::Component(Component::Activation),
+    Held::Component(Component::Temp),
+    Held::Component(Component::Workspace),
+    Held::Component(Component::Other),
+    Held::Cached,
+];
 
-/// What `name` held after the cell (its device's tracked allocations), when the record has
+/// What `held` held after the cell (its device's tracked allocations), when the record has
 /// components.
-fn component_after(c: &CellRecord, name: &str) -> Option<u64> {
-    let a = c.all_allocations.as_ref().filter(|a| !a.by_component.is_empty())?;
-    Some(a.by_component.iter().find(|x| x.component == name).map_or(0, |x| x.after))
+fn component_after(c: &CellRecord, held: Held) -> Option<u64> {
+    let a = c.all_allocations.as_ref().filter(|a| !a.place.by_component.is_empty())?;
+    Some(a.place.by_component.iter().find(|x| x.component == held).map_or(0, |x| x.after))
 }
 
 fn csv_quote(s: &str) -> String {

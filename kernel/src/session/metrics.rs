@@ -90,7 +90,7 @@ mod tests {
         let at = e.start("127.0.0.1:0").unwrap();
         let rec = CellRecord {
             cell: 4,
-            status: "ok".into(),
+            status: gpumem_nb::kernel::report::CellStatus::Ok,
             allocator: Some(gpumem_nb::kernel::report::AllocatorPart {
                 allocated: gpumem_nb::kernel::report::Span { before: Some(0), after: Some(3 << 20) },
                 ..Default::default()

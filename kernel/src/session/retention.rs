@@ -9,7 +9,7 @@
 //! default keeps the history's part of the kernel's memory within about 10 MiB in a session of
 //! any length (`scripts/soak.sh`, BENCHMARKS.md "Soak").
 
-use gpumem_nb::kernel::report::CellRecord;
+use gpumem_nb::kernel::report::{CellRecord, CellStatus};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -38,8 +38,8 @@ pub struct Dropped {
     pub last: Option<u64>,
     /// The highest peak among them (the record's total peak).
     pub peak_max: Option<u64>,
-    /// How many by status (`ok`, `error`, `panicked`).
-    pub statuses: BTreeMap<String, u64>,
+    /// How many by status.
+    pub statuses: BTreeMap<CellStatus, u64>,
 }
 
 impl Dropped {
@@ -51,7 +51,7 @@ impl Dropped {
         if let Some(p) = rec.peak_total() {
             self.peak_max = Some(self.peak_max.map_or(p, |m| m.max(p)));
         }
-        *self.statuses.entry(rec.status.clone()).or_default() += 1;
+        *self.statuses.entry(rec.status).or_default() += 1;
     }
 
     /// One line for the history's caption, when anything was dropped.
@@ -90,13 +90,14 @@ mod tests {
 
     #[test]
     fn oldest_records_go_and_are_summarised() {
-        let rec = |cell, status: &str| CellRecord { cell, status: status.into(), ..Default::default() };
-        let mut cells: Vec<CellRecord> = (1..=5).map(|c| rec(c, if c == 2 { "panicked" } else { "ok" })).collect();
+        let rec = |cell, status| CellRecord { cell, status, ..Default::default() };
+        let mut cells: Vec<CellRecord> =
+            (1..=5).map(|c| rec(c, if c == 2 { CellStatus::Panicked } else { CellStatus::Ok })).collect();
         let mut d = Dropped::default();
         trim(&mut cells, &mut d, 3);
         assert_eq!(cells.iter().map(|r| r.cell).collect::<Vec<_>>(), [3, 4, 5]);
         assert_eq!((d.cells, d.first, d.last), (2, Some(1), Some(2)));
-        assert_eq!(d.statuses, BTreeMap::from([("ok".into(), 1), ("panicked".into(), 1)]));
+        assert_eq!(d.statuses, BTreeMap::from([(CellStatus::Ok, 1), (CellStatus::Panicked, 1)]));
         assert!(d.line().unwrap().starts_with("2 earlier cells not kept ([1]–[2]: 1 ok, 1 panicked"), "{:?}", d.line());
         trim(&mut cells, &mut d, 3);
         assert_eq!(d.cells, 2, "nothing more to drop");

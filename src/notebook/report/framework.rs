@@ -3,7 +3,7 @@
 //! words the line and the details table show them with; and what a re-run left behind.
 
 use super::{CellRecord, Span};
-use crate::notebook::protocol::{FrameworkPhase, FrameworkPool, FrameworkReading};
+use crate::notebook::protocol::{FrameworkPhase, FrameworkPool, FrameworkReading, Held};
 use crate::render::Table;
 use crate::units::{count, iec, iec_delta};
 use serde::{Deserialize, Serialize};
@@ -290,21 +290,21 @@ impl CellRecord {
     /// gradient +16.00 MiB`); the allocator's cache is not a component, and nothing is said
     /// while only `other` grew (nothing was classified).
     fn components_grown(&self) -> Option<String> {
-        let mut grown: Vec<(i64, &str)> = self.component_changes().filter(|(d, _)| *d > 0).collect();
-        grown.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(b.1)));
+        let mut grown: Vec<(i64, Held)> = self.component_changes().filter(|(d, _)| *d > 0).collect();
+        grown.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.key().cmp(b.1.key())));
         // As on the line: said only once something is more than `other`.
-        let classified = grown.iter().any(|(_, c)| crate::notebook::protocol::is_classified(c));
+        let classified = grown.iter().any(|(_, c)| c.is_classified());
         classified.then(|| grown.iter().map(|(d, c)| format!("{c} {}", iec_delta(*d))).collect::<Vec<_>>().join(", "))
     }
 
     /// Each component's change over the cell, where known (the allocator's cache is not a
     /// component).
-    fn component_changes(&self) -> impl Iterator<Item = (i64, &str)> {
+    fn component_changes(&self) -> impl Iterator<Item = (i64, Held)> {
         self.all_allocations
             .iter()
-            .flat_map(|a| a.by_component.iter())
-            .filter(|c| c.component != crate::notebook::protocol::CACHED)
-            .filter_map(|c| c.delta().map(|d| (d, c.component.as_str())))
+            .flat_map(|a| a.place.by_component.iter())
+            .filter(|c| c.component != Held::Cached)
+            .filter_map(|c| c.delta().map(|d| (d, c.component)))
     }
 
     /// [`Self::growth`]'s amount and the source that says it.
@@ -404,10 +404,14 @@ mod tests {
     /// details, from the reading after the cell (the one before had the earlier cell's).
     #[test]
     fn stamped_phases_follow_the_line_and_have_rows() {
-        let phase = |c: &str, phases, change| FrameworkPhase { component: c.into(), phases, change, unread: 0 };
-        let before = FrameworkReading { phases: vec![phase("temp", 1, 5)], ..reading(vec![]) };
+        use crate::record::component::Component;
+        let phase = |component, phases, change| FrameworkPhase { component, phases, change, unread: 0 };
+        let before = FrameworkReading { phases: vec![phase(Component::Temp, 1, 5)], ..reading(vec![]) };
         let after = FrameworkReading {
-            phases: vec![phase("parameter", 1, 80 * MIB as i64), phase("optimizer_state", 3, -(2 * MIB as i64))],
+            phases: vec![
+                phase(Component::Parameter, 1, 80 * MIB as i64),
+                phase(Component::OptimizerState, 3, -(2 * MIB as i64)),
+            ],
             ..reading(vec![pool("sliced", 0, 80 * MIB, 0, 96 * MIB, 1)])
         };
         let f = &framework_parts(Some(&[before]), Some(&[after]))[0];
@@ -423,7 +427,7 @@ mod tests {
         assert!(row.contains("-2.00 MiB") && row.contains("3 stamps"), "{row}");
         assert!(!text.contains("`temp`"), "{text}");
         // Stamps whose books were not read at one end are said, not counted.
-        let p = |phases, unread| FrameworkPhase { unread, ..phase("temp", phases, 4 * MIB as i64) };
+        let p = |phases, unread| FrameworkPhase { unread, ..phase(Component::Temp, phases, 4 * MIB as i64) };
         assert_eq!(phase_words(&p(2, 1)), "temp +4.00 MiB (1 stamp not read)");
         assert_eq!(phase_words(&FrameworkPhase { change: 0, ..p(0, 3) }), "temp not read (3 stamps)");
         // Without stamps the line is as before.
@@ -486,23 +490,22 @@ mod tests {
     /// NVML, and the allocator's cache is not a component.
     #[test]
     fn growth_says_which_components_grew() {
-        use super::super::{AllAllocations, ComponentDelta};
-        let part = |c: &str, before: u64, after: u64| ComponentDelta {
-            component: c.into(),
-            before: Some(before),
-            after,
-            peak: None,
+        use super::super::{AllAllocations, ComponentDelta, PlaceAll};
+        use crate::record::component::Component;
+        fn part(c: impl Into<Held>, before: u64, after: u64) -> ComponentDelta {
+            ComponentDelta { component: c.into(), before: Some(before), after, peak: None }
+        }
+        let of = |by_component| AllAllocations {
+            place: PlaceAll { by_component, ..Default::default() },
+            ..Default::default()
         };
         let mut rec = CellRecord {
-            all_allocations: Some(AllAllocations {
-                by_component: vec![
-                    part("parameter", 100 * MIB, 100 * MIB),
-                    part("gradient", 0, 16 * MIB),
-                    part("activation", 8 * MIB, 56 * MIB),
-                    part("cached", 0, 64 * MIB),
-                ],
-                ..Default::default()
-            }),
+            all_allocations: Some(of(vec![
+                part(Component::Parameter, 100 * MIB, 100 * MIB),
+                part(Component::Gradient, 0, 16 * MIB),
+                part(Component::Activation, 8 * MIB, 56 * MIB),
+                part(Held::Cached, 0, 64 * MIB),
+            ])),
             ..Default::default()
         };
         rec.nvml.process = Span { before: Some(0), after: Some(200 * MIB) };
@@ -518,13 +521,8 @@ mod tests {
         });
         assert_eq!(rec.growth().unwrap().detail.as_deref(), Some("grew: activation +48.00 MiB, gradient +16.00 MiB"));
         // Nothing classified: no component is named.
-        let only_other = CellRecord {
-            all_allocations: Some(AllAllocations {
-                by_component: vec![part("other", 0, 8 * MIB)],
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
+        let only_other =
+            CellRecord { all_allocations: Some(of(vec![part(Component::Other, 0, 8 * MIB)])), ..Default::default() };
         assert_eq!(only_other.growth(), Some(Growth { bytes: 8 * MIB as i64, detail: None }));
     }
 }

@@ -1,6 +1,8 @@
 //! What a record shows: the one-line report, its details table, the `display_data` bundle.
 
-use super::{CELL_MIME, CellRecord, Span};
+use super::{CELL_MIME, CellRecord, CellStatus, Span};
+use crate::notebook::protocol::Held;
+use crate::record::component::Component;
 use crate::render::{TEXT2, Table, escape, nowrap_units};
 use crate::units::{iec, iec_delta};
 use serde_json::Value;
@@ -35,7 +37,7 @@ impl CellRecord {
     /// ([`quantity`]).
     pub fn line(&self) -> String {
         let mut parts = vec![format!("[{}] {}", self.cell, short_device(&self.device))];
-        if self.status == "refused" {
+        if self.status == CellStatus::Refused {
             // Refused before it ran (the context was lost in an earlier cell): nothing to time.
             parts.push(format!(
                 "✗ not run: the CUDA context is lost ({})",
@@ -65,8 +67,8 @@ impl CellRecord {
         }
         if let Some(all) = all {
             let reserved = self.allocator.as_ref().and_then(|a| a.reserved.after);
-            if reserved != all.after {
-                parts.push(quantity("all allocations", all.after, all.delta(), all.peak, "peak"));
+            if reserved != all.place.after {
+                parts.push(quantity("all allocations", all.place.after, all.delta(), all.place.peak, "peak"));
             }
         }
         if let Some(p) = &self.pool
@@ -89,10 +91,10 @@ impl CellRecord {
         let held = |t: &&crate::notebook::protocol::OwnerBytes| {
             t.function.as_deref() != Some(crate::notebook::protocol::CACHED_FREE)
         };
-        if let Some(top) = all.and_then(|a| a.top.iter().find(held)) {
+        if let Some(top) = all.and_then(|a| a.place.top.iter().find(held)) {
             parts.push(format!("top {}", top.site()));
         }
-        if let Some(what) = all.and_then(|a| what_it_is(&a.by_component)) {
+        if let Some(what) = all.and_then(|a| what_it_is(&a.place.by_component)) {
             parts.push(what);
         }
         // What NVML counts beyond every tracked allocation and the CUDA pool's cache, where it
@@ -115,7 +117,7 @@ impl CellRecord {
             parts.push(format!("free {}", iec(free)));
         }
         if let Some(all) = all {
-            for p in all.devices.iter().filter(|p| p.device != all.device && (p.after > 0 || p.peak > 0)) {
+            for p in all.devices.iter().filter(|p| p.device != all.place.device && (p.after > 0 || p.peak > 0)) {
                 let delta = p.before.map(|b| p.after as i64 - b as i64);
                 let place = p.device.map_or("host pinned".to_string(), |d| format!("device {d} all allocations"));
                 parts.push(quantity(&place, Some(p.after), delta, Some(p.peak), "peak"));
@@ -180,7 +182,7 @@ impl CellRecord {
                         iec(c.after),
                         c.delta().map_or("–".into(), iec_delta),
                         c.peak.map_or("–".into(), iec),
-                        if c.component == crate::notebook::protocol::CACHED {
+                        if c.component == Held::Cached {
                             "tracked: the allocator's cached free memory".into()
                         } else {
                             "tracked, what it is (stamp, or rules on its stack)".into()
@@ -189,7 +191,7 @@ impl CellRecord {
                 }
                 for k in &p.kept {
                     t.row([
-                        format!("  kept: {} at {}", k.component.as_deref().unwrap_or("other"), k.site()),
+                        format!("  kept: {} at {}", k.component.unwrap_or(Component::Other), k.site()),
                         "–".into(),
                         iec(k.bytes),
                         "–".into(),
@@ -465,19 +467,21 @@ pub fn line_html(line: &str, class: &str, warn: bool, extra: &str, details: Opti
 /// (+128.00 MiB), parameter 64.00 MiB`); `None` when nothing but `other` and the allocator's
 /// cache holds any (nothing was stamped or matched a rule: the line stays as it was).
 fn what_it_is(parts: &[super::record::ComponentDelta]) -> Option<String> {
-    let classified = |c: &&super::record::ComponentDelta| crate::notebook::protocol::is_classified(&c.component);
+    let classified = |c: &&super::record::ComponentDelta| c.component.is_classified();
     if !parts.iter().filter(classified).any(|c| c.after > 0 || c.delta().is_some_and(|d| d != 0)) {
         return None;
     }
     let mut shown: Vec<&super::record::ComponentDelta> = parts
         .iter()
-        .filter(|c| c.component != crate::notebook::protocol::CACHED)
+        .filter(|c| c.component != Held::Cached)
         .filter(|c| c.after > 0 || c.delta().is_some_and(|d| d != 0))
         .collect();
-    shown.sort_by(|a, b| b.after.cmp(&a.after).then(a.component.cmp(&b.component)));
+    shown.sort_by(|a, b| b.after.cmp(&a.after).then(a.component.key().cmp(b.component.key())));
     // A component the cell did not change shows its bytes alone (the line stays short).
-    let items: Vec<String> =
-        shown.iter().map(|c| quantity(&c.component, Some(c.after), c.delta().filter(|d| *d != 0), None, "")).collect();
+    let items: Vec<String> = shown
+        .iter()
+        .map(|c| quantity(c.component.key(), Some(c.after), c.delta().filter(|d| *d != 0), None, ""))
+        .collect();
     Some(format!("what: {}", items.join(", ")))
 }
 
@@ -531,7 +535,7 @@ pub fn format_ms(ms: f64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{AllAllocations, PoolPart};
+    use super::super::{AllAllocations, PlaceAll, PoolPart};
     use super::*;
 
     /// A cell on a GPU where NVML grew by 128 MiB: tracked allocations +139.80 MiB, of which the
@@ -549,8 +553,11 @@ mod tests {
             },
             all_allocations: Some(AllAllocations {
                 tracking: "cupti".into(),
-                before: Some(500 * mib),
-                after: Some(500 * mib + 139 * mib + 4 * mib / 5),
+                place: PlaceAll {
+                    before: Some(500 * mib),
+                    after: Some(500 * mib + 139 * mib + 4 * mib / 5),
+                    ..Default::default()
+                },
                 ..Default::default()
             }),
             pool: Some(PoolPart {
@@ -579,8 +586,8 @@ mod tests {
         // was not loaded): the CUDA context is the rest, the pool empty before.
         let mut first = rec(0);
         first.nvml.process = Span { before: Some(0), after: Some(532 * mib) };
-        first.all_allocations.as_mut().unwrap().before = Some(0);
-        first.all_allocations.as_mut().unwrap().after = Some(2 * mib);
+        first.all_allocations.as_mut().unwrap().place.before = Some(0);
+        first.all_allocations.as_mut().unwrap().place.after = Some(2 * mib);
         first.pool = Some(PoolPart {
             used: Span { before: None, after: Some(0) },
             reserved: Span { before: None, after: Some(0) },
@@ -627,7 +634,7 @@ mod tests {
             device: "cuda:0 NVIDIA H200".into(),
             wall_ms: 12.0,
             lost: Some(lost.clone()),
-            status: "lost".into(),
+            status: CellStatus::Lost,
             allocator: Some(Default::default()),
             nvml: super::super::NvmlPart {
                 process: Span { before: None, after: Some(788 << 20) },
@@ -638,7 +645,7 @@ mod tests {
         let line = rec.line();
         assert!(line.contains("✗ CUDA context lost (illegal address) · process 788.00 MiB (NVML)"), "{line}");
         assert!(!line.contains("allocated"), "{line}");
-        rec.status = "refused".into();
+        rec.status = CellStatus::Refused;
         let line = rec.line();
         assert!(line.starts_with("[3] cuda:0 · ✗ not run: the CUDA context is lost (illegal address)"), "{line}");
         assert!(

@@ -3,6 +3,7 @@
 
 use crate::device::BackendKind;
 use crate::device::nvml::{NvmlDevice, NvmlSnapshot};
+use crate::notebook::protocol::Held;
 use serde::{Deserialize, Serialize};
 
 /// The MIME type of the machine-readable per-cell record.
@@ -71,42 +72,25 @@ pub struct PoolPart {
 
 /// Every device allocation of the process during the cell, whoever made it (gpumem-nb's
 /// tracking: CUPTI on a GPU, the simulated driver otherwise): the `all_allocations` object.
-/// The top-level numbers are the notebook's device (device 0, or the first one touched);
-/// `devices` has every device touched, and the host's pinned memory (`device: null`).
+/// The top-level numbers (`place`, its fields inline in the JSON) are the notebook's device
+/// (device 0, or the first one touched); `devices` has every device touched, and the host's
+/// pinned memory (`device: null`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AllAllocations {
     /// `cupti`, `simulated`, or `unavailable: <why>` (then there are no numbers).
     pub tracking: String,
-    /// The device the top-level numbers are for.
-    pub device: Option<i32>,
-    /// Live bytes at the start of the cell, every source.
-    pub before: Option<u64>,
-    /// At the end.
-    pub after: Option<u64>,
-    /// The highest during the cell (exact: every allocation and release is seen).
-    pub peak: Option<u64>,
-    /// Per source: change over the cell and peak during it.
-    pub by_source: Vec<SourceDelta>,
-    /// What the live bytes are ([`crate::components`]): each component's bytes before and
-    /// after the cell, and the allocator's cached free memory (`cached`); the `after`s add up
-    /// to `after`.
-    #[serde(default)]
-    pub by_component: Vec<ComponentDelta>,
-    /// Who holds the most of what is live after the cell.
-    pub top: Vec<crate::notebook::protocol::OwnerBytes>,
-    /// Activations and temporaries live after the cell, by site and the cell that made them.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub kept: Vec<crate::notebook::protocol::OwnerBytes>,
+    /// The notebook's device: its numbers, `after` and `peak` `None` when tracking is off.
+    #[serde(flatten)]
+    pub place: PlaceAll<Option<u64>>,
     /// Every place touched, the same numbers.
     pub devices: Vec<PlaceAll>,
 }
 
 /// One component's bytes over a cell.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ComponentDelta {
-    /// `parameter`, `buffer`, `gradient`, `activation`, `temp`, `optimizer_state`, `workspace`,
-    /// `other`, or `cached` (the allocator's cached free memory).
-    pub component: String,
+    /// What the bytes are: a component, or the allocator's cached free memory.
+    pub component: Held,
     /// Live at the start of the cell (`None`: not read then).
     pub before: Option<u64>,
     /// Live at the end.
@@ -134,25 +118,29 @@ pub struct SourceDelta {
     pub peak: u64,
 }
 
-/// One place's numbers (a device, or the host for pinned memory).
+/// One place's numbers (a device, or the host for pinned memory). `N` is how its `after` and
+/// `peak` are held: bytes (`u64`) for a place that was read, `Option<u64>` for
+/// [`AllAllocations::place`], which has none when tracking is off.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PlaceAll {
+pub struct PlaceAll<N = u64> {
     /// CUDA device, `None` for the host.
     pub device: Option<i32>,
     /// At the start of the cell.
     pub before: Option<u64>,
     /// At the end.
-    pub after: u64,
+    pub after: N,
     /// The highest during the cell.
-    pub peak: u64,
-    /// Per source.
+    pub peak: N,
+    /// Per source: change over the cell and peak during it.
     pub by_source: Vec<SourceDelta>,
-    /// By component.
+    /// What the live bytes are ([`crate::components`]): each component's bytes before and
+    /// after the cell, and the allocator's cached free memory (`cached`); the `after`s add up
+    /// to `after`.
     #[serde(default)]
     pub by_component: Vec<ComponentDelta>,
-    /// Largest owners of what is live.
+    /// Who holds the most of what is live after the cell.
     pub top: Vec<crate::notebook::protocol::OwnerBytes>,
-    /// Activations and temporaries live after the cell.
+    /// Activations and temporaries live after the cell, by site and the cell that made them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub kept: Vec<crate::notebook::protocol::OwnerBytes>,
 }
@@ -160,12 +148,12 @@ pub struct PlaceAll {
 impl AllAllocations {
     /// after − before of the top-level device, when both are known.
     pub fn delta(&self) -> Option<i64> {
-        Some(self.after? as i64 - self.before? as i64)
+        Some(self.place.after? as i64 - self.place.before? as i64)
     }
 
     /// Whether there are numbers (tracking is on).
     pub fn is_tracked(&self) -> bool {
-        self.after.is_some()
+        self.place.after.is_some()
     }
 }
 
@@ -199,7 +187,7 @@ fn component_deltas(
     if a.by_component.is_empty() {
         return Vec::new();
     }
-    let before_of = |c: &str| -> Option<u64> {
+    let before_of = |c: Held| -> Option<u64> {
         match b {
             Some(b) if !b.by_component.is_empty() || b.live == 0 => {
                 Some(b.by_component.iter().find(|x| x.component == c).map_or(0, |x| x.live))
@@ -214,15 +202,15 @@ fn component_deltas(
         .by_component
         .iter()
         .map(|x| {
-            let before = before_of(&x.component);
+            let before = before_of(x.component);
             let peak = before.zip(x.rise).map(|(b, r)| (b + r).max(x.live));
-            ComponentDelta { component: x.component.clone(), before, after: x.live, peak }
+            ComponentDelta { component: x.component, before, after: x.live, peak }
         })
         .collect();
     for x in b.map(|b| b.by_component.as_slice()).unwrap_or_default() {
         if !out.iter().any(|o| o.component == x.component) {
-            let peak = (rises_known && x.component != crate::notebook::protocol::CACHED).then_some(x.live);
-            out.push(ComponentDelta { component: x.component.clone(), before: Some(x.live), after: 0, peak });
+            let peak = (rises_known && x.component != Held::Cached).then_some(x.live);
+            out.push(ComponentDelta { component: x.component, before: Some(x.live), after: 0, peak });
         }
     }
     out
@@ -279,25 +267,20 @@ pub fn all_allocations(
         .find(|p| p.device == Some(0))
         .or_else(|| out.devices.iter().find(|p| p.device.is_some()))
         .cloned();
-    match main {
-        Some(m) => {
-            out.device = m.device;
-            out.before = m.before;
-            out.after = Some(m.after);
-            out.peak = Some(m.peak);
-            out.by_source = m.by_source;
-            out.by_component = m.by_component;
-            out.top = m.top;
-            out.kept = m.kept;
-        }
-        None => {
-            // Tracked, but no device memory anywhere: zero on device 0.
-            out.device = Some(0);
-            out.before = Some(0);
-            out.after = Some(0);
-            out.peak = Some(0);
-        }
-    }
+    out.place = match main {
+        Some(m) => PlaceAll {
+            device: m.device,
+            before: m.before,
+            after: Some(m.after),
+            peak: Some(m.peak),
+            by_source: m.by_source,
+            by_component: m.by_component,
+            top: m.top,
+            kept: m.kept,
+        },
+        // Tracked, but no device memory anywhere: zero on device 0.
+        None => PlaceAll { device: Some(0), before: Some(0), after: Some(0), peak: Some(0), ..Default::default() },
+    };
     out
 }
 
@@ -329,8 +312,8 @@ pub struct CellRecord {
     pub label: String,
     /// First code line (for the history table).
     pub first_line: String,
-    /// `ok` or `error`.
-    pub status: String,
+    /// How the cell ended.
+    pub status: CellStatus,
     /// The device the line describes, e.g. `cuda:0 NVIDIA H100 80GB HBM3` or `sim:0 (simulated)`.
     pub device: String,
     /// Where each number comes from.
@@ -397,6 +380,59 @@ pub struct CellRecord {
     pub unsettled: Vec<crate::notebook::protocol::Settled>,
 }
 
+/// How a cell ended: the record's `status`, the worst of what happened (lower case in JSON).
+/// Ordered by name, as maps keyed by it list them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CellStatus {
+    /// It ran to its end.
+    #[default]
+    Ok,
+    /// It failed otherwise: an `Err` it returned, code that did not compile, an interrupt, a
+    /// notebook process that ended.
+    Error,
+    /// It panicked.
+    Panicked,
+    /// An allocation failed for want of device memory.
+    Oom,
+    /// The device's CUDA context was lost (a kernel faulted).
+    Lost,
+    /// It did not run: the context was lost in an earlier cell.
+    Refused,
+}
+
+impl CellStatus {
+    /// The name in data and on screen (`ok`, `panicked`, …).
+    pub fn name(self) -> &'static str {
+        match self {
+            CellStatus::Ok => "ok",
+            CellStatus::Error => "error",
+            CellStatus::Panicked => "panicked",
+            CellStatus::Oom => "oom",
+            CellStatus::Lost => "lost",
+            CellStatus::Refused => "refused",
+        }
+    }
+}
+
+impl std::fmt::Display for CellStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl Ord for CellStatus {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.name().cmp(other.name())
+    }
+}
+
+impl PartialOrd for CellStatus {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
 /// What a cell's live line cost the kernel (see `crate::live`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct LiveCost {
@@ -454,7 +490,7 @@ impl CellRecord {
     /// tracked allocation and the CUDA pool's cache; `None` where one of them has no number.
     pub fn context_after(&self) -> Option<u64> {
         let nvml = self.nvml.process.after.filter(|b| *b > 0)?;
-        let tracked = self.all_allocations.as_ref()?.after?;
+        let tracked = self.all_allocations.as_ref()?.place.after?;
         let cache = self.pool_cache(|s| s.after)?.max(0) as u64;
         Some(nvml.saturating_sub(tracked + cache))
     }
@@ -510,7 +546,7 @@ pub fn build_record(cell: u64, r: &Readings<'_>) -> CellRecord {
     let mut rec = CellRecord {
         cell,
         label: format!("cell {cell}"),
-        status: "ok".into(),
+        status: CellStatus::Ok,
         child_pid: r.pid_after,
         child_pid_before: r.pid_before,
         restarted: r.pid_before.is_some() && r.pid_before != r.pid_after,

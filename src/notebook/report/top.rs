@@ -1,6 +1,6 @@
 //! The sites holding the most memory, as a table: `%gpumem top` and `gpumem_nb::tracking::top(n)`.
 
-use crate::notebook::protocol::{OwnerBytes, TopReport};
+use crate::notebook::protocol::{Held, OwnerBytes, TopReport};
 use crate::render::{MimeBundle, Table};
 use crate::units::iec;
 
@@ -20,7 +20,7 @@ impl TopReport {
             .places
             .iter()
             .flat_map(|p| p.now.iter().chain(&p.at_peak))
-            .any(|s| s.component.as_deref().is_some_and(crate::notebook::protocol::is_classified));
+            .any(|s| s.component.map(Held::from).is_some_and(Held::is_classified));
         if show_what {
             head.push("what");
         }
@@ -40,7 +40,7 @@ impl TopReport {
                         row.push(s.segment.clone().unwrap_or_default());
                     }
                     if show_what {
-                        row.push(s.component.clone().unwrap_or_default());
+                        row.push(s.component.map_or(String::new(), |c| c.key().to_string()));
                     }
                     t.row(row);
                 }

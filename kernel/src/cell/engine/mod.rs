@@ -398,7 +398,7 @@ impl Engine {
             rec = CellRecord {
                 cell: count,
                 label: format!("cell {count}"),
-                status: "refused".into(),
+                status: gpumem_nb::kernel::report::CellStatus::Refused,
                 first_line: shown.to_string(),
                 device: rec.device,
                 lost: Some(lost),

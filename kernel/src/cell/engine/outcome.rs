@@ -6,7 +6,7 @@ use super::{Engine, errors, is_unit, mime_map, panic};
 use crate::cell::hooks::{self, After, Before};
 use crate::output::{ErrorInfo, Output};
 use gpumem_nb::device::LostContext;
-use gpumem_nb::kernel::report::{CellRecord, CrateReading};
+use gpumem_nb::kernel::report::{CellRecord, CellStatus, CrateReading};
 use serde_json::Value;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -27,18 +27,18 @@ pub(super) struct Ending {
 
 impl Ending {
     /// The record's status: the worst of what happened.
-    fn status(&self) -> &'static str {
+    fn status(&self) -> CellStatus {
         let ename = self.error.as_ref().map(|e| e.ename.as_str());
         if ename.is_some_and(|n| gpumem_nb::device::Fault::from_code(n).is_some()) {
-            "lost"
+            CellStatus::Lost
         } else if self.panicked {
-            "panicked"
+            CellStatus::Panicked
         } else if ename == Some("OutOfMemoryError") {
-            "oom"
+            CellStatus::Oom
         } else if ename.is_some() {
-            "error"
+            CellStatus::Error
         } else {
-            "ok"
+            CellStatus::Ok
         }
     }
 }
@@ -141,7 +141,7 @@ impl Engine {
         end: &Ending,
     ) -> CellRecord {
         let mut rec = hooks::record(count, before, after);
-        rec.status = end.status().into();
+        rec.status = end.status();
         rec.first_line = run.shown.to_string();
         rec.source_hash = errors::source_hash(run.code);
         rec.wall_ms = run.started.elapsed().as_secs_f64() * 1000.0;
