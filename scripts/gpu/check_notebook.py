@@ -37,7 +37,9 @@ Assertions (exit 1 when one fails):
 
 - cells tagged `context-lost=CODE` (issue 34): the cell ended in an error named CODE whose value
   says the CUDA context is lost, its record's status is `lost` and its line says
-  `✗ CUDA context lost`; `refused`: the cell did not run, its error names a fault and says so;
+  `✗ CUDA context lost`; `after-loss=CODE`: a later cell's device call failed with an error naming
+  CODE whose traceback says where the context was lost and names `%gpumem restart`;
+  `host-after-loss`: a later cell's host code ran (status ok, its line says host code runs);
   `restarted`: the record says the child was restarted before it; `history-lost`: the history
   table's row of the lost cell flags it.
 - cells tagged `queued-lands` (issue 32): the tracked delta from the driver and the CUDA pool
@@ -262,11 +264,6 @@ def main():
     return 1 if failures else 0
 
 
-FAULT_CODES = ("CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_MISALIGNED_ADDRESS", "CUDA_ERROR_ILLEGAL_INSTRUCTION",
-               "CUDA_ERROR_ASSERT", "CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR_LAUNCH_TIMEOUT",
-               "CUDA_ERROR_HARDWARE_STACK_ERROR", "CUDA_ERROR_INVALID_PC", "CUDA_ERROR_INVALID_ADDRESS_SPACE")
-
-
 def component_checks(i, first, tags, alla, result, failures):
     """Issue 33: what the memory is, against the model's own counts (the cell's value)."""
     parts = {c["component"]: c for c in alla.get("by_component") or []}
@@ -339,12 +336,19 @@ def fault_checks(i, first, tags, errors, r, line, failures):
             failures.append(f"{where}: expected error {code} saying the context is lost, got {e.get('ename')}: {e.get('evalue')}")
         if r.get("status") != "lost" or "✗ CUDA context lost" not in line:
             failures.append(f"{where}: record status {r.get('status')!r}, line {line!r}")
-    if "refused" in tags:
+    for tag in (t for t in tags if t.startswith("after-loss=")):
+        code = tag[len("after-loss="):]
         e = errors[0] if errors else {}
-        if e.get("ename") not in FAULT_CODES or "did not run" not in e.get("evalue", ""):
-            failures.append(f"{where}: not refused with the fault's cause: {e.get('ename')}: {e.get('evalue')}")
-        if r.get("status") != "refused":
+        tb = "\n".join(e.get("traceback", []))
+        if code not in e.get("evalue", "") or "lost in cell" not in tb or "%gpumem restart" not in tb:
+            failures.append(f"{where}: the device call's error does not name {code} and where the context was lost: {e}")
+        if r.get("status") != "error":
             failures.append(f"{where}: record status {r.get('status')!r}")
+    if "host-after-loss" in tags:
+        if errors:
+            failures.append(f"{where}: host code after the loss failed: {errors[0].get('evalue')}")
+        if r.get("status") != "ok" or "host code runs" not in line:
+            failures.append(f"{where}: record status {r.get('status')!r}, line {line!r}")
     if "restarted" in tags and not r.get("restarted"):
         failures.append(f"{where}: the record does not say the child was restarted: {r.get('restart_reason')}")
 

@@ -38,7 +38,8 @@ impl CellRecord {
     pub fn line(&self) -> String {
         let mut parts = vec![format!("[{}] {}", self.cell, short_device(&self.device))];
         if self.status == CellStatus::Refused {
-            // Refused before it ran (the context was lost in an earlier cell): nothing to time.
+            // Refused before it ran (the context was lost in an earlier cell; records of earlier
+            // versions, which refused such cells): nothing to time.
             parts.push(format!(
                 "✗ not run: the CUDA context is lost ({})",
                 self.lost.as_ref().map_or("a kernel faulted", |l| l.fault.what())
@@ -47,13 +48,14 @@ impl CellRecord {
             return parts.join(" · ");
         }
         parts.push(format_ms(self.wall_ms));
-        // A lost context: its numbers can no longer be read; NVML's still can.
+        // A lost context: its numbers can no longer be read; NVML's still can. The cell's host
+        // code ran; what it asked of the device failed.
         if let Some(l) = &self.lost {
-            parts.push(format!("✗ CUDA context lost ({})", l.fault.what()));
+            parts.push(format!("✗ CUDA context lost ({}): device calls fail, host code runs", l.fault.what()));
             if let Some(p) = self.nvml.process.after {
                 parts.push(format!("process {} (NVML)", iec(p)));
             }
-            parts.push("restart the kernel's process to go on (variables are lost)".into());
+            parts.push("restart the process to use the device again (variables are lost)".into());
             return parts.join(" · ");
         }
         let all = self.all_allocations.as_ref().filter(|a| a.is_tracked());

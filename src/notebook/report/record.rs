@@ -397,7 +397,8 @@ pub enum CellStatus {
     Oom,
     /// The device's CUDA context was lost (a kernel faulted).
     Lost,
-    /// It did not run: the context was lost in an earlier cell.
+    /// It did not run: the context was lost in an earlier cell. Only records of gpumem-kernel
+    /// before 2026-11-28 say so: cells after a loss now run (host code works, device calls fail).
     Refused,
 }
 

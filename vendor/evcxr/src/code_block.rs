@@ -69,6 +69,11 @@ pub(crate) enum CodeKind {
     PackVariable {
         variable_name: String,
     },
+    /// Code that drops a variable kept for its cell only (one that borrows another of the cell's
+    /// variables) before the cell's variables are stored (gpumem-kernel's patch).
+    DropVariable {
+        variable_name: String,
+    },
     /// A line of code that has a fallback to be used in case the supplied line fails to compile.
     WithFallback(CodeBlock),
     /// Code that we generated, but which we don't expect errors from. If we get errors there's not
@@ -330,6 +335,11 @@ impl CodeBlock {
     pub(crate) fn pack_variable(&mut self, variable_name: String, code: String) {
         self.segments
             .push(Segment::new(CodeKind::PackVariable { variable_name }, code));
+    }
+
+    pub(crate) fn drop_variable(&mut self, variable_name: String, code: String) {
+        self.segments
+            .push(Segment::new(CodeKind::DropVariable { variable_name }, code));
     }
 
     pub(crate) fn add_all(mut self, other: CodeBlock) -> Self {

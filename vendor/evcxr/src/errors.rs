@@ -32,6 +32,9 @@ pub struct CompilationError {
     spanned_messages: Vec<SpannedMessage>,
     spanned_helps: Vec<SpannedMessage>,
     level: String,
+    /// The variables whose generated store or drop line is among the error's spans, and whether
+    /// the span was the primary one (gpumem-kernel's patch: which variable borrows which).
+    variable_spans: Vec<VariableSpan>,
 }
 
 pub enum Theme {
@@ -170,6 +173,50 @@ fn get_code_origins<'a>(json: &Value, code_block: &'a CodeBlock) -> Vec<&'a Code
     code_origins
 }
 
+/// A generated line that stores or drops a variable, among an error's spans (gpumem-kernel's
+/// patch: which variable an error is about, and which borrows which).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct VariableSpan {
+    /// The variable.
+    pub(crate) name: String,
+    /// The span was the error's primary one (a top-level span rustc marked primary), not a
+    /// secondary span or one of a note or help.
+    pub(crate) primary: bool,
+    /// The line drops a cell-only variable (else it stores a variable).
+    pub(crate) drop: bool,
+}
+
+/// The generated lines that store or drop a variable among an error's spans.
+fn variable_spans(json: &Value, code_block: &CodeBlock) -> Vec<VariableSpan> {
+    let mut out = Vec::new();
+    let mut add = |json: &Value, top: bool| {
+        if let Value::Array(spans) = &json["spans"] {
+            for span in spans {
+                let primary = top && span["is_primary"].as_bool().unwrap_or(false);
+                for (origin, _) in get_code_origins_for_span(span, code_block) {
+                    let (name, drop) = match origin {
+                        CodeKind::PackVariable { variable_name } => (variable_name, false),
+                        CodeKind::DropVariable { variable_name } => (variable_name, true),
+                        _ => continue,
+                    };
+                    out.push(VariableSpan {
+                        name: name.clone(),
+                        primary,
+                        drop,
+                    });
+                }
+            }
+        }
+    };
+    add(json, true);
+    if let Value::Array(children) = &json["children"] {
+        for child in children {
+            add(child, false);
+        }
+    }
+    out
+}
+
 impl CompilationError {
     pub(crate) fn opt_new(mut json: Value, code_block: &CodeBlock) -> Option<CompilationError> {
         // From Cargo 1.36 onwards, errors emitted as JSON get wrapped by Cargo.
@@ -177,6 +224,7 @@ impl CompilationError {
         if json["message"].is_object() {
             json = json["message"].clone();
         }
+        let variable_spans = variable_spans(&json, code_block);
         let mut code_origins = get_code_origins(&json, code_block);
         let mut user_error_json = None;
         if let Value::Array(children) = &json["children"] {
@@ -223,7 +271,18 @@ impl CompilationError {
             level: json["level"].as_str().unwrap_or("").to_owned(),
             json,
             code_origins: code_origins.into_iter().cloned().collect(),
+            variable_spans,
         })
+    }
+
+    /// The generated lines that store or drop a variable among this error's spans.
+    pub(crate) fn variable_spans(&self) -> &[VariableSpan] {
+        &self.variable_spans
+    }
+
+    /// Adds a sentence to the message (why a name the code uses is not there).
+    pub(crate) fn explain(&mut self, explanation: &str) {
+        self.message.push_str(explanation);
     }
 
     pub(crate) fn fill_lines(&mut self, code_info: &UserCodeInfo) {
@@ -251,6 +310,7 @@ impl CompilationError {
             json: Value::Null,
             code_origins: vec![segment.kind.clone()],
             level: "error".to_owned(),
+            variable_spans: vec![],
         }
     }
 

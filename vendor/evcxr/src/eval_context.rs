@@ -6,6 +6,10 @@
 // copied, modified, or distributed except according to those terms.
 
 use crate::cargo_metadata;
+use crate::cell_only;
+use crate::cell_only::CellOnly;
+use crate::cell_only::CellOnlyVariable;
+use crate::cell_only::Why;
 use crate::child_process::ChildProcess;
 use crate::code_block::CodeBlock;
 use crate::code_block::CodeKind;
@@ -551,6 +555,7 @@ impl EvalContext {
 
         // Once, we reach here, our code has successfully executed, so we
         // conclude that variable changes are now applied.
+        outputs.cell_only = state.new_cell_only_variables();
         self.commit_state(state);
 
         phases.phase_complete("Execution");
@@ -688,6 +693,7 @@ impl EvalContext {
     pub(crate) fn restart_child_process(&mut self) -> Result<(), Error> {
         self.committed_state.variable_states.clear();
         self.committed_state.stored_variable_states.clear();
+        self.committed_state.cell_only.clear();
         self.child_process = self.child_process.restart()?;
         Ok(())
     }
@@ -700,6 +706,15 @@ impl EvalContext {
         for variable_state in state.variable_states.values_mut() {
             // This span only makes sense when the variable is first defined.
             variable_state.definition_span = None;
+            // Once stored, a boxed variable's value is the box.
+            variable_state.box_on_store = false;
+        }
+        // A name stored again is no longer a cell-only variable.
+        let stored = &state.variable_states;
+        state.cell_only.retain(|name, _| !stored.contains_key(name));
+        for cell_only in state.cell_only.values_mut() {
+            cell_only.new = false;
+            cell_only.drop = false;
         }
         state
             .stored_variable_states
@@ -743,6 +758,9 @@ impl EvalContext {
         // somehow ends up flip-flopping back and forth. Not sure how that could happen, but best to
         // avoid any infinite loops.
         let mut remaining_retries = 5;
+        // Variables made cell-only from compile errors (one round per rustc phase involved at
+        // most, and never more than the cell's variables): their own budget.
+        let mut remaining_demotions = state.variable_states.len() + 2;
         // TODO: Now that we have rust analyzer, we can probably with a bit of work obtain all the
         // information we need without relying on compilation errors. See if we can get rid of this.
         loop {
@@ -768,6 +786,14 @@ impl EvalContext {
                         let mut fixed = HashSet::new();
                         for error in &errors {
                             self.attempt_to_fix_error(error, &mut user_code, state, &mut fixed)?;
+                        }
+                        if fixed.len() == 1
+                            && fixed.contains(CELL_ONLY_FIX)
+                            && remaining_demotions > 0
+                        {
+                            remaining_demotions -= 1;
+                            phases.phase_complete(CELL_ONLY_FIX);
+                            continue;
                         }
                         if !fixed.is_empty() {
                             remaining_retries -= 1;
@@ -854,26 +880,22 @@ impl EvalContext {
             if variable_name == "evcxr_variable_store" {
                 continue;
             }
-            let type_name = match type_name {
-                TypeName::Named(x) => x,
-                TypeName::Closure => bail!(
-                    "The variable `{}` is a closure, which cannot be persisted.\n\
-                     You can however persist closures if you box them. e.g.:\n\
-                     let f: Box<dyn Fn()> = Box::new(|| {{println!(\"foo\")}});\n\
-                     Alternatively, you can prevent evcxr from attempting to persist\n\
-                     the variable by wrapping your code in braces.",
-                    variable_name
-                ),
-                TypeName::Unknown => bail!(
-                    "Couldn't automatically determine type of variable `{}`.\n\
-                     Please give it an explicit type.",
-                    variable_name
-                ),
+            let (type_name, box_on_store, needs_mut) = match type_name {
+                TypeName::Named(x) => (x, false, false),
+                TypeName::Boxed {
+                    type_name,
+                    needs_mut,
+                } => (type_name, true, needs_mut),
+                TypeName::NotKept(why) => {
+                    // The cell runs; this variable lives to its end (gpumem-kernel's patch).
+                    state.keep_for_cell_only(&variable_name, Why::Analysis(&why));
+                    continue;
+                }
             };
             // For now, we need to look for and escape any reserved words. This should probably in
             // theory be done in rust analyzer in a less hacky way.
             let type_name = replace_reserved_words_in_type(&type_name);
-            state
+            let variable_state = state
                 .variable_states
                 .entry(variable_name)
                 .or_insert_with(|| VariableState {
@@ -881,8 +903,13 @@ impl EvalContext {
                     is_mut: is_mutable,
                     move_state: VariableMoveState::New,
                     definition_span: None,
-                })
-                .type_name = type_name;
+                    box_on_store: false,
+                    init: None,
+                });
+            variable_state.type_name = type_name;
+            variable_state.box_on_store = box_on_store;
+            // Calling an `FnMut` or advancing an iterator in a later cell takes `&mut`.
+            variable_state.is_mut |= needs_mut;
         }
         Ok(())
     }
@@ -933,6 +960,7 @@ impl EvalContext {
                     .retain(|_variable_name, variable_state| {
                         variable_state.move_state != VariableMoveState::New
                     });
+                state.forget_new_cell_only_notices();
             } else if let Some(variable_name) =
                 line.strip_prefix(evcxr_internal_runtime::VARIABLE_CHANGED_TYPE)
             {
@@ -967,6 +995,7 @@ impl EvalContext {
                 .retain(|_variable_name, variable_state| {
                     variable_state.move_state != VariableMoveState::New
                 });
+            state.forget_new_cell_only_notices();
         } else if !lost_variables.is_empty() {
             return Err(Error::TypeRedefinedVariablesLost(lost_variables));
         }
@@ -988,35 +1017,29 @@ impl EvalContext {
         state: &mut ContextState,
         fixed_errors: &mut HashSet<&'static str>,
     ) -> Result<(), Error> {
+        self.keep_for_cell_only_on_error(error, state, fixed_errors);
         for code_origin in &error.code_origins {
             match code_origin {
                 CodeKind::PackVariable { variable_name } => {
                     if error.code() == Some("E0382") {
-                        // Use of moved value.
-                        state.variable_states.remove(variable_name);
+                        // Use of moved value. A variable of an earlier cell that this cell moves
+                        // (into the closure the cell runs in) is stored from inside it, after the
+                        // cell's code: a cell that moves it and assigns it again, as in
+                        // `model = optim.step(lr, model, grads)`, keeps it (gpumem-kernel's
+                        // patch). Moved for good, it is not stored.
+                        match state.variable_states.get_mut(variable_name) {
+                            Some(v) if v.move_state == VariableMoveState::Available => {
+                                v.move_state = VariableMoveState::New;
+                            }
+                            _ => {
+                                state.variable_states.remove(variable_name);
+                            }
+                        }
                         fixed_errors.insert("Captured value");
                     } else if error.code() == Some("E0425") {
                         // cannot find value in scope.
                         state.variable_states.remove(variable_name);
                         fixed_errors.insert("Variable moved");
-                    } else if error.code() == Some("E0603") {
-                        if let Some(variable_state) = state.variable_states.remove(variable_name) {
-                            bail!(
-                                "Failed to determine type of variable `{}`. rustc suggested type \
-                             {}, but that's private. Sometimes adding an extern crate will help \
-                             rustc suggest the correct public type name, or you can give an \
-                             explicit type.",
-                                variable_name,
-                                variable_state.type_name
-                            );
-                        }
-                    } else if error.code() == Some("E0562")
-                        || (error.code().is_none() && error.code_origins.len() == 1)
-                    {
-                        return non_persistable_type_error(
-                            variable_name,
-                            &state.variable_states[variable_name].type_name,
-                        );
                     }
                 }
                 CodeKind::WithFallback(fallback) => {
@@ -1062,6 +1085,83 @@ impl EvalContext {
     }
 }
 
+impl EvalContext {
+    /// gpumem-kernel's patch: an error at a line we generated to store (or drop) a variable makes
+    /// that variable one of its cell only, instead of failing the cell.
+    ///
+    /// - A borrow-check error: the variable whose store line is among the spans but not as the
+    ///   primary one holds the borrow (the primary store line is the borrowed variable moved into
+    ///   the store); a label "when `x` is dropped" names a cell-only variable that holds it to its
+    ///   end, which is then dropped before the stores.
+    /// - Any other error whose primary span is a store line: the type we wrote for the variable
+    ///   does not compile there (a private type, a path rustc cannot find, a type rust-analyzer
+    ///   got wrong). rustc may attach a help to the user's code (`use …;`), so the primary span
+    ///   decides, not where the error is said to come from.
+    /// - A drop line that fails (the code moved the variable itself): nothing to drop.
+    ///
+    /// E0382 and E0425 at a store line (a variable the code moved) keep evcxr's own handling.
+    fn keep_for_cell_only_on_error(
+        &self,
+        error: &CompilationError,
+        state: &mut ContextState,
+        fixed_errors: &mut HashSet<&'static str>,
+    ) {
+        let spans = error.variable_spans();
+        if spans.is_empty() {
+            return;
+        }
+        if cell_only::is_borrow_error(error.code()) {
+            let borrowers: Vec<&String> = spans
+                .iter()
+                .filter(|s| !s.drop && !s.primary)
+                .map(|s| &s.name)
+                .filter(|n| !spans.iter().any(|s| s.primary && &&s.name == n))
+                .collect();
+            for name in borrowers {
+                if state.variable_states.contains_key(name.as_str()) {
+                    let borrowed = if error.code() == Some("E0716") {
+                        None
+                    } else {
+                        cell_only::first_backticked(&error.message()).filter(|b| b != name)
+                    };
+                    state.keep_for_cell_only(name, Why::Borrows(borrowed));
+                    fixed_errors.insert(CELL_ONLY_FIX);
+                }
+            }
+            let text = error.json.to_string();
+            for (name, cell_only) in state.cell_only.iter_mut() {
+                if cell_only.new
+                    && !cell_only.drop
+                    && text.contains(&format!("when `{name}` is dropped"))
+                {
+                    cell_only.drop = true;
+                    fixed_errors.insert(CELL_ONLY_FIX);
+                }
+            }
+            return;
+        }
+        for span in spans.iter().filter(|s| s.primary) {
+            if span.drop {
+                if let Some(cell_only) = state.cell_only.get_mut(&span.name)
+                    && cell_only.drop
+                {
+                    cell_only.drop = false;
+                    fixed_errors.insert(CELL_ONLY_FIX);
+                }
+            } else if !matches!(error.code(), Some("E0382" | "E0425"))
+                && state.variable_states.contains_key(&span.name)
+            {
+                state.keep_for_cell_only(&span.name, Why::TypeRefused(error.message()));
+                fixed_errors.insert(CELL_ONLY_FIX);
+            }
+        }
+    }
+}
+
+/// The name of a compile round that made variables cell-only (`cell_only`).
+const CELL_ONLY_FIX: &str = "Cell-only variable";
+
+#[allow(dead_code)]
 fn non_persistable_type_error(variable_name: &str, actual_type: &str) -> Result<(), Error> {
     bail!(
         "The variable `{}` has type `{}` which cannot be persisted.\n\
@@ -1137,6 +1237,9 @@ pub struct EvalOutputs {
     pub content_by_mime_type: HashMap<String, String>,
     pub timing: Option<Duration>,
     pub phases: Vec<PhaseDetails>,
+    /// The cell's variables that were not stored after it, each with its line (gpumem-kernel's
+    /// patch: the cell ran; these lived to its end).
+    pub cell_only: Vec<CellOnlyVariable>,
 }
 
 impl EvalOutputs {
@@ -1145,6 +1248,7 @@ impl EvalOutputs {
             content_by_mime_type: HashMap::new(),
             timing: None,
             phases: Vec::new(),
+            cell_only: Vec::new(),
         }
     }
 
@@ -1177,6 +1281,7 @@ impl EvalOutputs {
             (t1, t2) => t1.or(t2),
         };
         self.phases.append(&mut other.phases);
+        self.cell_only.append(&mut other.cell_only);
     }
 }
 
@@ -1186,6 +1291,11 @@ struct VariableState {
     is_mut: bool,
     move_state: VariableMoveState,
     definition_span: Option<UserCodeSpan>,
+    /// Boxed into its trait-object type when first stored (a closure, an iterator adapter).
+    box_on_store: bool,
+    /// The text of its `let`'s initializer, when the `let` binds it alone (the fix a
+    /// cell-only notice suggests).
+    init: Option<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -1237,6 +1347,9 @@ pub struct ContextState {
     allow_question_mark: bool,
     build_num: i32,
     pub(crate) config: Config,
+    /// Variables kept for their cell only, by name, until a later cell stores one of that name
+    /// (gpumem-kernel's patch).
+    cell_only: HashMap<String, CellOnly>,
 }
 
 impl ContextState {
@@ -1253,7 +1366,66 @@ impl ContextState {
             allow_question_mark: false,
             build_num: 0,
             config,
+            cell_only: HashMap::new(),
         }
+    }
+
+    /// `name`, a variable of the cell being evaluated, is not stored after it: it lives to the
+    /// cell's end, and one line says why (gpumem-kernel's patch).
+    fn keep_for_cell_only(&mut self, name: &str, why: Why<'_>) {
+        let state = self.variable_states.remove(name);
+        let init = state.as_ref().and_then(|s| s.init.as_deref());
+        // The type rust-analyzer gave it ("String" is only the placeholder of an untyped `let`).
+        let ty = state
+            .as_ref()
+            .map(|s| s.type_name.as_str())
+            .filter(|t| *t != "String");
+        let cell_only = CellOnly::new(name, why, init, ty);
+        self.cell_only.insert(name.to_owned(), cell_only);
+    }
+
+    /// The cell returned early (`?`) or panicked: none of its new variables is stored, so its
+    /// cell-only variables are not said either.
+    fn forget_new_cell_only_notices(&mut self) {
+        for cell_only in self.cell_only.values_mut() {
+            cell_only.new = false;
+        }
+    }
+
+    /// The variables the cell being evaluated kept for itself only, with their lines.
+    fn new_cell_only_variables(&self) -> Vec<CellOnlyVariable> {
+        let mut out: Vec<CellOnlyVariable> = self
+            .cell_only
+            .iter()
+            .filter(|(_, c)| c.new)
+            .map(|(name, c)| CellOnlyVariable {
+                name: name.clone(),
+                line: c.line(name),
+            })
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+
+    /// Drops the cell-only variables that borrow others before the cell's variables are stored.
+    fn drop_cell_only_statements(&self) -> CodeBlock {
+        let mut statements = CodeBlock::new();
+        let mut names: Vec<&String> = self
+            .cell_only
+            .iter()
+            .filter(|(_, c)| c.new && c.drop)
+            .map(|(name, _)| name)
+            .collect();
+        names.sort();
+        for name in names {
+            statements.drop_variable(
+                name.clone(),
+                format!(
+                    "#[allow(dropping_references, dropping_copy_types)] ::std::mem::drop({name});"
+                ),
+            );
+        }
+        statements
     }
 
     pub fn time_passes(&self) -> bool {
@@ -1450,9 +1622,18 @@ impl ContextState {
     /// Customizes errors based on their origins.
     fn customize_error(
         &self,
-        error: CompilationError,
+        mut error: CompilationError,
         user_code: &CodeBlock,
     ) -> Option<CompilationError> {
+        // A later cell naming a cell-only variable: why it is not there, and how to keep it.
+        if error.code() == Some("E0425")
+            && error.is_from_user_code()
+            && let Some(name) = cell_only::first_backticked(&error.message())
+            && let Some(cell_only) = self.cell_only.get(&name)
+        {
+            error.explain(&cell_only.explanation(&name));
+            return Some(error);
+        }
         for origin in &error.code_origins {
             if let CodeKind::PackVariable { variable_name } = origin
                 && let Some(variable_state) = self.variable_states.get(variable_name)
@@ -1667,7 +1848,9 @@ impl ContextState {
                 .generated("let evcxr_variable_store = unsafe {&mut *evcxr_variable_store};")
                 .add_all(self.check_variable_statements())
                 .add_all(self.load_variable_statements());
-            user_code = user_code.add_all(self.store_variable_statements(VariableMoveState::New));
+            user_code = user_code
+                .add_all(self.drop_cell_only_statements())
+                .add_all(self.store_variable_statements(VariableMoveState::New));
         } else {
             code = code.generated("evcxr_variable_store: *mut u8) -> *mut u8 {");
         }
@@ -1737,8 +1920,13 @@ impl ContextState {
                     format!(
                         // Note, we use stringify instead of quoting ourselves since it results in
                         // better errors if the user forgets to close a double-quote in their code.
-                        "evcxr_variable_store.put_variable::<{}>(stringify!({var_name}), {var_name});",
-                        var_state.type_name
+                        "evcxr_variable_store.put_variable::<{}>(stringify!({var_name}), {});",
+                        var_state.type_name,
+                        if var_state.box_on_store {
+                            format!("Box::new({var_name})")
+                        } else {
+                            var_name.clone()
+                        }
                     ),
                 );
             }
@@ -1806,6 +1994,12 @@ impl ContextState {
             variable_state.move_state = VariableMoveState::Available;
         }
 
+        // `?` on the cell's own behalf: its code runs in a function returning a `Result` from
+        // the first compile (gpumem-kernel's patch; evcxr found out from a compile error, which
+        // a name-resolution error elsewhere in the cell could hide).
+        if nodes.iter().any(cell_only::uses_question_mark) {
+            self.allow_question_mark = true;
+        }
         let mut code_out = CodeBlock::new();
         let mut previous_item_name = None;
         let num_statements = user_code.segments.len();
@@ -1818,7 +2012,14 @@ impl ContextState {
             };
             if let Some(let_stmt) = ast::LetStmt::cast(node.clone()) {
                 if let Some(pat) = let_stmt.pat() {
-                    self.record_new_locals(pat, let_stmt.ty(), &segment, node.text_range());
+                    let init = let_stmt.initializer().map(|e| e.syntax().text().to_string());
+                    self.record_new_locals(
+                        pat,
+                        let_stmt.ty(),
+                        &segment,
+                        node.text_range(),
+                        init.as_deref(),
+                    );
                     code_out = code_out.with_segment(segment);
                 }
             } else if ast::Attr::can_cast(node.kind()) {
@@ -1978,26 +2179,29 @@ impl ContextState {
         opt_ty: Option<ast::Type>,
         segment: &Segment,
         let_stmt_range: TextRange,
+        init: Option<&str>,
     ) {
         match pat {
-            ast::Pat::IdentPat(ident) => self.record_local(ident, opt_ty, segment, let_stmt_range),
+            ast::Pat::IdentPat(ident) => {
+                self.record_local(ident, opt_ty, segment, let_stmt_range, init)
+            }
             ast::Pat::RecordPat(ref pat_struct) => {
                 if let Some(record_fields) = pat_struct.record_pat_field_list() {
                     for field in record_fields.fields() {
                         if let Some(pat) = field.pat() {
-                            self.record_new_locals(pat, None, segment, let_stmt_range);
+                            self.record_new_locals(pat, None, segment, let_stmt_range, None);
                         }
                     }
                 }
             }
             ast::Pat::TuplePat(ref pat_tuple) => {
                 for pat in pat_tuple.fields() {
-                    self.record_new_locals(pat, None, segment, let_stmt_range);
+                    self.record_new_locals(pat, None, segment, let_stmt_range, None);
                 }
             }
             ast::Pat::TupleStructPat(ref pat_tuple) => {
                 for pat in pat_tuple.fields() {
-                    self.record_new_locals(pat, None, segment, let_stmt_range);
+                    self.record_new_locals(pat, None, segment, let_stmt_range, None);
                 }
             }
             _ => {}
@@ -2010,6 +2214,7 @@ impl ContextState {
         opt_ty: Option<ast::Type>,
         segment: &Segment,
         let_stmt_range: TextRange,
+        init: Option<&str>,
     ) {
         // Default new variables to some type, say String. Assuming it isn't a
         // String, we'll get a compilation error when we try to move the
@@ -2031,6 +2236,8 @@ impl ContextState {
                     // All new locals will initially be defined only inside our catch_unwind
                     // block.
                     move_state: VariableMoveState::New,
+                    box_on_store: false,
+                    init: init.map(str::to_owned),
                     definition_span: segment.sequence.map(|segment_index| {
                         let range = name.syntax().text_range() - let_stmt_range.start();
                         UserCodeSpan {

@@ -12,6 +12,7 @@ extern crate sig;
 #[macro_use]
 mod errors;
 mod cargo_metadata;
+mod cell_only;
 mod child_process;
 mod code_block;
 mod command_context;
@@ -28,6 +29,7 @@ mod statement_splitter;
 mod toml_parse;
 mod use_trees;
 
+pub use crate::cell_only::CellOnlyVariable;
 pub use crate::command_context::CommandContext;
 pub use crate::errors::CompilationError;
 pub use crate::errors::Error;

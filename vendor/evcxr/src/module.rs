@@ -199,6 +199,8 @@ impl Module {
         }
 
         let cargo_output = run_cargo(command, code_block)?;
+        // The dependencies' proc macros, for rust-analyzer (gpumem-kernel's patch).
+        crate::rust_analyzer::record_proc_macros(&cargo_output.stdout, config.crate_dir());
         if config.time_passes {
             let output = String::from_utf8_lossy(&cargo_output.stderr);
             eprintln!("{output}");

@@ -10,7 +10,9 @@ use anyhow::Result;
 use anyhow::anyhow;
 use anyhow::bail;
 use once_cell::sync::Lazy;
+use ra_ap_base_db::ProcMacroLoadingError;
 use ra_ap_base_db::SourceRoot;
+use ra_ap_proc_macro_api::ProcMacroClient;
 use ra_ap_hir as ra_hir;
 use ra_ap_ide as ra_ide;
 use ra_ap_ide::CompletionFieldsToResolve;
@@ -55,13 +57,83 @@ pub(crate) struct RustAnalyzer {
     source_file: AbsPathBuf,
     source_file_id: FileId,
     current_source: String,
+    /// The cells' crate as a workspace, kept to build its crate graph again when proc macros
+    /// become available (gpumem-kernel's patch, PATCHES.md §5).
+    workspace: Option<ProjectWorkspace>,
+    /// The sysroot's proc-macro server, started at the first crate graph with proc-macro crates
+    /// (or why it could not be).
+    proc_macro_server: Option<Result<ProcMacroClient, String>>,
+    /// The built proc macros (`PROC_MACROS_FILE`) the crate graph was last built with.
+    last_proc_macros: Option<Vec<u8>>,
+}
+
+/// Where evcxr's build records the proc-macro libraries cargo built for the cells' crate: one
+/// JSON object from `name@version` to the library's path (gpumem-kernel's patch).
+pub(crate) const PROC_MACROS_FILE: &str = "evcxr-proc-macros.json";
+
+/// Records the proc-macro libraries among cargo's messages of a build of the cells' crate in
+/// `crate_dir`'s `PROC_MACROS_FILE` (merged with those of earlier builds: a build without
+/// cargo reports none).
+pub(crate) fn record_proc_macros(cargo_stdout: &[u8], crate_dir: &Path) {
+    let path = crate_dir.join(PROC_MACROS_FILE);
+    let mut known: std::collections::BTreeMap<String, String> = std::fs::read(&path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default();
+    let before = known.clone();
+    for line in String::from_utf8_lossy(cargo_stdout).lines() {
+        let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let is_proc_macro = message["target"]["kind"]
+            .as_array()
+            .is_some_and(|k| k.iter().any(|k| k == "proc-macro"));
+        if message["reason"] != "compiler-artifact" || !is_proc_macro {
+            continue;
+        }
+        let (Some(name), Some(version), Some(file)) = (
+            message["target"]["name"].as_str(),
+            message["package_id"]
+                .as_str()
+                .and_then(|id| id.rsplit_once('@'))
+                .map(|(_, v)| v),
+            message["filenames"][0].as_str(),
+        ) else {
+            continue;
+        };
+        known.insert(
+            format!("{}@{version}", name.replace('-', "_")),
+            file.to_owned(),
+        );
+    }
+    if known != before
+        && let Ok(text) = serde_json::to_vec_pretty(&known)
+    {
+        let _ = std::fs::write(&path, text);
+    }
 }
 
 #[derive(Debug, PartialEq, Eq)]
 pub enum TypeName {
+    /// The type as code that compiles in the cells' crate (every ADT and trait by a path).
     Named(String),
-    Closure,
+    /// Kept as this boxed trait object (a closure, an `impl Fn`, an `impl Iterator`, a single
+    /// `impl Trait`); the value is boxed when it is first stored. `needs_mut`: calling or
+    /// iterating it takes `&mut` (`FnMut`, an iterator).
+    Boxed { type_name: String, needs_mut: bool },
+    /// Cannot be kept after its cell, and why.
+    NotKept(NotKept),
+}
+
+/// Why a variable cannot be kept after its cell, as rust-analyzer sees it.
+#[derive(Debug, PartialEq, Eq)]
+pub enum NotKept {
+    /// rust-analyzer has no type for it.
     Unknown,
+    /// Its type cannot be written in code (shown as rust-analyzer displays it).
+    Unnameable { shown: String, why: &'static str },
+    /// A closure that captures `local` by reference (not `move`).
+    ClosureBorrows { local: String },
 }
 
 #[derive(Debug)]
@@ -105,6 +177,9 @@ impl RustAnalyzer {
             source_file,
             source_file_id,
             current_source: String::new(),
+            workspace: None,
+            proc_macro_server: None,
+            last_proc_macros: None,
         })
     }
 
@@ -127,9 +202,15 @@ impl RustAnalyzer {
                 self.cargo_toml_filename()
             )
         })?);
+        let proc_macros = std::fs::read(self.root_directory.join(PROC_MACROS_FILE)).ok();
         if cargo_toml != self.last_cargo_toml {
             self.load_cargo_toml(&mut change)?;
             self.last_cargo_toml = cargo_toml;
+            self.last_proc_macros = proc_macros;
+        } else if proc_macros != self.last_proc_macros && self.workspace.is_some() {
+            // A build made the dependencies' proc macros: the crate graph again, with them.
+            self.set_crate_graph(&mut change);
+            self.last_proc_macros = proc_macros;
         }
 
         self.analysis_host.apply_change(change);
@@ -161,10 +242,7 @@ impl RustAnalyzer {
                     let Some(body) = function.body() else {
                         continue;
                     };
-                    let module = sema
-                        .scope(function.syntax())
-                        .map(|scope| scope.module())
-                        .unwrap();
+                    let scope = sema.scope(function.syntax()).unwrap();
                     for statement in body.statements() {
                         if let ast::Stmt::LetStmt(let_stmt) = statement
                             && let Some(pat) = let_stmt.pat()
@@ -172,7 +250,7 @@ impl RustAnalyzer {
                                 &pat,
                                 &sema,
                                 let_stmt.ty(),
-                                module,
+                                &scope,
                                 &mut result,
                             )
                         {
@@ -188,7 +266,7 @@ impl RustAnalyzer {
                                         &sub_pat,
                                         &sema,
                                         None,
-                                        module,
+                                        &scope,
                                         &mut result,
                                     );
                                 }
@@ -277,7 +355,20 @@ impl RustAnalyzer {
                 .map(|(i, set)| if i == 0 { SourceRoot::new_local(set) } else { SourceRoot::new_library(set) })
                 .collect(),
         );
-        let (crate_graph, _) = workspace.to_crate_graph(
+        self.workspace = Some(workspace);
+        self.set_crate_graph(change);
+        Ok(())
+    }
+
+    /// The crate graph of the cells' workspace, with the proc macros of the dependencies that a
+    /// build has made (`PROC_MACROS_FILE`), expanded by the sysroot's proc-macro server: a
+    /// `#[derive(Module)]` of burn or `#[derive(Deserialize)]` of serde then exists for type
+    /// inference, as it does for rustc (gpumem-kernel's patch, PATCHES.md §5).
+    fn set_crate_graph(&mut self, change: &mut ra_hir::ChangeWithProcMacros) {
+        let Some(workspace) = &self.workspace else {
+            return;
+        };
+        let (crate_graph, proc_macro_paths) = workspace.to_crate_graph(
             &mut |path| {
                 self.vfs
                     .file_id(&path.to_path_buf().into())
@@ -285,9 +376,52 @@ impl RustAnalyzer {
             },
             &FxHashMap::default(),
         );
-
+        let built: HashMap<String, String> =
+            std::fs::read(self.root_directory.join(PROC_MACROS_FILE))
+                .ok()
+                .and_then(|b| serde_json::from_slice(&b).ok())
+                .unwrap_or_default();
+        if !proc_macro_paths.is_empty() && self.proc_macro_server.is_none() {
+            let server = match workspace.find_sysroot_proc_macro_srv() {
+                Some(Ok(path)) => ProcMacroClient::spawn(
+                    &path,
+                    &FxHashMap::<String, Option<String>>::default(),
+                    workspace.toolchain.as_ref(),
+                    1,
+                )
+                .map_err(|e| e.to_string()),
+                Some(Err(e)) => Err(e.to_string()),
+                None => Err("no sysroot".to_owned()),
+            };
+            self.proc_macro_server = Some(server);
+        }
+        let proc_macros: ra_hir::ProcMacrosBuilder = proc_macro_paths
+            .into_iter()
+            .map(|(id, path)| {
+                let krate = &crate_graph[id];
+                let name = krate
+                    .extra
+                    .display_name
+                    .as_ref()
+                    .map(|n| n.canonical_name().as_str().to_owned());
+                let key = name.zip(krate.extra.version.clone()).map(|(n, v)| format!("{n}@{v}"));
+                let dylib = key
+                    .and_then(|k| built.get(&k))
+                    .and_then(|p| AbsPathBuf::try_from(p.as_str()).ok());
+                let loaded = match (dylib, &self.proc_macro_server) {
+                    (Some(dylib), Some(Ok(server))) => {
+                        ra_ap_load_cargo::load_proc_macro(server, &dylib, &[])
+                    }
+                    (Some(_), Some(Err(e))) => Err(ProcMacroLoadingError::ProcMacroSrvError(
+                        e.clone().into_boxed_str(),
+                    )),
+                    _ => path.and_then(|_| Err(ProcMacroLoadingError::NotYetBuilt)),
+                };
+                (id, loaded)
+            })
+            .collect();
         change.set_crate_graph(crate_graph);
-        Ok(())
+        change.set_proc_macros(proc_macros);
     }
 
     fn cargo_toml_filename(&self) -> AbsPathBuf {
@@ -421,7 +555,7 @@ fn add_variable_for_pattern(
     pat: &ast::Pat,
     sema: &ra_hir::Semantics<ra_ide::RootDatabase>,
     explicit_type: Option<ast::Type>,
-    module: ra_hir::Module,
+    scope: &ra_hir::SemanticsScope<'_>,
     result: &mut HashMap<String, VariableInfo>,
 ) -> bool {
     use ra_ap_syntax::ast::HasName;
@@ -432,7 +566,7 @@ fn add_variable_for_pattern(
             explicit_type,
             sema.type_of_pat(pat).map(|info| info.original()),
             sema,
-            module,
+            scope,
         );
         result.insert(
             name.text().to_string(),
@@ -450,7 +584,7 @@ fn get_type_name(
     explicit_type: Option<ast::Type>,
     inferred_type: Option<ra_hir::Type>,
     sema: &ra_hir::Semantics<ra_ide::RootDatabase>,
-    module: ra_hir::Module,
+    scope: &ra_hir::SemanticsScope<'_>,
 ) -> TypeName {
     use ra_hir::HirDisplay;
     if let Some(explicit_type) = explicit_type {
@@ -459,17 +593,281 @@ fn get_type_name(
             return TypeName::Named(type_name);
         }
     }
-    if let Some(ty) = inferred_type {
-        if ty.is_closure() {
-            return TypeName::Closure;
+    let Some(ty) = inferred_type else {
+        return TypeName::NotKept(NotKept::Unknown);
+    };
+    if let Some(type_name) = source_type(&ty, sema, scope) {
+        return TypeName::Named(type_name);
+    }
+    if let Some(kept) = boxed_callable(&ty, sema, scope)
+        .or_else(|| boxed_iterator(&ty, sema, scope))
+        .or_else(|| boxed_impl_trait(&ty, sema, scope))
+    {
+        return kept;
+    }
+    let module = scope.module();
+    let shown = ty
+        .display(sema.db, module.krate(sema.db).to_display_target(sema.db))
+        .to_string();
+    if shown == "{unknown}" || shown.contains("{unknown}") {
+        return TypeName::NotKept(NotKept::Unknown);
+    }
+    let why = if ty.display_source_code(sema.db, module.into(), true).is_ok() {
+        // It renders with opaque parts: a closure or an `impl Trait` inside another type.
+        "its type contains a closure or an `impl Trait`, which cannot be named"
+    } else {
+        "its type cannot be named from the notebook (a private type?)"
+    };
+    TypeName::NotKept(NotKept::Unnameable { shown, why })
+}
+
+/// How paths to traits are looked for (the same preferences rust-analyzer's own source-code
+/// display uses for ADTs).
+const FIND_PATH: ra_hir::FindPathConfig = ra_hir::FindPathConfig {
+    prefer_no_std: false,
+    prefer_prelude: true,
+    prefer_absolute: false,
+    allow_unstable: true,
+};
+
+/// `ty` as code valid in `module`: every ADT and trait by a path, nothing opaque, no `_`.
+fn source_type(
+    ty: &ra_hir::Type,
+    sema: &ra_hir::Semantics<ra_ide::RootDatabase>,
+    scope: &ra_hir::SemanticsScope<'_>,
+) -> Option<String> {
+    use ra_hir::HirDisplay;
+    // Opaque parts (a closure, an `impl Trait`) are refused: such text parses, but a stored
+    // variable's type cannot contain them (E0562).
+    let text = ty
+        .display_source_code(sema.db, scope.module().into(), false)
+        .ok()?
+        // Regions erased in a closure's signature: elided again.
+        .replace("'<erased>", "'_");
+    let text = qualify_paths(&text, ty, sema, scope)?;
+    is_type_valid(&text).then_some(text)
+}
+
+/// How an item is named when the notebook's scope hides the name rust-analyzer chose (a cell's
+/// `use candle_core::Result;` hides the prelude's `Result`).
+const FIND_PATH_ABSOLUTE: ra_hir::FindPathConfig = ra_hir::FindPathConfig {
+    prefer_no_std: false,
+    prefer_prelude: false,
+    prefer_absolute: true,
+    allow_unstable: true,
+};
+
+/// Whether `text`, as a path in `scope`, names `def`.
+fn resolves_to(text: &str, def: ra_hir::ModuleDef, scope: &ra_hir::SemanticsScope<'_>) -> bool {
+    let path = ast::make::path_from_text_with_edition(text, EDITION);
+    matches!(scope.speculative_resolve(&path), Some(ra_hir::PathResolution::Def(d)) if d == def)
+}
+
+/// A path to `def` that names it in `scope`: the plain one when it does, else an absolute one.
+fn path_in_scope(
+    def: ra_hir::ModuleDef,
+    sema: &ra_hir::Semantics<ra_ide::RootDatabase>,
+    scope: &ra_hir::SemanticsScope<'_>,
+) -> Option<String> {
+    let db = sema.db;
+    let module = scope.module();
+    let plain = module.find_path(db, def, FIND_PATH)?.display(db, EDITION).to_string();
+    if resolves_to(&plain, def, scope) {
+        return Some(plain);
+    }
+    let absolute = module
+        .find_path(db, def, FIND_PATH_ABSOLUTE)?
+        .display(db, EDITION)
+        .to_string();
+    resolves_to(&absolute, def, scope).then_some(absolute)
+}
+
+/// Makes every path in rust-analyzer's source text of `ty` name what it meant, from `scope`:
+/// - the traits of `dyn` and `impl` bounds and of `<T as Trait>`, which rust-analyzer writes by
+///   their bare name (candle's `VarBuilder` is `VarBuilderArgs<'_, Box<dyn SimpleBackend>>`, and
+///   `SimpleBackend` is not in the notebook's scope), get their paths;
+/// - a type whose name the notebook's scope gives to something else (rust-analyzer writes the
+///   prelude's `Result` where a cell's `use candle_core::Result;` made `Result` candle's alias)
+///   gets an absolute path.
+///
+/// `None` when an item has no path from there, or two traits share a name.
+fn qualify_paths(
+    text: &str,
+    ty: &ra_hir::Type,
+    sema: &ra_hir::Semantics<ra_ide::RootDatabase>,
+    scope: &ra_hir::SemanticsScope<'_>,
+) -> Option<String> {
+    use ra_ap_syntax::SyntaxKind;
+    let db = sema.db;
+    let module = scope.module();
+    let mut traits = Vec::new();
+    let mut adts = Vec::new();
+    ty.walk(db, |t| {
+        adts.extend(t.as_adt());
+        traits.extend(t.as_dyn_trait());
+        if let Some(it) = t.as_impl_traits(db) {
+            traits.extend(it);
         }
-        if let Ok(type_name) = ty.display_source_code(sema.db, module.into(), true)
-            && is_type_valid(&type_name)
+        traits.extend(t.as_associated_type_parent_trait(db));
+    });
+    if traits.is_empty() && adts.is_empty() {
+        return Some(text.to_owned());
+    }
+    // A trait's bare name, and an ADT's path as rust-analyzer wrote it, to the path written.
+    let mut trait_paths: HashMap<String, String> = HashMap::new();
+    for t in traits {
+        let def = ra_hir::ModuleDef::Trait(t);
+        let name = t.name(db).display(db, EDITION).to_string();
+        let path = path_in_scope(def, sema, scope)?;
+        if trait_paths
+            .insert(name, path.clone())
+            .is_some_and(|other| other != path)
         {
-            return TypeName::Named(type_name);
+            return None;
         }
     }
-    TypeName::Unknown
+    let mut type_paths: HashMap<String, String> = HashMap::new();
+    for adt in adts {
+        let def = ra_hir::ModuleDef::Adt(adt);
+        let written = module.find_path(db, def, FIND_PATH)?.display(db, EDITION).to_string();
+        if !resolves_to(&written, def, scope) {
+            type_paths.insert(written, path_in_scope(def, sema, scope)?);
+        }
+    }
+    let prefix = "type EvcxrT = ";
+    let source = format!("{prefix}{text};");
+    let parsed = ast::SourceFile::parse(&source, EDITION);
+    let mut edits = Vec::new();
+    for node in parsed.syntax_node().descendants() {
+        let Some(path) = ast::Path::cast(node) else {
+            continue;
+        };
+        let Some(parent) = path.syntax().parent().filter(|p| p.kind() == SyntaxKind::PATH_TYPE)
+        else {
+            continue;
+        };
+        let in_trait_position = parent
+            .parent()
+            .is_some_and(|g| matches!(g.kind(), SyntaxKind::TYPE_BOUND | SyntaxKind::TYPE_ANCHOR));
+        let Some(last) = path.segment().and_then(|s| s.name_ref()) else {
+            continue;
+        };
+        // The path up to its last name, without generic arguments: `a::b::C` of `a::b::C<T>`.
+        let written: Vec<String> = path
+            .segments()
+            .map(|s| s.name_ref().map(|n| n.text().to_string()).unwrap_or_default())
+            .collect();
+        let written = written.join("::");
+        let replacement = if in_trait_position && path.qualifier().is_none() {
+            trait_paths.get(&written)
+        } else {
+            type_paths.get(&written)
+        };
+        if let Some(full) = replacement.filter(|full| **full != written) {
+            let start = path.syntax().text_range().start();
+            edits.push((usize::from(start)..usize::from(last.syntax().text_range().end()), full.clone()));
+        }
+    }
+    let mut out = source;
+    for (range, full) in edits.into_iter().rev() {
+        out.replace_range(range, &full);
+    }
+    Some(out[prefix.len()..out.len() - 1].to_owned())
+}
+
+/// A closure or a value of an `impl Fn*` type, kept as `Box<dyn Fn*(params) -> ret>`; a closure
+/// that borrows a local (captures it by reference) cannot be kept.
+fn boxed_callable(
+    ty: &ra_hir::Type,
+    sema: &ra_hir::Semantics<ra_ide::RootDatabase>,
+    scope: &ra_hir::SemanticsScope<'_>,
+) -> Option<TypeName> {
+    let db = sema.db;
+    let callable = ty.as_callable(db)?;
+    let kind = match callable.kind() {
+        ra_hir::CallableKind::Closure(c) => {
+            if let Some(cap) = c
+                .captured_items(db)
+                .iter()
+                .find(|c| c.kind() != ra_hir::CaptureKind::Move)
+            {
+                let local = cap.local().name(db).display(db, EDITION).to_string();
+                return Some(TypeName::NotKept(NotKept::ClosureBorrows { local }));
+            }
+            c.fn_trait(db)
+        }
+        ra_hir::CallableKind::FnImpl(t) => t,
+        _ => return None,
+    };
+    let (fn_trait, needs_mut) = match kind {
+        ra_hir::FnTrait::Fn => ("Fn", false),
+        ra_hir::FnTrait::FnMut => ("FnMut", true),
+        ra_hir::FnTrait::FnOnce => ("FnOnce", false),
+        _ => return None,
+    };
+    let params = callable
+        .params()
+        .iter()
+        .map(|p| source_type(p.ty(), sema, scope))
+        .collect::<Option<Vec<_>>>()?;
+    let ret = callable.return_type();
+    let ret = if ret.is_unit() {
+        String::new()
+    } else {
+        format!(" -> {}", source_type(&ret, sema, scope)?)
+    };
+    let type_name = format!("Box<dyn {fn_trait}({}){ret}>", params.join(", "));
+    is_type_valid(&type_name).then_some(TypeName::Boxed {
+        type_name,
+        needs_mut,
+    })
+}
+
+/// An iterator of a type that cannot be named (an adapter with a closure in it), kept as
+/// `Box<dyn Iterator<Item = …>>`.
+fn boxed_iterator(
+    ty: &ra_hir::Type,
+    sema: &ra_hir::Semantics<ra_ide::RootDatabase>,
+    scope: &ra_hir::SemanticsScope<'_>,
+) -> Option<TypeName> {
+    let db = sema.db;
+    if !ty.clone().impls_iterator(db) {
+        return None;
+    }
+    let item = source_type(&ty.clone().iterator_item(db)?, sema, scope)?;
+    let type_name = format!("Box<dyn Iterator<Item = {item}>>");
+    is_type_valid(&type_name).then_some(TypeName::Boxed {
+        type_name,
+        needs_mut: true,
+    })
+}
+
+/// A value of one `impl Trait` (a function's opaque return type) kept as `Box<dyn Trait>`,
+/// when the trait can be made an object and has no generics or associated types to name.
+fn boxed_impl_trait(
+    ty: &ra_hir::Type,
+    sema: &ra_hir::Semantics<ra_ide::RootDatabase>,
+    scope: &ra_hir::SemanticsScope<'_>,
+) -> Option<TypeName> {
+    let db = sema.db;
+    let traits: Vec<ra_hir::Trait> = ty.as_impl_traits(db)?.filter(|t| !t.is_auto(db)).collect();
+    let [t] = traits[..] else {
+        return None;
+    };
+    if t.dyn_compatibility(db).is_some()
+        || t.type_or_const_param_count(db, false) > 0
+        || t.items(db)
+            .iter()
+            .any(|i| matches!(i, ra_hir::AssocItem::TypeAlias(_)))
+    {
+        return None;
+    }
+    let path = path_in_scope(ra_hir::ModuleDef::Trait(t), sema, scope)?;
+    let type_name = format!("Box<dyn {path}>");
+    is_type_valid(&type_name).then_some(TypeName::Boxed {
+        type_name,
+        needs_mut: false,
+    })
 }
 
 /// Completions found in a particular context.
@@ -545,7 +943,10 @@ pub(crate) fn is_type_valid(type_name: &str) -> bool {
         return false;
     }
     for node in parsed.syntax_node().descendants() {
-        if node.kind() == SyntaxKind::ERROR || node.kind() == SyntaxKind::INFER_TYPE {
+        if node.kind() == SyntaxKind::ERROR
+            || node.kind() == SyntaxKind::INFER_TYPE
+            || node.kind() == SyntaxKind::IMPL_TRAIT_TYPE
+        {
             return false;
         }
     }

@@ -136,17 +136,14 @@ pub(super) fn context_lost(l: &gpumem_nb::device::LostContext, cell: u64) -> Err
     }
 }
 
-/// A cell with code after the context was lost in cell `cell`: refused, with the same cause.
-pub(super) fn refused_after_loss(l: &gpumem_nb::device::LostContext, cell: u64) -> ErrorInfo {
-    let evalue = format!(
-        "the CUDA context was lost in cell {cell} ({}): this cell did not run; `%gpumem restart` starts a fresh process",
+/// What a failing cell after the context was lost in cell `cell` is also told: every call on the
+/// device fails (host code runs), and how to go on.
+pub(super) fn after_loss_note(l: &gpumem_nb::device::LostContext, cell: u64) -> String {
+    format!(
+        "The CUDA context was lost in cell {cell} ({}): every call on the device fails from then on; host code \
+         runs. `%gpumem restart` starts a fresh notebook process (variables are lost, the history is kept).",
         l.fault.what()
-    );
-    ErrorInfo {
-        ename: l.fault.code().into(),
-        evalue: evalue.clone(),
-        traceback: vec![format!("\x1b[1;31m{}\x1b[0m: {evalue}", l.fault.code())],
-    }
+    )
 }
 
 pub(super) fn first_code_line(code: &str) -> String {

@@ -134,8 +134,9 @@ pub struct Engine {
     /// Said once, as a display message of the first cell (another build directory, a toolchain
     /// without `rust-src`).
     notice: Option<String>,
-    /// The cell in which the notebook process's CUDA context was lost, and why: cells with code
-    /// are refused until `%gpumem restart`.
+    /// The cell in which the notebook process's CUDA context was lost, and why: later cells run
+    /// (host code works; every device call fails) and an error of theirs says so, until
+    /// `%gpumem restart`.
     lost: Option<(u64, gpumem_nb::device::LostContext)>,
     /// Why `%gpumem restart` replaced the child before this cell's code (its record says so).
     restarted_by_magic: Option<String>,
@@ -390,24 +391,9 @@ impl Engine {
         }
         let mut outcome = Outcome { count, error: None, record: None };
         let mut live = None;
-        if let Some((cell, lost)) = self.lost.clone().filter(|_| magic::has_code(&run_code)) {
-            // Every call on a lost context fails: the code does not run.
-            let info = errors::refused_after_loss(&lost, cell);
-            self.sink.emit(Output::Error(info.clone()));
-            let mut rec = self.history.cells.last().cloned().unwrap_or_default();
-            rec = CellRecord {
-                cell: count,
-                label: format!("cell {count}"),
-                status: gpumem_nb::kernel::report::CellStatus::Refused,
-                first_line: shown.to_string(),
-                device: rec.device,
-                lost: Some(lost),
-                ..Default::default()
-            };
-            self.history.cells.push(rec.clone());
-            outcome.error = Some(info);
-            outcome.record = Some(rec);
-        } else if magic::has_code(&run_code) {
+        // After a lost CUDA context the cell runs all the same: host code works (results can be
+        // saved), and each call on the device fails with the named error (`show_result`).
+        if magic::has_code(&run_code) {
             let ran = self.run_cell(count, &run_code, &shown, allow_stdin, cell_magic.as_ref());
             outcome.error = ran.error;
             outcome.record = Some(ran.record);

@@ -72,7 +72,7 @@ impl Engine {
             .and_then(|v| v.iter().find_map(|d| d.lost.clone()))
             .filter(|_| self.lost.is_none());
         let mut terminated = None;
-        let error = match result {
+        let mut error = match result {
             Ok(out) => match &panicked {
                 Some(p) => {
                     let mut info = panic::error_info(p, count, &locate);
@@ -101,6 +101,11 @@ impl Engine {
                 Some(info)
             }
         };
+        // A cell after the loss that failed: its error (the named one a device call returned,
+        // or what the code made of it) says why every device call fails, and the way out.
+        if let (Some(info), Some((cell, lost))) = (error.as_mut(), &self.lost) {
+            info.traceback.push(errors::after_loss_note(lost, *cell));
+        }
         if let Some(info) = &error {
             self.sink.emit(Output::Error(info.clone()));
         }
@@ -127,6 +132,13 @@ impl Engine {
         let value = errors::value_error(data.get("text/plain").and_then(Value::as_str));
         if !data.is_empty() && !is_unit(&data) {
             self.sink.emit(Output::ExecuteResult { count, data });
+        }
+        // The cell's variables kept for this cell only (one that borrows another, a type that
+        // cannot be named), one line each: the cell ran, its other variables are kept.
+        if returned.is_none() {
+            for variable in &out.cell_only {
+                self.show_notice(&variable.line);
+            }
         }
         lost_here.map(|l| errors::context_lost(l, count)).or(returned).or(value)
     }
