@@ -80,7 +80,7 @@ fn variables_are_kept_or_live_to_their_cells_end() {
     assert!(e.len() == 1 && e[0].contains("`add` borrows `offset`, so it was kept for its cell only"), "{e:?}");
     ok(14, "2");
     let guard = notices(&out, 14);
-    assert_eq!(guard, ["`guard` borrows `shared`: kept for this cell only; use it within the cell that makes it"]);
+    assert_eq!(guard, ["`guard` borrows `shared`: kept for this cell only"]);
     ok(15, "2");
     ok(16, "43");
 }

@@ -145,9 +145,11 @@ PY
         -d "$work/payload/wheels" jupyter_client==8.6.3 jupyter_core==5.8.1 nbclient==0.10.2 nbformat==5.10.4 \
         traitlets==5.14.3 pyzmq==27.0.0 tornado==6.5.1 platformdirs==4.3.8 fastjsonschema==2.21.1 \
         jsonschema==4.24.0 jsonschema-specifications==2025.4.1 referencing==0.36.2 rpds-py==0.25.1
-    step "a minimal Rust toolchain (rustc, cargo, std, rust-lld, rust-src)"
+    step "a minimal Rust toolchain (rustc, cargo, std, rust-lld, rust-src, the proc-macro server)"
     mkdir -p "$work/payload/rust"
-    (cd "$sysroot" && tar cf - bin/rustc bin/cargo lib/librustc_driver-*.so lib/libLLVM* \
+    # libexec/rust-analyzer-proc-macro-srv: evcxr's type inference expands the dependencies' proc
+    # macros with it (burn's derives; vendor/evcxr/PATCHES.md §5).
+    (cd "$sysroot" && tar cf - bin/rustc bin/cargo lib/librustc_driver-*.so lib/libLLVM* libexec \
         --exclude='*san.a' --exclude='*profiler*' lib/rustlib/x86_64-unknown-linux-gnu/lib \
         lib/rustlib/x86_64-unknown-linux-gnu/bin lib/rustlib/src) | (cd "$work/payload/rust" && tar xf -)
     # A bare `:dep gpumem-nb` loads the checkout the kernel was built from (its path is compiled

@@ -624,7 +624,7 @@ mod tests {
     }
 
     /// A lost context: the line names it and shows NVML's last reading instead of numbers the
-    /// allocator can no longer read; a later cell refused for it says it did not run.
+    /// allocator can no longer read; a cell an earlier version refused for it says it did not run.
     #[test]
     fn a_lost_context_is_named_instead_of_numbers() {
         let lost = crate::device::LostContext {
@@ -645,7 +645,12 @@ mod tests {
             ..Default::default()
         };
         let line = rec.line();
-        assert!(line.contains("✗ CUDA context lost (illegal address) · process 788.00 MiB (NVML)"), "{line}");
+        assert!(
+            line.contains(
+                "✗ CUDA context lost (illegal address): device calls fail, host code runs · process 788.00 MiB (NVML)"
+            ),
+            "{line}"
+        );
         assert!(!line.contains("allocated"), "{line}");
         rec.status = CellStatus::Refused;
         let line = rec.line();

@@ -71,11 +71,7 @@ impl CellOnly {
                 init.map(|c| format!("write `let {name} = move {};`", c.trim())),
                 false,
             ),
-            Why::Borrows(Some(borrowed)) => (
-                format!("borrows `{borrowed}`"),
-                Some(owned_fix(name, init, ty)),
-                true,
-            ),
+            Why::Borrows(Some(borrowed)) => (format!("borrows `{borrowed}`"), owned_fix(name, init, ty), true),
             Why::Borrows(None) => (
                 "borrows a temporary value".to_owned(),
                 Some("bind that value to a variable of its own first".to_owned()),
@@ -114,9 +110,10 @@ impl CellOnly {
     }
 }
 
-/// How to keep a variable that borrows another: own the data (`&data[..3]` →
-/// `data[..3].to_vec()`).
-fn owned_fix(name: &str, init: Option<&str>, ty: Option<&str>) -> String {
+/// How to keep a variable that borrows another, where its `let` says: own the data
+/// (`&data[..3]` → `data[..3].to_vec()`), collect an iterator; a guard or a builder is used where
+/// it is made (no fix: the line says it lives to the cell's end).
+fn owned_fix(name: &str, init: Option<&str>, ty: Option<&str>) -> Option<String> {
     let init = init.map(str::trim);
     if let Some(inner) = init
         .and_then(|i| i.strip_prefix('&'))
@@ -128,17 +125,15 @@ fn owned_fix(name: &str, init: Option<&str>, ty: Option<&str>) -> String {
             Some(t) if t.starts_with("&[") || t.starts_with("&mut [") => "to_vec()",
             _ => "clone()",
         };
-        return format!("write `let {name} = {inner}.{owned};`");
-    }
-    let guard = [".lock()", ".borrow()", ".borrow_mut()", ".read()", ".write()", ".get_mut()"];
-    if init.is_some_and(|i| guard.iter().any(|g| i.contains(g))) {
-        return "use it within the cell that makes it".to_owned();
+        return Some(format!("write `let {name} = {inner}.{owned};`"));
     }
     if init.is_some_and(|i| i.contains(".iter()") || i.contains(".chars()")) {
-        return "collect it (`.collect::<Vec<_>>()`) or iterate an owned value (`.into_iter()`)"
-            .to_owned();
+        return Some(
+            "collect it (`.collect::<Vec<_>>()`) or iterate an owned value (`.into_iter()`)"
+                .to_owned(),
+        );
     }
-    "keep data it owns instead (`.to_vec()`, `.to_owned()`, `.clone()`)".to_owned()
+    None
 }
 
 /// The first name in backticks of a rustc message (`` `data` does not live long enough``).

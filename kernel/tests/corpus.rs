@@ -1,0 +1,82 @@
+//! The notebooks written as the frameworks' own docs write them (issue 43), on the CPU: every
+//! cell runs as written in gpumem-kernel. candle's `VarBuilder` model bound at the top level in
+//! three cells, a loss closure, AdamW; burn's derives, `init` and training steps that hand the
+//! model to the optimizer and take it back. The first run builds candle and burn where the kernel
+//! builds cells (minutes); later runs reuse it. The stock kernel's count for the same notebooks is
+//! `scripts/corpus.sh`'s (BENCHMARKS.md, "Framework code as its docs write it").
+
+mod common;
+
+use common::{errors, notices, repo_root, result_text, run_file};
+use serde_json::Value;
+use std::path::Path;
+
+/// Runs `notebooks/NAME.ipynb` headlessly; every code cell must end without an error. Returns
+/// the executed notebook and the index of each code cell among all cells.
+fn run_as_written(name: &str) -> (Value, Vec<usize>) {
+    let path = repo_root().join("notebooks").join(format!("{name}.ipynb"));
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("corpus-{name}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (status, out, stderr) = run_file(&path, &dir, &[]);
+    let code: Vec<usize> = out["cells"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c["cell_type"] == "code")
+        .map(|(i, _)| i)
+        .collect();
+    for &i in &code {
+        assert!(errors(&out, i).is_empty(), "{name}, cell {i}: {:?}\n{}", errors(&out, i), &stderr);
+    }
+    assert_eq!(status, 0, "{stderr}");
+    (out, code)
+}
+
+/// The index among all cells of the code cell whose source starts with `start`.
+fn cell_starting(out: &Value, start: &str) -> usize {
+    out["cells"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .position(|c| {
+            let src = match &c["source"] {
+                Value::String(s) => s.clone(),
+                Value::Array(a) => a.iter().filter_map(Value::as_str).collect(),
+                _ => String::new(),
+            };
+            c["cell_type"] == "code" && src.starts_with(start)
+        })
+        .unwrap_or_else(|| panic!("no cell starts with {start:?}"))
+}
+
+#[test]
+fn candle_as_its_book_writes_it() {
+    let (out, _) = run_as_written("candle_book");
+    // The `VarBuilder` cell: the classifier's parameters, 784·128 + 128 + 128·10 + 10.
+    let vb = cell_starting(&out, "let varmap = VarMap::new();");
+    assert_eq!(result_text(&out, vb), (784 * 128 + 128 + 128 * 10 + 10).to_string());
+    assert!(notices(&out, vb).is_empty(), "every variable kept: {:?}", notices(&out, vb));
+    // Training with the loss closure lowers the loss; the regression learns y = 3·x₀ + x₁ − 2.
+    assert_eq!(result_text(&out, cell_starting(&out, "let mut opt = AdamW::new")), "true");
+    let first = cell_starting(&out, "let first = &learned[..1];");
+    assert_eq!(result_text(&out, first), "true");
+    assert_eq!(
+        notices(&out, first),
+        ["`first` borrows `learned`: kept for this cell only; write `let first = learned[..1].to_vec();`"]
+    );
+    assert_eq!(result_text(&out, first + 1), "2", "`learned` is kept");
+    assert_eq!(result_text(&out, cell_starting(&out, "errors.fold")), "true");
+}
+
+#[test]
+fn burn_as_its_book_writes_it() {
+    let (out, _) = run_as_written("burn_book");
+    // `model = optim.step(lr, model, grads)` in a loop: the model is kept, trained.
+    let params = cell_starting(&out, "type MyBackend");
+    let n = result_text(&out, params);
+    assert!(n.parse::<u64>().is_ok_and(|n| n == 28 * 28 * 256 + 256 + 256 * 10 + 10), "{n}");
+    assert_eq!(result_text(&out, cell_starting(&out, "let mut optim = AdamConfig::new().init();")), "true");
+    assert_eq!(result_text(&out, cell_starting(&out, "model.num_params()")), n);
+}
