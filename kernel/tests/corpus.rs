@@ -7,17 +7,14 @@
 
 mod common;
 
-use common::{errors, notices, repo_root, result_text, run_file};
+use common::{errors, fresh_dir, notices, repo_root, result_text, run_file};
 use serde_json::Value;
-use std::path::Path;
 
 /// Runs `notebooks/NAME.ipynb` headlessly; every code cell must end without an error. Returns
 /// the executed notebook and the index of each code cell among all cells.
 fn run_as_written(name: &str) -> (Value, Vec<usize>) {
     let path = repo_root().join("notebooks").join(format!("{name}.ipynb"));
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("corpus-{name}"));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = fresh_dir(&format!("corpus-{name}"));
     let (status, out, stderr) = run_file(&path, &dir, &[]);
     let code: Vec<usize> = out["cells"]
         .as_array()

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{CELL_MIME, notebook, outputs, path_crate, records, repo_root, result_text, run};
+use common::{CELL_MIME, fresh_dir, notebook, outputs, path_crate, records, repo_root, result_text, run};
 use serde_json::{Value, json};
 use std::path::Path;
 use std::process::Command;
@@ -615,8 +615,7 @@ fn fit_shows_the_peak_by_component_and_the_smallest_card() {
 /// fails to load: `dlopen failed`).
 #[test]
 fn dependencies_are_loaded_once_for_the_session() {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("session-deps");
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = fresh_dir("session-deps");
     let counter = path_crate(
         &dir,
         "counter",

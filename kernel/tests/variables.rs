@@ -5,8 +5,7 @@
 
 mod common;
 
-use common::{errors, notebook, notices, path_crate, result_text, run};
-use std::path::Path;
+use common::{errors, fresh_dir, notebook, notices, path_crate, result_text, run};
 
 /// Closures, iterator adapters, borrowed slices, a guard, `?` and a variable a loop moves and
 /// assigns again, written as in a program: every cell runs; what borrows another variable lives
@@ -91,8 +90,7 @@ fn variables_are_kept_or_live_to_their_cells_end() {
 /// (their types written with paths that compile from the notebook) and used in later cells.
 #[test]
 fn types_are_written_with_paths_that_compile_in_the_notebook() {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("variables-paths");
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = fresh_dir("variables-paths");
     let krate = path_crate(
         &dir,
         "builder",

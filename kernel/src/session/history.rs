@@ -325,6 +325,25 @@ mod tests {
         }
     }
 
+    /// A record from the crate's readings before and after, in one process, without NVML.
+    fn crate_record(cell: u64, before: &[CrateReading], after: &[CrateReading]) -> CellRecord {
+        let none = NvmlSnapshot::default();
+        build_record(
+            cell,
+            &Readings {
+                crate_before: Some(before),
+                crate_after: Some(after),
+                tracked_before: None,
+                tracked_after: None,
+                slot_opened: true,
+                nvml_before: &none,
+                nvml_after: &none,
+                pid_before: Some(1),
+                pid_after: Some(1),
+            },
+        )
+    }
+
     #[test]
     fn simulated_cell_record_and_line() {
         let before = [reading(0, 0, 0)];
@@ -365,23 +384,9 @@ mod tests {
 
     #[test]
     fn the_budget_warns_in_the_cell_that_raised_the_peak_only() {
-        let none = NvmlSnapshot::default();
         let mk = |before: u64, after: u64, peak: u64| {
             let (b, a) = ([reading(before, before, before)], [reading(after, after, peak)]);
-            build_record(
-                5,
-                &Readings {
-                    crate_before: Some(&b),
-                    crate_after: Some(&a),
-                    tracked_before: None,
-                    tracked_after: None,
-                    slot_opened: true,
-                    nvml_before: &none,
-                    nvml_after: &none,
-                    pid_before: Some(1),
-                    pid_after: Some(1),
-                },
-            )
+            crate_record(5, &b, &a)
         };
         let h = History { budget: Some(1 << 30), ..Default::default() };
         let mut grew = mk(512 << 20, 2 << 30, 2 << 30);
@@ -435,24 +440,10 @@ mod tests {
 
     #[test]
     fn rerun_leak_is_flagged_and_history_renders() {
-        let none = NvmlSnapshot::default();
         let mk = |cell, before: u64, after: u64| {
             let b = [reading(before, before, before)];
             let a = [reading(after, after, after)];
-            let mut r = build_record(
-                cell,
-                &Readings {
-                    crate_before: Some(&b),
-                    crate_after: Some(&a),
-                    tracked_before: None,
-                    tracked_after: None,
-                    slot_opened: true,
-                    nvml_before: &none,
-                    nvml_after: &none,
-                    pid_before: Some(1),
-                    pid_after: Some(1),
-                },
-            );
+            let mut r = crate_record(cell, &b, &a);
             r.source_hash = "h".into();
             r.first_line = "v.push(buf)".into();
             r
@@ -498,21 +489,7 @@ mod tests {
         };
         let mk = |cell, before: (u64, u64), after: (u64, u64)| {
             let r = [reading(0, 0, 0)];
-            let none = NvmlSnapshot::default();
-            let mut rec = build_record(
-                cell,
-                &Readings {
-                    crate_before: Some(&r),
-                    crate_after: Some(&r),
-                    tracked_before: None,
-                    tracked_after: None,
-                    slot_opened: true,
-                    nvml_before: &none,
-                    nvml_after: &none,
-                    pid_before: Some(1),
-                    pid_after: Some(1),
-                },
-            );
+            let mut rec = crate_record(cell, &r, &r);
             rec.frameworks = framework_parts(Some(&books(before.0, before.1)), Some(&books(after.0, after.1)));
             rec.source_hash = "epoch".into();
             rec

@@ -23,11 +23,17 @@ pub(crate) fn notebook(cells: &[(&str, &[&str])]) -> Value {
     json!({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": cells})
 }
 
-/// Runs a notebook headlessly; returns (exit status, executed notebook, stderr).
-pub(crate) fn run(name: &str, nb: &Value, extra_env: &[(&str, &str)]) -> (i32, Value, String) {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("nb-{name}"));
+/// An empty directory `name` under the tests' temporary directory.
+pub(crate) fn fresh_dir(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Runs a notebook headlessly; returns (exit status, executed notebook, stderr).
+pub(crate) fn run(name: &str, nb: &Value, extra_env: &[(&str, &str)]) -> (i32, Value, String) {
+    let dir = fresh_dir(&format!("nb-{name}"));
     let path = dir.join("in.ipynb");
     std::fs::write(&path, serde_json::to_string(nb).unwrap()).unwrap();
     run_file(&path, &dir, extra_env)
