@@ -7,7 +7,9 @@
 
 mod common;
 
-use common::{CELL_MIME, fresh_dir, notebook, outputs, path_crate, records, repo_root, result_text, run};
+use common::{
+    CELL_MIME, errors, fresh_dir, notebook, notices, outputs, path_crate, records, repo_root, result_text, run,
+};
 use serde_json::{Value, json};
 use std::path::Path;
 use std::process::Command;
@@ -683,6 +685,41 @@ fn dependencies_are_loaded_once_for_the_session() {
     // The generation is a crate of its own, named by what it holds, in the shared directory.
     let src = outputs(&out, 0).iter().filter_map(|o| o["text"].as_str()).collect::<String>();
     assert!(!src.contains("gpumem_deps_"), "the loading cell is the kernel's, not shown: {src}");
+}
+
+/// The first generation links with the cell that declares it (one build). When that cell fails
+/// to build for its own code, its `:dep` goes with it (as in evcxr) and the cell written again
+/// loads it (the next cells share one counter); when the generation cannot be one library, the
+/// cell runs without it, and says so.
+#[test]
+fn a_first_dependency_links_with_its_cell_whatever_the_cell_does() {
+    let dir = fresh_dir("first-link");
+    let counter = path_crate(
+        &dir,
+        "counter",
+        "",
+        "use std::sync::atomic::{AtomicUsize, Ordering};\n\
+         static COUNT: AtomicUsize = AtomicUsize::new(0);\n\
+         pub fn bump() -> usize { COUNT.fetch_add(1, Ordering::SeqCst) + 1 }\n",
+    );
+    let other = path_crate(&dir, "other-name", "[lib]\nname = \"othername\"\n", "pub fn one() -> u32 { 1 }\n");
+    let dep = |name: &str, p: &Path| format!(":dep {name} = {{ path = {:?} }}", p.display().to_string());
+    let first = format!("{}\nlet wrong: u32 = \"text\";", dep("counter", &counter));
+    let again = format!("{}\ncounter::bump()", dep("counter", &counter));
+    let cells: Vec<(&str, &[&str])> =
+        vec![(first.as_str(), &["raises-exception"][..]), (again.as_str(), &[]), ("counter::bump()", &[])];
+    let (code, out, stderr) = run("first-link", &notebook(&cells), &[]);
+    assert_eq!(code, 0, "{stderr}");
+    let first_out = serde_json::to_string(outputs(&out, 0)).unwrap();
+    assert!(!errors(&out, 0).is_empty() && first_out.contains("mismatched types"), "the cell's own error: {first_out}");
+    assert_eq!([result_text(&out, 1), result_text(&out, 2)], ["1", "2"], "one counter for the session: {stderr}");
+
+    let fallback = format!("{}\nothername::one()", dep("other-name", &other));
+    let (code, out, stderr) = run("first-link-fallback", &notebook(&[(fallback.as_str(), &[])]), &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(result_text(&out, 0), "1", "the cell ran without the generation: {stderr}");
+    let said = notices(&out, 0).join("\n");
+    assert!(said.contains("other-name cannot be loaded once for the session"), "{said}");
 }
 
 /// A `tracing` subscriber set in one cell serves the next ones, as in a program: `tracing`

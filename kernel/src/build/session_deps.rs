@@ -13,9 +13,12 @@
 //!   directory for every build directory (`~/.cache/gpumem-kernel/deps`), so a later session, or
 //!   a second kernel, with the same `:dep`s finds it built. It is an ordinary path dependency of
 //!   the cells' crate: cargo builds it with the cells' profile, over the same dependency builds.
-//! - It is loaded by a cell of two lines the kernel runs before the user's
-//!   (`:dep gpumem_deps_… = { path = … }` and `extern crate gpumem_deps_…;`, which evcxr keeps
-//!   for every later cell); the user's own `:dep` lines go to evcxr unchanged, so type
+//! - It is linked into the cells' crate through our patch of evcxr
+//!   (`CommandContext::link_in_next_execution`, `vendor/evcxr/PATCHES.md` §6): a dependency,
+//!   and an `extern crate` in every later cell's compiled code that type inference never reads
+//!   (rust-analyzer would otherwise resolve every crate it re-exports, seconds with candle,
+//!   before the user's code names any). The first generation links with the cell that declares
+//!   it, in that cell's one build; the user's own `:dep` lines go to evcxr unchanged, so type
 //!   inference and `use` work as before and the cell's line numbers do not move.
 //! - A `:dep` after that adds a generation that depends on the one loaded (a loaded shared
 //!   library cannot be rebuilt under its name) and holds only the new crates.
@@ -76,8 +79,8 @@ pub fn static_linking_setting(code: &str) -> (Option<bool>, String) {
 pub struct Load {
     /// The generated crate's name.
     pub name: String,
-    /// The two-line cell that loads it.
-    pub cell: String,
+    /// Its Cargo dependency spec (`{ path = "…" }`).
+    pub spec: String,
     /// The dependencies it adds (their keys), for the fallback's message.
     pub adds: Vec<String>,
     deps: Vec<(String, String)>,
@@ -149,8 +152,13 @@ impl SessionDeps {
             .and_then(|()| mark_used(&dir, std::time::SystemTime::now()))
             .map_err(|e| format!("{}: {e}", dir.display()))?;
         let path = toml::Value::String(dir.to_string_lossy().into_owned());
-        let cell = format!(":dep {name} = {{ path = {path} }}\nextern crate {name};");
-        Ok(Some(Load { adds: deps.iter().map(|(k, _)| k.clone()).collect(), name, cell, deps }))
+        let spec = format!("{{ path = {path} }}");
+        Ok(Some(Load { adds: deps.iter().map(|(k, _)| k.clone()).collect(), name, spec, deps }))
+    }
+
+    /// No generation is loaded yet (a first one cannot make cargo build a loaded one again).
+    pub fn none_loaded(&self) -> bool {
+        self.loaded.is_empty()
     }
 
     /// `load` is loaded: its crates are the session's.
@@ -444,10 +452,7 @@ mod tests {
         assert!(manifest.contains("cfg-if = \"1\"") && manifest.contains("crate-type = [\"dylib\"]"), "{manifest}");
         let lib = std::fs::read_to_string(dir.join("lib.rs")).unwrap();
         assert!(lib.contains("pub extern crate counter;\npub extern crate cfg_if;\n"), "{lib}");
-        assert_eq!(
-            first.cell,
-            format!(":dep {0} = {{ path = \"{1}\" }}\nextern crate {0};", first.name, dir.display())
-        );
+        assert_eq!(first.spec, format!("{{ path = \"{}\" }}", dir.display()));
         // The same again: the same name, nothing rewritten.
         let mut again = SessionDeps::new(root.path().to_path_buf());
         let same = again.plan(":dep counter = { path = \"counter\" }\n:dep cfg-if = \"1\"", cwd.path()).unwrap();

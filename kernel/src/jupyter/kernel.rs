@@ -44,9 +44,23 @@ type ControlHandle = Arc<Mutex<Option<SharedControl>>>;
 
 /// Requests to the engine thread.
 enum EngineReq {
-    Execute { msg: Box<JupyterMessage>, code: String, allow_stdin: bool, reply: oneshot::Sender<Outcome> },
-    Complete { code: String, cursor: usize, reply: oneshot::Sender<(Vec<String>, usize, usize)> },
-    Shutdown { done: oneshot::Sender<()> },
+    /// `queued`: when the request arrived (the cell's time counts from there: it may wait for
+    /// evcxr's start or for the idle work of the cell before).
+    Execute {
+        msg: Box<JupyterMessage>,
+        code: String,
+        allow_stdin: bool,
+        queued: std::time::Instant,
+        reply: oneshot::Sender<Outcome>,
+    },
+    Complete {
+        code: String,
+        cursor: usize,
+        reply: oneshot::Sender<(Vec<String>, usize, usize)>,
+    },
+    Shutdown {
+        done: oneshot::Sender<()>,
+    },
 }
 
 /// A pending `input_request`.
@@ -187,13 +201,16 @@ fn start_engine(
             let mut count = 0u64;
             while let Ok(req) = rx.recv() {
                 match req {
-                    EngineReq::Execute { msg, code, allow_stdin, reply } => {
+                    EngineReq::Execute { msg, code, allow_stdin, queued, reply } => {
                         if let Ok(mut p) = sink.parent.lock() {
                             *p = Some(*msg);
                         }
                         sink.running.store(true, Ordering::SeqCst);
                         let outcome = match engine.as_mut() {
-                            Some(e) => e.execute(&code, allow_stdin),
+                            Some(e) => {
+                                e.queued_at(queued);
+                                e.execute(&code, allow_stdin)
+                            }
                             None => {
                                 count += 1;
                                 let info = ErrorInfo {
@@ -209,6 +226,11 @@ fn start_engine(
                         };
                         sink.running.store(false, Ordering::SeqCst);
                         let _ = reply.send(outcome);
+                        // The kernel is idle for Jupyter now; what the session still has to do
+                        // (type inference reading new crates) runs here, before the next request.
+                        if let Some(e) = engine.as_mut() {
+                            e.idle_work();
+                        }
                     }
                     EngineReq::Complete { code, cursor, reply } => {
                         let r = engine.as_mut().map_or((Vec::new(), cursor, cursor), |e| e.complete(&code, cursor));
@@ -481,6 +503,7 @@ async fn execute(
         msg: Box::new(msg.clone()),
         code: req.code.clone(),
         allow_stdin: req.allow_stdin,
+        queued: std::time::Instant::now(),
         reply: tx,
     });
     if sent.is_ok() { rx.await.ok() } else { None }

@@ -168,6 +168,8 @@ pub fn run(opts: &RunOptions) -> anyhow::Result<i32> {
         let outcome = engine.execute(&code, false);
         let outputs = std::mem::take(&mut *sink.outputs.lock().unwrap_or_else(|e| e.into_inner()));
         *sink.progress_shown.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        // What the kernel does while Jupyter shows it idle, here between two cells.
+        engine.idle_work();
         let expected_error = tags_of(cell).iter().any(|t| t == "raises-exception");
         // What Jupyter's execute_reply says: a panic and a bad magic are errors too.
         let failed = outcome.error.is_some();

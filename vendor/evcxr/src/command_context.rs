@@ -38,6 +38,8 @@ pub struct CommandContext {
     print_timings: bool,
     eval_context: EvalContext,
     last_errors: Vec<CompilationError>,
+    /// Crates to link from the next execution on (gpumem-kernel's patch, PATCHES.md §6).
+    link_next: Vec<(String, String)>,
 }
 
 impl CommandContext {
@@ -52,6 +54,7 @@ impl CommandContext {
             print_timings: false,
             eval_context,
             last_errors: Vec::new(),
+            link_next: Vec::new(),
         }
     }
 
@@ -59,6 +62,20 @@ impl CommandContext {
     pub fn new_for_testing() -> (CommandContext, EvalContextOutputs) {
         let (eval_context, outputs) = EvalContext::new_for_testing();
         (Self::with_eval_context(eval_context), outputs)
+    }
+
+    /// Links the crate `name` (a Cargo dependency spec, `{ path = "…" }`) into the next
+    /// execution's build and every later one, with `extern crate name;` in the compiled code that
+    /// type inference never reads (gpumem-kernel's patch, PATCHES.md §6). It becomes part of the
+    /// session with that execution: when the execution fails, it is dropped with it.
+    pub fn link_in_next_execution(&mut self, name: &str, spec: &str) {
+        self.link_next.push((name.to_owned(), spec.to_owned()));
+    }
+
+    /// Whether `name` is linked into every cell ([`CommandContext::link_in_next_execution`] and
+    /// an execution that succeeded).
+    pub fn is_linked(&self, name: &str) -> bool {
+        self.eval_context.state().is_linked(name)
     }
 
     pub fn execute(&mut self, to_run: &str) -> Result<EvalOutputs, Error> {
@@ -127,6 +144,9 @@ Panic detected. Here's some useful information if you're filing a bug report.
         let mut eval_outputs = EvalOutputs::new();
         let start = Instant::now();
         let mut state = self.eval_context.state();
+        for (name, spec) in std::mem::take(&mut self.link_next) {
+            state.add_link_crate(&name, &spec)?;
+        }
         let mut non_command_code = CodeBlock::new();
         let (user_code, code_info) = CodeBlock::from_original_user_code(to_run);
         for segment in user_code.segments {

@@ -733,7 +733,15 @@ impl EvalContext {
     ) -> Result<EvalOutputs, Error> {
         self.write_cargo_toml(state)?;
         let analysis_code = state.analysis_code(user_code.clone());
-        if let Err(errors) = self.fix_variable_types(state, analysis_code) {
+        // A cell of commands only (`:dep`) has no variables: type inference is not asked, so
+        // that it reads new crates when code first needs them, not here (gpumem-kernel's patch,
+        // PATCHES.md §6).
+        let typed = if user_code.is_empty() {
+            Ok(())
+        } else {
+            self.fix_variable_types(state, analysis_code)
+        };
+        if let Err(errors) = typed {
             let mut check_res = self.check(user_code.clone(), state.clone(), code_info)?;
             if !check_res.is_empty() {
                 // Do one round of trying to fix errors, otherwise code like the following can end
@@ -1350,6 +1358,9 @@ pub struct ContextState {
     /// Variables kept for their cell only, by name, until a later cell stores one of that name
     /// (gpumem-kernel's patch).
     cell_only: HashMap<String, CellOnly>,
+    /// Crates linked into every cell (`extern crate`) but not part of what type inference reads
+    /// (`CommandContext::link_in_next_execution`, gpumem-kernel's patch).
+    link_crates: std::collections::BTreeSet<String>,
 }
 
 impl ContextState {
@@ -1367,6 +1378,7 @@ impl ContextState {
             build_num: 0,
             config,
             cell_only: HashMap::new(),
+            link_crates: Default::default(),
         }
     }
 
@@ -1588,6 +1600,25 @@ impl ContextState {
         Ok(())
     }
 
+    /// Adds a crate that every cell links (`extern crate NAME;` in compiled code) and that type
+    /// inference does not read (gpumem-kernel's patch: a generated crate that holds the session's
+    /// dependencies; rust-analyzer would otherwise resolve every crate it re-exports at once).
+    /// Not validated with `cargo metadata` as `:dep` is: a spec that does not build fails the
+    /// next compile.
+    pub fn add_link_crate(&mut self, dep: &str, dep_config: &str) -> Result<(), Error> {
+        if self.external_deps.get(dep).is_none_or(|e| e.config != dep_config) {
+            let external = ExternalCrate::new(dep.to_owned(), dep_config.to_owned())?;
+            self.external_deps.insert(dep.to_owned(), external);
+        }
+        self.link_crates.insert(dep.replace('-', "_"));
+        Ok(())
+    }
+
+    /// Whether `name` is linked into every cell ([`ContextState::add_link_crate`]).
+    pub fn is_linked(&self, name: &str) -> bool {
+        self.link_crates.contains(&name.replace('-', "_"))
+    }
+
     /// Adds a crate dependency at the specified local path
     pub fn add_local_dep(&mut self, dep: &str) -> Result<(), Error> {
         let name = cargo_metadata::parse_crate_name(dep)?;
@@ -1719,7 +1750,7 @@ impl ContextState {
         let mut code = CodeBlock::new()
             .generated("#![allow(unused_imports, unused_mut, dead_code)]")
             .add_all(self.attributes_code())
-            .add_all(self.items_code())
+            .add_all(self.items_code(false))
             .add_all(self.error_trait_code(true))
             .generated("fn evcxr_variable_store<T: 'static>(_: T) {}")
             .generated("#[allow(unused_variables)]")
@@ -1758,7 +1789,7 @@ impl ContextState {
         let mut code = CodeBlock::new()
             .generated("#![allow(unused_imports, unused_mut, dead_code)]")
             .add_all(self.attributes_code())
-            .add_all(self.items_code());
+            .add_all(self.items_code(true));
         let has_user_code = !user_code.is_empty();
         if has_user_code {
             code = code.add_all(self.wrap_user_code(user_code, compilation_mode));
@@ -1775,8 +1806,17 @@ impl ContextState {
         code
     }
 
-    fn items_code(&self) -> CodeBlock {
+    /// The items of every cell; `linked`: with the crates that are linked only (`:link`), for
+    /// the compiled code (type inference does not read them).
+    fn items_code(&self, linked: bool) -> CodeBlock {
         let mut code = CodeBlock::new().add_all(self.get_imports());
+        if linked {
+            for name in &self.link_crates {
+                code = code.generated(format!(
+                    "#[allow(unused_extern_crates)] extern crate {name};"
+                ));
+            }
+        }
         for item in self.items_by_name.values().chain(self.unnamed_items.iter()) {
             code = code.add_all(item.clone());
         }

@@ -47,10 +47,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// What the cell that loads new dependencies runs after its own code, its output dropped:
-/// statements that make type inference resolve std's names, an operator's trait and a method
-/// (the standard library's and every dependency's trait impls are read once, here), in a
-/// variable dropped at once (nothing is left in the session).
+/// What the kernel runs when it is idle after a cell that loaded new dependencies, its output
+/// dropped: statements that make type inference resolve std's names, an operator's trait and a
+/// method (the standard library's and every dependency's items and trait impls are read once,
+/// here, rather than in the user's next cell), in a variable dropped at once (nothing is left in
+/// the session). The next build also records the command a build without cargo runs.
 const WARM_UP: &str = "let gpumem_warm_up = format!(\"{}\", Vec::<u8>::new().len() + 1);\ndrop(gpumem_warm_up);";
 
 /// Timeout of the heavier requests (snapshot, chart, summary).
@@ -155,6 +156,12 @@ pub struct Engine {
     cell_ends: std::collections::BTreeMap<u64, (Option<u32>, i64)>,
     /// Every cell's record counted for the metrics endpoint, and the endpoint when it is on.
     metrics: crate::session::metrics::Endpoint,
+    /// When the next execute request arrived (its cell's time counts from there).
+    queued: Option<Instant>,
+    /// The idle work: the cell whose new dependencies type inference has yet to read; the last
+    /// such work done (the cell, when it ended).
+    warm_up: Option<u64>,
+    warmed: Option<(u64, Instant)>,
 }
 
 impl Engine {
@@ -257,6 +264,9 @@ impl Engine {
             restarted_by_magic: None,
             cell_ends: Default::default(),
             metrics,
+            queued: None,
+            warm_up: None,
+            warmed: None,
         })
     }
 
@@ -338,11 +348,15 @@ impl Engine {
     pub fn execute(&mut self, code: &str, allow_stdin: bool) -> Outcome {
         self.count += 1;
         let count = self.count;
+        let queued = self.queued.take();
         self.sink.emit(Output::ExecuteInput { code: code.to_string(), count });
         // What the kernel had to say at its start: a short message in the report's style (not
         // stderr, which a notebook shows as an alarm).
         if let Some(notice) = self.notice.take() {
             self.show_notice(&notice);
+        }
+        if let Some(waited) = self.waited_for_idle_work(queued) {
+            self.show_notice(&waited);
         }
         let (magics, run_code) = magic::parse(code);
         // What the history shows of the cell: its code as written (not the `:dep` evcxr gets).
@@ -394,7 +408,7 @@ impl Engine {
         // After a lost CUDA context the cell runs all the same: host code works (results can be
         // saved), and each call on the device fails with the named error (`show_result`).
         if magic::has_code(&run_code) {
-            let ran = self.run_cell(count, &run_code, &shown, allow_stdin, cell_magic.as_ref());
+            let ran = self.run_cell(count, queued, &run_code, (&shown, allow_stdin), cell_magic.as_ref());
             outcome.error = ran.error;
             outcome.record = Some(ran.record);
             live = ran.live;
@@ -433,34 +447,34 @@ impl Engine {
 
     /// Runs a cell's code between its readings: the preparation (`prepare`), the code, and its
     /// outcome (`outcome`): the result or error shown, the record made and kept.
+    /// `queued`: when its request arrived; `shown`: its first line for the history.
     fn run_cell(
         &mut self,
         count: u64,
+        queued: Option<Instant>,
         run_code: &str,
-        shown: &str,
-        allow_stdin: bool,
+        (shown, allow_stdin): (&str, bool),
         cell_magic: Option<&(bool, Option<PathBuf>)>,
     ) -> Ran {
-        // The cell's time is what its user waits for: from here to its report (the hooks, the
-        // build, the code).
-        let started = Instant::now();
+        // The cell's time is what its user waits for: from its request to its report (a wait
+        // for evcxr's start or the idle work before it, the hooks, the build, the code).
+        let started = queued.unwrap_or_else(Instant::now);
         let before = self.read_before(count, run_code, cell_magic);
         self.interrupted.store(false, Ordering::SeqCst);
         let t0 = Instant::now();
         let restarted = self.restart_if_asked(run_code);
         let run_code = restarted.as_deref().unwrap_or(run_code);
         let watchers = self.watch(count, t0, &before, run_code);
-        let prelude = self.prelude(run_code);
+        let mut prelude = self.prelude(run_code);
 
         // ---- the cell's code
         let code_started = Instant::now();
         let result = self.run_code(run_code, allow_stdin);
-        // New dependencies: rust-analyzer loads them at the next type inference (seconds, a
-        // crate graph of every dependency), and the next build records the command a build
-        // without cargo runs. Both happen here, in the cell that declared them, rather than in
-        // the user's next small cell.
+        let result = self.settle_link(&mut prelude, result, run_code, allow_stdin);
+        // New dependencies: rust-analyzer reads them at the next type inference (seconds, a
+        // crate graph of every dependency and their trait impls): when the kernel is idle.
         if prelude.new_generation && result.is_ok() {
-            let _ = self.ctx.execute(WARM_UP);
+            self.warm_up = Some(count);
         }
         let code_ms = code_started.elapsed().as_secs_f64() * 1e3;
         // evcxr's phases, kept only for the cell benchmark's timings.
@@ -574,6 +588,36 @@ impl Engine {
         }
         // Fails with "subprocess terminated", and evcxr restarts the child.
         let _ = self.ctx.execute("()");
+    }
+
+    /// When the next execute request arrived (the kernel's shell; the engine takes requests in
+    /// turn).
+    pub fn queued_at(&mut self, at: Instant) {
+        self.queued = Some(at);
+    }
+
+    /// What the session does while Jupyter shows the kernel idle: type inference reads the
+    /// crates a cell added ([`WARM_UP`]). A request that comes meanwhile waits, and its cell
+    /// says so ([`Engine::waited_for_idle_work`]).
+    pub fn idle_work(&mut self) {
+        if let Some(cell) = self.warm_up.take() {
+            let _ = self.ctx.execute(WARM_UP);
+            self.warmed = Some((cell, Instant::now()));
+        }
+    }
+
+    /// The line said when the cell whose request arrived at `queued` waited more than a second
+    /// for the idle work to end.
+    fn waited_for_idle_work(&mut self, queued: Option<Instant>) -> Option<String> {
+        let (cell, ended) = self.warmed.take()?;
+        let waited = ended.checked_duration_since(queued?)?;
+        (waited >= Duration::from_secs(1)).then(|| {
+            format!(
+                "gpumem-kernel: this cell waited {} for type inference to read the crates cell [{cell}] added (once per \
+                 new :dep; counted in its time)",
+                gpumem_nb::units::format_duration(waited)
+            )
+        })
     }
 
     /// Kills the child (for shutdown; evcxr would otherwise wait for it).

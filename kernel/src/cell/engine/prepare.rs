@@ -34,6 +34,8 @@ impl Watchers {
 pub(super) struct Prelude {
     /// A session-dependency generation that did not load, and why (said once the cell built).
     pub(super) not_loaded: Option<(Load, String)>,
+    /// The first generation, linked with the cell's own build ([`Engine::settle_link`] after).
+    pub(super) linking: Option<Load>,
     /// A new generation of session dependencies loaded in this cell.
     pub(super) new_generation: bool,
     /// How long the prelude took (for the cell benchmark).
@@ -114,14 +116,13 @@ impl Engine {
         progress::Ticker::start(watch, live::PERIOD, each).ok()
     }
 
-    /// Before the cell's code: its new `:dep` crates, loaded once for the session, and the
-    /// trait that shows its value in one compile ((re)defined when evcxr's settings changed or
-    /// `:clear` forgot it).
+    /// Before the cell's code: the trait that shows its value in one compile ((re)defined when
+    /// evcxr's settings changed or `:clear` forgot it), then its new `:dep` crates, loaded once
+    /// for the session.
     pub(super) fn prelude(&mut self, run_code: &str) -> Prelude {
         let started = Instant::now();
-        let mut prelude = Prelude { not_loaded: None, new_generation: false, ms: 0.0 };
+        let mut prelude = Prelude { not_loaded: None, linking: None, new_generation: false, ms: 0.0 };
         if magic::has_code(run_code) {
-            self.load_session_deps(run_code, &mut prelude);
             let defined = self.ctx.defined_item_names().any(|n| n == crate::build::display::TRAIT);
             if let Some((shown, src)) = self.display.cell(defined) {
                 match self.ctx.execute(&src) {
@@ -129,14 +130,16 @@ impl Engine {
                     Err(_) => self.display.refused(),
                 }
             }
+            self.load_session_deps(run_code, &mut prelude);
         }
         prelude.ms = started.elapsed().as_secs_f64() * 1e3;
         prelude
     }
 
     /// The session's dependency library, when the cell's `:dep` lines make a new generation of
-    /// it: built and loaded before the cell (the child restarted when a loaded library was
-    /// rebuilt under it).
+    /// it. The first links with the cell's own build (one build, and type inference reads the
+    /// crates at the kernel's next idle moment); a later one is built and loaded before the cell
+    /// (the child restarted when a loaded library was rebuilt under it).
     fn load_session_deps(&mut self, run_code: &str, prelude: &mut Prelude) {
         let cwd = std::env::current_dir().unwrap_or_default();
         let load = match self.deps.plan(run_code, &cwd) {
@@ -147,9 +150,14 @@ impl Engine {
                 return;
             }
         };
+        self.ctx.link_in_next_execution(&load.name, &load.spec);
+        if self.deps.none_loaded() {
+            prelude.linking = Some(load);
+            return;
+        }
         let build_dir = std::env::var_os("EVCXR_TMPDIR").map(PathBuf::from);
         let before = build_dir.as_deref().map(|d| self.deps.built_libraries(d)).unwrap_or_default();
-        match self.ctx.execute(&load.cell) {
+        match self.ctx.execute("") {
             Ok(_) => {
                 let rebuilt = build_dir.as_deref().map(|d| self.deps.rebuilt(&before, d)).unwrap_or_default();
                 self.deps.loaded(&load);
@@ -162,5 +170,30 @@ impl Engine {
             }
             Err(e) => prelude.not_loaded = Some((load, e.to_string())),
         }
+    }
+
+    /// After the cell's code, the first generation it linked: loaded when the cell kept it.
+    /// A cell that failed did not: the generation is linked on its own, and when that fails
+    /// too (the generation cannot be one library) and the cell had failed to build, the cell
+    /// runs again without it (nothing of it ran).
+    pub(super) fn settle_link(
+        &mut self,
+        prelude: &mut Prelude,
+        result: Result<evcxr::EvalOutputs, evcxr::Error>,
+        run_code: &str,
+        allow_stdin: bool,
+    ) -> Result<evcxr::EvalOutputs, evcxr::Error> {
+        let Some(load) = prelude.linking.take() else { return result };
+        if result.is_err() && !self.ctx.is_linked(&load.name) {
+            self.ctx.link_in_next_execution(&load.name, &load.spec);
+            if let Err(e) = self.ctx.execute("") {
+                let built = !matches!(result, Err(evcxr::Error::CompilationErrors(_)));
+                prelude.not_loaded = Some((load, e.to_string()));
+                return if built { result } else { self.run_code(run_code, allow_stdin) };
+            }
+        }
+        self.deps.loaded(&load);
+        prelude.new_generation = true;
+        result
     }
 }
