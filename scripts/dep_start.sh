@@ -4,7 +4,8 @@
 #   scripts/dep_start.sh OUT_JSON [--rounds N] [LINE...]
 # Both kernels are installed into a private JUPYTER_PATH (gpumem-kernel from this checkout's
 # release build, evcxr_jupyter 0.22.0 as tests/stock_kernel.sh installs it); the stock kernel's
-# build directory is $target/dep-start-stock (kept between runs, as gpumem-kernel's own is).
+# build directory is ~/.cache/gpumem-dep-start-stock (kept between runs, as gpumem-kernel's own is;
+# outside the checkout, whose workspace the stock kernel's cargo metadata would otherwise join).
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$repo"
@@ -24,7 +25,7 @@ export JUPYTER_PATH="$target/dep-start-jupyter" JUPYTER_DATA_DIR="$target/dep-st
 "$target/release/gpumem-kernel" install --prefix "$target/dep-start-jupyter-prefix" --no-prebuild > /dev/null
 mkdir -p "$JUPYTER_PATH/kernels"
 cp -r "$target/dep-start-jupyter-prefix/share/jupyter/kernels/gpumem" "$JUPYTER_PATH/kernels/"
-export DEP_START_STOCK_DIR="$target/dep-start-stock"
+export DEP_START_STOCK_DIR="${DEP_START_STOCK_DIR:-$HOME/.cache/gpumem-dep-start-stock}"
 mkdir -p "$DEP_START_STOCK_DIR"
 unset EVCXR_TMPDIR GPUMEM_NB_CONTROL
 exec "$venv/bin/python" scripts/dep_start.py "$@"

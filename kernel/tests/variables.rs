@@ -38,6 +38,10 @@ fn variables_are_kept_or_live_to_their_cells_end() {
         "shared.lock().unwrap().len()",
         // 16: `?` in a cell whose first compile must already know it.
         "let n: u32 = \"42\".parse()?;\nn + 1",
+        // 17, 18: a value that borrows another mutably and is done with it before the cell uses
+        // that one again (cudarc's launch builder): the cell runs, `out` is kept.
+        "let mut out = vec![0u32; 4];\nlet mut args: Vec<&mut Vec<u32>> = Vec::new();\nargs.push(&mut out);\nargs[0][1] = 7;\nout[1]",
+        "out[1] + 1",
     ];
     let nb = notebook(&cells.iter().map(|c| (*c, &["raises-exception"][..])).collect::<Vec<_>>());
     let (_, out, stderr) = run("variables", &nb, &[]);
@@ -82,6 +86,13 @@ fn variables_are_kept_or_live_to_their_cells_end() {
     assert_eq!(guard, ["`guard` borrows `shared`: kept for this cell only"]);
     ok(15, "2");
     ok(16, "43");
+    ok(17, "7");
+    assert!(
+        notices(&out, 17).concat().starts_with("`args` borrows `out`: kept for this cell only"),
+        "{:?}",
+        notices(&out, 17)
+    );
+    ok(18, "8");
 }
 
 /// The shape of candle's `VarBuilder` without candle: a type alias over a struct holding a
@@ -109,7 +120,10 @@ fn types_are_written_with_paths_that_compile_in_the_notebook() {
          #[derive(Debug)]\npub struct Error(pub String);\n\
          impl std::fmt::Display for Error {\n    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {\n        f.write_str(&self.0)\n    }\n}\n\
          pub type Result<T> = std::result::Result<T, Error>;\n\
-         pub fn check(x: f32) -> Result<f32> {\n    if x >= 0.0 { Ok(x) } else { Err(Error(\"negative\".into())) }\n}\n",
+         pub fn check(x: f32) -> Result<f32> {\n    if x >= 0.0 { Ok(x) } else { Err(Error(\"negative\".into())) }\n}\n\
+         mod engine {\n    pub struct Engine<T>(pub T);\n}\n\
+         pub type Cpu = engine::Engine<u8>;\n\
+         pub fn engine() -> engine::Engine<u8> {\n    engine::Engine(5)\n}\n",
     );
     let dep = format!(":dep builder = {{ path = {:?} }}", krate.to_str().unwrap());
     let cells: Vec<String> = vec![
@@ -118,6 +132,10 @@ fn types_are_written_with_paths_that_compile_in_the_notebook() {
         "b.name()".into(),
         "let checked = |x: f32| -> Result<f32> { builder::check(x * 2.0) };\nchecked(1.0)?".into(),
         "checked(2.0)?".into(),
+        // 5, 6: a type in a module the crate keeps private, named through an alias of the
+        // notebook's (burn's `Model<MyBackend>` over `CubeBackend<CudaRuntime, …>`).
+        "type MyEngine = builder::Cpu;\nlet e = builder::engine();".into(),
+        "e.0 + 1".into(),
     ];
     let nb = notebook(&cells.iter().map(|c| (c.as_str(), &[][..])).collect::<Vec<_>>());
     let (status, out, stderr) = run("variables-paths", &nb, &[]);
@@ -127,5 +145,6 @@ fn types_are_written_with_paths_that_compile_in_the_notebook() {
     }
     assert_eq!(result_text(&out, 2), "\"memory\"");
     assert_eq!(result_text(&out, 4), "4.0");
+    assert_eq!(result_text(&out, 6), "6");
     assert_eq!(status, 0, "{stderr}");
 }

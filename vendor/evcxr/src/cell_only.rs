@@ -71,11 +71,16 @@ impl CellOnly {
                 init.map(|c| format!("write `let {name} = move {};`", c.trim())),
                 false,
             ),
-            Why::Borrows(Some(borrowed)) => (format!("borrows `{borrowed}`"), owned_fix(name, init, ty), true),
+            // Not dropped by a line of ours: its borrow then ends where the cell last uses it
+            // (an explicit drop would hold it to the cell's end, and a later line of the cell
+            // that uses the borrowed variable would fail, as cudarc's launch builder did). A
+            // value that holds its borrow until it is dropped (a guard) says so at the stores,
+            // and gets the drop then.
+            Why::Borrows(Some(borrowed)) => (format!("borrows `{borrowed}`"), owned_fix(name, init, ty), false),
             Why::Borrows(None) => (
                 "borrows a temporary value".to_owned(),
                 Some("bind that value to a variable of its own first".to_owned()),
-                true,
+                false,
             ),
             Why::TypeRefused(message) => {
                 let ty = ty.map(|t| format!(" `{t}`")).unwrap_or_default();
@@ -192,7 +197,7 @@ mod tests {
             c.line("head"),
             "`head` borrows `data`: kept for this cell only; write `let head = data[..3].to_vec();`"
         );
-        assert!(c.drop);
+        assert!(!c.drop);
         assert_eq!(
             c.explanation("head"),
             ": `head` borrows `data`, so it was kept for its cell only; write `let head = \

@@ -596,7 +596,7 @@ fn get_type_name(
     let Some(ty) = inferred_type else {
         return TypeName::NotKept(NotKept::Unknown);
     };
-    if let Some(type_name) = source_type(&ty, sema, scope) {
+    if let Some(type_name) = source_type(&ty, sema, scope).or_else(|| through_aliases(&ty, sema, scope)) {
         return TypeName::Named(type_name);
     }
     if let Some(kept) = boxed_callable(&ty, sema, scope)
@@ -773,6 +773,109 @@ fn qualify_paths(
         out.replace_range(range, &full);
     }
     Some(out[prefix.len()..out.len() - 1].to_owned())
+}
+
+/// `ty` written with the type aliases the notebook can name, where its full type cannot be
+/// written from there: burn's `Cuda<f32>` is `CubeBackend<CudaRuntime, f32, i32, u8>`, whose
+/// crates the notebook does not depend on, and a model on it is written `Model<MyBackend>` after
+/// the book's `type MyBackend = Cuda<f32>;`. Each part of `ty` that is an alias's type (an alias
+/// without generic parameters, the longest first) becomes the alias's name; every other name
+/// gets a path from the notebook (`path_in_scope`). `None` when no alias applies or a name is
+/// left without a path.
+fn through_aliases(
+    ty: &ra_hir::Type,
+    sema: &ra_hir::Semantics<ra_ide::RootDatabase>,
+    scope: &ra_hir::SemanticsScope<'_>,
+) -> Option<String> {
+    use ra_ap_syntax::SyntaxKind;
+    use ra_hir::HirDisplay;
+    let db = sema.db;
+    let target = scope.module().krate(db).to_display_target(db);
+    let mut aliases: Vec<(String, String)> = Vec::new();
+    scope.process_all_names(&mut |name, def| {
+        if let ra_hir::ScopeDef::ModuleDef(ra_hir::ModuleDef::TypeAlias(alias)) = def
+            && ra_hir::GenericDef::from(alias).params(db).is_empty()
+        {
+            let shown = alias.ty(db).display(db, target).to_string();
+            if !shown.contains("{unknown}") {
+                aliases.push((shown, name.display(db, EDITION).to_string()));
+            }
+        }
+    });
+    aliases.sort_by_key(|(shown, _)| std::cmp::Reverse(shown.len()));
+    let mut text = ty.display(db, target).to_string();
+    let mut used = false;
+    for (shown, name) in &aliases {
+        if let Some(replaced) = replace_whole(&text, shown, name) {
+            text = replaced;
+            used = true;
+        }
+    }
+    if !used {
+        return None;
+    }
+    // The names left, by what `ty` holds.
+    let mut defs: HashMap<String, ra_hir::ModuleDef> = HashMap::new();
+    ty.walk(db, |t| {
+        if let Some(adt) = t.as_adt() {
+            defs.insert(adt.name(db).display(db, EDITION).to_string(), adt.into());
+        }
+        for t in t.as_dyn_trait().into_iter().chain(t.as_impl_traits(db).into_iter().flatten()) {
+            defs.insert(t.name(db).display(db, EDITION).to_string(), t.into());
+        }
+    });
+    let prefix = "type EvcxrT = ";
+    let source = format!("{prefix}{text};");
+    let parsed = ast::SourceFile::parse(&source, EDITION);
+    let mut edits = Vec::new();
+    for path in parsed.syntax_node().descendants().filter_map(ast::Path::cast) {
+        // Whole paths only (not the qualifier of another).
+        if path.syntax().parent().is_some_and(|p| p.kind() == SyntaxKind::PATH) {
+            continue;
+        }
+        let Some(last) = path.segment().and_then(|s| s.name_ref()) else {
+            continue;
+        };
+        let name = last.text().to_string();
+        let plain = path.qualifier().is_none();
+        let full = match defs.get(&name) {
+            Some(def) if plain && resolves_to(&name, *def, scope) => continue,
+            Some(def) => path_in_scope(*def, sema, scope)?,
+            // A builtin type or an alias put in above.
+            None if plain && scope.speculative_resolve(&ast::make::path_from_text_with_edition(&name, EDITION)).is_some() => {
+                continue;
+            }
+            None => return None,
+        };
+        let start = usize::from(path.syntax().text_range().start());
+        edits.push((start..usize::from(last.syntax().text_range().end()), full));
+    }
+    let mut out = source;
+    for (range, full) in edits.into_iter().rev() {
+        out.replace_range(range, &full);
+    }
+    let text = out[prefix.len()..out.len() - 1].to_owned();
+    is_type_valid(&text).then_some(text)
+}
+
+/// `text` with every whole occurrence of `what` (not part of a longer name or path) replaced by
+/// `with`; `None` when there is none.
+fn replace_whole(text: &str, what: &str, with: &str) -> Option<String> {
+    let name_char = |c: char| c.is_alphanumeric() || c == '_' || c == ':';
+    let mut out = String::new();
+    let mut rest = text;
+    let mut found = false;
+    while let Some(at) = rest.find(what) {
+        let before = rest[..at].chars().next_back().or_else(|| out.chars().next_back());
+        let after = rest[at + what.len()..].chars().next();
+        let whole = !before.is_some_and(name_char) && !after.is_some_and(|c| name_char(c) || c == '<');
+        out.push_str(&rest[..at]);
+        out.push_str(if whole { with } else { what });
+        found |= whole;
+        rest = &rest[at + what.len()..];
+    }
+    out.push_str(rest);
+    found.then_some(out)
 }
 
 /// A closure or a value of an `impl Fn*` type, kept as `Box<dyn Fn*(params) -> ret>`; a closure
@@ -964,6 +1067,60 @@ mod test {
         fn named(name: &str) -> TypeName {
             TypeName::Named(name.to_owned())
         }
+    }
+
+    /// A type the notebook cannot write (a struct in a module private to another) is written
+    /// with an alias in scope; without one it is not kept.
+    #[test]
+    fn types_written_through_aliases() -> Result<()> {
+        let tmpdir = tempfile::tempdir()?;
+        let mut ra = RustAnalyzer::new(tmpdir.path())?;
+        ra.with_sysroot = false;
+        std::fs::write(
+            ra.cargo_toml_filename().to_path_buf(),
+            "[package]\nname = \"foo\"\nversion = \"0.1.0\"\nedition = \"2024\"\n[lib]\n",
+        )?;
+        ra.set_source(
+            r#"
+            mod a {
+                mod b {
+                    pub struct S<X>(pub X);
+                    pub struct Q;
+                }
+                pub type T = b::S<u8>;
+                pub fn make() -> b::S<u8> { b::S(1) }
+                pub fn other() -> b::Q { b::Q }
+            }
+            pub struct Holder<X>(pub X);
+            type Mine = a::T;
+            fn foo() {
+                let v = a::make();
+                let w = [a::make(), a::make()];
+                let h = Holder((a::make(), 1u16));
+                let q = a::other();
+            }"#
+            .to_owned(),
+        )?;
+        let var_types = ra.top_level_variables("foo");
+        assert_eq!(var_types["v"].type_name, TypeName::named("Mine"));
+        assert_eq!(var_types["w"].type_name, TypeName::named("[Mine; 2]"));
+        assert_eq!(var_types["h"].type_name, TypeName::named("Holder<(Mine, u16)>"));
+        assert!(
+            matches!(&var_types["q"].type_name, TypeName::NotKept(super::NotKept::Unnameable { .. })),
+            "{:?}",
+            var_types["q"].type_name
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn replace_whole_names_only() {
+        assert_eq!(
+            super::replace_whole("Model<S<u8>, XS<u8>>", "S<u8>", "Mine").as_deref(),
+            Some("Model<Mine, XS<u8>>")
+        );
+        assert_eq!(super::replace_whole("a::S<u8>", "S<u8>", "Mine"), None);
+        assert_eq!(super::replace_whole("f32x4", "f32", "F"), None);
     }
 
     #[test]
