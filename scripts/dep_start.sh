@@ -27,5 +27,9 @@ mkdir -p "$JUPYTER_PATH/kernels"
 cp -r "$target/dep-start-jupyter-prefix/share/jupyter/kernels/gpumem" "$JUPYTER_PATH/kernels/"
 export DEP_START_STOCK_DIR="${DEP_START_STOCK_DIR:-$HOME/.cache/gpumem-dep-start-stock}"
 mkdir -p "$DEP_START_STOCK_DIR"
+# The stock kernel's cells carry a relative rpath to the toolchain's libstd that cargo gets wrong
+# for a build directory at this depth (`dlopen failed` at its start): the library path finds it,
+# as gpumem-kernel gives its own child (scripts/gpu/notebook.sh does the same for the stock kernel).
+export LD_LIBRARY_PATH="$(rustc --print sysroot)/lib/rustlib/x86_64-unknown-linux-gnu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 unset EVCXR_TMPDIR GPUMEM_NB_CONTROL
 exec "$venv/bin/python" scripts/dep_start.py "$@"

@@ -615,6 +615,11 @@ fn fit_shows_the_peak_by_component_and_the_smallest_card() {
 /// turns the mechanism off for later `:dep`s. A `:dep` whose features make cargo build a loaded
 /// generation again restarts the process, said in one line (the alternative is a cell that
 /// fails to load: `dlopen failed`).
+/// A crate's counter in a static: one copy for the session counts on from cell to cell.
+const BUMP: &str = "use std::sync::atomic::{AtomicUsize, Ordering};\n\
+                    static COUNT: AtomicUsize = AtomicUsize::new(0);\n\
+                    pub fn bump() -> usize { COUNT.fetch_add(1, Ordering::SeqCst) + 1 }\n";
+
 #[test]
 fn dependencies_are_loaded_once_for_the_session() {
     let dir = fresh_dir("session-deps");
@@ -622,19 +627,12 @@ fn dependencies_are_loaded_once_for_the_session() {
         &dir,
         "counter",
         "[dependencies]\nlibc = \"0.2\"\ncfg-if = \"1\"\n",
-        "use std::sync::atomic::{AtomicUsize, Ordering};\n\
-         static COUNT: AtomicUsize = AtomicUsize::new(0);\n\
-         cfg_if::cfg_if! {\n    if #[cfg(unix)] {\n        pub fn pid() -> i32 { unsafe { libc::getpid() } }\n    } else {\n        pub fn pid() -> i32 { 0 }\n    }\n}\n\
-         pub fn bump() -> usize { COUNT.fetch_add(1, Ordering::SeqCst) + 1 }\n",
+        &format!(
+            "{BUMP}cfg_if::cfg_if! {{\n    if #[cfg(unix)] {{\n        pub fn pid() -> i32 {{ unsafe {{ libc::getpid() }} }}\n    \
+             }} else {{\n        pub fn pid() -> i32 {{ 0 }}\n    }}\n}}\n"
+        ),
     );
-    let other = path_crate(
-        &dir,
-        "other-name",
-        "[lib]\nname = \"othername\"\n",
-        "use std::sync::atomic::{AtomicUsize, Ordering};\n\
-         static COUNT: AtomicUsize = AtomicUsize::new(0);\n\
-         pub fn bump() -> usize { COUNT.fetch_add(1, Ordering::SeqCst) + 1 }\n",
-    );
+    let other = path_crate(&dir, "other-name", "[lib]\nname = \"othername\"\n", BUMP);
     let later = path_crate(&dir, "later", "", "pub fn answer() -> u32 { 42 }\n");
     // Asks `libc` for a feature the first generation built it without: cargo builds that
     // generation again, which the process already holds.
@@ -694,14 +692,7 @@ fn dependencies_are_loaded_once_for_the_session() {
 #[test]
 fn a_first_dependency_links_with_its_cell_whatever_the_cell_does() {
     let dir = fresh_dir("first-link");
-    let counter = path_crate(
-        &dir,
-        "counter",
-        "",
-        "use std::sync::atomic::{AtomicUsize, Ordering};\n\
-         static COUNT: AtomicUsize = AtomicUsize::new(0);\n\
-         pub fn bump() -> usize { COUNT.fetch_add(1, Ordering::SeqCst) + 1 }\n",
-    );
+    let counter = path_crate(&dir, "counter", "", BUMP);
     let other = path_crate(&dir, "other-name", "[lib]\nname = \"othername\"\n", "pub fn one() -> u32 { 1 }\n");
     let dep = |name: &str, p: &Path| format!(":dep {name} = {{ path = {:?} }}", p.display().to_string());
     let first = format!("{}\nlet wrong: u32 = \"text\";", dep("counter", &counter));
