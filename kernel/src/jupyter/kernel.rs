@@ -207,10 +207,7 @@ fn start_engine(
                         }
                         sink.running.store(true, Ordering::SeqCst);
                         let outcome = match engine.as_mut() {
-                            Some(e) => {
-                                e.queued_at(queued);
-                                e.execute(&code, allow_stdin)
-                            }
+                            Some(e) => e.execute(&code, allow_stdin, Some(queued)),
                             None => {
                                 count += 1;
                                 let info = ErrorInfo {

@@ -165,7 +165,7 @@ pub fn run(opts: &RunOptions) -> anyhow::Result<i32> {
         }
         i_code += 1;
         let code = source_of(cell);
-        let outcome = engine.execute(&code, false);
+        let outcome = engine.execute(&code, false, None);
         let outputs = std::mem::take(&mut *sink.outputs.lock().unwrap_or_else(|e| e.into_inner()));
         *sink.progress_shown.lock().unwrap_or_else(|e| e.into_inner()) = None;
         // What the kernel does while Jupyter shows it idle, here between two cells.
@@ -238,7 +238,7 @@ pub fn prebuild() -> anyhow::Result<std::time::Duration> {
     let started = std::time::Instant::now();
     let sink = Arc::new(Collect::default());
     let mut engine = Engine::new(sink.clone(), Arc::new(AtomicBool::new(false)))?;
-    let outcome = engine.execute(PREBUILD_CELL, false);
+    let outcome = engine.execute(PREBUILD_CELL, false, None);
     engine.kill_child();
     drop(engine);
     if let Some(e) = outcome.error {

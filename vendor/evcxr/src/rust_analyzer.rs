@@ -700,16 +700,7 @@ fn qualify_paths(
     use ra_ap_syntax::SyntaxKind;
     let db = sema.db;
     let module = scope.module();
-    let mut traits = Vec::new();
-    let mut adts = Vec::new();
-    ty.walk(db, |t| {
-        adts.extend(t.as_adt());
-        traits.extend(t.as_dyn_trait());
-        if let Some(it) = t.as_impl_traits(db) {
-            traits.extend(it);
-        }
-        traits.extend(t.as_associated_type_parent_trait(db));
-    });
+    let (adts, traits) = named_items(ty, db);
     if traits.is_empty() && adts.is_empty() {
         return Some(text.to_owned());
     }
@@ -734,24 +725,14 @@ fn qualify_paths(
             type_paths.insert(written, path_in_scope(def, sema, scope)?);
         }
     }
-    let prefix = "type EvcxrT = ";
-    let source = format!("{prefix}{text};");
-    let parsed = ast::SourceFile::parse(&source, EDITION);
-    let mut edits = Vec::new();
-    for node in parsed.syntax_node().descendants() {
-        let Some(path) = ast::Path::cast(node) else {
-            continue;
-        };
+    rewrite_paths(text, |path, _| {
         let Some(parent) = path.syntax().parent().filter(|p| p.kind() == SyntaxKind::PATH_TYPE)
         else {
-            continue;
+            return Some(None);
         };
         let in_trait_position = parent
             .parent()
             .is_some_and(|g| matches!(g.kind(), SyntaxKind::TYPE_BOUND | SyntaxKind::TYPE_ANCHOR));
-        let Some(last) = path.segment().and_then(|s| s.name_ref()) else {
-            continue;
-        };
         // The path up to its last name, without generic arguments: `a::b::C` of `a::b::C<T>`.
         let written: Vec<String> = path
             .segments()
@@ -763,9 +744,43 @@ fn qualify_paths(
         } else {
             type_paths.get(&written)
         };
-        if let Some(full) = replacement.filter(|full| **full != written) {
-            let start = path.syntax().text_range().start();
-            edits.push((usize::from(start)..usize::from(last.syntax().text_range().end()), full.clone()));
+        Some(replacement.filter(|full| **full != written).cloned())
+    })
+}
+
+/// The ADTs and traits `ty` names, everywhere in it (`dyn` and `impl` bounds, `<T as Trait>`).
+fn named_items(ty: &ra_hir::Type, db: &ra_ide::RootDatabase) -> (Vec<ra_hir::Adt>, Vec<ra_hir::Trait>) {
+    let mut adts = Vec::new();
+    let mut traits = Vec::new();
+    ty.walk(db, |t| {
+        adts.extend(t.as_adt());
+        traits.extend(t.as_dyn_trait());
+        if let Some(it) = t.as_impl_traits(db) {
+            traits.extend(it);
+        }
+        traits.extend(t.as_associated_type_parent_trait(db));
+    });
+    (adts, traits)
+}
+
+/// `text`, a type, with its paths rewritten: `replace` is asked for each path with its last
+/// name, and answers `None` to give up, `Some(None)` to keep the path, `Some(Some(full))` to
+/// write `full` from the path's start to that name (its generic arguments kept).
+fn rewrite_paths(
+    text: &str,
+    mut replace: impl FnMut(&ast::Path, &ast::NameRef) -> Option<Option<String>>,
+) -> Option<String> {
+    let prefix = "type EvcxrT = ";
+    let source = format!("{prefix}{text};");
+    let parsed = ast::SourceFile::parse(&source, EDITION);
+    let mut edits = Vec::new();
+    for path in parsed.syntax_node().descendants().filter_map(ast::Path::cast) {
+        let Some(last) = path.segment().and_then(|s| s.name_ref()) else {
+            continue;
+        };
+        if let Some(full) = replace(&path, &last)? {
+            let start = usize::from(path.syntax().text_range().start());
+            edits.push((start..usize::from(last.syntax().text_range().end()), full));
         }
     }
     let mut out = source;
@@ -815,46 +830,33 @@ fn through_aliases(
         return None;
     }
     // The names left, by what `ty` holds.
-    let mut defs: HashMap<String, ra_hir::ModuleDef> = HashMap::new();
-    ty.walk(db, |t| {
-        if let Some(adt) = t.as_adt() {
-            defs.insert(adt.name(db).display(db, EDITION).to_string(), adt.into());
-        }
-        for t in t.as_dyn_trait().into_iter().chain(t.as_impl_traits(db).into_iter().flatten()) {
-            defs.insert(t.name(db).display(db, EDITION).to_string(), t.into());
-        }
-    });
-    let prefix = "type EvcxrT = ";
-    let source = format!("{prefix}{text};");
-    let parsed = ast::SourceFile::parse(&source, EDITION);
-    let mut edits = Vec::new();
-    for path in parsed.syntax_node().descendants().filter_map(ast::Path::cast) {
+    let (adts, traits) = named_items(ty, db);
+    let defs: HashMap<String, ra_hir::ModuleDef> = adts
+        .into_iter()
+        .map(|a| (a.name(db).display(db, EDITION).to_string(), a.into()))
+        .chain(traits.into_iter().map(|t| (t.name(db).display(db, EDITION).to_string(), t.into())))
+        .collect();
+    let text = rewrite_paths(&text, |path, last| {
         // Whole paths only (not the qualifier of another).
         if path.syntax().parent().is_some_and(|p| p.kind() == SyntaxKind::PATH) {
-            continue;
+            return Some(None);
         }
-        let Some(last) = path.segment().and_then(|s| s.name_ref()) else {
-            continue;
-        };
         let name = last.text().to_string();
         let plain = path.qualifier().is_none();
-        let full = match defs.get(&name) {
-            Some(def) if plain && resolves_to(&name, *def, scope) => continue,
-            Some(def) => path_in_scope(*def, sema, scope)?,
+        match defs.get(&name) {
+            Some(def) if plain && resolves_to(&name, *def, scope) => Some(None),
+            Some(def) => path_in_scope(*def, sema, scope).map(Some),
             // A builtin type or an alias put in above.
-            None if plain && scope.speculative_resolve(&ast::make::path_from_text_with_edition(&name, EDITION)).is_some() => {
-                continue;
+            None if plain
+                && scope
+                    .speculative_resolve(&ast::make::path_from_text_with_edition(&name, EDITION))
+                    .is_some() =>
+            {
+                Some(None)
             }
-            None => return None,
-        };
-        let start = usize::from(path.syntax().text_range().start());
-        edits.push((start..usize::from(last.syntax().text_range().end()), full));
-    }
-    let mut out = source;
-    for (range, full) in edits.into_iter().rev() {
-        out.replace_range(range, &full);
-    }
-    let text = out[prefix.len()..out.len() - 1].to_owned();
+            None => None,
+        }
+    })?;
     is_type_valid(&text).then_some(text)
 }
 

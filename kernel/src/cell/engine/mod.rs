@@ -156,8 +156,6 @@ pub struct Engine {
     cell_ends: std::collections::BTreeMap<u64, (Option<u32>, i64)>,
     /// Every cell's record counted for the metrics endpoint, and the endpoint when it is on.
     metrics: crate::session::metrics::Endpoint,
-    /// When the next execute request arrived (its cell's time counts from there).
-    queued: Option<Instant>,
     /// The idle work: the cell whose new dependencies type inference has yet to read; the last
     /// such work done (the cell, when it ended).
     warm_up: Option<u64>,
@@ -264,7 +262,6 @@ impl Engine {
             restarted_by_magic: None,
             cell_ends: Default::default(),
             metrics,
-            queued: None,
             warm_up: None,
             warmed: None,
         })
@@ -344,11 +341,11 @@ impl Engine {
         self.stream("stderr", format!("%gpumem: {what}\n"));
     }
 
-    /// Runs one cell: magics, hooks, evcxr, report.
-    pub fn execute(&mut self, code: &str, allow_stdin: bool) -> Outcome {
+    /// Runs one cell: magics, hooks, evcxr, report. `queued`: when its request arrived (the
+    /// kernel's shell; the engine takes requests in turn), from which the cell's time counts.
+    pub fn execute(&mut self, code: &str, allow_stdin: bool, queued: Option<Instant>) -> Outcome {
         self.count += 1;
         let count = self.count;
-        let queued = self.queued.take();
         self.sink.emit(Output::ExecuteInput { code: code.to_string(), count });
         // What the kernel had to say at its start: a short message in the report's style (not
         // stderr, which a notebook shows as an alarm).
@@ -588,12 +585,6 @@ impl Engine {
         }
         // Fails with "subprocess terminated", and evcxr restarts the child.
         let _ = self.ctx.execute("()");
-    }
-
-    /// When the next execute request arrived (the kernel's shell; the engine takes requests in
-    /// turn).
-    pub fn queued_at(&mut self, at: Instant) {
-        self.queued = Some(at);
     }
 
     /// What the session does while Jupyter shows the kernel idle: type inference reads the
