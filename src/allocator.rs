@@ -13,7 +13,7 @@ use crate::record::history::{HistoryOptions, RecordMode, StackContext, TraceEntr
 use crate::snapshot::{RawSnapshot, Snapshot};
 use crate::stats::{DeviceStats, SlotId, SlotPeaks};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 struct Inner<B> {
@@ -53,8 +53,10 @@ pub struct CachingAllocator<B: Backend> {
     inner: Mutex<Inner<B>>,
     device: i32,
     kind: BackendKind,
-    /// Whether operations capture their stack (read without the lock, before taking it).
-    stacks: AtomicBool,
+    /// What makes an operation leave the fast path ([`STACKS`], [`OBSERVED`], [`LOST`]): read
+    /// without the lock, one load on every malloc and free, which take the fast path when it
+    /// is 0.
+    flags: AtomicU8,
     /// How many frames each captured stack walks ([`Self::set_stack_depth`]): data of this
     /// allocator, so every cell of an evcxr session sees one setting.
     stack_depth: AtomicUsize,
@@ -62,14 +64,17 @@ pub struct CachingAllocator<B: Backend> {
     /// in an evcxr process reaches the same one).
     oom_observer: Mutex<Option<OomObserver>>,
     block_observer: Mutex<Option<BlockObserver>>,
-    /// A block observer is set (read without the lock on every malloc and free).
-    observed: AtomicBool,
     /// The device's lost context, once any call reported one: from then on the allocator
     /// touches the device no more (no frees into a dead context, no panics from drops).
     lost: Mutex<Option<LostContext>>,
-    /// Whether `lost` is set (read without the lock on every operation).
-    is_lost: AtomicBool,
 }
+
+/// A flag: operations capture their stack.
+const STACKS: u8 = 1;
+/// A flag: a block observer is set.
+const OBSERVED: u8 = 2;
+/// A flag: `lost` is set.
+const LOST: u8 = 4;
 
 impl<B: Backend> std::fmt::Debug for CachingAllocator<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -86,16 +91,15 @@ impl<B: Backend> CachingAllocator<B> {
             inner: Mutex::new(Inner { state: DeviceState::new(device, config), backend }),
             device,
             kind,
-            stacks: AtomicBool::new(false),
+            flags: AtomicU8::new(0),
             stack_depth: AtomicUsize::new(crate::record::frames::DEFAULT_DEPTH),
             oom_observer: Mutex::new(None),
             block_observer: Mutex::new(None),
-            observed: AtomicBool::new(false),
             lost: Mutex::new(None),
-            is_lost: AtomicBool::new(false),
         }
     }
 
+    #[inline]
     fn lock(&self) -> MutexGuard<'_, Inner<B>> {
         // A panic while holding the lock cannot leave the state half-updated in a way later
         // calls trip over (transitions complete before anything can panic), so recover.
@@ -113,6 +117,7 @@ impl<B: Backend> CachingAllocator<B> {
     }
 
     /// Runs `f` with the state and backend under the lock.
+    #[inline]
     pub(crate) fn with_state<R>(&self, f: impl FnOnce(&mut DeviceState, &mut B) -> R) -> R {
         let mut g = self.lock();
         let Inner { state, backend } = &mut *g;
@@ -167,10 +172,19 @@ impl<B: Backend> CachingAllocator<B> {
     /// The caller's stack when stacks are being recorded, captured before the lock is taken.
     #[inline]
     fn op_context(&self) -> Option<crate::record::frames::Frames> {
-        if self.stacks.load(Ordering::Relaxed) {
+        if self.flags.load(Ordering::Relaxed) & STACKS != 0 {
             Some(crate::record::frames::capture_depth(self.stack_depth.load(Ordering::Relaxed)))
         } else {
             None
+        }
+    }
+
+    /// Sets (`on`) or clears one of the bits of `flags`.
+    fn set_flag(&self, flag: u8, on: bool) {
+        if on {
+            self.flags.fetch_or(flag, Ordering::Relaxed);
+        } else {
+            self.flags.fetch_and(!flag, Ordering::Relaxed);
         }
     }
 
@@ -190,54 +204,85 @@ impl<B: Backend> CachingAllocator<B> {
     /// Runs `f` under the lock with the operation's stack (if recorded) made current.
     #[inline]
     fn with_context<R>(&self, f: impl FnOnce(&mut DeviceState, &mut B) -> R) -> R {
-        self.with_stack(self.op_context(), f)
+        let ctx = self.op_context();
+        self.with_state(|s, b| Self::in_context(s, b, ctx, f))
     }
 
-    /// [`Self::with_context`] with the stack already captured (`ctx`).
+    /// A malloc's [`Self::with_context`]: the stack already captured (`ctx`), and the caller's
+    /// component stamp (`gpumem_nb::component`) made current for `component_bytes`. Only an
+    /// allocation reads the stamp (a block takes its component when it is handed out; a free,
+    /// an `empty_cache` find theirs on the block), so only a malloc looks it up.
     #[inline]
-    fn with_stack<R>(
+    fn with_stamp<R>(
         &self,
         ctx: Option<crate::record::frames::Frames>,
         f: impl FnOnce(&mut DeviceState, &mut B) -> R,
     ) -> R {
-        // The caller's component stamp (`gpumem_nb::component`), for `component_bytes`.
         let component = crate::record::component::current();
         self.with_state(|s, b| {
             s.set_component(component);
-            let r = if ctx.is_some() {
-                s.set_op_context(ctx);
-                let r = f(s, b);
-                s.set_op_context(None);
-                r
-            } else {
-                f(s, b)
-            };
+            let r = Self::in_context(s, b, ctx, f);
             s.set_component(None);
             r
         })
+    }
+
+    /// Runs `f` on the locked state with `ctx` as the operation's stack.
+    #[inline]
+    fn in_context<R>(
+        s: &mut DeviceState,
+        b: &mut B,
+        ctx: Option<crate::record::frames::Frames>,
+        f: impl FnOnce(&mut DeviceState, &mut B) -> R,
+    ) -> R {
+        if ctx.is_some() {
+            s.set_op_context(ctx);
+            let r = f(s, b);
+            s.set_op_context(None);
+            r
+        } else {
+            f(s, b)
+        }
     }
 
     /// The device's lost CUDA context, once a call on it reported one (a kernel's illegal address,
     /// a device-side assert, …): every later operation of this allocator then fails with
     /// [`DeviceError::ContextLost`] without touching the device, and frees are dropped.
     pub fn lost(&self) -> Option<LostContext> {
-        if self.is_lost.load(Ordering::Acquire) { crate::sync::lock(&self.lost).clone() } else { None }
+        if self.flags.load(Ordering::Acquire) & LOST != 0 { crate::sync::lock(&self.lost).clone() } else { None }
     }
 
     /// Notes what a device call returned: a lost context is kept (the first one wins).
+    #[inline]
     pub(crate) fn note<T>(&self, r: Result<T, DeviceError>) -> Result<T, DeviceError> {
         if let Err(DeviceError::ContextLost(l)) = &r {
-            let mut lost = crate::sync::lock(&self.lost);
-            if lost.is_none() {
-                *lost = Some(l.clone());
-                self.is_lost.store(true, Ordering::Release);
-            }
+            self.keep_lost(l);
         }
         r
     }
 
-    /// `Err` once the context is lost.
+    /// [`Self::note`]'s rare half: keeps the first lost context.
+    #[cold]
+    #[inline(never)]
+    fn keep_lost(&self, l: &LostContext) {
+        let mut lost = crate::sync::lock(&self.lost);
+        if lost.is_none() {
+            *lost = Some(l.clone());
+            self.flags.fetch_or(LOST, Ordering::Release);
+        }
+    }
+
+    /// `Err` once the context is lost: one atomic load on every operation, the error built out
+    /// of line.
+    #[inline]
     fn alive(&self) -> Result<(), DeviceError> {
+        if self.flags.load(Ordering::Acquire) & LOST != 0 { self.dead() } else { Ok(()) }
+    }
+
+    /// [`Self::alive`]'s error.
+    #[cold]
+    #[inline(never)]
+    fn dead(&self) -> Result<(), DeviceError> {
         match self.lost() {
             Some(l) => Err(DeviceError::ContextLost(l)),
             None => Ok(()),
@@ -266,31 +311,58 @@ impl<B: Backend> CachingAllocator<B> {
     }
 
     /// Allocates `size` bytes on `stream` (the raw API; [`crate::DeviceBuffer`] is the safe one).
+    #[inline]
     pub fn malloc(&self, size: u64, stream: StreamId) -> Result<Allocation, AllocError> {
-        self.alive()?;
-        if self.observed.load(Ordering::Relaxed) {
-            return self.malloc_observed(size, stream);
+        // One load decides. With no flag set (alive, no stack to capture, no observer) the
+        // allocation goes straight to the lock; otherwise one function does the rest, so a
+        // captured stack holds as many of this crate's frames as it always did.
+        let flags = self.flags.load(Ordering::Acquire);
+        if flags != 0 {
+            return if flags & OBSERVED != 0 {
+                self.malloc_observed(size, stream)
+            } else {
+                self.malloc_flagged(size, stream)
+            };
         }
-        let r = self.with_context(|s, b| s.malloc(b, size, stream));
-        self.after_malloc(&r);
+        let r = self.with_stamp(None, |s, b| s.malloc(b, size, stream));
+        if r.is_err() {
+            self.after_malloc(&r);
+        }
+        r
+    }
+
+    /// [`Self::malloc`] with a flag set but no observer: a lost context, a stack to capture.
+    #[inline(never)]
+    fn malloc_flagged(&self, size: u64, stream: StreamId) -> Result<Allocation, AllocError> {
+        self.alive()?;
+        let r = self.with_stamp(self.op_context(), |s, b| s.malloc(b, size, stream));
+        if r.is_err() {
+            self.after_malloc(&r);
+        }
         r
     }
 
     /// [`Self::malloc`] with the block observer told.
+    #[inline(never)]
     fn malloc_observed(&self, size: u64, stream: StreamId) -> Result<Allocation, AllocError> {
+        self.alive()?;
         let frames = self.op_context();
-        let r = self.with_stack(frames.clone(), |s, b| s.malloc(b, size, stream));
+        let r = self.with_stamp(frames.clone(), |s, b| s.malloc(b, size, stream));
         if let Ok(a) = &r
             && a.size > 0
             && let Some(observe) = crate::sync::lock(&self.block_observer).clone()
         {
             observe(self.device, BlockChange { alloc: true, addr: a.addr, size: a.size, frames: frames.as_deref() });
         }
-        self.after_malloc(&r);
+        if r.is_err() {
+            self.after_malloc(&r);
+        }
         r
     }
 
     /// What a failed malloc tells: a lost context noted, an out-of-memory observed.
+    #[cold]
+    #[inline(never)]
     fn after_malloc(&self, r: &Result<Allocation, AllocError>) {
         if let Err(AllocError::Device(e)) = &r {
             let _ = self.note(Err::<(), _>(e.clone()));
@@ -307,7 +379,7 @@ impl<B: Backend> CachingAllocator<B> {
     pub(crate) fn set_block_observer(&self, observer: Option<BlockObserver>) {
         let on = observer.is_some();
         *crate::sync::lock(&self.block_observer) = observer;
-        self.observed.store(on, Ordering::Relaxed);
+        self.set_flag(OBSERVED, on);
     }
 
     /// Sets what is told of every out-of-memory failure of [`CachingAllocator::malloc`], at the
@@ -318,14 +390,28 @@ impl<B: Backend> CachingAllocator<B> {
     }
 
     /// Frees a block from [`CachingAllocator::malloc`]. Freeing a block twice is an error value.
+    #[inline]
     pub fn free(&self, block: BlockId) -> Result<(), DeviceError> {
-        self.alive()?;
-        if !self.observed.load(Ordering::Relaxed) {
-            return self.note(self.with_context(|s, b| s.free(b, block)));
+        // As in `malloc`: one load, and with a flag set one function for the rest.
+        if self.flags.load(Ordering::Acquire) != 0 {
+            return self.free_flagged(block);
         }
-        let r = self.note(self.with_context(|s, b| {
-            let freed = s.allocated_block(block);
-            s.free(b, block).map(|()| freed)
+        self.note(self.with_state(|s, b| s.free(b, block)))
+    }
+
+    /// [`Self::free`] with a flag set: a lost context, a stack to capture, an observer.
+    #[inline(never)]
+    fn free_flagged(&self, block: BlockId) -> Result<(), DeviceError> {
+        self.alive()?;
+        let ctx = self.op_context();
+        if self.flags.load(Ordering::Relaxed) & OBSERVED == 0 {
+            return self.note(self.with_state(|s, b| Self::in_context(s, b, ctx, |s, b| s.free(b, block))));
+        }
+        let r = self.note(self.with_state(|s, b| {
+            Self::in_context(s, b, ctx, |s, b| {
+                let freed = s.allocated_block(block);
+                s.free(b, block).map(|()| freed)
+            })
         }));
         if let Ok(Some((addr, size))) = r
             && let Some(observe) = crate::sync::lock(&self.block_observer).clone()
@@ -437,7 +523,7 @@ impl<B: Backend> CachingAllocator<B> {
             s.history.set_context(opts.context);
         });
         let on = opts.enabled != RecordMode::Off && opts.context != StackContext::None;
-        self.stacks.store(on, Ordering::Relaxed);
+        self.set_flag(STACKS, on);
     }
 
     /// The current recording settings.
