@@ -30,6 +30,7 @@ impl PoolKind {
 
 /// PyTorch's `round_size`: at least 512 bytes; power-of-two divisions when configured for the
 /// size's interval and the size exceeds `512 · divisions`; otherwise a multiple of 512.
+#[inline]
 pub(crate) fn round_size(size: u64, config: &AllocatorConfig) -> u64 {
     if size < MIN_BLOCK_SIZE {
         return MIN_BLOCK_SIZE;

@@ -6,10 +6,11 @@ use crate::policy::freeset::FreeKey;
 use std::collections::VecDeque;
 
 impl DeviceState {
+    #[inline]
     pub(super) fn check_allocated(&self, id: BlockId) -> Result<u32, DeviceError> {
         match self.arena.slots.get(id.0 as usize) {
             Some(b) if b.live && b.allocated => Ok(id.0),
-            _ => Err(DeviceError::Driver(format!("block {} is not an allocated block of this device", id.0))),
+            _ => Err(not_allocated(id)),
         }
     }
 
@@ -262,4 +263,11 @@ impl DeviceState {
             (dst, ssize)
         }
     }
+}
+
+/// [`DeviceState::check_allocated`]'s error, built out of line (a free's hot path inlines the
+/// check).
+#[cold]
+fn not_allocated(id: BlockId) -> DeviceError {
+    DeviceError::Driver(format!("block {} is not an allocated block of this device", id.0))
 }

@@ -238,6 +238,7 @@ impl DeviceState {
 
     /// The component stamped for the operation about to run (read by the front from the
     /// caller's thread); kept until the next call.
+    #[inline]
     pub(crate) fn set_component(&mut self, c: Option<Component>) {
         self.current_component = c;
     }
@@ -254,6 +255,7 @@ impl DeviceState {
     }
 
     /// Counts a block's bytes under the current component (`other` without a stamp).
+    #[inline]
     fn component_alloc(&mut self, bytes: u64) -> u8 {
         let c = self.current_component.unwrap_or(Component::Other);
         self.components_seen |= self.current_component.is_some();
@@ -262,6 +264,7 @@ impl DeviceState {
     }
 
     /// Takes a block's bytes out of its component.
+    #[inline]
     fn component_free(&mut self, c: u8, bytes: u64) {
         self.component_bytes[usize::from(c).min(Component::ALL.len() - 1)].decrease(bytes as i64);
     }
