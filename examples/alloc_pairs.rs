@@ -4,7 +4,10 @@
 //! thread-safe front over the simulated device (in steady state no workload calls a device, so
 //! this is the allocator's own cost on any backend). Prints one JSON line per workload with
 //! `impl` "gpumem_nb" (and "gpumem_nb_compact" under `compact:True`), the format of
-//! alloc_bench.cpp, so the GPU bundle lines them up in one run:
+//! alloc_bench.cpp, so the GPU bundle lines them up in one run. One workload is gpumem-nb's
+//! own: "hot/512+component", the hot 512 B pair run inside a component stamp
+//! (`gpumem_nb::component`), beside "hot/512" what the component bookkeeping costs a pair
+//! (default policy; `bench_median.py` lists only the workloads PyTorch has):
 //!
 //!     alloc_pairs [PAIRS [REPEATS]]        (default 200000 7, alloc_bench.cpp's)
 //!     alloc_pairs PAIRS REPEATS mixed      (the mixed workload alone, default policy)
@@ -13,7 +16,7 @@
 //! sampling run many more pairs, so the mixed state has churned longer); this is the
 //! like-for-like row.
 use gpumem_nb::device::sim::SimBackend;
-use gpumem_nb::{AllocatorConfig, CachingAllocator, StreamId};
+use gpumem_nb::{AllocatorConfig, CachingAllocator, Component, StreamId};
 use std::hint::black_box;
 use std::time::Instant;
 
@@ -97,5 +100,11 @@ fn main() {
             report(workload, hot(&fresh(), size, iters, repeats));
         }
         report("mixed_1000_live", mixed(&fresh(), iters, repeats));
+        if conf.is_empty() {
+            // The stamp is set once around the workload, as a notebook stamps a step: every pair
+            // is counted as an activation.
+            let ns = gpumem_nb::component(Component::Activation, || hot(&fresh(), 512, iters, repeats));
+            report("hot/512+component", ns);
+        }
     }
 }
