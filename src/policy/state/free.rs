@@ -26,9 +26,11 @@ impl DeviceState {
     pub(crate) fn free<B: Backend>(&mut self, dev: &mut B, block: BlockId) -> Result<(), DeviceError> {
         let id = self.check_allocated(block)?;
         let b = self.arena.get_mut(id);
-        b.allocated = false;
         let (addr, size, req, stream, pool) = (b.addr, b.size, b.requested_size, b.stream, b.pool);
         let (has_uses, component) = (b.has_uses, b.component);
+        // Stored after the reads: the component byte may be read as part of a wider word, which
+        // would then wait for this store to reach the cache (a failed store-to-load forward).
+        b.allocated = false;
         dec(&mut self.stats.allocation, pool, 1);
         dec(&mut self.stats.allocated_bytes, pool, size);
         self.component_free(component, size);
