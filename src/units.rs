@@ -89,6 +89,40 @@ pub fn iec(bytes: u64) -> String {
     format!("{:.2} {unit}", bytes as f64 / div as f64)
 }
 
+/// Bytes in IEC units with three significant digits, for lines read at a glance: `512 B`,
+/// `1.50 GiB`, `78.9 GiB`, `256 MiB` (tables and records keep [`iec`]'s two decimals).
+pub fn iec3(bytes: u64) -> String {
+    if bytes < KIB {
+        return format!("{bytes} B");
+    }
+    let (unit, div) = if bytes < MIB {
+        ("KiB", KIB)
+    } else if bytes < GIB {
+        ("MiB", MIB)
+    } else if bytes < TIB {
+        ("GiB", GIB)
+    } else {
+        ("TiB", TIB)
+    };
+    let v = bytes as f64 / div as f64;
+    if v < 9.995 {
+        format!("{v:.2} {unit}")
+    } else if v < 99.95 {
+        format!("{v:.1} {unit}")
+    } else {
+        format!("{v:.0} {unit}")
+    }
+}
+
+/// [`iec3`] with an explicit sign: `+2.00 MiB`, `-512 MiB`, `±0 B`.
+pub fn iec3_delta(delta: i64) -> String {
+    match delta {
+        0 => "±0 B".to_string(),
+        d if d > 0 => format!("+{}", iec3(d as u64)),
+        d => format!("-{}", iec3(d.unsigned_abs())),
+    }
+}
+
 /// A signed byte delta in IEC units with an explicit sign: `+2.00 MiB`, `-512 B`, `±0 B`.
 pub fn iec_delta(delta: i64) -> String {
     match delta {

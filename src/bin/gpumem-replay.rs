@@ -370,11 +370,12 @@ fn device(args: &Args, input: &Input, trace: &DeviceTrace) -> Result<(Value, Str
         out["skipped_entries"] = json!(trace.skipped);
     }
     // What the memory was, by component, where the snapshot has Python stacks to tell.
-    let parts = gpumem_nb::replay::components::components(trace);
+    let peak = gpumem_nb::replay::components::peak_parts(trace);
+    let parts = &peak.components;
     if snap_input && trace.info.iter().any(|i| i.as_ref().is_some_and(|i| !i.frames.is_empty())) {
         out["components"] = Value::Object(parts.iter().map(|(c, b)| (c.key().to_string(), json!(b))).collect());
         text += "components      at the end / at the peak / own peak (bytes requested, from the stacks)\n";
-        for (c, b) in &parts {
+        for (c, b) in parts {
             text += &format!("  {:<14}{:>12} {:>12} {:>12}\n", c.key(), iec(b.end), iec(b.at_peak), iec(b.peak));
         }
     }
@@ -394,7 +395,13 @@ fn device(args: &Args, input: &Input, trace: &DeviceTrace) -> Result<(Value, Str
             plan(&program, &conf, &input.conf.0, size, if snap_input { "event" } else { "line" }).map_err(err)?;
         merge(&mut out, j);
         text += &t;
-        let (j, t) = by_card(&parts, stacks, &input.conf, out["min_device_bytes"].as_u64().unwrap_or(0));
+        let (j, t) = by_card(
+            parts,
+            stacks,
+            peak.before_recording_at_peak,
+            &input.conf,
+            out["min_device_bytes"].as_u64().unwrap_or(0),
+        );
         merge(&mut out, j);
         text += &t;
     }
@@ -407,6 +414,7 @@ fn device(args: &Args, input: &Input, trace: &DeviceTrace) -> Result<(Value, Str
 fn by_card(
     parts: &std::collections::BTreeMap<gpumem_nb::Component, gpumem_nb::replay::components::ComponentBytes>,
     stacks: bool,
+    before: u64,
     (conf, from): &(String, &str),
     min_device: u64,
 ) -> (Value, String) {
@@ -417,7 +425,8 @@ fn by_card(
         format!("the policy {conf:?} (from {from})")
     };
     let context = Err("not in the recording: NVML shows it on the card (300-600 MiB)");
-    let table = gpumem_nb::plan::component_table(if stacks { parts } else { &none }, &policy, min_device, context);
+    let table =
+        gpumem_nb::plan::component_table(if stacks { parts } else { &none }, before, &policy, min_device, context);
     let caption =
         if stacks { "what the peak is made of" } else { "what the peak is made of (no Python stacks: no components)" };
     let text = format!("{}\n", table.caption(caption).to_text());

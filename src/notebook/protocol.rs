@@ -302,9 +302,18 @@ impl Held {
         }
     }
 
+    /// Its name where a person reads it (the line, the history, the chart): `untagged` for
+    /// `other` (bytes no stamp or rule named: the user's own buffers, mostly), the key otherwise.
+    pub fn label(self) -> &'static str {
+        match self {
+            Held::Component(Component::Other) => "untagged",
+            other => other.key(),
+        }
+    }
+
     /// Whether it says more than nothing: neither `other` nor `cached`. The line, the
     /// out-of-memory message and `top` say what memory is only once something is.
-    pub(crate) fn is_classified(self) -> bool {
+    pub fn is_classified(self) -> bool {
         !matches!(self, Held::Component(Component::Other) | Held::Cached)
     }
 }

@@ -4,7 +4,7 @@
 use crate::error::Error;
 use crate::policy::config::AllocatorConfig;
 use crate::record::component::Component;
-use crate::replay::components::{ComponentBytes, components};
+use crate::replay::components::{ComponentBytes, peak_parts};
 use crate::replay::fit::{self, BEFORE_TRACE, Failure, POLICIES, Program};
 use crate::replay::{DeviceTrace, Ordered, ReplayOptions, TraceStart, from_snapshot, replay, settings_conf};
 use crate::snapshot::Snapshot;
@@ -33,9 +33,11 @@ fn cards() -> String {
 /// the allocator's rounding and cache, which is the smallest device the program fits on under
 /// `policy` (`min_device`, replayed) less the components at the peak; the CUDA context and
 /// modules (`Ok`: measured, `Err`: why not); and the smallest card of [`CARDS_GB`] that holds the
-/// smallest device and the context.
+/// smallest device and the context. `before` is what the allocations made before the recording
+/// began held at the peak: a row of its own (no stack tells what they are).
 pub fn component_table(
     components: &BTreeMap<Component, ComponentBytes>,
+    before: u64,
     policy: &str,
     min_device: u64,
     context: std::result::Result<u64, &str>,
@@ -45,6 +47,17 @@ pub fn component_table(
     for (c, b) in components.iter().filter(|(_, b)| b.peak > 0) {
         at_peak += b.at_peak;
         t.row([c.key().to_string(), iec(b.at_peak), iec(b.peak), "recorded allocations (requested bytes)".into()]);
+    }
+    if before > 0 {
+        at_peak += before;
+        t.row([
+            "live before recording".into(),
+            iec(before),
+            "–".into(),
+            "allocations made before the recording began, still live at the peak (no stack: record from the first \
+             cell to tell what they are)"
+                .into(),
+        ]);
     }
     t.row(if components.is_empty() {
         [
@@ -146,6 +159,8 @@ pub struct FitPlan {
     /// What the recording's memory was, by component (bytes requested, every source): at the
     /// end, at the requested peak, and each component's own peak.
     pub components: BTreeMap<Component, ComponentBytes>,
+    /// What the allocations made before recording began held at that peak.
+    pub before_recording_at_peak: u64,
     /// The CUDA context and modules of the notebook's process, where measured (NVML's process
     /// bytes beyond every tracked allocation and the CUDA pool's cache); set by the kernel.
     pub context: Option<u64>,
@@ -230,6 +245,7 @@ pub fn plan(trace: &DeviceTrace, recorded: &AllocatorConfig, device_bytes: u64) 
         })
         .collect();
     let prologue = &trace.prologue;
+    let parts = peak_parts(trace);
     Ok(FitPlan {
         device_bytes,
         device: trace.device,
@@ -237,7 +253,8 @@ pub fn plan(trace: &DeviceTrace, recorded: &AllocatorConfig, device_bytes: u64) 
         cells,
         before_recording: (prologue.len(), prologue.iter().map(|e| e.size).sum()),
         live_peak: program.live_peak(),
-        components: components(trace),
+        components: parts.components,
+        before_recording_at_peak: parts.before_recording_at_peak,
         context: None,
         pool: None,
         modelled: MODELLED,
@@ -260,7 +277,7 @@ impl FitPlan {
             let func = short.into_iter().rev().collect::<Vec<_>>().join("::");
             let place = place.trim_end_matches(')');
             let file = place.rsplit(['/', '\\']).next().unwrap_or(place);
-            format!(" at {func} ({file})")
+            if file.is_empty() { format!(" at {func}") } else { format!(" at {func} ({file})") }
         });
         let source = if f.source == "allocator" { String::new() } else { format!(" ({})", f.source) };
         format!("{}{source}{at}", iec(f.size))
@@ -287,13 +304,8 @@ impl FitPlan {
                 first,
             ]);
         }
-        t.caption(format!(
-            "will it fit on {} (device {})? Modelled: {}. Not modelled: {}.",
-            iec(self.device_bytes),
-            self.device,
-            self.modelled,
-            self.not_modelled
-        ))
+        t.title(format!("Will it fit on {} (device {})?", iec(self.device_bytes), self.device))
+            .caption(format!("Modelled: {}. Not modelled: {}.", self.modelled, self.not_modelled))
     }
 
     /// The cells' table.
@@ -333,11 +345,8 @@ impl FitPlan {
     pub fn component_table(&self) -> crate::render::Table {
         let min_device = self.policies.first().map_or(0, |p| p.min_device_bytes);
         let context = self.context.ok_or("no NVML here: leave 300-600 MiB");
-        component_table(&self.components, "the default policy", min_device, context).caption(format!(
-            "what the peak is made of (device {}), and the smallest card of {}",
-            self.device,
-            cards()
-        ))
+        component_table(&self.components, self.before_recording_at_peak, "the default policy", min_device, context)
+            .caption(format!("what the peak is made of (device {}), and the smallest card of {}", self.device, cards()))
     }
 
     /// The plan's tables: the policies, the cells, what the peak is made of, and the CUDA pool

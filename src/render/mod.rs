@@ -129,6 +129,8 @@ pub struct Table {
     pub right: Vec<usize>,
     /// One line under the table: the source of the numbers.
     pub caption: String,
+    /// One line above the table: the question it answers (none by default).
+    pub title: String,
     /// Columns whose cells the HTML form cuts to a number of characters, the whole text on
     /// hover (code, say, so that the numbers stay in view in a narrow notebook).
     pub cut: Vec<(usize, usize)>,
@@ -159,6 +161,12 @@ impl Table {
         self
     }
 
+    /// Sets the title: a line above the table (bold in HTML).
+    pub fn title(mut self, title: impl Into<String>) -> Self {
+        self.title = title.into();
+        self
+    }
+
     /// Appends a row.
     pub fn row<S: Into<String>>(&mut self, cells: impl IntoIterator<Item = S>) {
         self.rows.push(cells.into_iter().map(Into::into).collect());
@@ -178,7 +186,8 @@ impl Table {
                 col.set_cell_alignment(CellAlignment::Right);
             }
         }
-        let mut s = t.to_string();
+        let mut s = if self.title.is_empty() { String::new() } else { format!("{}\n", self.title) };
+        s.push_str(&t.to_string());
         if !self.caption.is_empty() {
             s.push('\n');
             s.push_str(&self.caption);
@@ -192,7 +201,17 @@ impl Table {
     /// before their unit, `white-space:nowrap` in number columns); a table wider than the output
     /// area scrolls inside its own box, its first column staying in view.
     pub fn to_html(&self) -> String {
-        let mut h = String::from(
+        let mut h = String::new();
+        if !self.title.is_empty() {
+            let _ = write!(
+                h,
+                "<div class=\"gpumem-table-title\" style=\"font-family:var(--jp-code-font-family,monospace);\
+                 font-size:var(--jp-code-font-size,12px);font-weight:bold;\
+                 color:var(--jp-content-font-color1,#212121);padding:2px 0\">{}</div>",
+                nowrap_units(&escape(&self.title))
+            );
+        }
+        h.push_str(
             "<div class=\"gpumem-table\" style=\"overflow-x:auto;max-width:100%\">\
              <table class=\"gpumem\" style=\"border-collapse:collapse;margin:0;font-family:var(--jp-code-font-family,monospace);\
              font-size:var(--jp-code-font-size,12px);color:var(--jp-content-font-color1,#212121)\">",

@@ -52,6 +52,9 @@ struct Tally {
     out: BTreeMap<Component, ComponentBytes>,
     total: u64,
     peak: u64,
+    /// Allocations made before the recording began (its prologue), still live, and at the peak.
+    before: u64,
+    before_at_peak: u64,
 }
 
 impl Tally {
@@ -63,17 +66,33 @@ impl Tally {
         self.total += size;
         if self.total > self.peak {
             self.peak = self.total;
+            self.before_at_peak = self.before;
             for (c, b) in self.out.iter_mut() {
                 b.at_peak = self.live.get(c).copied().unwrap_or(0);
             }
         }
     }
 
-    fn sub(&mut self, c: Component, size: u64) {
-        let l = self.live.entry(c).or_default();
-        *l = l.saturating_sub(size);
+    fn sub(&mut self, c: Option<Component>, size: u64) {
+        match c {
+            Some(c) => {
+                let l = self.live.entry(c).or_default();
+                *l = l.saturating_sub(size);
+            }
+            None => self.before = self.before.saturating_sub(size),
+        }
         self.total = self.total.saturating_sub(size);
     }
+}
+
+/// What a recording's memory was by component ([`components`]), and what was live at its peak
+/// of the allocations made before the recording began (its prologue: they are no component).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PeakParts {
+    /// Per component.
+    pub components: BTreeMap<Component, ComponentBytes>,
+    /// Bytes made before the recording began, live at the peak of everything together.
+    pub before_recording_at_peak: u64,
 }
 
 /// What the frames say before lifetimes are known.
@@ -197,6 +216,12 @@ fn timeline(trace: &DeviceTrace) -> Vec<Step<'_>> {
 /// the notebook's per-cell reports count them: one released before the run ends (the next
 /// allocation of another component; workspaces, `other` and `temp` do not end it) is `temp`.
 pub fn components(trace: &DeviceTrace) -> BTreeMap<Component, ComponentBytes> {
+    peak_parts(trace).components
+}
+
+/// [`components`], with the allocations made before the recording began counted in the peak
+/// (live from the start until the recording frees them) and said apart.
+pub fn peak_parts(trace: &DeviceTrace) -> PeakParts {
     let roles = apply_roles(trace);
     let python = trace.info.iter().flatten().any(|i| i.frames.iter().any(|f| f.filename.ends_with(".py")));
     let steps = timeline(trace);
@@ -251,12 +276,19 @@ pub fn components(trace: &DeviceTrace) -> BTreeMap<Component, ComponentBytes> {
     }
     // Second pass: bytes, released when the allocator completed the free.
     let mut tally = Tally::default();
-    let mut live: HashMap<(&str, u64), (u64, Component)> = HashMap::new();
+    let mut live: HashMap<(&str, u64), (u64, Option<Component>)> = HashMap::new();
+    for p in &trace.prologue {
+        live.insert(("allocator", p.addr), (p.size, None));
+        tally.before += p.size;
+        tally.total += p.size;
+    }
+    tally.peak = tally.total;
+    tally.before_at_peak = tally.before;
     for (st, c) in steps.iter().zip(&class) {
         match st.kind {
             StepKind::Alloc => {
                 let c = c.unwrap_or(Component::Other);
-                live.insert(st.key, (st.size, c));
+                live.insert(st.key, (st.size, Some(c)));
                 tally.add(c, st.size);
             }
             StepKind::Release | StepKind::Free => {
@@ -267,11 +299,11 @@ pub fn components(trace: &DeviceTrace) -> BTreeMap<Component, ComponentBytes> {
             StepKind::Request => {}
         }
     }
-    let Tally { live, mut out, .. } = tally;
+    let Tally { live, mut out, before_at_peak, .. } = tally;
     for (c, b) in out.iter_mut() {
         b.end = live.get(c).copied().unwrap_or(0);
     }
-    out
+    PeakParts { components: out, before_recording_at_peak: before_at_peak }
 }
 
 #[cfg(test)]

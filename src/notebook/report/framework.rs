@@ -200,7 +200,17 @@ impl FrameworkPart {
     /// cached 12.00 MiB)` (what it reserved is in the details), then what the cell's stamped
     /// phases changed: `; by stamp: parameter +24.14 MiB`.
     pub fn line(&self) -> String {
-        let line = match (&self.error, self.in_use.after) {
+        let line = self.short_line();
+        if self.phases.is_empty() {
+            return line;
+        }
+        format!("{line}; by stamp: {}", self.phases.iter().map(phase_words).collect::<Vec<_>>().join(", "))
+    }
+
+    /// [`Self::line`] without the stamps' changes (the details have them), for a line short of
+    /// room.
+    pub(crate) fn short_line(&self) -> String {
+        match (&self.error, self.in_use.after) {
             (Some(e), _) => format!("{} n/a ({e})", self.framework),
             (None, Some(after)) => {
                 let mut more: Vec<String> = self.in_use.delta().map(iec_delta).into_iter().collect();
@@ -208,11 +218,7 @@ impl FrameworkPart {
                 format!("{} in use {} ({})", self.framework, iec(after), more.join(", "))
             }
             (None, None) => format!("{} n/a", self.framework),
-        };
-        if self.phases.is_empty() {
-            return line;
         }
-        format!("{line}; by stamp: {}", self.phases.iter().map(phase_words).collect::<Vec<_>>().join(", "))
     }
 
     /// Its rows in a cell's details table.

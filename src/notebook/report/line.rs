@@ -4,9 +4,8 @@ use super::{CELL_MIME, CellRecord, CellStatus, Span};
 use crate::notebook::protocol::Held;
 use crate::record::component::Component;
 use crate::render::{TEXT2, Table, escape, nowrap_units};
-use crate::units::{iec, iec_delta};
+use crate::units::{iec, iec_delta, iec3, iec3_delta};
 use serde_json::Value;
-use std::fmt::Write as _;
 
 /// What a lost CUDA context means, for the cell in which it was first seen (the error's value
 /// in gpumem-kernel, the message on stderr in the stock kernel): the fault, the call that
@@ -26,51 +25,142 @@ pub const LOST_ASYNC_HINT: &str = "CUDA reports a kernel's fault at a later call
      again.";
 
 impl CellRecord {
-    /// The line a person reads at a glance (text form; the HTML summary is the same words):
-    /// the cell, the device (`sim` or `cuda:N`), the time, the allocator's allocated and reserved
-    /// bytes with their change over the cell (and the cell's peak, where it went above both
-    /// ends), every allocation of the process on the device only where it differs from reserved
-    /// (other libraries allocated too), the CUDA pool and watched frameworks where they hold
-    /// memory, the site holding the most, the device's free memory, then what went wrong. The
-    /// details table has every number with its source, and a legend. The live line while a long
-    /// cell runs (gpumem-kernel's `live`) shows the same quantities the same way
-    /// ([`quantity`]).
+    /// The line a person reads at a glance (text form; the HTML summary is the same words), at
+    /// most [`LINE_WIDTH`] characters: the cell, the device (`sim` or `cuda:N`), the time, the
+    /// allocator's allocated and reserved bytes with their change over the cell (and the cell's
+    /// peak, where it went above both ends), what went wrong; then, as room allows, in this order
+    /// of importance: what the tracked bytes are (the components by their largest changes, and
+    /// the one that made the cell's peak), every allocation of the process on the device where it
+    /// differs from reserved, the CUDA pool and watched frameworks, the site holding the most,
+    /// child processes, what NVML counts beyond, the device's free memory. What does not fit is in
+    /// the details table, which has every number with its source, and a legend. Numbers have three
+    /// significant digits here (the details and the record are exact). The live line while a long
+    /// cell runs (gpumem-kernel's `live`) shows the same quantities the same way ([`quantity`]).
     pub fn line(&self) -> String {
-        let mut parts = vec![format!("[{}] {}", self.cell, short_device(&self.device))];
+        self.line_within(LINE_WIDTH, false)
+    }
+
+    /// [`Self::line`] at most `width` characters (what fits of its parts, by importance).
+    /// `linked`: the out-of-memory snapshot is linked after the words (HTML), not named in them.
+    fn line_within(&self, width: usize, linked: bool) -> String {
+        let head = format!("[{}] {}", self.cell, short_device(&self.device));
         if self.status == CellStatus::Refused {
             // Refused before it ran (the context was lost in an earlier cell; records of earlier
             // versions, which refused such cells): nothing to time.
-            parts.push(format!(
-                "✗ not run: the CUDA context is lost ({})",
-                self.lost.as_ref().map_or("a kernel faulted", |l| l.fault.what())
-            ));
-            parts.push("restart the kernel's process to go on (variables are lost)".into());
-            return parts.join(" · ");
+            return [
+                head,
+                format!(
+                    "✗ not run: the CUDA context is lost ({})",
+                    self.lost.as_ref().map_or("a kernel faulted", |l| l.fault.what())
+                ),
+                "restart the kernel's process to go on (variables are lost)".into(),
+            ]
+            .join(" · ");
         }
-        parts.push(format_ms(self.wall_ms));
+        let mut parts = Parts::default();
+        parts.keep(head);
+        parts.keep(format_ms(self.wall_ms));
         // A lost context: its numbers can no longer be read; NVML's still can. The cell's host
         // code ran; what it asked of the device failed.
         if let Some(l) = &self.lost {
-            parts.push(format!("✗ CUDA context lost ({}): device calls fail, host code runs", l.fault.what()));
+            parts.keep_variants(vec![
+                format!("✗ CUDA context lost ({}): device calls fail, host code runs", l.fault.what()),
+                format!("✗ CUDA context lost ({}): host code runs", l.fault.what()),
+            ]);
             if let Some(p) = self.nvml.process.after {
-                parts.push(format!("process {} (NVML)", iec(p)));
+                parts.add(Keep::Nvml, format!("process {} (NVML)", iec3(p)));
             }
-            parts.push("restart the process to use the device again (variables are lost)".into());
-            return parts.join(" · ");
+            parts.keep_variants(vec![
+                "restart the process to use the device again (variables are lost)".into(),
+                "restart the process to go on".into(),
+            ]);
+            return parts.fit(width);
         }
         let all = self.all_allocations.as_ref().filter(|a| a.is_tracked());
         match &self.allocator {
             Some(a) => {
                 let peak = if a.peak_is_cell { "peak" } else { "peak since load" };
-                parts.push(quantity("allocated", a.allocated.after, a.allocated.delta(), Some(a.peak_allocated), peak));
-                parts.push(quantity("reserved", a.reserved.after, a.reserved.delta(), Some(a.peak_reserved), peak));
+                let mut allocated =
+                    quantity("allocated", a.allocated.after, a.allocated.delta(), Some(a.peak_allocated), peak);
+                // The component that made the peak, where the line shows one.
+                if let Some(c) = all
+                    .filter(|all| {
+                        all.place.by_component.iter().any(|c| {
+                            c.component.is_classified() && c.after > 0
+                                || c.component.is_classified() && c.peak.unwrap_or(0) > 0
+                        })
+                    })
+                    .and_then(|all| peak_component(&all.place.by_component))
+                    && let Some(open) = allocated.strip_suffix(')').filter(|o| o.contains(peak))
+                {
+                    allocated = format!("{open} by {c})");
+                }
+                let unused = [a.allocated.after, a.reserved.after].iter().all(|v| *v == Some(0))
+                    && a.peak_allocated == 0
+                    && a.peak_reserved == 0
+                    && a.reserved.delta().unwrap_or(0) == 0;
+                if unused {
+                    // Nothing of the cell (or before it) went through the allocator: one word.
+                    parts.keep("allocator unused (0 B)".into());
+                } else {
+                    parts.keep(allocated);
+                    parts.add_forms(vec![
+                        (
+                            Keep::Reserved,
+                            quantity("reserved", a.reserved.after, a.reserved.delta(), Some(a.peak_reserved), peak),
+                        ),
+                        (Keep::ReservedShort, quantity("reserved", a.reserved.after, None, None, peak)),
+                    ]);
+                }
             }
-            None => parts.push(allocator_absent(self.restarted && self.crate_loaded.before, self.crate_declared)),
+            None => {
+                let absent = allocator_absent(self.restarted && self.crate_loaded.before, self.crate_declared);
+                let short =
+                    if absent.starts_with("allocator n/a") { "allocator n/a (no `:dep gpumem-nb`)" } else { "" };
+                // The long form goes first when the line is too long.
+                match short {
+                    "" => parts.keep(absent),
+                    short => parts.add_forms(vec![(Keep::Free, absent), (Keep::Always, short.to_string())]),
+                }
+            }
+        }
+        // What went wrong comes right after the allocator's numbers.
+        if let Some(o) = &self.oom {
+            let count = if o.count > 1 { format!(" ({} failures)", o.count) } else { String::new() };
+            // In the unit of the error's own message (PyTorch's: GiB at most).
+            let asked = crate::units::format_size(o.requested);
+            parts.keep_variants(vec![
+                format!("✗ out of memory: asked for {asked}{count}"),
+                format!("✗ OOM: asked for {asked}{count}"),
+            ]);
+            // Where its snapshot is: its last two folders (the whole path in the details; the
+            // HTML line links it).
+            if let Some(f) = o.files.as_ref().filter(|_| !linked) {
+                let dir = std::path::Path::new(&f.html).parent().unwrap_or(std::path::Path::new(""));
+                let tail: Vec<String> =
+                    dir.iter().rev().take(2).map(|c| c.to_string_lossy().into_owned()).collect::<Vec<_>>();
+                let tail: Vec<&str> = tail.iter().rev().map(String::as_str).collect();
+                parts.add(Keep::Flag, format!("snapshot then: …/{}", tail.join("/")));
+            }
+        }
+        if self.restarted {
+            let why = self.restart_reason.as_deref().unwrap_or("child process replaced");
+            parts.add_forms(vec![
+                (Keep::Restart, format!("⟳ restarted ({why}; variables lost)")),
+                (Keep::FlagShort, "⟳ restarted".into()),
+            ]);
+        }
+        for u in &self.unsettled {
+            parts.add(Keep::Flag, format!("⚠ {} did not settle: {}", u.key, u.error.as_deref().unwrap_or("")));
+        }
+        for w in &self.warnings {
+            let short = w.split(':').next().unwrap_or(w);
+            parts.add_forms(vec![(Keep::Flag, format!("⚠ {w}")), (Keep::FlagShort, format!("⚠ {short}"))]);
         }
         if let Some(all) = all {
             let reserved = self.allocator.as_ref().and_then(|a| a.reserved.after);
             if reserved != all.place.after {
-                parts.push(quantity("all allocations", all.place.after, all.delta(), all.place.peak, "peak"));
+                parts.add(Keep::All, quantity("all allocations", all.place.after, all.delta(), all.place.peak, "peak"));
             }
         }
         if let Some(p) = &self.pool
@@ -82,27 +172,29 @@ impl CellRecord {
             let cached = p.reserved.after.zip(p.used.after).map_or(0, |(r, u)| r.saturating_sub(u));
             if cached >= 1 << 20 {
                 q = match q.strip_suffix(')') {
-                    Some(open) => format!("{open}, cached {})", iec(cached)),
-                    None => format!("{q} (cached {})", iec(cached)),
+                    Some(open) => format!("{open}, cached {})", iec3(cached)),
+                    None => format!("{q} (cached {})", iec3(cached)),
                 };
             }
-            parts.push(q);
+            parts.add(Keep::Pool, q);
         }
-        parts.extend(self.frameworks.iter().map(|f| f.line()));
+        for f in &self.frameworks {
+            parts.add_forms(vec![(Keep::Framework, f.line()), (Keep::FrameworkShort, f.short_line())]);
+        }
+        if let Some(all) = all {
+            parts.add_forms(what_it_is(&all.place.by_component));
+        }
         // The code holding the most (the allocator's cached free memory is no one's).
         let held = |t: &&crate::notebook::protocol::OwnerBytes| {
             t.function.as_deref() != Some(crate::notebook::protocol::CACHED_FREE)
         };
         if let Some(top) = all.and_then(|a| a.place.top.iter().find(held)) {
-            parts.push(format!("top {}", top.site()));
-        }
-        if let Some(what) = all.and_then(|a| what_it_is(&a.place.by_component)) {
-            parts.push(what);
+            parts.add(Keep::Top, format!("top {}", top.site()));
         }
         // What NVML counts beyond every tracked allocation and the CUDA pool's cache, where it
         // is not nothing (a MiB of noise aside): the CUDA context, the kernels' code.
         if let Some(g) = self.nvml_gap().filter(|g| g.rest.unsigned_abs() >= 1 << 20) {
-            parts.push(format!("{} CUDA context and modules (NVML)", iec_delta(g.rest)));
+            parts.add(Keep::Nvml, format!("{} CUDA context and modules (NVML)", iec3_delta(g.rest)));
         }
         if !self.children.is_empty() {
             let total: u64 = self.children.iter().map(|c| c.used).sum();
@@ -113,43 +205,22 @@ impl CellRecord {
             } else {
                 format!("{} processes", self.children.len())
             };
-            parts.push(format!("child processes {} ({who})", iec(total)));
+            parts.add(Keep::Children, format!("child processes {} ({who})", iec3(total)));
         }
         if let Some((free, _)) = self.device_free_total() {
-            parts.push(format!("free {}", iec(free)));
+            parts.add(Keep::Free, format!("free {}", iec3(free)));
         }
         if let Some(all) = all {
             for p in all.devices.iter().filter(|p| p.device != all.place.device && (p.after > 0 || p.peak > 0)) {
                 let delta = p.before.map(|b| p.after as i64 - b as i64);
                 let place = p.device.map_or("host pinned".to_string(), |d| format!("device {d} all allocations"));
-                parts.push(quantity(&place, Some(p.after), delta, Some(p.peak), "peak"));
+                parts.add(Keep::Devices, quantity(&place, Some(p.after), delta, Some(p.peak), "peak"));
             }
         }
         if let Some(all) = self.all_allocations.as_ref().filter(|a| !a.is_tracked()) {
-            parts.push(format!("tracking {}", all.tracking.split(':').next().unwrap_or("")));
+            parts.add(Keep::Nvml, format!("tracking {}", all.tracking.split(':').next().unwrap_or("")));
         }
-        let mut line = parts.join(" · ");
-        if let Some(o) = &self.oom {
-            let _ = write!(line, " · ✗ out of memory: asked for {}", iec(o.requested));
-            if o.count > 1 {
-                let _ = write!(line, " ({} failures)", o.count);
-            }
-            if let Some(f) = &o.files {
-                let dir = std::path::Path::new(&f.html).parent().unwrap_or(std::path::Path::new(""));
-                let _ = write!(line, " · snapshot then: {}", dir.display());
-            }
-        }
-        if self.restarted {
-            let why = self.restart_reason.as_deref().unwrap_or("child process replaced");
-            let _ = write!(line, " · ⟳ restarted ({why}; variables lost)");
-        }
-        for u in &self.unsettled {
-            let _ = write!(line, " · ⚠ {} did not settle: {}", u.key, u.error.as_deref().unwrap_or(""));
-        }
-        for w in &self.warnings {
-            let _ = write!(line, " · ⚠ {w}");
-        }
-        line
+        parts.fit(width)
     }
 
     /// The out-of-memory snapshot's page, as a link relative to the working directory (the
@@ -158,7 +229,7 @@ impl CellRecord {
         let html = self.oom.as_ref()?.files.as_ref()?.html.clone();
         let cwd = std::env::current_dir().unwrap_or_default();
         let href = std::path::Path::new(&html).strip_prefix(&cwd).map_or(html.clone(), |p| p.display().to_string());
-        Some(format!(" <a href=\"{}\" target=\"_blank\">open the snapshot</a>", escape(&href)))
+        Some(format!(" <a href=\"{}\" target=\"_blank\">{OOM_LINK_TEXT}</a>", escape(&href)))
     }
 
     /// The details table: allocator / CUDA pool / rest of this process / other processes.
@@ -310,7 +381,10 @@ impl CellRecord {
                 iec(o.requested),
                 "–".into(),
                 "–".into(),
-                format!("{} (the allocator, as it failed)", o.why),
+                match &o.files {
+                    Some(f) => format!("{} (the allocator, as it failed); snapshot then: {}", o.why, f.html),
+                    None => format!("{} (the allocator, as it failed)", o.why),
+                },
             ]);
         }
         if let Some(why) = &self.nvml.unavailable {
@@ -411,19 +485,18 @@ impl CellRecord {
 
     /// The display_data bundle: text/plain, text/html, and the JSON record.
     pub fn display(&self) -> serde_json::Map<String, Value> {
-        let line = self.line();
         let warn = !self.warnings.is_empty()
             || self.restarted
             || self.oom.is_some()
             || self.lost.is_some()
             || !self.unsettled.is_empty();
-        let html = line_html(
-            &line,
-            "gpumem-report",
-            warn,
-            &self.oom_link().unwrap_or_default(),
-            Some(&self.details().to_html()),
-        );
+        // As a person sees it: the sign before the words and the link after them count too.
+        let link = self.oom_link();
+        let extra = usize::from(warn) * 2 + link.as_ref().map_or(0, |_| OOM_LINK_TEXT.chars().count() + 1);
+        let linked = self.line_within(LINE_WIDTH - extra, link.is_some());
+        let html =
+            line_html(&linked, "gpumem-report", warn, &link.unwrap_or_default(), Some(&self.details().to_html()));
+        let line = self.line();
         let mut m = serde_json::Map::new();
         m.insert("text/plain".into(), Value::String(line));
         m.insert("text/html".into(), Value::String(html));
@@ -431,6 +504,9 @@ impl CellRecord {
         m
     }
 }
+
+/// The words of the out-of-memory snapshot's link after the line.
+const OOM_LINK_TEXT: &str = "open the snapshot";
 
 /// What the line's words mean, under every details table.
 pub(crate) const LEGEND: &str = " · allocated: blocks gpumem-nb's allocator handed out; reserved: the segments it holds from \
@@ -464,27 +540,145 @@ pub fn line_html(line: &str, class: &str, warn: bool, extra: &str, details: Opti
     }
 }
 
-/// What the tracked bytes are, for the line: each component that holds or changed bytes,
-/// largest first, with the change where the cell made one (`optimizer_state 128.00 MiB
-/// (+128.00 MiB), parameter 64.00 MiB`); `None` when nothing but `other` and the allocator's
-/// cache holds any (nothing was stamped or matched a rule: the line stays as it was).
-fn what_it_is(parts: &[super::record::ComponentDelta]) -> Option<String> {
+/// The most characters a report line (and the live line) takes: what does not fit is in the
+/// details table.
+pub const LINE_WIDTH: usize = 120;
+
+/// How long a part of the line is kept when the line is too long (the lowest goes first).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Keep {
+    Free,
+    Nvml,
+    Devices,
+    Children,
+    Top,
+    Pool,
+    What,
+    /// The allocator's reserved bytes with their change; then without; then left out (the
+    /// details have them), before every allocation is (memory beyond the allocator's) or the
+    /// components' largest change.
+    Reserved,
+    ReservedShort,
+    All,
+    /// A watched framework's own numbers (cubecl's pools for burn).
+    Framework,
+    WhatShortest,
+    /// A framework's figures without its stamps' changes.
+    FrameworkShort,
+    Flag,
+    Restart,
+    /// A warning's or a restart's short form (`⚠ over budget`, `⟳ restarted`): the details and
+    /// the history's notes have it whole.
+    FlagShort,
+    Always,
+}
+
+/// A line's parts in the order they are shown, each with its forms from richest to shortest,
+/// and how long each form is kept.
+#[derive(Default)]
+struct Parts(Vec<Vec<(Keep, String)>>);
+
+impl Parts {
+    fn keep(&mut self, text: String) {
+        self.add(Keep::Always, text);
+    }
+
+    /// A part always kept, shortened to its next form where the line needs it.
+    fn keep_variants(&mut self, forms: Vec<String>) {
+        self.0.push(forms.into_iter().map(|f| (Keep::Always, f)).collect());
+    }
+
+    fn add(&mut self, keep: Keep, text: String) {
+        self.0.push(vec![(keep, text)]);
+    }
+
+    fn add_forms(&mut self, forms: Vec<(Keep, String)>) {
+        if !forms.is_empty() {
+            self.0.push(forms);
+        }
+    }
+
+    fn text(&self) -> String {
+        let shown: Vec<&str> = self.0.iter().map(|f| f[0].1.as_str()).collect();
+        shown.join(" · ")
+    }
+
+    /// The parts joined by ` · `, at most `width` characters where the parts that are always
+    /// kept allow it: the part whose form is least important is shortened (its next form) or
+    /// left out, until the line fits.
+    fn fit(mut self, width: usize) -> String {
+        loop {
+            let line = self.text();
+            if line.chars().count() <= width {
+                return line;
+            }
+            // The least important form that can still change; the later one of equals (a
+            // part always kept can only be shortened).
+            let can_change = |i: &usize| self.0[*i][0].0 != Keep::Always || self.0[*i].len() > 1;
+            let Some(i) = (0..self.0.len()).filter(can_change).min_by_key(|&i| (self.0[i][0].0, std::cmp::Reverse(i)))
+            else {
+                return line;
+            };
+            if self.0[i].len() > 1 {
+                self.0[i].remove(0);
+            } else {
+                self.0.remove(i);
+            }
+        }
+    }
+}
+
+/// What the tracked bytes are, for the line, in forms from richest to shortest: the components
+/// the cell changed, by their largest changes (`what: optimizer_state +512 MiB, gradient +256
+/// MiB`), or, where it changed no named one, what they hold, largest first. Empty when nothing but
+/// `other` and the allocator's cache holds any (nothing was stamped or matched a rule: the line
+/// stays as it was). The details table has every component.
+fn what_it_is(parts: &[super::record::ComponentDelta]) -> Vec<(Keep, String)> {
     let classified = |c: &&super::record::ComponentDelta| c.component.is_classified();
     if !parts.iter().filter(classified).any(|c| c.after > 0 || c.delta().is_some_and(|d| d != 0)) {
-        return None;
+        return Vec::new();
     }
-    let mut shown: Vec<&super::record::ComponentDelta> = parts
+    let own: Vec<&super::record::ComponentDelta> = parts.iter().filter(|c| c.component != Held::Cached).collect();
+    let mut changed: Vec<(&super::record::ComponentDelta, i64)> =
+        own.iter().filter_map(|c| Some((*c, c.delta().filter(|d| *d != 0)?))).collect();
+    changed
+        .sort_by(|a, b| b.1.unsigned_abs().cmp(&a.1.unsigned_abs()).then(a.0.component.key().cmp(b.0.component.key())));
+    // Where no named component changed (only untagged bytes did, or nothing), what is held says
+    // more: largest first, with its change where it made one.
+    let items: Vec<String> = if !changed.iter().any(|(c, _)| c.component.is_classified()) {
+        let mut held: Vec<&&super::record::ComponentDelta> = own.iter().filter(|c| c.after > 0).collect();
+        held.sort_by(|a, b| b.after.cmp(&a.after).then(a.component.key().cmp(b.component.key())));
+        held.iter()
+            .map(|c| match c.delta().filter(|d| *d != 0) {
+                Some(d) => format!("{} {} ({})", c.component.label(), iec3(c.after), iec3_delta(d)),
+                None => format!("{} {}", c.component.label(), iec3(c.after)),
+            })
+            .collect()
+    } else {
+        changed.iter().map(|(c, d)| format!("{} {}", c.component.label(), iec3_delta(*d))).collect()
+    };
+    (1..=items.len().min(3))
+        .rev()
+        .map(|n| {
+            let more = if items.len() > n { ", …" } else { "" };
+            let keep = if n == 1 { Keep::WhatShortest } else { Keep::What };
+            (keep, format!("what: {}{more}", items[..n].join(", ")))
+        })
+        .collect()
+}
+
+/// The component that made the cell's peak: the one that rose most above both its ends (a
+/// MiB at least), e.g. the activations a step freed.
+fn peak_component(parts: &[super::record::ComponentDelta]) -> Option<&'static str> {
+    let rise = |c: &&super::record::ComponentDelta| {
+        c.peak.map_or(0, |p| p.saturating_sub(c.after.max(c.before.unwrap_or(c.after))))
+    };
+    parts
         .iter()
         .filter(|c| c.component != Held::Cached)
-        .filter(|c| c.after > 0 || c.delta().is_some_and(|d| d != 0))
-        .collect();
-    shown.sort_by(|a, b| b.after.cmp(&a.after).then(a.component.key().cmp(b.component.key())));
-    // A component the cell did not change shows its bytes alone (the line stays short).
-    let items: Vec<String> = shown
-        .iter()
-        .map(|c| quantity(c.component.key(), Some(c.after), c.delta().filter(|d| *d != 0), None, ""))
-        .collect();
-    Some(format!("what: {}", items.join(", ")))
+        .filter(|c| rise(c) >= 1 << 20)
+        .max_by_key(|c| rise(c))
+        .map(|c| c.component.label())
 }
 
 /// One quantity as the report line and the live line show it: `allocated 64.00 MiB (+16.00 MiB)`:
@@ -494,14 +688,20 @@ fn what_it_is(parts: &[super::record::ComponentDelta]) -> Option<String> {
 pub fn quantity(name: &str, now: Option<u64>, delta: Option<i64>, peak: Option<u64>, peak_name: &str) -> String {
     let Some(now) = now else { return format!("{name} n/a") };
     let mut more = Vec::new();
-    if let Some(d) = delta {
-        more.push(iec_delta(d));
-    }
     let before = delta.map_or(now, |d| (now as i64 - d).max(0) as u64);
-    if let Some(p) = peak.filter(|&p| p > now.max(before)) {
-        more.push(format!("{peak_name} {}", iec(p)));
+    let peak = peak.filter(|&p| p > now.max(before));
+    // No change goes unsaid where a peak is said (`(peak 416 MiB)`: it came back).
+    if let Some(d) = delta.filter(|d| *d != 0 || peak.is_none()) {
+        more.push(iec3_delta(d));
     }
-    if more.is_empty() { format!("{name} {}", iec(now)) } else { format!("{name} {} ({})", iec(now), more.join(", ")) }
+    if let Some(p) = peak {
+        more.push(format!("{peak_name} {}", iec3(p)));
+    }
+    if more.is_empty() {
+        format!("{name} {}", iec3(now))
+    } else {
+        format!("{name} {} ({})", iec3(now), more.join(", "))
+    }
 }
 
 /// The device as the line names it: `sim` for the simulated device, `cuda:N` for a GPU (the
@@ -575,13 +775,12 @@ mod tests {
         assert!(!exact.line().contains("CUDA context"), "{}", exact.line());
         let loaded = rec(1128 * mib + 9 * mib + 3 * mib / 8);
         assert_eq!(loaded.nvml_gap().unwrap().rest, 9 * mib as i64 + 3 * mib as i64 / 8);
-        assert!(loaded.line().contains(" · +9.38 MiB CUDA context and modules (NVML)"), "{}", loaded.line());
+        // Every part, with room for all of them; the line a person reads keeps what fits.
+        let whole = loaded.line_within(usize::MAX, false);
+        assert!(whole.contains(" · +9.38 MiB CUDA context and modules (NVML)"), "{whole}");
         // The pool's cache is on the line: the driver counts it, whatever was freed.
-        assert!(
-            loaded.line().contains(" · CUDA pool 239.80 MiB (+139.80 MiB, cached 88.20 MiB) · "),
-            "{}",
-            loaded.line()
-        );
+        assert!(whole.contains(" · CUDA pool 240 MiB (+140 MiB, cached 88.2 MiB) · "), "{whole}");
+        assert!(loaded.line().chars().count() <= LINE_WIDTH, "{}", loaded.line());
         let details = loaded.details().to_text();
         assert!(details.contains("= all allocations +139.80 MiB + CUDA pool cache -11.80 MiB"), "{details}");
         // The first cell that uses the GPU (NVML had nothing of the process before, the crate
@@ -596,7 +795,11 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(first.nvml_gap().unwrap().rest, 530 * mib as i64);
-        assert!(first.line().contains(" · +530.00 MiB CUDA context and modules (NVML)"), "{}", first.line());
+        assert!(
+            first.line_within(usize::MAX, false).contains(" · +530 MiB CUDA context and modules (NVML)"),
+            "{}",
+            first.line()
+        );
     }
 
     /// A cell's workers: one or two by name and pid on the line, more by count; each in the
@@ -611,11 +814,11 @@ mod tests {
             source: "simulated".into(),
         };
         let mut rec = CellRecord { cell: 2, children: vec![child(41, 48 << 20)], ..Default::default() };
-        assert!(rec.line().contains(" · child processes 48.00 MiB (gpumem-demo 41)"), "{}", rec.line());
+        assert!(rec.line().contains(" · child processes 48.0 MiB (gpumem-demo 41)"), "{}", rec.line());
         rec.children.push(child(42, 16 << 20));
-        assert!(rec.line().contains(" · child processes 64.00 MiB (gpumem-demo 41, gpumem-demo 42)"), "{}", rec.line());
+        assert!(rec.line().contains(" · child processes 64.0 MiB (gpumem-demo 41, gpumem-demo 42)"), "{}", rec.line());
         rec.children.push(child(43, 1 << 20));
-        assert!(rec.line().contains(" · child processes 65.00 MiB (3 processes)"), "{}", rec.line());
+        assert!(rec.line().contains(" · child processes 65.0 MiB (3 processes)"), "{}", rec.line());
         let details = rec.details().to_text();
         for pid in [41, 42, 43] {
             assert!(details.contains(&format!("child process gpumem-demo (pid {pid}) on sim-0")), "{details}");
@@ -646,9 +849,7 @@ mod tests {
         };
         let line = rec.line();
         assert!(
-            line.contains(
-                "✗ CUDA context lost (illegal address): device calls fail, host code runs · process 788.00 MiB (NVML)"
-            ),
+            line.contains("✗ CUDA context lost (illegal address): host code runs · restart the process to go on"),
             "{line}"
         );
         assert!(!line.contains("allocated"), "{line}");
@@ -658,5 +859,82 @@ mod tests {
         assert!(
             lost_message(&lost, 3).contains("lost (illegal address), first reported by cuMemcpyDtoHAsync_v2 in cell 3")
         );
+    }
+
+    /// The cell the issue saw at 233 characters: parameters, gradients and optimizer state made
+    /// in one cell, with a 512 MiB activation that made its 1.50 GiB peak and was freed, a top
+    /// site and the device's free memory. The line stays within [`LINE_WIDTH`], leads with the
+    /// components' largest changes and names the peak's; the details keep all of it.
+    #[test]
+    fn a_line_with_components_stays_within_its_width_and_names_the_peak() {
+        use super::super::ComponentDelta;
+        let mib = 1u64 << 20;
+        let part = |c: Component, before: u64, after: u64, peak: u64| ComponentDelta {
+            component: Held::Component(c),
+            before: Some(before),
+            after,
+            peak: Some(peak),
+        };
+        let by_component = vec![
+            part(Component::Parameter, 0, 256 * mib, 256 * mib),
+            part(Component::Gradient, 0, 256 * mib, 256 * mib),
+            part(Component::OptimizerState, 0, 512 * mib, 512 * mib),
+            part(Component::Activation, 0, 0, 512 * mib),
+        ];
+        let rec = CellRecord {
+            cell: 14,
+            device: "sim:0 (simulated)".into(),
+            wall_ms: 2310.0,
+            allocator: Some(super::super::AllocatorPart {
+                allocated: Span { before: Some(0), after: Some(1024 * mib) },
+                reserved: Span { before: Some(0), after: Some(1536 * mib) },
+                peak_allocated: 1536 * mib,
+                peak_reserved: 1536 * mib,
+                peak_is_cell: true,
+                ..Default::default()
+            }),
+            all_allocations: Some(AllAllocations {
+                tracking: "simulated".into(),
+                place: PlaceAll {
+                    device: Some(0),
+                    before: Some(0),
+                    after: Some(1536 * mib),
+                    peak: Some(1536 * mib),
+                    by_component: by_component.clone(),
+                    top: vec![crate::notebook::protocol::OwnerBytes {
+                        function: Some("cell 14".into()),
+                        bytes: 512 * mib,
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                },
+                devices: vec![PlaceAll {
+                    device: Some(0),
+                    before: Some(0),
+                    after: 1536 * mib,
+                    peak: 1536 * mib,
+                    by_component,
+                    ..Default::default()
+                }],
+            }),
+            crate_device_free: Some(78 << 30),
+            crate_device_total: Some(80 << 30),
+            ..Default::default()
+        };
+        let line = rec.line();
+        assert!(line.chars().count() <= LINE_WIDTH, "{} characters: {line}", line.chars().count());
+        assert!(line.contains("what: optimizer_state +512 MiB"), "the largest change first: {line}");
+        assert!(line.contains("peak 1.50 GiB by activation)"), "the peak's component: {line}");
+        let details = rec.details().to_text();
+        for c in ["parameter", "gradient", "optimizer_state", "activation"] {
+            assert!(details.contains(c), "the details keep {c}: {details}");
+        }
+        // Out of memory on top: the flag stays, the rest makes room.
+        let mut oom = rec.clone();
+        oom.oom = Some(crate::notebook::protocol::OomEvent { requested: 1 << 42, count: 1, ..Default::default() });
+        oom.warnings = vec!["over budget: peak 1.50 GiB > 1.00 GiB".into()];
+        let line = oom.line();
+        assert!(line.chars().count() <= LINE_WIDTH, "{} characters: {line}", line.chars().count());
+        assert!(line.contains("✗ out of memory: asked for 4096.00 GiB"), "the error's own unit: {line}");
     }
 }

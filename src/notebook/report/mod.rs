@@ -18,9 +18,11 @@ mod record;
 mod top;
 
 pub use framework::{FrameworkPart, Growth, PoolKindPart, framework_parts};
-pub use line::{LOST_ASYNC_HINT, allocator_absent, format_ms, line_html, lost_message, quantity, short_device};
+pub use line::{
+    LINE_WIDTH, LOST_ASYNC_HINT, allocator_absent, format_ms, line_html, lost_message, quantity, short_device,
+};
 pub use record::{
     AllAllocations, AllocatorPart, CELL_MIME, CellRecord, CellStatus, ComponentDelta, CrateReading, LiveCost, NvmlPart,
     PlaceAll, PoolPart, Readings, SourceDelta, Sources, Span, TrackedReadings, all_allocations, build_record,
-    device_name,
+    device_before_use, device_name,
 };

@@ -123,16 +123,18 @@ pub struct ChartOptions {
 
 impl Default for ChartOptions {
     fn default() -> Self {
-        ChartOptions { width: 900, height: 360, title: None, x_desc: None, max_rows: 48 }
+        ChartOptions { width: 720, height: 400, title: None, x_desc: None, max_rows: 48 }
     }
 }
 
-// Fonts: plotters writes `font-size = size / 1.24` into the SVG, so 15 gives ~12 px.
+// Fonts: plotters writes `font-size = size / 1.24` into the SVG, so 18 gives ~14.5 px: drawn
+// 720 wide and scaled to a narrow notebook's output area (about 480 px in a 900 px window with
+// the file browser open), text stays 10 px or more.
 pub(super) const FONT: &str = "sans-serif";
-pub(super) const TITLE_SIZE: f64 = 20.0;
-pub(super) const LABEL_SIZE: f64 = 15.5;
-pub(super) const DESC_SIZE: f64 = 16.0;
-pub(super) const SMALL_SIZE_FONT: f64 = 14.5;
+pub(super) const TITLE_SIZE: f64 = 21.0;
+pub(super) const LABEL_SIZE: f64 = 18.0;
+pub(super) const DESC_SIZE: f64 = 18.0;
+pub(super) const SMALL_SIZE_FONT: f64 = 18.0;
 
 pub(super) const ALLOCATED_COLOR: RGBColor = RGBColor(31, 119, 180);
 pub(super) const RESERVED_COLOR: RGBColor = RGBColor(255, 127, 14);
@@ -142,14 +144,23 @@ pub(super) const BUDGET_COLOR: RGBColor = RGBColor(214, 39, 41);
 pub(super) const BUDGET_STROKE: &str = "stroke=\"#D62729\"";
 pub(super) const GRID_COLOR: RGBColor = RGBColor(232, 232, 232);
 pub(super) const AXIS_GRAY: RGBColor = RGBColor(90, 90, 90);
-/// Series colours for [`peak_bars`], in order.
-pub(super) const PALETTE: [RGBColor; 6] = [
+/// Series colours for [`peak_bars`], in order: each series its own (Tableau's 10 and four more,
+/// none the budget's red).
+pub(super) const PALETTE: [RGBColor; 14] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
     RGBColor(44, 160, 44),
     RGBColor(148, 103, 189),
     RGBColor(140, 86, 75),
     RGBColor(23, 190, 207),
+    RGBColor(227, 119, 194),
+    RGBColor(188, 189, 34),
+    RGBColor(127, 127, 127),
+    RGBColor(174, 199, 232),
+    RGBColor(255, 187, 120),
+    RGBColor(152, 223, 138),
+    RGBColor(197, 176, 213),
+    RGBColor(196, 156, 148),
 ];
 pub(super) const STATE_ALLOCATED: RGBColor = RGBColor(78, 121, 167);
 pub(super) const STATE_PENDING: RGBColor = RGBColor(242, 142, 43);
@@ -188,10 +199,40 @@ pub(super) enum Swatch {
     Dashed(RGBColor),
 }
 
-/// Space above the plot for the title and the legend.
-pub(super) const HEADER_H: i32 = 58;
+/// Space above the plot for the title and a legend of one row; each more row takes
+/// [`LEGEND_ROW_H`] ([`header_height`]).
+pub(super) const HEADER_H: i32 = 62;
+pub(super) const LEGEND_ROW_H: i32 = 20;
 
-/// Draws the title and, under it, the legend (both centred), above the plot.
+/// The legend's rows: items laid out left to right, a new row where the next would pass the
+/// chart's right edge (no item is ever cut off); each row is centred.
+fn legend_rows(width: u32, legend: &[(String, Swatch)]) -> Vec<(i32, Vec<usize>)> {
+    // plotters cannot measure SVG text: estimate ~0.6 em per character (sans-serif digits and
+    // lower case are narrower; capitals and `_` about that).
+    let char_w = SMALL_SIZE_FONT / 1.24 * 0.6;
+    let item_w = |l: &str| 20 + (char_w * l.chars().count() as f64).ceil() as i32 + 18;
+    let room = width as i32 - 16;
+    let mut rows: Vec<(i32, Vec<usize>)> = Vec::new();
+    for (i, (label, _)) in legend.iter().enumerate() {
+        let w = item_w(label);
+        match rows.last_mut() {
+            Some((used, items)) if *used + w - 18 <= room => {
+                *used += w;
+                items.push(i);
+            }
+            _ => rows.push((w, vec![i])),
+        }
+    }
+    rows.into_iter().map(|(used, items)| (((width as i32 - (used - 18)) / 2).max(8), items)).collect()
+}
+
+/// The height above the plot that [`draw_header`] takes for this legend at this width.
+pub(super) fn header_height(width: u32, legend: &[(String, Swatch)]) -> i32 {
+    HEADER_H + LEGEND_ROW_H * (legend_rows(width, legend).len() as i32 - 1).max(0)
+}
+
+/// Draws the title and, under it, the legend (both centred, the legend in as many rows as it
+/// needs), above the plot.
 pub(super) fn draw_header<DB: DrawingBackend>(
     root: &DrawingArea<DB, plotters::coord::Shift>,
     width: u32,
@@ -203,29 +244,29 @@ where
 {
     let center = Pos::new(HPos::Center, VPos::Top);
     root.draw(&Text::new(title.to_string(), (width as i32 / 2, 8), font(TITLE_SIZE).pos(center))).map_err(err)?;
-    // plotters cannot measure SVG text: estimate ~0.56 em per character.
-    let char_w = SMALL_SIZE_FONT / 1.24 * 0.56;
-    let item_w = |l: &str| 20 + (char_w * l.chars().count() as f64).round() as i32 + 18;
-    let total: i32 = legend.iter().map(|(l, _)| item_w(l)).sum::<i32>() - 18;
-    let mut x = ((width as i32 - total) / 2).max(8);
-    let y = 36;
-    for (label, swatch) in legend {
-        match *swatch {
-            Swatch::Square(c) => root.draw(&Rectangle::new([(x, y), (x + 12, y + 12)], c.filled())).map_err(err)?,
-            Swatch::Line(c) => {
-                root.draw(&Rectangle::new([(x, y + 5), (x + 14, y + 7)], c.filled())).map_err(err)?;
+    let char_w = SMALL_SIZE_FONT / 1.24 * 0.6;
+    for (row, (start, items)) in legend_rows(width, legend).into_iter().enumerate() {
+        let y = 38 + LEGEND_ROW_H * row as i32;
+        let mut x = start;
+        for i in items {
+            let (label, swatch) = &legend[i];
+            match *swatch {
+                Swatch::Square(c) => root.draw(&Rectangle::new([(x, y), (x + 12, y + 12)], c.filled())).map_err(err)?,
+                Swatch::Line(c) => {
+                    root.draw(&Rectangle::new([(x, y + 5), (x + 14, y + 7)], c.filled())).map_err(err)?;
+                }
+                Swatch::Dotted(c) => {
+                    root.draw(&Rectangle::new([(x, y + 5), (x + 14, y + 7)], c.filled())).map_err(err)?;
+                    root.draw(&Circle::new((x + 7, y + 6), 3, c.filled())).map_err(err)?;
+                }
+                Swatch::Dashed(c) => {
+                    root.draw(&Rectangle::new([(x, y + 5), (x + 5, y + 7)], c.filled())).map_err(err)?;
+                    root.draw(&Rectangle::new([(x + 9, y + 5), (x + 14, y + 7)], c.filled())).map_err(err)?;
+                }
             }
-            Swatch::Dotted(c) => {
-                root.draw(&Rectangle::new([(x, y + 5), (x + 14, y + 7)], c.filled())).map_err(err)?;
-                root.draw(&Circle::new((x + 7, y + 6), 3, c.filled())).map_err(err)?;
-            }
-            Swatch::Dashed(c) => {
-                root.draw(&Rectangle::new([(x, y + 5), (x + 5, y + 7)], c.filled())).map_err(err)?;
-                root.draw(&Rectangle::new([(x + 9, y + 5), (x + 14, y + 7)], c.filled())).map_err(err)?;
-            }
+            root.draw(&Text::new(label.clone(), (x + 20, y - 2), font(SMALL_SIZE_FONT))).map_err(err)?;
+            x += 20 + (char_w * label.chars().count() as f64).ceil() as i32 + 18;
         }
-        root.draw(&Text::new(label.clone(), (x + 20, y - 1), font(SMALL_SIZE_FONT))).map_err(err)?;
-        x += item_w(label);
     }
     Ok(())
 }

@@ -147,9 +147,10 @@ fn draw_timeline(buf: &mut String, tl: &MemoryTimeline, title: &str, opts: &Char
         legend.push((format!("OOM ×{}", tl.ooms.len()), Swatch::Line(OOM_COLOR)));
     }
     draw_header(&root, w, title, &legend)?;
+    let header = header_height(w, &legend);
     let mut chart = ChartBuilder::on(&root)
         .margin(12)
-        .margin_top(HEADER_H)
+        .margin_top(header)
         .margin_right(24)
         .x_label_area_size(46)
         .y_label_area_size(92)
