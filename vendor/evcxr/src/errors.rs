@@ -230,7 +230,11 @@ impl CompilationError {
         if let Value::Array(children) = &json["children"] {
             for child in children {
                 let child_origins = get_code_origins(child, code_block);
-                if !code_origins.iter().any(|k| k.is_user_supplied())
+                // A help or note (`consider importing this function`) is not the error: the error's
+                // own message stays, the child's place in the user's code makes it theirs.
+                let is_error = matches!(child["level"].as_str(), Some("error" | "warning"));
+                if is_error
+                    && !code_origins.iter().any(|k| k.is_user_supplied())
                     && child_origins.iter().any(|k| k.is_user_supplied())
                 {
                     // Use the child instead of the top-level error.

@@ -1837,6 +1837,7 @@ impl ContextState {
             struct EvcxrUserCodeError {{}}
             impl<T: {}> From<T> for EvcxrUserCodeError {{
                 fn from(error: T) -> Self {{
+                    {}
                     eprintln!("{}", error);
                     {}
                     EvcxrUserCodeError {{}}
@@ -1844,6 +1845,7 @@ impl ContextState {
             }}
         "#,
             self.config.error_fmt.format_trait,
+            if for_analysis { "" } else { "eprintln!(\"{}\", evcxr_internal_runtime::USER_ERROR_BEGINS);" },
             self.config.error_fmt.format_str,
             if for_analysis {
                 ""

@@ -11,6 +11,10 @@
 
 pub const VARIABLE_CHANGED_TYPE: &str = "EVCXR_VARIABLE_CHANGED_TYPE:";
 pub const USER_ERROR_OCCURRED: &str = "EVCXR_ERROR_OCCURRED";
+/// Written on stderr just before the text of an error the user's code returned through `?` (a
+/// control character first, so no line a cell prints is it): a front end can show the text once,
+/// as the cell's error, rather than also as stderr.
+pub const USER_ERROR_BEGINS: &str = "\u{1}EVCXR_USER_ERROR_BEGINS";
 
 pub struct VariableStore {
     variables: std::collections::HashMap<String, Box<dyn std::any::Any + 'static>>,
