@@ -17,10 +17,10 @@ use crate::output::{Output, Sink};
 use gpumem_nb::device::nvml::{self, NvmlSnapshot};
 use gpumem_nb::kernel::protocol::Op;
 use gpumem_nb::kernel::report::{
-    CrateReading, LiveCost, TrackedReadings, allocator_absent, device_name, format_ms, line_html, quantity,
-    short_device,
+    CrateReading, LINE_WIDTH, LiveCost, TrackedReadings, allocator_absent, device_before_use, device_name, format_ms,
+    line_html, quantity, short_device,
 };
-use gpumem_nb::units::iec;
+use gpumem_nb::units::iec3;
 use serde_json::{Map, Value};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
@@ -92,7 +92,13 @@ pub fn line(cell: u64, elapsed: Duration, r: &LiveReading, base: &Baseline, pid:
     let reading = r.devices.as_deref().and_then(|v| v.iter().find(|d| d.device == 0).or(v.first()));
     let nvml = r.nvml.device_of(pid, reading.and_then(|a| a.uuid.as_deref()));
     let mut parts = vec![
-        format!("[{cell}] {}", short_device(&device_name(reading, nvml))),
+        format!(
+            "[{cell}] {}",
+            short_device(&match (reading, nvml) {
+                (None, None) => device_before_use(&r.nvml),
+                (a, d) => device_name(a, d),
+            })
+        ),
         format!("running {}", format_ms(elapsed.as_secs_f64() * 1000.0)),
     ];
     let place = reading.map(|a| a.device);
@@ -131,11 +137,18 @@ pub fn line(cell: u64, elapsed: Duration, r: &LiveReading, base: &Baseline, pid:
         parts.push(quantity("CUDA pool", Some(used), d, a.pool_used_high, "peak"));
     }
     match (nvml, reading.and_then(|a| a.device_free)) {
-        (Some(d), _) => parts.push(format!("free {}", iec(d.free))),
-        (None, Some(free)) => parts.push(format!("free {}", iec(free))),
+        (Some(d), _) => parts.push(format!("free {}", iec3(d.free))),
+        (None, Some(free)) => parts.push(format!("free {}", iec3(free))),
         (None, None) => {}
     }
-    parts.join(" · ")
+    // As the report line: at most LINE_WIDTH characters, the last parts (free, the CUDA pool,
+    // every allocation) left out first; the cell, its time, allocated and reserved always kept.
+    let mut line = parts.join(" · ");
+    while line.chars().count() > LINE_WIDTH && parts.len() > 4 {
+        parts.pop();
+        line = parts.join(" · ");
+    }
+    line
 }
 
 /// The line while cell `cell` builds dependencies: the build's progress (on a first `:dep` the
@@ -158,7 +171,7 @@ pub fn bundle(line: &str) -> Map<String, Value> {
 /// [`Sampler::stop`].
 pub struct Sampler {
     stop: mpsc::Sender<()>,
-    thread: JoinHandle<LiveCost>,
+    thread: JoinHandle<(LiveCost, Option<u64>)>,
     id: String,
 }
 
@@ -169,6 +182,17 @@ pub struct Finished {
     pub id: Option<String>,
     /// Lines shown and the sampler's CPU time.
     pub cost: LiveCost,
+    /// What the process held on its devices at the last reading ([`held`]), when one was taken.
+    pub last_held: Option<u64>,
+}
+
+/// What child `pid` holds on its devices in a reading: NVML's process memory where NVML sees it,
+/// else every tracked allocation, else the allocator's reserved bytes.
+pub fn held(r: &LiveReading, pid: Option<u32>) -> Option<u64> {
+    pid.map(|p| r.nvml.devices.iter().filter_map(|d| d.process_used(p)).sum::<u64>())
+        .filter(|&b| b > 0)
+        .or_else(|| r.tracked.as_ref().map(|t| t.places.iter().map(|p| p.live).sum::<u64>()))
+        .or_else(|| r.devices.as_ref().map(|v| v.iter().map(|d| d.reserved).sum::<u64>()))
 }
 
 impl Sampler {
@@ -191,6 +215,7 @@ impl Sampler {
         let thread = std::thread::Builder::new().name("gpumem-live".into()).spawn(move || {
             let t0 = Instant::now();
             let mut cost = LiveCost::default();
+            let mut last_held = None;
             let mut next = started + FIRST_AFTER;
             // Each tick waits for its time unless told to stop (or the sampler is dropped).
             while let Err(RecvTimeoutError::Timeout) =
@@ -200,7 +225,11 @@ impl Sampler {
                     compile.as_ref().and_then(|w| w.lock().ok()?.poll()).filter(Progress::building_dependencies);
                 let text = match building {
                     Some(p) => compile_line(cell, &p),
-                    None => line(cell, started.elapsed(), &read(&control), &base, pid),
+                    None => {
+                        let r = read(&control);
+                        last_held = held(&r, pid).or(last_held);
+                        line(cell, started.elapsed(), &r, &base, pid)
+                    }
                 };
                 let data = bundle(&text);
                 let id = shown_id.clone();
@@ -211,7 +240,7 @@ impl Sampler {
             }
             cost.cpu_us = thread_cpu().as_micros() as u64;
             cost.wall_ms = t0.elapsed().as_secs_f64() * 1000.0;
-            cost
+            (cost, last_held)
         })?;
         Ok(Sampler { stop, thread, id })
     }
@@ -219,8 +248,8 @@ impl Sampler {
     /// Stops the sampler and waits for it (at most one reading in flight).
     pub fn stop(self) -> Finished {
         let _ = self.stop.send(());
-        let cost = self.thread.join().unwrap_or_default();
-        Finished { id: (cost.updates > 0).then_some(self.id), cost }
+        let (cost, last_held) = self.thread.join().unwrap_or_default();
+        Finished { id: (cost.updates > 0).then_some(self.id), cost, last_held }
     }
 }
 
@@ -271,16 +300,20 @@ mod tests {
         let l = line(7, Duration::from_millis(2500), &r, &base, Some(1));
         assert_eq!(
             l,
-            "[7] sim · running 2.50 s · allocated 64.00 MiB (±0 B, peak 96.00 MiB) · reserved 80.00 MiB (+16.00 MiB, \
-             peak 100.00 MiB) · all allocations 90.00 MiB (+26.00 MiB, peak 200.00 MiB) · free 1.00 GiB"
+            "[7] sim · running 2.50 s · allocated 64.0 MiB (peak 96.0 MiB) · reserved 80.0 MiB (+16.0 MiB, peak 100 MiB)"
         );
         // Loaded during the cell: the changes are from nothing.
         let l = line(7, Duration::from_millis(2500), &r, &Baseline::default(), Some(1));
-        assert!(l.contains("allocated 64.00 MiB (+64.00 MiB, peak 96.00 MiB)"), "{l}");
+        assert!(l.contains("allocated 64.0 MiB (+64.0 MiB, peak 96.0 MiB)"), "{l}");
         let none = line(2, Duration::from_secs(3), &LiveReading::default(), &Baseline::default(), None);
-        assert_eq!(
-            none,
-            "[2] device n/a · running 3.00 s · allocator n/a (gpumem-nb not in this notebook: `:dep gpumem-nb`)"
+        // Before the crate opens a device, the one it will open (the simulated one here, or the
+        // first GPU NVML lists).
+        assert!(
+            none.starts_with("[2] ")
+                && none
+                    .ends_with(" · running 3.00 s · allocator n/a (gpumem-nb not in this notebook: `:dep gpumem-nb`)")
+                && !none.contains("device n/a"),
+            "{none}"
         );
         let declared = Baseline { declared: true, ..Default::default() };
         let l = line(1, Duration::from_secs(3), &LiveReading::default(), &declared, None);

@@ -15,6 +15,11 @@ use std::io::{Read, Write};
 /// keeps it from ever being a line a cell printed.
 pub const MARK: &str = "\u{1}gpumem-kernel user error";
 
+/// What the patched evcxr's generated code writes on stderr just before the text of an error the
+/// cell returned through `?` (`evcxr_internal_runtime::USER_ERROR_BEGINS`, vendor/evcxr
+/// PATCHES.md §8): the kernel holds that text back and shows it once, as the cell's error.
+pub const BEGINS: &str = "\u{1}EVCXR_USER_ERROR_BEGINS";
+
 /// What evcxr's generated code prints on stdout when `?` returned an error (evcxr 0.22's
 /// `evcxr_internal_runtime::USER_ERROR_OCCURRED`).
 const EVCXR_MARKER: &[u8] = b"EVCXR_ERROR_OCCURRED";

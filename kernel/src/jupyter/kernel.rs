@@ -260,6 +260,7 @@ fn kill(child: &ChildHandle) {
 
 /// Runs the kernel on a connection file until shutdown.
 pub fn run(connection_file: &Path) -> anyhow::Result<()> {
+    crate::session::mark_start();
     let text = std::fs::read_to_string(connection_file)?;
     let info: ConnectionInfo = serde_json::from_str(&text)?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;

@@ -59,66 +59,77 @@ impl History {
     }
 
     /// The history table: one row per cell; the columns of a source only when it answered for
-    /// some cell (tracking, the allocator, NVML).
+    /// some cell (tracking, the allocator, NVML). What a person reads first comes first (at
+    /// 1400 px they are in view): the cell, its main numbers (every allocation when tracked, else
+    /// the allocator's), what the memory is (one column, its largest parts), the time, notes, the
+    /// site holding the most and the code (cut, whole on hover); then the allocator's and NVML's
+    /// columns, which the table scrolls to.
     pub fn table(&self) -> Table {
         let tracked = self.cells.iter().any(|c| c.all_allocations.as_ref().is_some_and(|a| a.is_tracked()));
         let alloc = self.cells.iter().any(|c| c.allocator.is_some());
         let nvml = self.cells.iter().any(|c| c.nvml.process.after.is_some());
-        let components = self.components();
+        let devices: std::collections::BTreeSet<String> = self.cells.iter().map(|c| short_device(&c.device)).collect();
+        let what = self.components().iter().any(|h| h.is_classified());
         let opt = |v: Option<u64>| v.map_or("–".into(), iec);
         let optd = |v: Option<i64>| v.map_or("–".into(), iec_delta);
-        type Col<'a> = (&'a str, bool, Box<dyn Fn(&CellRecord) -> String + 'a>);
-        // The numbers and notes first, the code last (cut, whole on hover): at 900 px the
-        // numbers stay in view.
-        let mut cols: Vec<Col<'_>> = vec![
-            ("cell", false, Box::new(|c: &CellRecord| format!("[{}]", c.cell))),
-            ("device", false, Box::new(|c: &CellRecord| short_device(&c.device))),
-        ];
-        if tracked {
+        type Col<'a> = (&'a str, bool, Option<usize>, Box<dyn Fn(&CellRecord) -> String + 'a>);
+        let mut cols: Vec<Col<'_>> = vec![("cell", false, None, Box::new(|c: &CellRecord| format!("[{}]", c.cell)))];
+        if devices.len() > 1 {
+            cols.push(("device", false, None, Box::new(|c: &CellRecord| short_device(&c.device))));
+        }
+        let all_cols = |cols: &mut Vec<Col<'_>>| {
             cols.push((
                 "Δ all",
                 true,
+                None,
                 Box::new(move |c: &CellRecord| optd(c.all_allocations.as_ref().and_then(|x| x.delta()))),
             ));
             cols.push((
                 "peak all",
                 true,
+                None,
                 Box::new(move |c: &CellRecord| opt(c.all_allocations.as_ref().and_then(|x| x.place.peak))),
             ));
-        }
-        // What is live after each cell, by component, for the components some cell holds.
-        for &held in &components {
-            cols.push((held.key(), true, Box::new(move |c: &CellRecord| opt(component_after(c, held)))));
-        }
-        if alloc {
+        };
+        let alloc_cols = |cols: &mut Vec<Col<'_>>| {
             cols.push((
                 "Δ allocated",
                 true,
+                None,
                 Box::new(move |c: &CellRecord| optd(c.allocator.as_ref().and_then(|a| a.allocated.delta()))),
             ));
             cols.push((
                 "peak allocated",
                 true,
+                None,
                 Box::new(move |c: &CellRecord| opt(c.allocator.as_ref().map(|a| a.peak_allocated))),
             ));
             cols.push((
                 "Δ reserved",
                 true,
+                None,
                 Box::new(move |c: &CellRecord| optd(c.allocator.as_ref().and_then(|a| a.reserved.delta()))),
             ));
+        };
+        if tracked {
+            all_cols(&mut cols);
+        } else if alloc {
+            alloc_cols(&mut cols);
         }
-        if nvml {
-            cols.push(("process", true, Box::new(move |c: &CellRecord| opt(c.nvml.process.after))));
-            cols.push(("Δ process", true, Box::new(move |c: &CellRecord| optd(c.nvml.process.delta()))));
+        // What is live after each cell, by component: its largest parts.
+        if what {
+            cols.push(("what", false, Some(28), Box::new(|c: &CellRecord| what_after(c))));
         }
         cols.push((
             "wall",
             true,
+            None,
             Box::new(|c: &CellRecord| if c.status == CellStatus::Refused { "–".into() } else { format_ms(c.wall_ms) }),
         ));
         cols.push((
             "notes",
             false,
+            Some(24),
             Box::new(|c: &CellRecord| {
                 let mut notes: Vec<String> = Vec::new();
                 match c.status {
@@ -142,22 +153,44 @@ impl History {
             cols.push((
                 "top site",
                 false,
+                Some(24),
                 Box::new(move |c: &CellRecord| {
+                    // The allocator's cached free memory is no one's: the site holding the most.
                     c.all_allocations
                         .as_ref()
-                        .and_then(|x| x.place.top.first())
+                        .and_then(|x| {
+                            x.place
+                                .top
+                                .iter()
+                                .find(|t| t.function.as_deref() != Some(gpumem_nb::kernel::protocol::CACHED_FREE))
+                        })
                         .map_or("–".into(), |t| format!("{} {}", t.site(), iec(t.bytes)))
                 }),
             ));
         }
-        cols.push(("code", false, Box::new(|c: &CellRecord| c.first_line.clone())));
+        cols.push(("code", false, Some(24), Box::new(|c: &CellRecord| c.first_line.clone())));
+        if tracked && alloc {
+            alloc_cols(&mut cols);
+        }
+        if nvml {
+            cols.push(("process", true, None, Box::new(move |c: &CellRecord| opt(c.nvml.process.after))));
+            cols.push(("Δ process", true, None, Box::new(move |c: &CellRecord| optd(c.nvml.process.delta()))));
+        }
         let right: Vec<usize> = cols.iter().enumerate().filter(|(_, c)| c.1).map(|(i, _)| i).collect();
-        let mut t = Table::new(cols.iter().map(|c| c.0)).right_align(right).cut_column(cols.len() - 1, 32);
+        let mut t = Table::new(cols.iter().map(|c| c.0)).right_align(right);
+        for (i, c) in cols.iter().enumerate() {
+            if let Some(n) = c.2 {
+                t = t.cut_column(i, n);
+            }
+        }
         for c in &self.cells {
-            t.row(cols.iter().map(|col| (col.2)(c)));
+            t.row(cols.iter().map(|col| (col.3)(c)));
         }
         // Each source named only where it answered for some cell.
         let mut caption = vec![format!("{} this session", gpumem_nb::units::count(self.cells.len(), "cell"))];
+        if devices.len() == 1 {
+            caption.push(format!("device {}", devices.iter().next().map_or("", String::as_str)));
+        }
         caption.extend(self.dropped.line());
         if let Some(tracking) = self
             .cells
@@ -167,9 +200,12 @@ impl History {
         {
             caption.push(format!("all: every allocation of the process (tracking: {tracking})"));
         }
-        if !components.is_empty() {
-            let names: Vec<&str> = components.iter().map(|h| h.key()).collect();
-            caption.push(format!("{}: live after the cell, by what it is (tracking)", names.join(", ")));
+        if what {
+            caption.push(
+                "what: live after the cell by component, largest first (tracking; untagged: no stamp or rule \
+                          named it)"
+                    .into(),
+            );
         }
         if self.cells.iter().any(|c| c.allocator.is_some()) {
             caption.push("allocated, reserved: the gpumem-nb allocator (exact)".into());
@@ -200,7 +236,7 @@ impl History {
         // What is live after each cell, stacked by component.
         for held in self.components() {
             series.push(Series::stacked(
-                format!("{held} (after)"),
+                format!("{} (after)", held.label()),
                 self.cells.iter().map(|c| component_after(c, held)).collect::<Vec<_>>(),
             ));
         }
@@ -295,6 +331,21 @@ const COMPONENT_ORDER: [Held; 9] = [
 
 /// What `held` held after the cell (its device's tracked allocations), when the record has
 /// components.
+/// What is live after a cell by component, its two largest parts (`optimizer_state 512.00 MiB,
+/// gradient 256.00 MiB, …`), the allocator's cache left out; `–` where nothing is.
+fn what_after(c: &CellRecord) -> String {
+    let Some(a) = c.all_allocations.as_ref() else { return "–".into() };
+    let mut parts: Vec<_> =
+        a.place.by_component.iter().filter(|x| x.component != Held::Cached && x.after > 0).collect();
+    parts.sort_by(|x, y| y.after.cmp(&x.after).then(x.component.key().cmp(y.component.key())));
+    let mut shown: Vec<String> =
+        parts.iter().take(2).map(|x| format!("{} {}", x.component.label(), iec(x.after))).collect();
+    if parts.len() > 2 {
+        shown.push("…".into());
+    }
+    if shown.is_empty() { "–".into() } else { shown.join(", ") }
+}
+
 fn component_after(c: &CellRecord, held: Held) -> Option<u64> {
     let a = c.all_allocations.as_ref().filter(|a| !a.place.by_component.is_empty())?;
     Some(a.place.by_component.iter().find(|x| x.component == held).map_or(0, |x| x.after))
@@ -366,8 +417,7 @@ mod tests {
         let line = rec.line();
         assert_eq!(
             line,
-            "[3] sim · 0 µs · allocated 512.00 MiB (+512.00 MiB, peak 1.00 GiB) · reserved 512.00 MiB (+512.00 MiB) \
-             · free 80.00 GiB"
+            "[3] sim · 0 µs · allocated 512 MiB (+512 MiB, peak 1.00 GiB) · reserved 512 MiB (+512 MiB) · free 80.0 GiB"
         );
         assert!(line.chars().count() <= 120, "{line}");
         assert!(!rec.restarted);
@@ -434,8 +484,10 @@ mod tests {
         assert!(line.starts_with("[4] NVIDIA H100"), "{line}");
         assert!(rec.details().to_text().contains("NVIDIA H100"));
         assert!(line.contains("⟳ restarted"), "{line}");
-        assert!(line.contains("over budget: process 2.00 GiB > 1.00 GiB"), "{line}");
-        assert!(line.contains("low headroom"), "{line}");
+        // Each warning at least by its name on the line; whole in the record (and the notes).
+        assert!(line.contains("⚠ over budget") && line.contains("⚠ low headroom"), "{line}");
+        assert!(line.chars().count() <= 120, "{line}");
+        assert!(rec.warnings.iter().any(|w| w == "over budget: process 2.00 GiB > 1.00 GiB"), "{:?}", rec.warnings);
     }
 
     #[test]

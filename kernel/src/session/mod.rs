@@ -11,9 +11,24 @@
 //!    rest summarised.
 //! 2. `history`, `metrics` — the session's history: warnings that need earlier cells, the table,
 //!    the peaks chart, export; the OpenMetrics endpoint for Prometheus (`%gpumem metrics on`).
+//!
+//! And when the kernel's process started ([`mark_start`], [`start`]): a cell sent before the
+//! kernel was ready is timed from there, as its user waited.
 
 pub mod control;
 pub mod retention;
 
 pub mod history;
 pub mod metrics;
+
+static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+
+/// Notes that the kernel's process starts now (the first call counts).
+pub fn mark_start() {
+    let _ = START.set(std::time::Instant::now());
+}
+
+/// When the kernel's process started, when it was noted.
+pub fn start() -> Option<std::time::Instant> {
+    START.get().copied()
+}

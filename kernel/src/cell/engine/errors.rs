@@ -4,8 +4,8 @@
 use crate::build::stable_hash::StableHash;
 use crate::output::ErrorInfo;
 
-/// evcxr's error as Jupyter's: `held` is what the child held on its devices when the cell began
-/// (released if the child was stopped).
+/// evcxr's error as Jupyter's: `held` is what the child held on its devices when it was stopped
+/// (the live line's last reading, or the cell's start), released with it.
 pub(super) fn error_info(e: &evcxr::Error, code: &str, interrupted: bool, held: Option<u64>) -> ErrorInfo {
     match e {
         evcxr::Error::CompilationErrors(errors) => {
@@ -52,14 +52,15 @@ pub(super) fn error_info(e: &evcxr::Error, code: &str, interrupted: bool, held: 
         }
         evcxr::Error::SubprocessTerminated(msg) => {
             let ename = if interrupted { "Interrupted" } else { "SubprocessTerminated" };
+            // What it held is said once, here: the figure of the last reading (the live line's).
             let released = match held.filter(|&b| b > 0) {
-                Some(b) => format!(", and the {} it held on the device was released", gpumem_nb::units::iec(b)),
+                Some(b) => format!("; the {} it held on the device was released", gpumem_nb::units::iec(b)),
                 None => String::new(),
             };
             let evalue = if interrupted {
-                format!("the cell was interrupted: its process was stopped and started again{released}")
+                format!("the cell's process was stopped and a new one started{released}")
             } else {
-                format!("the notebook's process ended and was started again{released}")
+                format!("the notebook's process ended and a new one started{released}")
             };
             let mut tb = vec![
                 format!("\x1b[1;31m{ename}\x1b[0m: {evalue}"),

@@ -93,7 +93,14 @@ impl Engine {
             Magic::Budget(b) => {
                 self.history.budget = *b;
                 match b {
-                    Some(b) => self.stream("stdout", format!("gpumem: budget {} per cell peak", iec(*b))),
+                    Some(b) => self.stream(
+                        "stdout",
+                        format!(
+                            "gpumem: budget {} ({} bytes) per cell peak; sizes are binary (1.5 GB is read as 1.5 GiB)",
+                            iec(*b),
+                            gpumem_nb::units::group_digits(*b)
+                        ),
+                    ),
                     None => self.stream("stdout", "gpumem: budget off"),
                 }
             }

@@ -141,6 +141,10 @@ pub struct Engine {
     lost: Option<(u64, gpumem_nb::device::LostContext)>,
     /// Why `%gpumem restart` replaced the child before this cell's code (its record says so).
     restarted_by_magic: Option<String>,
+    /// The variables lost with the last process replaced (an interrupt, a crash, a restart): the
+    /// names not defined again since, the cell in which it happened and why. An error naming one
+    /// says so.
+    gone: Option<outcome::Gone>,
     /// The cells' build, watched for the live line and the console.
     compile: Option<Arc<Mutex<progress::Watch>>>,
     /// The gpumem-nb this kernel was built with (what `:dep gpumem-nb` loads).
@@ -160,6 +164,9 @@ pub struct Engine {
     /// such work done (the cell, when it ended).
     warm_up: Option<u64>,
     warmed: Option<(u64, Instant)>,
+    /// When the engine was ready (evcxr started): a request that came before it waited for the
+    /// kernel's start.
+    ready: Instant,
 }
 
 impl Engine {
@@ -260,6 +267,8 @@ impl Engine {
             display: Display::new(evcxr::config_dir().as_deref()),
             lost: None,
             restarted_by_magic: None,
+            gone: None,
+            ready: Instant::now(),
             cell_ends: Default::default(),
             metrics,
             warm_up: None,
@@ -455,8 +464,17 @@ impl Engine {
     ) -> Ran {
         // The cell's time is what its user waits for: from its request to its report (a wait
         // for evcxr's start or the idle work before it, the hooks, the build, the code).
-        let started = queued.unwrap_or_else(Instant::now);
+        // A request that came before the engine was ready (a notebook run as it opened: the
+        // front end sent it once the kernel answered) waited for the kernel's start too: from
+        // the process's start, then.
+        let started = match queued {
+            Some(q) if q < self.ready => crate::session::start().filter(|s| *s <= q).unwrap_or(q),
+            Some(q) => q,
+            None => Instant::now(),
+        };
         let before = self.read_before(count, run_code, cell_magic);
+        // The names a replaced process would take with it.
+        let names: Vec<String> = self.ctx.variables_and_types().map(|(n, _)| n.to_string()).collect();
         self.interrupted.store(false, Ordering::SeqCst);
         let t0 = Instant::now();
         let restarted = self.restart_if_asked(run_code);
@@ -500,9 +518,11 @@ impl Engine {
         let after = self.hooks.after(count, self.child_pid());
         self.cell_ends.insert(count, (after.pid, hooks::now_us()));
         self.last_hook_us = (before.us, after.us);
-        let end = self.show_result(count, run_code, result, &before, &after);
+        let last_held = live.as_ref().and_then(|l| l.last_held);
+        let end = self.show_result(count, run_code, result, (&before, last_held), &after);
         let ran = RanCode { code: run_code, shown, started, restarted: restarted.is_some() };
         let mut rec = self.record(count, &ran, &before, &after, &end);
+        self.note_gone(&rec, names);
         rec.live = live.as_ref().filter(|l| l.id.is_some()).map(|l| l.cost.clone());
         if let Some(phases) = phases {
             crate::build::timings::append(&serde_json::json!({

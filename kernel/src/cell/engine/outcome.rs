@@ -50,7 +50,7 @@ impl Engine {
         count: u64,
         run_code: &str,
         result: Result<evcxr::EvalOutputs, evcxr::Error>,
-        before: &Before,
+        (before, last_held): (&Before, Option<u64>),
         after: &After,
     ) -> Ending {
         let interrupted = self.interrupted.swap(false, Ordering::SeqCst);
@@ -91,7 +91,13 @@ impl Engine {
                 if let evcxr::Error::SubprocessTerminated(msg) = &e {
                     terminated = Some(msg.lines().last().unwrap_or("").to_string());
                 }
-                let mut info = errors::error_info(&e, run_code, interrupted, held(before));
+                // What the process held when it was stopped: the live line's last reading, else
+                // the cell's start (it ended before the live line's first reading).
+                let held = last_held.or_else(|| held(before));
+                let mut info = errors::error_info(&e, run_code, interrupted, held);
+                if let (evcxr::Error::CompilationErrors(errs), Some(gone)) = (&e, &self.gone) {
+                    info.traceback.extend(gone.notes(errs.iter().map(|e| e.message())));
+                }
                 // A panic that ended the child (it was not caught): its text first.
                 if let Some(p) = &panicked {
                     let mut tb = panic::error_info(p, count, &locate).traceback;
@@ -193,6 +199,46 @@ impl Engine {
     }
 }
 
+/// The variables lost when a cell's process was replaced.
+pub(super) struct Gone {
+    names: Vec<String>,
+    cell: u64,
+    why: String,
+}
+
+impl Gone {
+    /// A note for each lost name the messages name (`` `alloc` ``): rustc's error stays whole
+    /// above it.
+    fn notes(&self, messages: impl Iterator<Item = String>) -> Vec<String> {
+        let text: Vec<String> = messages.collect();
+        self.names
+            .iter()
+            .filter(|n| text.iter().any(|m| m.contains(&format!("`{n}`"))))
+            .map(|n| {
+                format!(
+                    "   = note: `{n}` was lost with the notebook's process in cell [{}] ({}): variables do not \
+                     survive a new process; run the cell that made it again",
+                    self.cell, self.why
+                )
+            })
+            .collect()
+    }
+}
+
+impl Engine {
+    /// Keeps the names a replaced process took with it (`names`: the variables before the cell),
+    /// and forgets those defined again.
+    pub(super) fn note_gone(&mut self, rec: &CellRecord, names: Vec<String>) {
+        if rec.restarted {
+            let why = rec.restart_reason.clone().unwrap_or_else(|| "process replaced".into());
+            self.gone = Some(Gone { names, cell: rec.cell, why });
+        } else if let Some(g) = &mut self.gone {
+            let now: std::collections::HashSet<&str> = self.ctx.variables_and_types().map(|(n, _)| n).collect();
+            g.names.retain(|n| !now.contains(n.as_str()));
+        }
+    }
+}
+
 /// The code a cell ran, as the record tells it.
 pub(super) struct RanCode<'a> {
     /// What evcxr got.
@@ -205,8 +251,8 @@ pub(super) struct RanCode<'a> {
     pub(super) restarted: bool,
 }
 
-/// What the stopped process held on its devices (NVML's process memory, else every tracked
-/// allocation, else the allocator's reserved bytes), at the cell's start: released with it.
+/// What the stopped process held on its devices at the cell's start (NVML's process memory,
+/// else every tracked allocation, else the allocator's reserved bytes): released with it.
 fn held(before: &Before) -> Option<u64> {
     before
         .pid

@@ -25,6 +25,7 @@
 //! and line where a [`Locate`] can say which (issue "which line holds my memory"), else by the
 //! cell alone.
 
+use crate::cell::user_error;
 use crate::output::ErrorInfo;
 
 /// Maps a line of evcxr's generated `src/lib.rs` to (cell, line in the cell), when known.
@@ -68,6 +69,9 @@ pub(super) struct Capture {
     /// The stderr lines before the child's mark that the cell's code returned `Err`
     /// (`crate::cell::user_error`), when it did.
     pub returned_error: Option<Vec<String>>,
+    /// The text of an error the code is returning (after evcxr's [`user_error::BEGINS`]), held
+    /// back from stderr: it is shown once, as the cell's error.
+    held: Option<Vec<String>>,
 }
 
 /// How many of the last stderr lines a [`Capture`] keeps for an error the cell returned.
@@ -80,6 +84,7 @@ impl Capture {
             tid,
             state: State::Outside,
             blank: false,
+            held: None,
             panics: Vec::new(),
             recent: std::collections::VecDeque::new(),
             returned_error: None,
@@ -90,6 +95,14 @@ impl Capture {
     /// panic block, and a blank line is held until the next line says whether a header follows).
     pub(super) fn line(&mut self, line: &str) -> Vec<String> {
         let mut out = Vec::new();
+        if line == user_error::BEGINS {
+            self.held = Some(Vec::new());
+            return out;
+        }
+        if let Some(h) = &mut self.held {
+            h.push(line.to_string());
+            return out;
+        }
         if self.state == State::Backtrace {
             let t = line.trim_start();
             let frame = t.starts_with("at ")
@@ -140,13 +153,17 @@ impl Capture {
     /// The child's mark that the cell's code returned `Err`: the lines before it are the
     /// error's text.
     pub(super) fn returned_err(&mut self) {
-        self.returned_error = Some(self.recent.drain(..).collect());
+        let recent = self.recent.drain(..).collect();
+        self.returned_error = Some(self.held.take().unwrap_or(recent));
     }
 
     /// The end of the cell: a blank line still held back.
     pub(super) fn finish(&mut self) -> Vec<String> {
         self.state = State::Outside;
-        if std::mem::take(&mut self.blank) { vec![String::new()] } else { Vec::new() }
+        let mut out = if std::mem::take(&mut self.blank) { vec![String::new()] } else { Vec::new() };
+        // Held back for an error that was never marked: it was stderr after all.
+        out.extend(self.held.take().unwrap_or_default());
+        out
     }
 
     /// The location, when `line` is the header of a panic on the cell's thread:
@@ -257,7 +274,15 @@ fn owner(f: &Frame) -> Owner {
         "_start",
         "clone3",
     ];
-    if at.contains("/rustc/") || at.contains("/library/std/") || STD.iter().any(|p| f.name.starts_with(p)) {
+    // std, core and alloc by their sources (a toolchain's `rustlib/src/rust/library/…` or the
+    // `/rustc/<hash>/library/…` of its debug info), and frames without a symbol (`<unknown>`:
+    // std's code inlined into the unwinder's callers) with them.
+    let library = ["/library/std/", "/library/core/", "/library/alloc/", "/library/panic_"];
+    if at.contains("/rustc/")
+        || library.iter().any(|l| at.contains(l))
+        || f.name == "<unknown>"
+        || STD.iter().any(|p| f.name.starts_with(p))
+    {
         return Owner::Std;
     }
     Owner::Dep
@@ -315,9 +340,20 @@ pub(super) fn error_info(p: &PanicText, cell: u64, locate: Locate<'_>) -> ErrorI
                 .collect(),
             _ => Vec::new(),
         };
-        // One cell line for the cell's body and its closures, when nothing tells them apart.
-        let mut shown = shown;
-        shown.dedup_by(|b, a| function(b.1, cell) == function(a.1, cell) && b.1.at == a.1.at);
+        // One frame for the cell's body and its closures (and any function repeated in a row:
+        // inlined shims of it), the one that says where.
+        let mut kept: Vec<(usize, &Frame)> = Vec::new();
+        for (i, f) in shown {
+            match kept.last_mut() {
+                Some(last) if function(last.1, cell) == function(f, cell) => {
+                    if last.1.at.is_none() && f.at.is_some() {
+                        *last = (i, f);
+                    }
+                }
+                _ => kept.push((i, f)),
+            }
+        }
+        let shown = kept;
         let hidden = all.len() - shown.len();
         let what = if shown.is_empty() {
             format!("{hidden} frames, all of std, evcxr and gpumem-kernel: hidden")
