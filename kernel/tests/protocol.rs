@@ -450,7 +450,7 @@ async fn protocol() {
         .expect("the interrupted cell's error");
     assert_eq!(err["ename"], "Interrupted", "{err}");
     let evalue = err["evalue"].as_str().unwrap();
-    assert!(evalue.starts_with("the cell was interrupted: its process was stopped and started again"), "{evalue}");
+    assert!(evalue.starts_with("the cell's process was stopped and a new one started"), "{evalue}");
     assert!(!evalue.contains("SIGKILL"), "the signal is a detail of the traceback: {evalue}");
     let e = k.execute("2 * 21").await;
     assert_eq!(e.result_text().as_deref(), Some("42"));
@@ -569,7 +569,7 @@ async fn live_line_and_usage() {
     assert_eq!(shown.len(), 1, "one live line: {json:?}");
     let id = shown[0]["transient"]["display_id"].as_str().unwrap();
     let line = shown[0]["data"]["text/plain"].as_str().unwrap();
-    assert!(line.contains("running") && line.contains("allocated 64.00 MiB (±0 B)"), "{line}");
+    assert!(line.contains("running") && line.contains("allocated 64.0 MiB (±0 B)"), "{line}");
     let updates: Vec<&serde_json::Value> =
         json.iter().filter(|(t, _)| t == "update_display_data").map(|(_, c)| c).collect();
     assert!(updates.iter().all(|u| u["transient"]["display_id"] == id), "{updates:?}");
@@ -858,7 +858,7 @@ async fn a_gpu_fault_is_named_and_survived() {
     assert_eq!(std::fs::read_to_string(&saved).unwrap(), "[1.5, 2.5, 3.5]");
     let _ = std::fs::remove_file(&saved);
     let line = e.reports_text();
-    assert!(line.contains("✗ CUDA context lost (illegal address): device calls fail, host code runs"), "{line}");
+    assert!(line.contains("✗ CUDA context lost (illegal address): ") && line.contains("host code runs"), "{line}");
     assert_eq!(e.reports()[0]["status"], "ok", "{}", e.reports()[0]);
 
     // Cell 6: a fresh process, the same cell's code works on it.
@@ -904,7 +904,11 @@ async fn a_framework_thread_lands_in_the_cell_that_queued_it() {
     let rec = &e.reports()[0];
     let cell = rec["cell"].as_u64().unwrap();
     let line = e.reports_text();
-    assert!(line.contains("all allocations 36.00 MiB (+36.00 MiB)"), "{line}");
+    // Every allocation (the same 36 MiB seen from the driver) is in the record; the line keeps
+    // the framework's own figures within its 120 characters.
+    let all = &rec["all_allocations"];
+    assert_eq!(all["after"].as_u64().unwrap() - all["before"].as_u64().unwrap(), 36 << 20, "{rec}");
+    assert!(line.lines().all(|l| l.chars().count() <= 120), "{line}");
     assert!(line.contains("simqueue in use 36.00 MiB (+36.00 MiB"), "the framework's own figures: {line}");
     assert!(rec["unsettled"].as_array().is_none_or(|v| v.is_empty()), "{rec}");
     let top = rec["all_allocations"]["top"].as_array().unwrap_or_else(|| panic!("{rec}"));
@@ -924,13 +928,12 @@ async fn a_framework_thread_lands_in_the_cell_that_queued_it() {
         .await;
     assert_eq!(e.status(), ReplyStatus::Ok, "{:?}", e.json());
     let line = e.reports_text();
-    assert!(
-        line.contains(
-            "simqueue in use 108.00 MiB (+72.00 MiB, cached 0 B); by stamp: optimizer_state +48.00 MiB, parameter \
-             +24.00 MiB"
-        ),
-        "{line}"
-    );
+    // The line keeps the framework's figures within its 120 characters; the stamps' changes are
+    // on it where room allows, and in the details always.
+    assert!(line.contains("simqueue in use 108.00 MiB (+72.00 MiB, cached 0 B)"), "{line}");
+    assert!(line.lines().all(|l| l.chars().count() <= 120), "{line}");
+    let details: String = e.of_type("display_data").iter().filter_map(|d| d["data"]["text/html"].as_str()).collect();
+    assert!(details.contains("in use, `optimizer_state` stamps"), "{details}");
     let phases = &e.reports()[0]["frameworks"][0]["phases"];
     let want = serde_json::json!([
         {"component": "optimizer_state", "phases": 1, "change": 48u64 << 20},

@@ -235,6 +235,17 @@ pub(crate) fn resolved() -> Option<Resolved> {
     registry().as_ref().map(|r| r.resolved.clone())
 }
 
+/// The device a notebook will use before the crate has opened one: the simulated one where
+/// `GPUMEM_NB_DEVICE` asks for it, the first GPU NVML lists, else none.
+pub fn device_before_use(nvml: &crate::device::nvml::NvmlSnapshot) -> String {
+    match (selection(), nvml.devices.first()) {
+        (Ok(DeviceSelection::Sim(_)), _) => "sim:0 (simulated)".into(),
+        (_, Some(d)) => format!("cuda:0 {} (not used yet)", d.name),
+        (Ok(DeviceSelection::Auto), None) => "sim:0 (simulated)".into(),
+        _ => "device n/a".into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

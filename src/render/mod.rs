@@ -237,6 +237,14 @@ impl Table {
             );
         }
         h.push_str("</tr></thead><tbody>");
+        // A words column is kept from a sliver (18 characters at least), but never wider than its
+        // longest text: an empty notes column takes only its title's width.
+        let longest = |i: usize| {
+            let cells = self.rows.iter().filter_map(|r| r.get(i)).map(|c| c.chars().count());
+            let cut = self.cut.iter().find(|(col, _)| *col == i).map_or(usize::MAX, |(_, n)| *n);
+            cells.chain(self.header.get(i).map(|h| h.chars().count())).max().unwrap_or(0).min(cut)
+        };
+        let min_ch: Vec<usize> = (0..self.header.len()).map(|i| longest(i).min(18)).collect();
         for (n, r) in self.rows.iter().enumerate() {
             let bg = if n % 2 == 0 {
                 "var(--jp-layout-color0,#fff)"
@@ -251,7 +259,12 @@ impl Table {
                 } else if i == 0 {
                     ("left", "min-width:8ch;")
                 } else {
-                    ("left", "min-width:18ch;")
+                    ("left", "")
+                };
+                let wrap = if wrap.is_empty() {
+                    format!("min-width:{}ch;", min_ch.get(i).copied().unwrap_or(18))
+                } else {
+                    wrap.to_string()
                 };
                 let text = match self.cut.iter().find(|(col, _)| *col == i) {
                     Some(&(_, n)) if c.chars().count() > n => format!(

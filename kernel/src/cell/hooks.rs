@@ -331,5 +331,13 @@ pub fn record(cell: u64, before: &Before, after: &After) -> CellRecord {
     rec.unsettled = after.unsettled.clone();
     let frameworks_before = if before.pid == after.pid { before.frameworks.as_deref() } else { None };
     rec.frameworks = framework_parts(frameworks_before, after.frameworks.as_deref());
+    // No reading names the device (a process replaced in the cell, a crate not loaded yet): the
+    // device the cell had, or the one the notebook will use.
+    if rec.device == "device n/a" {
+        rec.device = match before.crate_readings.as_deref().and_then(|v| v.first()) {
+            Some(a) => gpumem_nb::kernel::report::device_name(Some(a), None),
+            None => gpumem_nb::kernel::device_before_use(&after.nvml),
+        };
+    }
     rec
 }

@@ -17,8 +17,8 @@ use crate::output::{Output, Sink};
 use gpumem_nb::device::nvml::{self, NvmlSnapshot};
 use gpumem_nb::kernel::protocol::Op;
 use gpumem_nb::kernel::report::{
-    CrateReading, LINE_WIDTH, LiveCost, TrackedReadings, allocator_absent, device_before_use, device_name, format_ms,
-    line_html, quantity, short_device,
+    CrateReading, LINE_WIDTH, LiveCost, TrackedReadings, allocator_absent, device_name, format_ms, line_html, quantity,
+    short_device,
 };
 use gpumem_nb::units::iec3;
 use serde_json::{Map, Value};
@@ -95,7 +95,7 @@ pub fn line(cell: u64, elapsed: Duration, r: &LiveReading, base: &Baseline, pid:
         format!(
             "[{cell}] {}",
             short_device(&match (reading, nvml) {
-                (None, None) => device_before_use(&r.nvml),
+                (None, None) => gpumem_nb::kernel::device_before_use(&r.nvml),
                 (a, d) => device_name(a, d),
             })
         ),

@@ -23,9 +23,22 @@ pub mod metrics;
 
 static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
 
-/// Notes that the kernel's process starts now (the first call counts).
+/// Notes when the kernel's process started (the first call counts): the kernel's own start
+/// (`/proc/self/stat`), the loading of its binary included; now where that cannot be read.
 pub fn mark_start() {
-    let _ = START.set(std::time::Instant::now());
+    let now = std::time::Instant::now();
+    let _ = START.set(process_age().and_then(|age| now.checked_sub(age)).unwrap_or(now));
+}
+
+/// How long ago this process started: the system's uptime less the process's start time, both
+/// in the kernel's clock (`/proc/uptime`, field 22 of `/proc/self/stat`).
+fn process_age() -> Option<std::time::Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The fields after the command's name (which may hold spaces) from the third on.
+    let start_ticks: f64 = stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()?;
+    let uptime: f64 = std::fs::read_to_string("/proc/uptime").ok()?.split_whitespace().next()?.parse().ok()?;
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok()?? as f64;
+    Some(std::time::Duration::from_secs_f64((uptime - start_ticks / hz).max(0.0)))
 }
 
 /// When the kernel's process started, when it was noted.

@@ -1,5 +1,6 @@
 //! What a record shows: the one-line report, its details table, the `display_data` bundle.
 
+use super::fit::{Keep, Parts};
 use super::{CELL_MIME, CellRecord, CellStatus, Span};
 use crate::notebook::protocol::Held;
 use crate::record::component::Component;
@@ -543,90 +544,6 @@ pub fn line_html(line: &str, class: &str, warn: bool, extra: &str, details: Opti
 /// The most characters a report line (and the live line) takes: what does not fit is in the
 /// details table.
 pub const LINE_WIDTH: usize = 120;
-
-/// How long a part of the line is kept when the line is too long (the lowest goes first).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Keep {
-    Free,
-    Nvml,
-    Devices,
-    Children,
-    Top,
-    Pool,
-    What,
-    /// The allocator's reserved bytes with their change; then without; then left out (the
-    /// details have them), before every allocation is (memory beyond the allocator's) or the
-    /// components' largest change.
-    Reserved,
-    ReservedShort,
-    All,
-    /// A watched framework's own numbers (cubecl's pools for burn).
-    Framework,
-    WhatShortest,
-    /// A framework's figures without its stamps' changes.
-    FrameworkShort,
-    Flag,
-    Restart,
-    /// A warning's or a restart's short form (`⚠ over budget`, `⟳ restarted`): the details and
-    /// the history's notes have it whole.
-    FlagShort,
-    Always,
-}
-
-/// A line's parts in the order they are shown, each with its forms from richest to shortest,
-/// and how long each form is kept.
-#[derive(Default)]
-struct Parts(Vec<Vec<(Keep, String)>>);
-
-impl Parts {
-    fn keep(&mut self, text: String) {
-        self.add(Keep::Always, text);
-    }
-
-    /// A part always kept, shortened to its next form where the line needs it.
-    fn keep_variants(&mut self, forms: Vec<String>) {
-        self.0.push(forms.into_iter().map(|f| (Keep::Always, f)).collect());
-    }
-
-    fn add(&mut self, keep: Keep, text: String) {
-        self.0.push(vec![(keep, text)]);
-    }
-
-    fn add_forms(&mut self, forms: Vec<(Keep, String)>) {
-        if !forms.is_empty() {
-            self.0.push(forms);
-        }
-    }
-
-    fn text(&self) -> String {
-        let shown: Vec<&str> = self.0.iter().map(|f| f[0].1.as_str()).collect();
-        shown.join(" · ")
-    }
-
-    /// The parts joined by ` · `, at most `width` characters where the parts that are always
-    /// kept allow it: the part whose form is least important is shortened (its next form) or
-    /// left out, until the line fits.
-    fn fit(mut self, width: usize) -> String {
-        loop {
-            let line = self.text();
-            if line.chars().count() <= width {
-                return line;
-            }
-            // The least important form that can still change; the later one of equals (a
-            // part always kept can only be shortened).
-            let can_change = |i: &usize| self.0[*i][0].0 != Keep::Always || self.0[*i].len() > 1;
-            let Some(i) = (0..self.0.len()).filter(can_change).min_by_key(|&i| (self.0[i][0].0, std::cmp::Reverse(i)))
-            else {
-                return line;
-            };
-            if self.0[i].len() > 1 {
-                self.0[i].remove(0);
-            } else {
-                self.0.remove(i);
-            }
-        }
-    }
-}
 
 /// What the tracked bytes are, for the line, in forms from richest to shortest: the components
 /// the cell changed, by their largest changes (`what: optimizer_state +512 MiB, gradient +256

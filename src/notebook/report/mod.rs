@@ -7,11 +7,13 @@
 //! crate's own hooks in the child (`notebook::stock`).
 //!
 //! - `record`: the record's types ([`CellRecord`] and its parts) and [`build_record`].
-//! - `line`: the one-line report, its details table, the `display_data` bundle.
+//! - `line`: the one-line report, its details table, the `display_data` bundle; `fit`: the
+//!   line's parts kept by importance within its width.
 //! - `framework`: a watched framework's own numbers in the record ([`FrameworkPart`]), and what
 //!   a re-run left behind ([`Growth`]).
 #![forbid(unsafe_code)]
 
+mod fit;
 mod framework;
 mod line;
 mod record;
@@ -24,5 +26,5 @@ pub use line::{
 pub use record::{
     AllAllocations, AllocatorPart, CELL_MIME, CellRecord, CellStatus, ComponentDelta, CrateReading, LiveCost, NvmlPart,
     PlaceAll, PoolPart, Readings, SourceDelta, Sources, Span, TrackedReadings, all_allocations, build_record,
-    device_before_use, device_name,
+    device_name,
 };

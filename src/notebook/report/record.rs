@@ -640,26 +640,12 @@ pub fn build_record(cell: u64, r: &Readings<'_>) -> CellRecord {
             None => "unknown".into(),
         };
     }
-    // A cell that ended without the crate's reading (a new process after an interrupt, a
-    // notebook before the crate loads): the device it had, or the one it will have.
-    rec.device = match (after0.or_else(|| r.crate_before.and_then(|v| v.first())), dev_after) {
-        (None, None) => device_before_use(&r.nvml_after),
-        (a, d) => device_name(a, d),
-    };
+    // A cell that ended without the crate's reading (a new process after an interrupt): the
+    // device it had (gpumem-kernel names the one a notebook will use before the crate loads:
+    // `registry::device_before_use`).
+    rec.device = device_name(after0.or_else(|| r.crate_before.and_then(|v| v.first())), dev_after);
     rec.lost = r.crate_after.and_then(|v| v.iter().find_map(|d| d.lost.clone()));
     rec
-}
-
-/// The device a notebook will use before the crate has opened one: the simulated one where
-/// `GPUMEM_NB_DEVICE` asks for it, the first GPU NVML lists, else none.
-pub fn device_before_use(nvml: &crate::device::nvml::NvmlSnapshot) -> String {
-    use crate::notebook::registry::{DeviceSelection, selection};
-    match (selection(), nvml.devices.first()) {
-        (Ok(DeviceSelection::Sim(_)), _) => "sim:0 (simulated)".into(),
-        (_, Some(d)) => format!("cuda:0 {} (not used yet)", d.name),
-        (Ok(DeviceSelection::Auto), None) => "sim:0 (simulated)".into(),
-        _ => "device n/a".into(),
-    }
 }
 
 /// How a line names its device: `cuda:0 NVIDIA H100 80GB HBM3`, `sim:0 (simulated)`, an NVML

@@ -123,18 +123,18 @@ pub struct ChartOptions {
 
 impl Default for ChartOptions {
     fn default() -> Self {
-        ChartOptions { width: 720, height: 400, title: None, x_desc: None, max_rows: 48 }
+        ChartOptions { width: 640, height: 400, title: None, x_desc: None, max_rows: 48 }
     }
 }
 
-// Fonts: plotters writes `font-size = size / 1.24` into the SVG, so 18 gives ~14.5 px: drawn
-// 720 wide and scaled to a narrow notebook's output area (about 480 px in a 900 px window with
-// the file browser open), text stays 10 px or more.
+// Fonts: plotters writes `font-size = size / 1.24` into the SVG, so 19 gives ~15.3 px: drawn
+// 640 wide and scaled to a narrow notebook's output area (about 430 px in a 900 px window with
+// the file browser open), text stays above 10 px.
 pub(super) const FONT: &str = "sans-serif";
-pub(super) const TITLE_SIZE: f64 = 21.0;
-pub(super) const LABEL_SIZE: f64 = 18.0;
-pub(super) const DESC_SIZE: f64 = 18.0;
-pub(super) const SMALL_SIZE_FONT: f64 = 18.0;
+pub(super) const TITLE_SIZE: f64 = 22.0;
+pub(super) const LABEL_SIZE: f64 = 19.0;
+pub(super) const DESC_SIZE: f64 = 19.0;
+pub(super) const SMALL_SIZE_FONT: f64 = 19.0;
 
 pub(super) const ALLOCATED_COLOR: RGBColor = RGBColor(31, 119, 180);
 pub(super) const RESERVED_COLOR: RGBColor = RGBColor(255, 127, 14);
@@ -201,8 +201,8 @@ pub(super) enum Swatch {
 
 /// Space above the plot for the title and a legend of one row; each more row takes
 /// [`LEGEND_ROW_H`] ([`header_height`]).
-pub(super) const HEADER_H: i32 = 62;
-pub(super) const LEGEND_ROW_H: i32 = 20;
+pub(super) const HEADER_H: i32 = 64;
+pub(super) const LEGEND_ROW_H: i32 = 22;
 
 /// The legend's rows: items laid out left to right, a new row where the next would pass the
 /// chart's right edge (no item is ever cut off); each row is centred.
