@@ -74,36 +74,27 @@ fn py_floordiv(a: i64, b: i64) -> i64 {
 
 /// A size in bytes as people read it: `512 B`, `1.50 KiB`, `20.00 MiB`, `139.80 GiB`.
 pub fn iec(bytes: u64) -> String {
-    if bytes < KIB {
-        return format!("{bytes} B");
+    match iec_unit(bytes) {
+        None => format!("{bytes} B"),
+        Some((unit, div)) => format!("{:.2} {unit}", bytes as f64 / div as f64),
     }
-    let (unit, div) = if bytes < MIB {
-        ("KiB", KIB)
-    } else if bytes < GIB {
-        ("MiB", MIB)
-    } else if bytes < TIB {
-        ("GiB", GIB)
-    } else {
-        ("TiB", TIB)
-    };
-    format!("{:.2} {unit}", bytes as f64 / div as f64)
+}
+
+/// The IEC unit `bytes` are written in (KiB up to a MiB, …), `None` below a KiB.
+fn iec_unit(bytes: u64) -> Option<(&'static str, u64)> {
+    match bytes {
+        b if b < KIB => None,
+        b if b < MIB => Some(("KiB", KIB)),
+        b if b < GIB => Some(("MiB", MIB)),
+        b if b < TIB => Some(("GiB", GIB)),
+        _ => Some(("TiB", TIB)),
+    }
 }
 
 /// Bytes in IEC units with three significant digits, for lines read at a glance: `512 B`,
 /// `1.50 GiB`, `78.9 GiB`, `256 MiB` (tables and records keep [`iec`]'s two decimals).
 pub fn iec3(bytes: u64) -> String {
-    if bytes < KIB {
-        return format!("{bytes} B");
-    }
-    let (unit, div) = if bytes < MIB {
-        ("KiB", KIB)
-    } else if bytes < GIB {
-        ("MiB", MIB)
-    } else if bytes < TIB {
-        ("GiB", GIB)
-    } else {
-        ("TiB", TIB)
-    };
+    let Some((unit, div)) = iec_unit(bytes) else { return format!("{bytes} B") };
     let v = bytes as f64 / div as f64;
     if v < 9.995 {
         format!("{v:.2} {unit}")
@@ -242,6 +233,17 @@ mod tests {
     fn utc_dates() {
         assert_eq!(format_utc(0), "1970-01-01 00:00:00 UTC");
         assert_eq!(format_utc(1_709_301_909_000_000), "2024-03-01 14:05:09 UTC");
+    }
+
+    #[test]
+    fn three_significant_digits_for_lines() {
+        assert_eq!(iec3(512), "512 B");
+        assert_eq!(iec3(3 << 29), "1.50 GiB");
+        assert_eq!(iec3(48 << 20), "48.0 MiB");
+        assert_eq!(iec3(256 << 20), "256 MiB");
+        assert_eq!(iec3((78.88 * GIB as f64) as u64), "78.9 GiB");
+        assert_eq!(iec3_delta(-(64 << 20)), "-64.0 MiB");
+        assert_eq!(iec3_delta(0), "±0 B");
     }
 
     #[test]

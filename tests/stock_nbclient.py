@@ -91,7 +91,7 @@ def plan(repo):
         cell("let q = gpumem_nb::frameworks::SimQueue::start(\"model\", 32).unwrap();\nq.watch().unwrap();",
              report=[]),
         cell("q.alloc_later(20);\nq.alloc_later(16);\nassert_eq!(q.held(), 0);",
-             report=["all allocations 56.0 MiB (+36.0 MiB)"]),
+             report=["simqueue in use 36.00 MiB (+36.00 MiB, cached 0 B)"]),
         # Component stamps are phases of a watched framework: its books at each stamp's ends,
         # the nested stamp's change its own, the outer one's the rest.
         cell("gpumem_nb::component(gpumem_nb::Component::Parameter, || {\n"

@@ -141,6 +141,22 @@ def to_bytes(text):
     return float(num) * {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}[unit]
 
 
+def set_theme(js, theme):
+    """Switches JupyterLab to `theme` and waits until the page has it."""
+    js("window.jupyterapp.commands.execute('apputils:change-theme', {theme: arguments[0]})", theme)
+    wait(f"the theme {theme}", lambda: js("return document.body.dataset.jpThemeName") == theme, 30)
+
+
+def each_look(js, driver):
+    """Light and dark themes, each at 1400 and 900 px wide: (name of the theme, width)."""
+    for theme, tname in (("JupyterLab Light", "light"), ("JupyterLab Dark", "dark")):
+        set_theme(js, theme)
+        for width in (1400, 900):
+            driver.set_window_size(width, 1000)
+            time.sleep(1.0)
+            yield tname, width
+
+
 def shown_text(js, i):
     """The text of cell i's outputs as the page shows it: the cell scrolled into view first
     (JupyterLab renders only the cells near the view)."""
@@ -606,8 +622,7 @@ def main():
 
         # ---- Themes: the report line reads in each.
         for theme in ["JupyterLab Light", "JupyterLab Dark", "JupyterLab Dark High Contrast"]:
-            js("window.jupyterapp.commands.execute('apputils:change-theme', {theme: arguments[0]})", theme)
-            wait(f"the theme {theme}", lambda: js("return document.body.dataset.jpThemeName") == theme, 30)
+            set_theme(js, theme)
             time.sleep(1.5)
             js("gpumemTest.cells()[arguments[0]].node.scrollIntoView()", LONG)
             time.sleep(0.3)
@@ -729,15 +744,10 @@ def main():
         # The cell that makes the first buffer: its report line under it.
         target = js("return gpumemTest.cells().findIndex(c => c.model.sharedModel.getSource().startsWith('let x = DeviceBuffer'))")
         check(target > 0, "the tour's first buffer cell", n_tour)
-        for theme, tname in (("JupyterLab Light", "light"), ("JupyterLab Dark", "dark")):
-            js("window.jupyterapp.commands.execute('apputils:change-theme', {theme: arguments[0]})", theme)
-            wait(f"the theme {theme}", lambda: js("return document.body.dataset.jpThemeName") == theme, 30)
-            for width in (1400, 900):
-                driver.set_window_size(width, 1000)
-                time.sleep(1.0)
-                js("gpumemTest.cells()[arguments[0]].node.scrollIntoView()", target)
-                time.sleep(0.5)
-                shot(f"tour_{tname}_{width}.png")
+        for tname, width in each_look(js, driver):
+            js("gpumemTest.cells()[arguments[0]].node.scrollIntoView()", target)
+            time.sleep(0.5)
+            shot(f"tour_{tname}_{width}.png")
         check_lines(js, "the tour")
         fit_i = js("return gpumemTest.cells().findIndex(c => c.model.sharedModel.getSource().startsWith('%gpumem fit 1GiB'))")
         fit_text = shown_text(js, fit_i).replace("\u00a0", " ")
@@ -779,28 +789,23 @@ def main():
             right = next((r for n, r in cols["columns"] if n == name), None)
             check(right is not None and right <= cols["right"] + 1,
                   f"at 1400 px the history's `{name}` column is in view", cols)
-        for theme, tname in (("JupyterLab Light", "light"), ("JupyterLab Dark", "dark")):
-            js("window.jupyterapp.commands.execute('apputils:change-theme', {theme: arguments[0]})", theme)
-            wait(f"the theme {theme}", lambda: js("return document.body.dataset.jpThemeName") == theme, 30)
-            for width in (1400, 900):
-                driver.set_window_size(width, 1000)
-                time.sleep(1.0)
-                js("gpumemTest.cells()[arguments[0]].node.scrollIntoView()", step)
-                time.sleep(0.5)
-                shot(f"components_{tname}_{width}.png")
-                js("gpumemTest.cells()[arguments[0]].node.scrollIntoView()", plot)
-                time.sleep(0.5)
-                shot(f"components_plot_{tname}_{width}.png")
-                if width == 900:
-                    g = js("return gpumemTest.plotGeometry(arguments[0])", plot)
-                    print(f"  plot at 900 px ({tname}): {g['width']:.0f} px wide, smallest text {g['minText']:.1f} px, "
-                          f"legend {[x['text'] for x in g['legend']]}")
-                    check(len(g["legend"]) >= 5 and all(0 <= x["left"] and x["right"] <= g["width"] + 0.5
-                                                        for x in g["legend"]),
-                          f"{tname}, 900 px: every legend entry inside the chart", g["legend"])
-                    colours = [x["colour"] for x in g["legend"]]
-                    check(len(set(colours)) == len(colours), f"{tname}, 900 px: each series its own colour", colours)
-                    check(g["minText"] >= 10, f"{tname}, 900 px: the chart's text is 10 px or more", g["minText"])
+        for tname, width in each_look(js, driver):
+            js("gpumemTest.cells()[arguments[0]].node.scrollIntoView()", step)
+            time.sleep(0.5)
+            shot(f"components_{tname}_{width}.png")
+            js("gpumemTest.cells()[arguments[0]].node.scrollIntoView()", plot)
+            time.sleep(0.5)
+            shot(f"components_plot_{tname}_{width}.png")
+            if width == 900:
+                g = js("return gpumemTest.plotGeometry(arguments[0])", plot)
+                print(f"  plot at 900 px ({tname}): {g['width']:.0f} px wide, smallest text {g['minText']:.1f} px, "
+                      f"legend {[x['text'] for x in g['legend']]}")
+                check(len(g["legend"]) >= 5 and all(0 <= x["left"] and x["right"] <= g["width"] + 0.5
+                                                    for x in g["legend"]),
+                      f"{tname}, 900 px: every legend entry inside the chart", g["legend"])
+                colours = [x["colour"] for x in g["legend"]]
+                check(len(set(colours)) == len(colours), f"{tname}, 900 px: each series its own colour", colours)
+                check(g["minText"] >= 10, f"{tname}, 900 px: the chart's text is 10 px or more", g["minText"])
         if FAILURES:
             raise Failed(f"{len(FAILURES)} checks failed:\n  " + "\n  ".join(f[:300] for f in FAILURES))
         print(f"PASS: JupyterLab browser test in {time.monotonic() - t0:.0f} s (Run All {run_all_s:.0f} s); screenshots in {out}")
