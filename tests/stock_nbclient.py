@@ -104,7 +104,7 @@ def plan(repo):
         # to the user (the stock kernel has no restart of its own), on stdout above the line.
         cell("alloc.with_backend(|b| b.as_sim_mut().map(|s| s.inject_fault(gpumem_nb::device::Fault::IllegalAddress)));\n"
              "let back = fourth.to_host();",
-             report=["✗ CUDA context lost (illegal address): "],
+             report=["✗ CUDA context lost (illegal address): host code runs"],
              notice=["CUDA_ERROR_ILLEGAL_ADDRESS: the CUDA context of this notebook's process is lost (illegal "
                      "address), first reported by cuMemcpyDtoHAsync_v2 in cell", "CUDA_LAUNCH_BLOCKING=1",
                      "Restart the kernel to go on"]),
