@@ -7,8 +7,9 @@ pub(super) enum Keep {
     Free,
     Nvml,
     Devices,
-    Children,
     Top,
+    /// Worker processes a cell started: memory beyond the notebook's process.
+    Children,
     Pool,
     What,
     /// The allocator's reserved bytes with their change; then without; then left out (the
