@@ -157,6 +157,19 @@ def each_look(js, driver):
             yield tname, width
 
 
+def run_shipped(js, root, name, more_cells_than):
+    """Copies notebooks/NAME into the server's root, opens it, waits for it (more than
+    `more_cells_than` cells) and its kernel, and runs all its cells."""
+    shutil.copy(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "notebooks", name),
+                os.path.join(root, name))
+    js("window.jupyterapp.commands.execute('docmanager:open', {path: arguments[0]})", name)
+    wait(name, lambda: js(
+        "const w = window.jupyterapp.shell.currentWidget; return !!(w && w.context && w.context.path === arguments[0] "
+        "&& w.content.widgets.length > arguments[1])", name, more_cells_than), 120)
+    wait(f"{name}'s kernel to be idle", lambda: js("return gpumemTest.kernelStatus()") == "idle", 180)
+    js("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+
+
 def shown_text(js, i):
     """The text of cell i's outputs as the page shows it: the cell scrolled into view first
     (JupyterLab renders only the cells near the view)."""
@@ -724,14 +737,7 @@ def main():
         js("return window.jupyterapp.serviceManager.sessions.shutdownAll()")
         time.sleep(2.0)
         tour_dir = os.path.join(work, "notebooks")
-        shutil.copy(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "notebooks", "tour.ipynb"),
-                    os.path.join(tour_dir, "tour.ipynb"))
-        js("window.jupyterapp.commands.execute('docmanager:open', {path: 'tour.ipynb'})")
-        wait("the tour", lambda: js(
-            "const w = window.jupyterapp.shell.currentWidget; return !!(w && w.context && w.context.path === 'tour.ipynb' "
-            "&& w.content.widgets.length > 20)"), 120)
-        wait("the tour's kernel to be idle", lambda: js("return gpumemTest.kernelStatus()") == "idle", 180)
-        js("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+        run_shipped(js, tour_dir, "tour.ipynb", 20)
         n_tour = js("return gpumemTest.cells().length")
 
         def tour_done():
@@ -763,16 +769,9 @@ def main():
         # ---- The components notebook: the line, the plot and the history as a person sees them.
         js("return window.jupyterapp.serviceManager.sessions.shutdownAll()")
         time.sleep(2.0)
-        shutil.copy(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "notebooks", "components.ipynb"),
-                    os.path.join(tour_dir, "components.ipynb"))
-        js("window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Light'})")
+        set_theme(js, "JupyterLab Light")
         driver.set_window_size(1400, 1000)
-        js("window.jupyterapp.commands.execute('docmanager:open', {path: 'components.ipynb'})")
-        wait("the components notebook", lambda: js(
-            "const w = window.jupyterapp.shell.currentWidget; return !!(w && w.context && "
-            "w.context.path === 'components.ipynb' && w.content.widgets.length > 10)"), 120)
-        wait("its kernel to be idle", lambda: js("return gpumemTest.kernelStatus()") == "idle", 180)
-        js("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+        run_shipped(js, tour_dir, "components.ipynb", 10)
         wait("the components notebook to run", tour_done, TIMEOUT_RUN_ALL)
         time.sleep(1.0)
         src = lambda prefix: js(  # noqa: E731

@@ -86,10 +86,10 @@ impl CellRecord {
                 // The component that made the peak, where the line shows one.
                 if let Some(c) = all
                     .filter(|all| {
-                        all.place.by_component.iter().any(|c| {
-                            c.component.is_classified() && c.after > 0
-                                || c.component.is_classified() && c.peak.unwrap_or(0) > 0
-                        })
+                        all.place
+                            .by_component
+                            .iter()
+                            .any(|c| c.component.is_classified() && (c.after > 0 || c.peak.unwrap_or(0) > 0))
                     })
                     .and_then(|all| peak_component(&all.place.by_component))
                     && let Some(open) = allocated.strip_suffix(')').filter(|o| o.contains(peak))
@@ -116,12 +116,12 @@ impl CellRecord {
             }
             None => {
                 let absent = allocator_absent(self.restarted && self.crate_loaded.before, self.crate_declared);
-                let short =
-                    if absent.starts_with("allocator n/a") { "allocator n/a (no `:dep gpumem-nb`)" } else { "" };
-                // The long form goes first when the line is too long.
-                match short {
-                    "" => parts.keep(absent),
-                    short => parts.add_forms(vec![(Keep::Free, absent), (Keep::Always, short.to_string())]),
+                // Not in the notebook: the long form goes first when the line is too long.
+                if absent.starts_with("allocator n/a") {
+                    let short = "allocator n/a (no `:dep gpumem-nb`)".to_string();
+                    parts.add_forms(vec![(Keep::Free, absent), (Keep::Always, short)]);
+                } else {
+                    parts.keep(absent);
                 }
             }
         }
@@ -138,9 +138,8 @@ impl CellRecord {
             // HTML line links it).
             if let Some(f) = o.files.as_ref().filter(|_| !linked) {
                 let dir = std::path::Path::new(&f.html).parent().unwrap_or(std::path::Path::new(""));
-                let tail: Vec<String> =
-                    dir.iter().rev().take(2).map(|c| c.to_string_lossy().into_owned()).collect::<Vec<_>>();
-                let tail: Vec<&str> = tail.iter().rev().map(String::as_str).collect();
+                let tail: Vec<_> = dir.iter().rev().take(2).collect();
+                let tail: Vec<_> = tail.iter().rev().map(|c| c.to_string_lossy()).collect();
                 parts.add(Keep::Flag, format!("snapshot then: …/{}", tail.join("/")));
             }
         }
