@@ -104,9 +104,7 @@ fn reports_in_the_child() {
     assert!(line.starts_with("[2] sim · "), "{line}");
     // Every allocation is the allocator's: the driver's view is the same, so not on the line.
     assert!(
-        line.contains(
-            " · allocated 64.00 MiB (+64.00 MiB) · reserved 64.00 MiB (+64.00 MiB) · top stock::cell · free "
-        ),
+        line.contains(" · allocated 64.0 MiB (+64.0 MiB) · reserved 64.0 MiB (+64.0 MiB) · top stock::cell · free "),
         "{line}"
     );
     assert_eq!(r2.last(), Some(&line), "the report is the run's last line");
@@ -119,7 +117,7 @@ fn reports_in_the_child() {
     assert_eq!(r3[at..at + 4], own, "{r3:?}");
     let line = &r3[at + 4];
     // The allocator keeps the freed 32 MiB cached: reserved, so allocated by the driver.
-    let expect = " · allocated 64.00 MiB (±0 B, peak 96.00 MiB) · reserved 96.00 MiB (+32.00 MiB) · top stock::cell · ";
+    let expect = " · allocated 64.0 MiB (peak 96.0 MiB) · reserved 96.0 MiB (+32.0 MiB) · top stock::cell · ";
     assert!(line.starts_with("[3] sim · ") && line.contains(expect), "{line}");
     assert_eq!(r3[at + 5], "EVCXR_BEGIN_CONTENT application/vnd.gpumem.cell+json");
     assert_eq!(r3[at + 7], "EVCXR_END_CONTENT");
@@ -139,7 +137,7 @@ fn reports_in_the_child() {
     }
     let line = report(&run(8)).unwrap();
     assert!(line.starts_with("[8] sim · "), "{line}");
-    assert!(line.contains(" · allocated 64.00 MiB (±0 B) · reserved 96.00 MiB (±0 B) · top stock::cell · "), "{line}");
+    assert!(line.contains(" · allocated 64.0 MiB (±0 B) · reserved 96.0 MiB (±0 B) · top stock::cell · "), "{line}");
 
     // evcxr closes stdin to stop the child: it exits.
     drop(to_child);
