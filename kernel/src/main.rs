@@ -25,7 +25,7 @@
 //! 6. the kernel: Jupyter's (`--connection-file`), or a command (`install`, `run`, `--help`,
 //!    `--version`).
 
-use gpumem_kernel::build::build_dir;
+use gpumem_kernel::build::{build_dir, toolchain};
 use gpumem_kernel::jupyter::{install, kernel, run};
 use std::path::PathBuf;
 
@@ -65,10 +65,11 @@ fn main() {
     // Where evcxr compiles cells: a directory kept between kernel starts, outside any cargo
     // workspace (see `build_dir`), held for the kernel's whole life. Set before any thread
     // exists.
-    let choice = match args.first().map(String::as_str) {
-        Some("--connection-file" | "--control_file" | "-f" | "run" | "install") => Some(build_dir::choose()),
-        _ => None,
-    };
+    let kernel_role = matches!(
+        args.first().map(String::as_str),
+        Some("--connection-file" | "--control_file" | "-f" | "run" | "install")
+    );
+    let choice = kernel_role.then(build_dir::choose);
     let _build_dir = choice.and_then(|c| {
         if let Some(notice) = &c.notice {
             eprintln!("gpumem-kernel: {notice}");
@@ -88,6 +89,20 @@ fn main() {
             // SAFETY: as above: no other thread exists yet.
             unsafe { std::env::set_var(key, value) };
         }
+    }
+    // cargo and rustc, which compile every cell: on PATH, else in rustup's directory (put on
+    // PATH then); the first cell says which, or what to install.
+    if kernel_role {
+        let found = toolchain::find();
+        if let toolchain::Found::InRustup(bin) = &found {
+            let path = std::env::var_os("PATH").unwrap_or_default();
+            let dirs = std::iter::once(bin.clone()).chain(std::env::split_paths(&path));
+            if let Ok(joined) = std::env::join_paths(dirs) {
+                // SAFETY: as above: no other thread exists yet.
+                unsafe { std::env::set_var("PATH", joined) };
+            }
+        }
+        toolchain::keep_notice(toolchain::found_notice(&found));
     }
     let code = match real_main(&args) {
         Ok(code) => code,

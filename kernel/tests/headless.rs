@@ -297,6 +297,30 @@ fn subcommands_take_help() {
     }
 }
 
+/// Without a Rust toolchain (no `cargo`/`rustc` on PATH or in `~/.cargo/bin`, as on a machine
+/// where only the wheel was installed) the kernel says in one line what to install; with rustup's
+/// directory missing from PATH only (a Jupyter started from a desktop), it finds it there.
+#[test]
+fn a_missing_toolchain_says_what_to_install() {
+    let dir = fresh_dir("no-toolchain");
+    let nb = dir.join("one.ipynb");
+    std::fs::write(&nb, notebook(&[("1 + 1", &[])]).to_string()).unwrap();
+    let home = dir.join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_gpumem-kernel"))
+        .args(["run", nb.to_str().unwrap()])
+        .env_clear()
+        .env("HOME", &home)
+        .env("PATH", "/usr/bin:/bin")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    let line = err.lines().find(|l| l.contains("no Rust toolchain")).unwrap_or_else(|| panic!("{err}"));
+    assert!(line.contains("https://sh.rustup.rs") && line.contains("--component rust-src"), "{line}");
+    assert!(line.contains("then restart the kernel"), "{line}");
+}
+
 /// `:dep gpumem-nb` is the crate the kernel was built with: a version it does not satisfy is one
 /// error line naming both (the cell fails, the kernel carries on), a bare one loads it.
 #[test]

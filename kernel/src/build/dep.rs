@@ -23,12 +23,16 @@ pub struct Own {
 }
 
 impl Own {
-    /// This build's gpumem-nb: the version it was compiled against, and the checkout next to
-    /// the kernel's own sources when it holds that version.
+    /// This build's gpumem-nb: the version it was compiled against, and its source: the crate
+    /// installed beside the executable (a wheel's `share/gpumem-kernel/crates/gpumem-nb-VERSION`,
+    /// [`installed_source`]) when it is there, else the checkout next to the kernel's own
+    /// sources when it holds that version.
     pub fn of_this_build() -> Own {
         let version = gpumem_nb::VERSION.to_string();
-        let source = Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf);
-        let source = source.filter(|dir| source_version(dir).as_deref() == Some(version.as_str()));
+        let exe = std::env::current_exe().ok().map(|e| e.canonicalize().unwrap_or(e));
+        let installed = exe.as_deref().and_then(|e| installed_source(e, &version));
+        let checkout = Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf);
+        let source = installed.into_iter().chain(checkout).find(|dir| source_version(dir).as_deref() == Some(&version));
         Own { version, source: source.map(|d| d.canonicalize().unwrap_or(d)) }
     }
 
@@ -41,6 +45,15 @@ impl Own {
         parts.extend(extra.iter().map(|(k, v)| format!("{k} = {v}")));
         format!("{{ {} }}", parts.join(", "))
     }
+}
+
+/// Where an installed kernel keeps its gpumem-nb: `PREFIX/share/gpumem-kernel/crates/
+/// gpumem-nb-VERSION` for the executable `PREFIX/bin/gpumem-kernel` (the wheel puts the packaged
+/// crate there, so notebook cells build the crate the kernel speaks to without a checkout or a
+/// registry).
+pub fn installed_source(exe: &Path, version: &str) -> Option<PathBuf> {
+    let prefix = exe.parent()?.parent()?;
+    Some(prefix.join("share").join("gpumem-kernel").join("crates").join(format!("{CRATE}-{version}")))
 }
 
 /// The version of the gpumem-nb package in `dir`, if `dir/Cargo.toml` is one.
@@ -199,6 +212,19 @@ mod tests {
         assert!(e.contains("=0.1.1") && e.contains("0.1.0"), "{e}");
         let e = resolve(":dep gpumem-nb = \"one\"", &own(None)).unwrap_err();
         assert!(e.contains("not a version requirement"), "{e}");
+    }
+
+    #[test]
+    fn an_installed_kernel_finds_its_crate_beside_it() {
+        let p = installed_source(Path::new("/venv/bin/gpumem-kernel"), "0.1.0").unwrap();
+        assert_eq!(p, Path::new("/venv/share/gpumem-kernel/crates/gpumem-nb-0.1.0"));
+        assert_eq!(installed_source(Path::new("gpumem-kernel"), "0.1.0"), None);
+        // Only a gpumem-nb of that version counts as one.
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("Cargo.toml"), "[package]\nname = \"gpumem-nb\"\nversion = \"0.1.0\"\n").unwrap();
+        assert_eq!(source_version(d.path()).as_deref(), Some("0.1.0"));
+        std::fs::write(d.path().join("Cargo.toml"), "[package]\nname = \"other\"\nversion = \"0.1.0\"\n").unwrap();
+        assert_eq!(source_version(d.path()), None);
     }
 
     #[test]

@@ -7,6 +7,88 @@
 //! determine type of variable `v`". The kernel says so once, at the first cell, with the fix.
 
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// The commands that install what cells need, as the notices say them.
+pub const RUSTUP_COMMAND: &str =
+    "curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --component rust-src";
+
+/// Where the kernel found `cargo` and `rustc`, which compile every cell.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Found {
+    /// Both run from the `PATH` the kernel was given.
+    OnPath,
+    /// Not on `PATH`, but in rustup's directory (`$CARGO_HOME/bin`, `~/.cargo/bin`): a Jupyter
+    /// started from a desktop, a service or another environment often lacks it (evcxr#140).
+    InRustup(PathBuf),
+    /// Neither.
+    Missing,
+}
+
+/// Whether `dir` holds an executable file `name`.
+fn has_program(dir: &Path, name: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(dir.join(name)).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// rustup's directory of `cargo` and `rustc` for the environment `var`: `$CARGO_HOME/bin`,
+/// else `$HOME/.cargo/bin`.
+fn rustup_bin(var: &dyn Fn(&str) -> Option<std::ffi::OsString>) -> Option<PathBuf> {
+    let dir = |v: &str| var(v).filter(|v| !v.is_empty()).map(PathBuf::from);
+    dir("CARGO_HOME").or_else(|| dir("HOME").map(|h| h.join(".cargo"))).map(|d| d.join("bin"))
+}
+
+/// Finds `cargo` and `rustc` in the environment `var` (`std::env::var_os` for the kernel's):
+/// both in one directory of its `PATH`, else both in rustup's directory. Reads the file system
+/// only (no program is started: the kernel's start stays quick).
+pub fn find_in(var: &dyn Fn(&str) -> Option<std::ffi::OsString>) -> Found {
+    let both = |dir: &Path| has_program(dir, "cargo") && has_program(dir, "rustc");
+    let path = var("PATH").unwrap_or_default();
+    if std::env::split_paths(&path).any(|d| both(&d)) {
+        return Found::OnPath;
+    }
+    match rustup_bin(var) {
+        Some(bin) if both(&bin) => Found::InRustup(bin),
+        _ => Found::Missing,
+    }
+}
+
+/// [`find_in`] the kernel's own environment.
+pub fn find() -> Found {
+    find_in(&|v| std::env::var_os(v))
+}
+
+/// What the first cell says about where the toolchain was found, if anything.
+pub fn found_notice(found: &Found) -> Option<String> {
+    match found {
+        Found::OnPath => None,
+        Found::InRustup(bin) => Some(format!(
+            "gpumem-kernel: `cargo` and `rustc` are not on the PATH Jupyter gave the kernel; cells \
+             are compiled with the ones in {}.",
+            bin.display()
+        )),
+        Found::Missing => Some(format!(
+            "gpumem-kernel: no Rust toolchain: cells are compiled with `cargo` and `rustc`, and \
+             neither is on PATH or in ~/.cargo/bin. Install it with `{RUSTUP_COMMAND}`, then restart \
+             the kernel."
+        )),
+    }
+}
+
+/// The notice of this process's toolchain search, until the first cell shows it.
+static NOTICE: Mutex<Option<String>> = Mutex::new(None);
+
+/// Keeps `notice` for the first cell ([`take_notice`]).
+pub fn keep_notice(notice: Option<String>) {
+    if let Ok(mut n) = NOTICE.lock() {
+        *n = notice;
+    }
+}
+
+/// The notice kept by [`keep_notice`], once.
+pub fn take_notice() -> Option<String> {
+    NOTICE.lock().ok().and_then(|mut n| n.take())
+}
 
 /// `rustc --print sysroot` of the `rustc` on `PATH`.
 pub fn sysroot() -> Option<PathBuf> {
@@ -73,6 +155,47 @@ mod tests {
         if std::env::var_os("RUST_SRC_PATH").is_none() {
             assert_eq!(rust_src_notice(root.path()), None);
         }
+    }
+
+    #[test]
+    fn the_toolchain_is_found_on_path_then_in_rustups_directory() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = tempfile::tempdir().unwrap();
+        let (on_path, rustup) = (root.path().join("bin"), root.path().join("home/.cargo/bin"));
+        let put = |dir: &Path, name: &str| {
+            std::fs::create_dir_all(dir).unwrap();
+            std::fs::write(dir.join(name), "#!/bin/sh\n").unwrap();
+            std::fs::set_permissions(dir.join(name), std::fs::Permissions::from_mode(0o755)).unwrap();
+        };
+        let env = |path: &Path, home: &Path| {
+            let (path, home) = (path.as_os_str().to_owned(), home.as_os_str().to_owned());
+            move |v: &str| match v {
+                "PATH" => Some(path.clone()),
+                "HOME" => Some(home.clone()),
+                _ => None,
+            }
+        };
+        let home = root.path().join("home");
+        // Nothing anywhere: the notice says what to run.
+        let found = find_in(&env(&on_path, &home));
+        assert_eq!(found, Found::Missing);
+        let notice = found_notice(&found).unwrap();
+        assert!(notice.contains(RUSTUP_COMMAND) && notice.contains("restart the kernel"), "{notice}");
+        // Only cargo in rustup's directory is not a toolchain; with rustc it is, and is said.
+        put(&rustup, "cargo");
+        assert_eq!(find_in(&env(&on_path, &home)), Found::Missing);
+        put(&rustup, "rustc");
+        let found = find_in(&env(&on_path, &home));
+        assert_eq!(found, Found::InRustup(rustup.clone()));
+        assert!(found_notice(&found).unwrap().contains(&rustup.display().to_string()));
+        // On PATH wins, silently; a file without the executable bit is not a program.
+        put(&on_path, "cargo");
+        put(&on_path, "rustc");
+        std::fs::set_permissions(on_path.join("rustc"), std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert_eq!(find_in(&env(&on_path, &home)), Found::InRustup(rustup));
+        put(&on_path, "rustc");
+        assert_eq!(find_in(&env(&on_path, &home)), Found::OnPath);
+        assert_eq!(found_notice(&Found::OnPath), None);
     }
 
     #[test]

@@ -183,6 +183,8 @@ fn start_engine(
         .name("gpumem-engine".into())
         .spawn(move || {
             let engine = Engine::new(sink.clone(), interrupted);
+            // Why evcxr did not start, for every cell's error when it did not.
+            let mut start_error = String::new();
             let mut engine = match engine {
                 Ok(e) => {
                     if let Ok(mut c) = child.lock() {
@@ -195,6 +197,7 @@ fn start_engine(
                 }
                 Err(e) => {
                     eprintln!("gpumem-kernel: {e:#}");
+                    start_error = format!("{e:#}");
                     None
                 }
             };
@@ -212,10 +215,8 @@ fn start_engine(
                                 count += 1;
                                 let info = ErrorInfo {
                                     ename: "KernelError".into(),
-                                    evalue: "evcxr failed to start (see the kernel log); is cargo on PATH?".into(),
-                                    traceback: vec![
-                                        "evcxr failed to start (see the kernel log); is cargo on PATH?".into(),
-                                    ],
+                                    evalue: start_error.clone(),
+                                    traceback: vec![start_error.clone()],
                                 };
                                 sink.emit(Output::Error(info.clone()));
                                 Outcome { count, error: Some(info), record: None }

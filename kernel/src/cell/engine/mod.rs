@@ -205,8 +205,15 @@ impl Engine {
                 cmd.env("LD_LIBRARY_PATH", joined);
             }
         }
-        let (mut eval, outputs) = evcxr::EvalContext::with_subprocess_command(cmd)
-            .map_err(|e| anyhow::anyhow!("evcxr failed to start: {e}"))?;
+        let (mut eval, outputs) = evcxr::EvalContext::with_subprocess_command(cmd).map_err(|e| {
+            // Most often no toolchain: then the error leads with what to install.
+            match toolchain::take_notice() {
+                Some(notice) => {
+                    anyhow::anyhow!("{} (evcxr failed to start: {e})", notice.trim_start_matches("gpumem-kernel: "))
+                }
+                None => anyhow::anyhow!("evcxr failed to start: {e}"),
+            }
+        })?;
         // Cells keep line tables for their own code (`crate::build::cell_lines`): sites then name
         // their cell lines. Set as evcxr's `:build_env` does, so `install`'s prebuild and every
         // session build alike.
@@ -256,6 +263,7 @@ impl Engine {
             last_hook_us: (0, 0),
             notice: notices([
                 crate::build::build_dir::take_notice().map(|n| format!("gpumem-kernel: {n}")),
+                toolchain::take_notice(),
                 sysroot.as_deref().and_then(toolchain::rust_src_notice),
                 metrics_notice,
             ]),
