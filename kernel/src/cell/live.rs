@@ -151,6 +151,40 @@ pub fn line(cell: u64, elapsed: Duration, r: &LiveReading, base: &Baseline, pid:
     line
 }
 
+/// The MIME type of a live reading's figures in the live line's bundle, for a frontend that
+/// draws them (the JupyterLab panel, `lab/`): the same readings the line words.
+pub const LIVE_MIME: &str = "application/vnd.gpumem.live+json";
+
+/// The live line's figures as numbers (bytes; `null` where there is no reading): the
+/// allocator's (`allocated`, `reserved` and their peaks in the cell so far, device 0 or the
+/// first in use), every tracked allocation on that device (`all_allocations`), NVML's bytes of
+/// the notebook's process `pid` and the device's free and total memory.
+pub fn figures(cell: u64, elapsed: Duration, r: &LiveReading, pid: Option<u32>) -> Value {
+    let reading = r.devices.as_deref().and_then(|v| v.iter().find(|d| d.device == 0).or(v.first()));
+    let nvml = r.nvml.device_of(pid, reading.and_then(|a| a.uuid.as_deref()));
+    let place = reading.map(|a| a.device);
+    let tracked = r.tracked.as_ref().and_then(|t| t.places.iter().find(|p| place.is_none_or(|d| p.device == Some(d))));
+    let device = short_device(&match (reading, nvml) {
+        (None, None) => gpumem_nb::kernel::device_before_use(&r.nvml),
+        (a, d) => device_name(a, d),
+    });
+    serde_json::json!({
+        "cell": cell,
+        "elapsed_ms": elapsed.as_secs_f64() * 1000.0,
+        "building": false,
+        "device": device,
+        "allocated": reading.map(|a| a.allocated),
+        "reserved": reading.map(|a| a.reserved),
+        "peak_allocated": reading.map(|a| a.peak_allocated),
+        "peak_reserved": reading.map(|a| a.peak_reserved),
+        "all_allocations": tracked.map(|p| p.live),
+        "all_allocations_peak": tracked.map(|p| p.peak),
+        "process": pid.and_then(|p| nvml.and_then(|d| d.process_used(p))),
+        "device_free": nvml.map(|d| d.free).or(reading.and_then(|a| a.device_free)),
+        "device_total": nvml.map(|d| d.total).or(reading.and_then(|a| a.device_total)),
+    })
+}
+
 /// The line while cell `cell` builds dependencies: the build's progress (on a first `:dep` the
 /// crate is not loaded yet, and nothing of the cell runs meanwhile).
 pub fn compile_line(cell: u64, progress: &Progress) -> String {
@@ -223,15 +257,20 @@ impl Sampler {
             {
                 let building =
                     compile.as_ref().and_then(|w| w.lock().ok()?.poll()).filter(Progress::building_dependencies);
-                let text = match building {
-                    Some(p) => compile_line(cell, &p),
+                let elapsed = started.elapsed();
+                let (text, figures) = match building {
+                    Some(p) => (
+                        compile_line(cell, &p),
+                        serde_json::json!({"cell": cell, "elapsed_ms": elapsed.as_secs_f64() * 1000.0, "building": true}),
+                    ),
                     None => {
                         let r = read(&control);
                         last_held = held(&r, pid).or(last_held);
-                        line(cell, started.elapsed(), &r, &base, pid)
+                        (line(cell, elapsed, &r, &base, pid), figures(cell, elapsed, &r, pid))
                     }
                 };
-                let data = bundle(&text);
+                let mut data = bundle(&text);
+                data.insert(LIVE_MIME.into(), figures);
                 let id = shown_id.clone();
                 sink.emit(if cost.updates == 0 { Output::Updatable { id, data } } else { Output::Update { id, data } });
                 cost.updates += 1;
@@ -321,6 +360,46 @@ mod tests {
         let b = bundle("a < b");
         assert_eq!(b["text/plain"], "a < b");
         assert!(b["text/html"].as_str().unwrap().contains("a &lt; b"));
+    }
+
+    #[test]
+    fn the_figures_are_the_readings_the_line_words() {
+        let mib = 1u64 << 20;
+        let r = LiveReading {
+            devices: Some(vec![CrateReading {
+                backend: gpumem_nb::BackendKind::Simulated,
+                allocated: 64 * mib,
+                reserved: 80 * mib,
+                peak_allocated: 96 * mib,
+                peak_reserved: 100 * mib,
+                device_free: Some(1 << 30),
+                device_total: Some(8 << 30),
+                ..Default::default()
+            }]),
+            tracked: Some(TrackedReadings {
+                status: "simulated".into(),
+                places: vec![PlaceReading { device: Some(0), live: 90 * mib, peak: 200 * mib, ..Default::default() }],
+            }),
+            nvml: NvmlSnapshot { devices: vec![], error: Some("no NVML".into()) },
+        };
+        let f = figures(7, Duration::from_millis(2500), &r, Some(1));
+        assert_eq!(f["cell"], 7);
+        assert_eq!(f["elapsed_ms"], 2500.0);
+        assert_eq!(f["device"], "sim");
+        assert_eq!((f["allocated"].as_u64(), f["reserved"].as_u64()), (Some(64 * mib), Some(80 * mib)));
+        assert_eq!((f["peak_allocated"].as_u64(), f["peak_reserved"].as_u64()), (Some(96 * mib), Some(100 * mib)));
+        assert_eq!(
+            (f["all_allocations"].as_u64(), f["all_allocations_peak"].as_u64()),
+            (Some(90 * mib), Some(200 * mib))
+        );
+        // No NVML: the crate's view of the device, and no process figure.
+        assert_eq!((f["device_free"].as_u64(), f["device_total"].as_u64()), (Some(1 << 30), Some(8 << 30)));
+        assert!(f["process"].is_null());
+        // Nothing read: every figure null, none made up.
+        let none = figures(2, Duration::from_secs(3), &LiveReading::default(), None);
+        for k in ["allocated", "reserved", "all_allocations", "process", "device_free", "device_total"] {
+            assert!(none[k].is_null(), "{k}: {none}");
+        }
     }
 
     #[test]

@@ -20,8 +20,10 @@ pub struct History {
 }
 
 impl History {
-    /// Fills in the record's warnings (budget, headroom, re-run leak).
+    /// Fills in the record's warnings (budget, headroom, re-run leak), and the budget they
+    /// compared with.
     pub fn warn(&self, rec: &mut CellRecord) {
+        rec.budget = self.budget;
         // The cell's own doing: a peak over the budget that the cell raised above what it
         // started with (memory already held before the cell warned in the cell that made it).
         let held_before = rec.allocator.as_ref().and_then(|a| a.allocated.before).unwrap_or(0)
@@ -445,6 +447,12 @@ mod tests {
         let mut idle = mk(2 << 30, 2 << 30, 2 << 30);
         h.warn(&mut idle);
         assert!(idle.warnings.is_empty(), "2 GiB held since an earlier cell: this one allocated nothing");
+        // The record carries the budget it was compared with; none set, none said.
+        assert_eq!((grew.budget, idle.budget), (Some(1 << 30), Some(1 << 30)));
+        let mut plain = mk(0, 1 << 20, 1 << 20);
+        History::default().warn(&mut plain);
+        assert_eq!(plain.budget, None);
+        assert!(!serde_json::to_string(&plain).unwrap().contains("budget"));
     }
 
     #[test]

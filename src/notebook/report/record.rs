@@ -378,6 +378,10 @@ pub struct CellRecord {
     /// time: the numbers after the cell are as they stood, without that work.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unsettled: Vec<crate::notebook::protocol::Settled>,
+    /// The session's budget (`%gpumem budget`) when the cell ran, bytes: what its warnings
+    /// compared with, for a frontend that draws the line (the JupyterLab panel).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<u64>,
 }
 
 /// How a cell ended: the record's `status`, the worst of what happened (lower case in JSON).
