@@ -199,7 +199,7 @@ export class NotebookGpu {
         this._kernel =
           impl === GPUMEM_IMPLEMENTATION
             ? { kind: 'gpumem', name: ctx.kernelDisplayName }
-            : { kind: 'other', name: `${ctx.kernelDisplayName} (${impl || 'unknown implementation'})` };
+            : { kind: 'other', name: `${ctx.kernelDisplayName} (implementation: ${impl || 'not named'})` };
         this._emit();
       })
       .catch(() => {

@@ -74,10 +74,11 @@ export class GpuPanel extends Widget {
     if (this._frame) {
       return;
     }
-    this._frame = requestAnimationFrame(() => {
+    // A timer rather than an animation frame: frames pause in a hidden tab, readings do not.
+    this._frame = window.setTimeout(() => {
       this._frame = 0;
       this._render();
-    });
+    }, 20);
   }
 
   private _render(): void {
@@ -102,7 +103,7 @@ export class GpuPanel extends Widget {
     this._where.textContent = s.panel.context.path.split('/').pop() ?? '';
     this._where.title = s.panel.context.path;
     if (k.kind === 'other') {
-      this._message.textContent = `This notebook's kernel is ${k.name}, not gpumem-kernel: no GPU memory figures.`;
+      this._message.textContent = `This notebook's kernel is not gpumem-kernel: it is ${k.name}, so there are no GPU memory figures.`;
       show('message');
       return;
     }
@@ -149,33 +150,23 @@ export class GpuPanel extends Widget {
     }
     now.dataset.updates = String(s.liveUpdates);
     div(`gpumem-now-status${live && !live.building ? ' gpumem-now-live' : ''}`, now, status);
-    const table = document.createElement('table');
-    table.className = 'gpumem-figures';
+    const list = div('gpumem-figures', now);
     for (const f of figs) {
-      const tr = document.createElement('tr');
-      tr.className = 'gpumem-fig';
-      tr.dataset.key = f.key;
-      tr.dataset.bytes = f.bytes === null ? '' : String(f.bytes);
-      tr.dataset.peak = f.peak === null ? '' : String(f.peak);
-      const th = document.createElement('th');
-      th.textContent = f.label;
-      const td = document.createElement('td');
-      td.className = 'gpumem-fig-value';
-      td.textContent = iec(f.bytes);
+      const row = div('gpumem-fig', list);
+      row.dataset.key = f.key;
+      row.dataset.bytes = f.bytes === null ? '' : String(f.bytes);
+      row.dataset.peak = f.peak === null ? '' : String(f.peak);
+      div('gpumem-fig-label', row, f.label);
+      const value = div('gpumem-fig-value', row, iec(f.bytes));
       if (f.peak !== null && f.bytes !== null && f.peak > f.bytes) {
         const p = document.createElement('span');
         p.className = 'gpumem-fig-peak';
         p.textContent = ` peak ${iec(f.peak)}`;
-        td.appendChild(p);
+        value.appendChild(p);
       }
-      const src = document.createElement('td');
-      src.className = 'gpumem-fig-source';
-      src.textContent = f.source;
+      const src = div('gpumem-fig-source', row, f.source);
       src.title = f.source;
-      tr.append(th, td, src);
-      table.appendChild(tr);
     }
-    now.appendChild(table);
     const warnings = !live && last ? last.record.warnings ?? [] : [];
     for (const w of warnings) {
       div('gpumem-now-warning', now, `⚠ ${w}`);

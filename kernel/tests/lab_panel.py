@@ -1,0 +1,495 @@
+"""The gpumem-lab panel (lab/) in a real JupyterLab, in headless Chromium, checked on the DOM.
+
+Usage: python kernel/tests/lab_panel.py OUT_DIR
+(kernel/tests/lab_panel.sh sets everything up: JupyterLab and selenium pinned in a virtualenv, the
+kernelspec and the prebuilt extension in a private prefix on JUPYTER_PATH, a simulated 8 GiB
+device.)
+
+What it checks, each against what the kernel itself wrote into the notebook:
+
+- The extension is loaded as a prebuilt extension, and the panel opens from its right-sidebar tab.
+- After each of four cells run one at a time (a first buffer stamped as parameters and
+  activations, a cell that frees the activations, one under `%gpumem budget 1GiB` that makes
+  gradients, and a long one): the panel's figures (allocated, reserved, all allocations, process,
+  device free and total, each as exact bytes in `data-bytes`) are the record in that cell's
+  output; the status bar's item reads `GPU x / 8 GiB` from the same record; the chart has one bar
+  per record, the cell's bar its after and peak; after the budget cell the budget line is at the
+  record's budget.
+- During a cell that runs about 5 s and grows memory in steps: the panel is live and its
+  allocated figure changes at least twice, every figure it shows being one the live line's
+  figures (in the cell's output) held.
+- Hovering a bar names its cell and its top site; clicking the bar of a cell scrolled out of view
+  selects that cell (the active cell changes) and brings it into view.
+- A second notebook on a second kernel: the panel shows its own figures (its records', different
+  from the first's) while it is active, and the first's again when the first is.
+- A notebook on the venv's python3 kernel (ipykernel): the panel says, in one line, that the
+  kernel is not gpumem-kernel and shows no figure; the status item hides.
+- No error in the browser's console from the extension.
+- Screenshots of the panel, light and dark, at 1400 px (and of the live panel and the python
+  notebook) in OUT_DIR.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+from selenium import webdriver
+from selenium.webdriver.chrome.options import Options
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.action_chains import ActionChains
+from selenium.webdriver.common.by import By
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import lab_browser  # noqa: E402
+from lab_browser import FAILURES, Failed, _up, free_port, notebook, set_theme, wait  # noqa: E402
+
+CHECKS = [0]
+
+
+def check(cond, what, detail=""):
+    """lab_browser's check, counted."""
+    CHECKS[0] += 1
+    lab_browser.check(cond, what, detail)
+
+CELL_MIME = "application/vnd.gpumem.cell+json"
+LIVE_MIME = "application/vnd.gpumem.live+json"
+GIB = 1 << 30
+
+FILLER = "## Filler\n\n" + "\n\n".join(f"A paragraph that keeps the first cells out of view ({i})." for i in range(40))
+CELLS = [
+    ":dep gpumem-nb",
+    # A first buffer: parameters and activations, stamped.
+    "use gpumem_nb::{Component, DeviceBuffer, StreamId, component};\n"
+    "let alloc = gpumem_nb::current()?;\n"
+    "let params = component(Component::Parameter, || DeviceBuffer::<f32>::zeros(&alloc, 32 << 20, StreamId::DEFAULT))?;\n"
+    "let acts = component(Component::Activation, || DeviceBuffer::<f32>::zeros(&alloc, 48 << 20, StreamId::DEFAULT))?;",
+    # Frees the activations.
+    "drop(acts);",
+    # Under a budget: gradients.
+    "%gpumem budget 1GiB\n"
+    "let grads = component(Component::Gradient, || DeviceBuffer::<f32>::zeros(&alloc, 40 << 20, StreamId::DEFAULT))?;",
+    # About 5 s, memory growing in steps.
+    "let mut steps = Vec::new();\n"
+    "for _ in 0..6 {\n"
+    "    steps.push(DeviceBuffer::<u8>::zeros(&alloc, 96 << 20, StreamId::DEFAULT)?);\n"
+    "    std::thread::sleep(std::time::Duration::from_millis(800));\n"
+    "}\n"
+    "steps.len()",
+    FILLER,
+    "grads.len()",
+]
+DEP, ALLOC, FREE, BUDGET, LONG, FILL, LAST = range(7)
+
+CELLS2 = [
+    ":dep gpumem-nb",
+    "let alloc = gpumem_nb::current()?;\n"
+    "let other = gpumem_nb::DeviceBuffer::<u8>::zeros(&alloc, 300 << 20, gpumem_nb::StreamId::DEFAULT)?;",
+]
+
+
+def with_markdown(nb, index):
+    nb["cells"][index] = {"cell_type": "markdown", "id": f"c{index}", "metadata": {}, "source": nb["cells"][index]["source"]}
+    return nb
+
+
+def python_notebook():
+    return {
+        "nbformat": 4, "nbformat_minor": 5,
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}},
+        "cells": [{"cell_type": "code", "id": "p0", "metadata": {}, "source": "1 + 1", "outputs": [], "execution_count": None}],
+    }
+
+
+# Page-side helpers: the notebook, its records, the panel's figures.
+JS = r"""
+window.gpumemPanelTest = {
+  app() { return window.jupyterapp; },
+  nb() { return this.app().shell.currentWidget; },
+  notebooks() { return this.app().shell.widgets ? [...this.app().shell.widgets('main')] : []; },
+  byPath(path) { return this.notebooks().find(w => w.context && w.context.path === path); },
+  kernelStatus() {
+    const p = this.nb();
+    const k = p && p.sessionContext && p.sessionContext.session && p.sessionContext.session.kernel;
+    return k ? k.status : null;
+  },
+  // The record in cell i's outputs (the model: what the kernel sent), or null.
+  record(i) {
+    const outs = this.nb().content.widgets[i].model.outputs.toJSON();
+    for (const o of outs) { if (o.data && o.data['application/vnd.gpumem.cell+json']) return o.data['application/vnd.gpumem.cell+json']; }
+    return null;
+  },
+  liveInOutput(i) {
+    const outs = this.nb().content.widgets[i].model.outputs.toJSON();
+    for (const o of outs) { if (o.data && o.data['application/vnd.gpumem.live+json']) return o.data['application/vnd.gpumem.live+json']; }
+    return null;
+  },
+  panelNode() { return document.getElementById('gpumem-lab-panel'); },
+  // What the panel shows: its state, mode, cell, figures (exact bytes), bars, budget lines.
+  panel() {
+    const p = this.panelNode();
+    if (!p) return null;
+    const now = p.querySelector('.gpumem-panel-now');
+    const figs = {};
+    for (const tr of p.querySelectorAll('.gpumem-fig')) {
+      figs[tr.dataset.key] = {bytes: tr.dataset.bytes === '' ? null : Number(tr.dataset.bytes),
+                               peak: tr.dataset.peak === '' ? null : Number(tr.dataset.peak),
+                               text: tr.querySelector('.gpumem-fig-value').textContent,
+                               source: tr.querySelector('.gpumem-fig-source').textContent};
+    }
+    const bars = [...p.querySelectorAll('g.gpumem-bar')].map(g => ({cell: Number(g.dataset.cell),
+      after: Number(g.dataset.after), peak: Number(g.dataset.peak), selected: g.classList.contains('gpumem-bar-selected'),
+      parts: [...g.querySelectorAll('.gpumem-part')].map(r => [r.dataset.part, Number(r.dataset.bytes)])}));
+    const msg = p.querySelector('.gpumem-panel-message');
+    return {
+      visible: p.offsetWidth > 0 && p.offsetHeight > 0,
+      state: p.dataset.state, notebook: p.dataset.notebook || null, kernelId: p.dataset.kernelId || null,
+      mode: now ? now.dataset.mode : null, cell: now && now.dataset.cell ? Number(now.dataset.cell) : null,
+      figs, bars,
+      budgets: [...p.querySelectorAll('.gpumem-budget')].map(l => Number(l.dataset.bytes)),
+      message: msg && msg.style.display !== 'none' ? msg.textContent : null,
+      nowShown: !!now && now.style.display !== 'none' && now.offsetHeight > 0,
+      historyShown: !!p.querySelector('.gpumem-panel-history') && p.querySelector('.gpumem-panel-history').offsetHeight > 0,
+      hover: (() => { const h = p.querySelector('.gpumem-hover'); return h ? {cell: h.dataset.cell, text: h.innerText} : null; })(),
+    };
+  },
+  status() {
+    const s = document.querySelector('.gpumem-status');
+    if (!s) return null;
+    // The status bar hides an inactive item (its wrapper is not displayed).
+    return {text: s.textContent, bytes: s.dataset.bytes === '' ? null : Number(s.dataset.bytes),
+            total: s.dataset.total === '' ? null : Number(s.dataset.total), shown: s.offsetWidth > 0 && s.getClientRects().length > 0};
+  },
+  // Whether cell i lies inside the notebook's scrolled view.
+  inView(i) {
+    const nb = this.nb().content;
+    const cell = nb.widgets[i].node;
+    const view = nb.node.getBoundingClientRect();
+    const r = cell.getBoundingClientRect();
+    return r.height > 0 && r.top >= view.top - 1 && r.top < view.bottom - 20;
+  },
+  run(i) {
+    const p = this.nb();
+    p.content.activeCellIndex = i;
+    return this.app().commands.execute('notebook:run-cell');
+  },
+};
+true;
+"""
+
+
+def expected(rec):
+    """The figures a record holds, read here independently of the extension's code: each one
+    the record's own field (record.rs), `None` where it has none."""
+    a = rec.get("allocator") or {}
+    all_ = rec.get("all_allocations") or {}
+    nvml = rec.get("nvml") or {}
+    if nvml.get("device_free") is not None and nvml.get("device_total") is not None:
+        free, total = nvml["device_free"], nvml["device_total"]
+    else:
+        free, total = rec.get("crate_device_free"), rec.get("crate_device_total")
+    return {
+        "allocated": (a.get("allocated") or {}).get("after"),
+        "reserved": (a.get("reserved") or {}).get("after"),
+        "all_allocations": all_.get("after"),
+        "process": (nvml.get("process") or {}).get("after"),
+        "device_free": free,
+        "device_total": total,
+    }
+
+
+def held(rec):
+    e = expected(rec)
+    if e["process"]:
+        return e["process"]
+    if e["all_allocations"] is not None:
+        return e["all_allocations"]
+    return e["reserved"]
+
+
+def bar_after(rec):
+    all_ = rec.get("all_allocations") or {}
+    if all_.get("after") is not None:
+        return all_["after"]
+    return ((rec.get("allocator") or {}).get("reserved") or {}).get("after") or 0
+
+
+def check_figures(js, rec, where):
+    """The panel shows the record's figures (exact bytes), and the status bar the same."""
+    def shows_it():
+        p = js("return gpumemPanelTest.panel()")
+        return p if p and p["mode"] == "record" and p["cell"] == rec["cell"] else None
+    p = wait(f"{where}: the panel to show cell {rec['cell']}'s record", shows_it, 15)
+    want = expected(rec)
+    got = {k: (p["figs"].get(k) or {}).get("bytes") for k in want}
+    check(got == want, f"{where}: the panel's figures are cell [{rec['cell']}]'s record's", {"panel": got, "record": want})
+    a = rec.get("allocator") or {}
+    check((p["figs"].get("allocated") or {}).get("peak") == a.get("peak_allocated"),
+          f"{where}: the allocated peak is the record's", (p["figs"].get("allocated"), a.get("peak_allocated")))
+    st = js("return gpumemPanelTest.status()")
+    check(st and st["shown"] and st["bytes"] == held(rec) and st["total"] == want["device_total"]
+          and st["text"].startswith("GPU ") and st["text"].endswith(" GiB"),
+          f"{where}: the status bar reads the record ({st and st['text']})", (st, held(rec)))
+    return p
+
+
+def main():
+    out = os.path.abspath(sys.argv[1])
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    work = tempfile.mkdtemp(prefix="gpumem-panel-")
+    for d in ("config", "data", "runtime", "notebooks", "chrome"):
+        os.makedirs(os.path.join(work, d))
+    os.makedirs(os.path.join(work, "config", "labconfig"))
+    json.dump({"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}},
+              open(os.path.join(work, "config", "labconfig", "page_config.json"), "w"))
+    nbdir = os.path.join(work, "notebooks")
+    json.dump(with_markdown(notebook(CELLS), FILL), open(os.path.join(nbdir, "panel.ipynb"), "w"), indent=1)
+    json.dump(notebook(CELLS2), open(os.path.join(nbdir, "second.ipynb"), "w"), indent=1)
+    json.dump(python_notebook(), open(os.path.join(nbdir, "python.ipynb"), "w"), indent=1)
+
+    env = dict(os.environ)
+    env.update({
+        "JUPYTER_CONFIG_DIR": os.path.join(work, "config"),
+        "JUPYTER_DATA_DIR": os.path.join(work, "data"),
+        "JUPYTER_RUNTIME_DIR": os.path.join(work, "runtime"),
+        "GPUMEM_NB_DEVICE": env.get("GPUMEM_NB_DEVICE", "sim:8GiB"),
+    })
+    env.pop("EVCXR_TMPDIR", None)
+    listed = subprocess.run([sys.executable, "-m", "jupyter", "labextension", "list"], env=env,
+                            capture_output=True, text=True)
+    lines = [ln for ln in (listed.stdout + listed.stderr).splitlines() if "gpumem-lab" in ln]
+    check(any("enabled" in ln and "OK" in ln for ln in lines),
+          "`jupyter labextension list` lists gpumem-lab, enabled and OK (a prebuilt extension)", lines)
+    port = free_port()
+    lab_log = open(os.path.join(out, "jupyterlab.log"), "w")
+    lab = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+         "--ServerApp.token=", "--ServerApp.password=", "--ServerApp.disable_check_xsrf=True",
+         f"--ServerApp.root_dir={nbdir}", "--LabApp.expose_app_in_browser=True",
+         "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+         "--LabApp.extension_manager=readonly", "--ServerApp.allow_root=True"],
+        env=env, stdout=lab_log, stderr=subprocess.STDOUT)
+    driver = None
+    t0 = time.monotonic()
+    try:
+        def server():
+            if lab.poll() is not None:
+                raise Failed(f"JupyterLab exited ({lab.returncode}): see {lab_log.name}")
+            return _up(port)
+
+        wait("JupyterLab's server", server, 120, every=0.5)
+        opts = Options()
+        opts.binary_location = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+        for f in ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--disable-dev-shm-usage", f"--user-data-dir={os.path.join(work, 'chrome')}",
+                  "--window-size=1400,1000", "--force-device-scale-factor=1"]:
+            opts.add_argument(f)
+        opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+        service = Service(executable_path=os.environ.get("CHROMEDRIVER", "/usr/bin/chromedriver"))
+        driver = webdriver.Chrome(service=service, options=opts)
+        driver.set_page_load_timeout(120)
+        driver.set_script_timeout(60)
+        driver.set_window_size(1400, 1000)
+        driver.get(f"http://127.0.0.1:{port}/lab/tree/panel.ipynb")
+        js = lambda code, *a: driver.execute_script(code, *a)  # noqa: E731
+        shot = lambda name: driver.save_screenshot(os.path.join(out, name))  # noqa: E731
+        wait("the notebook", lambda: js(
+            "const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
+            "return !!(w && w.content && w.content.widgets.length >= arguments[0])", len(CELLS)), 180)
+        js(JS)
+        wait("the kernel to be idle", lambda: js("return gpumemPanelTest.kernelStatus()") == "idle", 180)
+        print(f"JupyterLab up, kernel idle after {time.monotonic() - t0:.1f} s")
+
+        # ---- The panel opens from its tab in the right sidebar.
+        tab = wait("the panel's tab in the right sidebar", lambda: driver.find_elements(
+            By.CSS_SELECTOR, ".jp-SideBar.jp-mod-right .lm-TabBar-tab[data-id='gpumem-lab-panel']"), 60)
+        check(not js("const p = gpumemPanelTest.panel(); return p && p.visible"), "the panel is closed before its tab is clicked")
+        tab[0].click()
+        p = wait("the panel to open", lambda: (lambda p: p if p and p["visible"] else None)(js("return gpumemPanelTest.panel()")), 20)
+        check(p["visible"], "the panel opens from its tab in the right sidebar")
+        p = wait("the panel to know the kernel", lambda: (lambda p: p if p["state"] == "gpumem" else None)(
+            js("return gpumemPanelTest.panel()")), 60)
+        check(p["notebook"] == "panel.ipynb" and p["mode"] == "none",
+              "on gpumem-kernel, before any cell: the panel follows panel.ipynb and waits for a first record", p)
+
+        # ---- Cell by cell: the panel's figures are the cell's record.
+        records = {}
+        for i, what in ((DEP, "the :dep cell"), (ALLOC, "the allocating cell"), (FREE, "the freeing cell"),
+                        (BUDGET, "the budget cell")):
+            js("gpumemPanelTest.run(arguments[0])", i)
+            rec = wait(f"{what}'s record", lambda: js("return gpumemPanelTest.record(arguments[0])", i),
+                       900 if i == DEP else 120, every=0.3)
+            wait("the kernel to be idle", lambda: js("return gpumemPanelTest.kernelStatus()") == "idle", 60)
+            records[i] = rec
+            if i == DEP:
+                print(f"  :dep gpumem-nb took {rec['wall_ms'] / 1000:.1f} s")
+                continue
+            p = check_figures(js, rec, what)
+            check(len(p["bars"]) == len(records) and [b["cell"] for b in p["bars"]] == sorted(r["cell"] for r in records.values()),
+                  f"{what}: one bar per record", p["bars"])
+            bar = next((b for b in p["bars"] if b["cell"] == rec["cell"]), None)
+            check(bar is not None and bar["after"] == bar_after(rec) and sum(x[1] for x in bar["parts"]) == bar_after(rec),
+                  f"{what}: its bar's parts add up to the record's bytes after it", (bar, bar_after(rec)))
+        alloc_rec, free_rec, budget_rec = records[ALLOC], records[FREE], records[BUDGET]
+        comps = {c["component"]: c for c in (alloc_rec.get("all_allocations") or {}).get("by_component", [])}
+        bar = next(b for b in js("return gpumemPanelTest.panel()")["bars"] if b["cell"] == alloc_rec["cell"])
+        parts = dict(bar["parts"])
+        check(parts.get("parameter") == comps.get("parameter", {}).get("after") and parts.get("activation") == comps.get("activation", {}).get("after")
+              and parts.get("parameter"), "the allocating cell's bar is stacked by component (parameter, activation) as its record says",
+              (parts, comps))
+        check(expected(free_rec)["allocated"] < expected(alloc_rec)["allocated"],
+              "the freeing cell's figure fell below the allocating cell's", (expected(free_rec), expected(alloc_rec)))
+        p = js("return gpumemPanelTest.panel()")
+        check(budget_rec.get("budget") == GIB and p["budgets"] and p["budgets"][-1] == budget_rec.get("budget"),
+              "after `%gpumem budget 1GiB`: the record's budget is 1 GiB and the chart's budget line is at it",
+              (budget_rec.get("budget"), p["budgets"]))
+        shot("01_after_budget.png")
+
+        # ---- The long cell: the live figure moves.
+        js("gpumemPanelTest.run(arguments[0])", LONG)
+        panel_live, output_live = [], set()
+
+        def poll():
+            s = js("return {p: gpumemPanelTest.panel(), o: gpumemPanelTest.liveInOutput(arguments[0]), "
+                   "r: gpumemPanelTest.record(arguments[0])}", LONG)
+            if s["o"]:
+                output_live.add(json.dumps({k: s["o"].get(k) for k in ("allocated", "reserved", "all_allocations")}))
+            p = s["p"]
+            if p["mode"] == "live":
+                v = {k: (p["figs"].get(k) or {}).get("bytes") for k in ("allocated", "reserved", "all_allocations")}
+                if not panel_live or panel_live[-1] != v:
+                    panel_live.append(v)
+                    if len(panel_live) == 3:
+                        shot("02_live.png")
+            return s["r"]
+        long_rec = wait("the long cell's record", poll, 120, every=0.12)
+        wait("the kernel to be idle", lambda: js("return gpumemPanelTest.kernelStatus()") == "idle", 60)
+        records[LONG] = long_rec
+        allocated_seen = [v["allocated"] for v in panel_live]
+        changes = sum(1 for a, b in zip(allocated_seen, allocated_seen[1:]) if a != b)
+        print(f"  live: the panel showed allocated {allocated_seen}")
+        check(changes >= 2, f"during the long cell the panel's live allocated figure changed at least twice ({changes})", panel_live)
+        check(panel_live and all(json.dumps(v) in output_live for v in panel_live),
+              "every live figure the panel showed is one the live line's figures held", (panel_live, output_live))
+        check_figures(js, long_rec, "the long cell")
+
+        # ---- Hover and click: the bar of the allocating cell, scrolled out of view.
+        n = js("return gpumemPanelTest.nb().content.widgets.length")
+        js("const nb = gpumemPanelTest.nb().content; nb.activeCellIndex = arguments[0]; nb.scrollToItem(arguments[0], 'start');", n - 1)
+        time.sleep(1.0)
+        check(not js("return gpumemPanelTest.inView(arguments[0])", ALLOC), "before the click, the allocating cell is out of view")
+        check(js("return gpumemPanelTest.nb().content.activeCellIndex") == n - 1, "before the click, the last cell is active")
+        bar_el = driver.find_element(By.CSS_SELECTOR, f"#gpumem-lab-panel g.gpumem-bar[data-cell='{alloc_rec['cell']}'] .gpumem-bar-hit")
+        ActionChains(driver).move_to_element(bar_el).perform()
+        time.sleep(0.5)
+        hover = js("return gpumemPanelTest.panel().hover")
+        top = ((alloc_rec.get("all_allocations") or {}).get("top") or [{}])[0]
+        check(hover and hover["cell"] == str(alloc_rec["cell"]) and (top.get("function") or top.get("owner") or "") in hover["text"]
+              and f"[{alloc_rec['cell']}]" in hover["text"],
+              "hovering the allocating cell's bar names its cell and its top site", (hover, top))
+        shot("03_hover.png")
+        bar_el.click()
+        wait("the allocating cell to be active", lambda: js("return gpumemPanelTest.nb().content.activeCellIndex") == ALLOC, 10)
+        time.sleep(1.0)
+        check(js("return gpumemPanelTest.nb().content.activeCellIndex") == ALLOC, "clicking its bar selects the allocating cell")
+        check(js("return gpumemPanelTest.inView(arguments[0])", ALLOC), "and brings it into view")
+        p = js("return gpumemPanelTest.panel()")
+        check([b["cell"] for b in p["bars"] if b["selected"]] == [alloc_rec["cell"]], "its bar is drawn selected", p["bars"])
+
+        # ---- Screenshots: light and dark at 1400 px.
+        last_rec = long_rec
+        for theme, name in (("JupyterLab Light", "light"), ("JupyterLab Dark", "dark")):
+            set_theme(js, theme)
+            driver.set_window_size(1400, 1000)
+            time.sleep(1.2)
+            shot(f"panel_{name}_1400.png")
+            driver.find_element(By.ID, "gpumem-lab-panel").screenshot(os.path.join(out, f"panel_only_{name}.png"))
+            p = js("return gpumemPanelTest.panel()")
+            bg = js("return getComputedStyle(document.getElementById('gpumem-lab-panel')).backgroundColor")
+            lum = js("const c = arguments[0].match(/\\d+/g).map(Number); return (0.2126*c[0] + 0.7152*c[1] + 0.0722*c[2]) / 255", bg)
+            check((lum > 0.7) if name == "light" else (lum < 0.3), f"{name}: the panel's background follows the theme ({bg})")
+            check(expected(last_rec) == {k: (p["figs"].get(k) or {}).get("bytes") for k in expected(last_rec)},
+                  f"{name}: the figures unchanged by the theme")
+        set_theme(js, "JupyterLab Light")
+        first_figs = {k: (p["figs"].get(k) or {}).get("bytes") for k in expected(last_rec)}
+
+        # ---- A second notebook on its own kernel.
+        js("window.jupyterapp.commands.execute('docmanager:open', {path: 'second.ipynb'})")
+        wait("the second notebook", lambda: js(
+            "const w = window.jupyterapp.shell.currentWidget; return !!(w && w.context && w.context.path === 'second.ipynb' "
+            "&& w.content.widgets.length >= 2)"), 120)
+        wait("the second notebook's kernel to be idle", lambda: js("return gpumemPanelTest.kernelStatus()") == "idle", 180)
+        js("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+        rec2 = wait("the second notebook's last record", lambda: js("return gpumemPanelTest.record(1)"), 900, every=0.5)
+        wait("the second kernel to be idle", lambda: js("return gpumemPanelTest.kernelStatus()") == "idle", 60)
+        p2 = check_figures(js, rec2, "the second notebook")
+        p1k = p["kernelId"]
+        check(p2["notebook"] == "second.ipynb" and p2["kernelId"] and p2["kernelId"] != p1k,
+              "the panel follows the second notebook and its own kernel", (p2["notebook"], p2["kernelId"], p1k))
+        second_figs = {k: (p2["figs"].get(k) or {}).get("bytes") for k in expected(rec2)}
+        check(second_figs["allocated"] != first_figs["allocated"] and len(p2["bars"]) == 2,
+              "the second notebook's figures and history are its own, not the first's", (second_figs, first_figs, p2["bars"]))
+        shot("04_second_notebook.png")
+        js("const w = gpumemPanelTest.byPath('panel.ipynb'); window.jupyterapp.shell.activateById(w.id);")
+        wait("the first notebook to be active", lambda: js("return window.jupyterapp.shell.currentWidget.context.path") == "panel.ipynb", 10)
+        check_figures(js, last_rec, "back on the first notebook")
+        p = js("return gpumemPanelTest.panel()")
+        check(p["notebook"] == "panel.ipynb" and p["kernelId"] == p1k and len(p["bars"]) == len(records),
+              "back on the first notebook: its kernel and its history again", (p["notebook"], len(p["bars"])))
+
+        # ---- A notebook on another kernel: the panel says so, the status item hides.
+        js("window.jupyterapp.commands.execute('docmanager:open', {path: 'python.ipynb'})")
+        wait("the python notebook", lambda: js(
+            "const w = window.jupyterapp.shell.currentWidget; return !!(w && w.context && w.context.path === 'python.ipynb')"), 60)
+        p = wait("the panel to say the kernel is not gpumem-kernel", lambda: (lambda p: p if p["state"] == "other" else None)(
+            js("return gpumemPanelTest.panel()")), 120)
+        print(f"  python notebook: {p['message']}")
+        check(p["message"] and "not gpumem-kernel" in p["message"] and "Python" in p["message"] and "\n" not in p["message"]
+              and not p["nowShown"] and not p["historyShown"],
+              "on a python kernel the panel says, in one line, that the kernel (named) is not gpumem-kernel, and nothing else", p)
+        st = js("return gpumemPanelTest.status()")
+        check(st is None or not st["shown"], "on a python kernel the status item is hidden", st)
+        js("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+        time.sleep(3.0)
+        shot("05_python_kernel.png")
+        driver.find_element(By.ID, "gpumem-lab-panel").screenshot(os.path.join(out, "panel_only_python.png"))
+
+        # ---- The console: nothing from the extension.
+        logs = driver.get_log("browser")
+        bad = [entry for entry in logs if entry.get("level") == "SEVERE" and "gpumem" in entry.get("message", "").lower()]
+        check(not bad, f"no error in the console from the extension ({len(logs)} console entries)", bad)
+        with open(os.path.join(out, "console.log"), "w") as f:
+            for entry in logs:
+                f.write(f"{entry.get('level')} {entry.get('message')}\n")
+
+        if FAILURES:
+            raise Failed(f"{len(FAILURES)} checks failed:\n  " + "\n  ".join(f[:300] for f in FAILURES))
+        print(f"PASS: the gpumem-lab panel in JupyterLab, {CHECKS[0]} checks in {time.monotonic() - t0:.0f} s; screenshots in {out}")
+    except Failed as e:
+        if driver is not None:
+            try:
+                driver.save_screenshot(os.path.join(out, "failure.png"))
+            except Exception:  # noqa: BLE001
+                pass
+        print(f"FAIL: {e}")
+        print(f"(JupyterLab's log: {os.path.join(out, 'jupyterlab.log')}; screenshots in {out})")
+        return 1
+    finally:
+        if driver is not None:
+            driver.quit()
+        lab.terminate()
+        try:
+            lab.wait(20)
+        except subprocess.TimeoutExpired:
+            lab.kill()
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
