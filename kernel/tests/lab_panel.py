@@ -17,14 +17,18 @@ What it checks, each against what the kernel itself wrote into the notebook:
   record's budget.
 - During a cell that runs about 5 s and grows memory in steps: the panel is live and its
   allocated figure changes at least twice, every figure it shows being one the live line's
-  figures (in the cell's output) held.
+  figures (in the cell's output) held; the chart has a bar for the running cell at the live
+  reading's every-allocation figure.
 - Hovering a bar names its cell and its top site; clicking the bar of a cell scrolled out of view
   selects that cell (the active cell changes) and brings it into view.
 - A second notebook on a second kernel: the panel shows its own figures (its records', different
   from the first's) while it is active, and the first's again when the first is.
 - A notebook on the venv's python3 kernel (ipykernel): the panel says, in one line, that the
   kernel is not gpumem-kernel and shows no figure; the status item hides.
-- No error in the browser's console from the extension.
+- The page sends each kernel only JupyterLab's own requests (execute, kernel_info): the panel
+  opens no comm and asks nothing; each cell's report line stays under it.
+- Reopened, a notebook's panel shows its history from the records in its saved outputs.
+- No error in the browser's console.
 - Screenshots of the panel, light and dark, at 1400 px (and of the live panel and the python
   notebook) in OUT_DIR.
 """
@@ -171,6 +175,20 @@ window.gpumemPanelTest = {
     const r = cell.getBoundingClientRect();
     return r.height > 0 && r.top >= view.top - 1 && r.top < view.bottom - 20;
   },
+  // Every message the page sends each kernel, by type (the panel must send none of its own).
+  sent: {},
+  watch() {
+    const p = this.nb();
+    const k = p.sessionContext.session.kernel;
+    const path = p.context.path;
+    this.sent[path] = this.sent[path] || [];
+    k.anyMessage.connect((_, a) => { if (a.direction === 'send') this.sent[path].push(a.msg.header.msg_type); });
+  },
+  reports(i) { return this.nb().content.widgets[i].node.querySelectorAll('.jp-OutputArea .gpumem-report').length; },
+  liveBar() {
+    const g = document.querySelector('#gpumem-lab-panel g.gpumem-livebar');
+    return g ? {cell: Number(g.dataset.cell), now: Number(g.dataset.now), peak: Number(g.dataset.peak)} : null;
+  },
   run(i) {
     const p = this.nb();
     p.content.activeCellIndex = i;
@@ -304,6 +322,7 @@ def main():
         js(JS)
         wait("the kernel to be idle", lambda: js("return gpumemPanelTest.kernelStatus()") == "idle", 180)
         print(f"JupyterLab up, kernel idle after {time.monotonic() - t0:.1f} s")
+        js("gpumemPanelTest.watch()")
 
         # ---- The panel opens from its tab in the right sidebar.
         tab = wait("the panel's tab in the right sidebar", lambda: driver.find_elements(
@@ -352,7 +371,7 @@ def main():
 
         # ---- The long cell: the live figure moves.
         js("gpumemPanelTest.run(arguments[0])", LONG)
-        panel_live, output_live = [], set()
+        panel_live, output_live, live_bars = [], set(), []
 
         def poll():
             s = js("return {p: gpumemPanelTest.panel(), o: gpumemPanelTest.liveInOutput(arguments[0]), "
@@ -362,6 +381,9 @@ def main():
             p = s["p"]
             if p["mode"] == "live":
                 v = {k: (p["figs"].get(k) or {}).get("bytes") for k in ("allocated", "reserved", "all_allocations")}
+                bar = js("return gpumemPanelTest.liveBar()")
+                if bar and s["o"] and bar["cell"] == s["o"].get("cell"):
+                    live_bars.append((bar["now"], s["o"].get("all_allocations")))
                 if not panel_live or panel_live[-1] != v:
                     panel_live.append(v)
                     if len(panel_live) == 3:
@@ -376,7 +398,13 @@ def main():
         check(changes >= 2, f"during the long cell the panel's live allocated figure changed at least twice ({changes})", panel_live)
         check(panel_live and all(json.dumps(v) in output_live for v in panel_live),
               "every live figure the panel showed is one the live line's figures held", (panel_live, output_live))
+        check(live_bars and any(now == held for now, held in live_bars) and len({now for now, _ in live_bars}) >= 2,
+              "while it runs, the chart has a bar for the cell that grows, at the live reading's every allocation",
+              live_bars[-5:])
+        check(js("return gpumemPanelTest.liveBar()") is None, "the running bar is gone once the cell's record came")
         check_figures(js, long_rec, "the long cell")
+        check(all(js("return gpumemPanelTest.reports(arguments[0])", i) == 1 for i in (ALLOC, FREE, BUDGET, LONG)),
+              "each cell's own report line is still under it (the panel adds, it does not replace)")
 
         # ---- Hover and click: the bar of the allocating cell, scrolled out of view.
         n = js("return gpumemPanelTest.nb().content.widgets.length")
@@ -401,8 +429,10 @@ def main():
         p = js("return gpumemPanelTest.panel()")
         check([b["cell"] for b in p["bars"] if b["selected"]] == [alloc_rec["cell"]], "its bar is drawn selected", p["bars"])
 
-        # ---- Screenshots: light and dark at 1400 px.
+        # ---- Screenshots: light and dark at 1400 px, the allocating cell's bar hovered.
         last_rec = long_rec
+        ActionChains(driver).move_to_element(driver.find_element(
+            By.CSS_SELECTOR, f"#gpumem-lab-panel g.gpumem-bar[data-cell='{alloc_rec['cell']}'] .gpumem-bar-hit")).perform()
         for theme, name in (("JupyterLab Light", "light"), ("JupyterLab Dark", "dark")):
             set_theme(js, theme)
             driver.set_window_size(1400, 1000)
@@ -424,6 +454,7 @@ def main():
             "const w = window.jupyterapp.shell.currentWidget; return !!(w && w.context && w.context.path === 'second.ipynb' "
             "&& w.content.widgets.length >= 2)"), 120)
         wait("the second notebook's kernel to be idle", lambda: js("return gpumemPanelTest.kernelStatus()") == "idle", 180)
+        js("gpumemPanelTest.watch()")
         js("window.jupyterapp.commands.execute('notebook:run-all-cells')")
         rec2 = wait("the second notebook's last record", lambda: js("return gpumemPanelTest.record(1)"), 900, every=0.5)
         wait("the second kernel to be idle", lambda: js("return gpumemPanelTest.kernelStatus()") == "idle", 60)
@@ -434,6 +465,8 @@ def main():
         second_figs = {k: (p2["figs"].get(k) or {}).get("bytes") for k in expected(rec2)}
         check(second_figs["allocated"] != first_figs["allocated"] and len(p2["bars"]) == 2,
               "the second notebook's figures and history are its own, not the first's", (second_figs, first_figs, p2["bars"]))
+        ActionChains(driver).move_to_element(driver.find_element(By.CSS_SELECTOR, ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook")).perform()
+        time.sleep(0.3)
         shot("04_second_notebook.png")
         js("const w = gpumemPanelTest.byPath('panel.ipynb'); window.jupyterapp.shell.activateById(w.id);")
         wait("the first notebook to be active", lambda: js("return window.jupyterapp.shell.currentWidget.context.path") == "panel.ipynb", 10)
@@ -441,6 +474,29 @@ def main():
         p = js("return gpumemPanelTest.panel()")
         check(p["notebook"] == "panel.ipynb" and p["kernelId"] == p1k and len(p["bars"]) == len(records),
               "back on the first notebook: its kernel and its history again", (p["notebook"], len(p["bars"])))
+
+        # ---- The page sent the kernels nothing of the panel's: no comm, no request of its own.
+        sent = js("return gpumemPanelTest.sent")
+        print(f"  messages the page sent: { {k: sorted(set(v)) for k, v in sent.items()} }")
+        check(sent.get("panel.ipynb") and sent.get("second.ipynb") and all(set(v) <= {"execute_request", "kernel_info_request"} for v in sent.values()),
+              "the page sent the kernel only JupyterLab's own requests (execute, kernel_info): the panel sends nothing", sent)
+
+        # ---- Reopened: the history from the saved outputs.
+        js("return window.jupyterapp.commands.execute('docmanager:save')")
+        wait("panel.ipynb saved", lambda: not js("return gpumemPanelTest.nb().context.model.dirty"), 20)
+        js("gpumemPanelTest.nb().dispose()")
+        time.sleep(1.0)
+        js("window.jupyterapp.commands.execute('docmanager:open', {path: 'panel.ipynb'})")
+        wait("panel.ipynb again", lambda: js(
+            "const w = window.jupyterapp.shell.currentWidget; return !!(w && w.context && w.context.path === 'panel.ipynb' "
+            "&& w.content.widgets.length >= arguments[0])", len(CELLS)), 60)
+        p = wait("the reopened notebook's history", lambda: (lambda p: p if p["state"] == "gpumem" and p["bars"] else None)(
+            js("return gpumemPanelTest.panel()")), 60)
+        saved = sorted(r["cell"] for r in records.values())
+        check([b["cell"] for b in p["bars"]] == saved and p["mode"] == "record" and p["cell"] == max(saved),
+              "reopened, the panel shows the history from the notebook's saved outputs", (p["bars"], saved))
+        check({k: (p["figs"].get(k) or {}).get("bytes") for k in expected(last_rec)} == expected(last_rec),
+              "reopened, its figures are the last saved record's")
 
         # ---- A notebook on another kernel: the panel says so, the status item hides.
         js("window.jupyterapp.commands.execute('docmanager:open', {path: 'python.ipynb'})")
@@ -461,8 +517,8 @@ def main():
 
         # ---- The console: nothing from the extension.
         logs = driver.get_log("browser")
-        bad = [entry for entry in logs if entry.get("level") == "SEVERE" and "gpumem" in entry.get("message", "").lower()]
-        check(not bad, f"no error in the console from the extension ({len(logs)} console entries)", bad)
+        bad = [entry for entry in logs if entry.get("level") == "SEVERE"]
+        check(not bad, f"no error in the browser's console ({len(logs)} console entries)", bad)
         with open(os.path.join(out, "console.log"), "w") as f:
             for entry in logs:
                 f.write(f"{entry.get('level')} {entry.get('message')}\n")

@@ -28,6 +28,8 @@ export function partClass(name: string): string {
 
 export interface ChartOptions {
   width: number;
+  /** The running cell's reading so far, drawn after the records (dashed, not clickable). */
+  live?: { cell: number; now: number; peak: number } | null;
   height: number;
   /** The cell number of the notebook's active cell, drawn selected. */
   selected: number | null;
@@ -70,20 +72,26 @@ function ticks(max: number): number[] {
   return out;
 }
 
-/** A site as one line: `function (cell 3, line 4) 64.0 MiB`. */
+/** A site as one line: `64.0 MiB  function (cell 3, line 4)`. */
 export function siteText(s: Site): string {
   const where = s.cell !== null && s.cell !== undefined ? ` (cell ${s.cell}${s.line ? `, line ${s.line}` : ''})` : '';
-  return `${s.function || s.owner || 'unknown'}${where} ${iec(s.bytes ?? null)}`;
+  return `${iec(s.bytes ?? null)}  ${s.function || s.owner || 'unknown'}${where}`;
+}
+
+/** What the bar measures, in one line: `all allocations: peak 320 MiB, after 320 MiB`; a record
+ * without the allocator's numbers (gpumem-nb not loaded yet) says so, without a number. */
+export function quantityText(b: Bar): string {
+  if (b.quantity === 'no reading') {
+    return 'no memory figures: gpumem-nb was not loaded';
+  }
+  return `${b.quantity}: peak ${iec(b.peak)}, after ${iec(b.after)}${b.budget !== null ? `, budget ${iec(b.budget)}` : ''}`;
 }
 
 /** The bar's tooltip: the cell, its first line, peak and after, its parts and its top sites. */
 export function barTitle(b: Bar): string {
-  const lines = [`[${b.cell}] ${b.firstLine}`.trim(), `${b.quantity}: peak ${iec(b.peak)}, after ${iec(b.after)}`];
+  const lines = [`[${b.cell}] ${b.firstLine}`.trim(), quantityText(b)];
   for (const p of b.parts) {
     lines.push(`  ${partLabel(p.name)} ${iec(p.bytes)}`);
-  }
-  if (b.budget !== null) {
-    lines.push(`budget ${iec(b.budget)}`);
   }
   if (b.top.length) {
     lines.push('top sites:');
@@ -109,7 +117,8 @@ export function drawChart(bars: Bar[], o: ChartOptions): SVGSVGElement {
   const bottom = 22;
   const svg = el('svg', { class: 'gpumem-history', width: W, height: H, viewBox: `0 0 ${W} ${H}`, role: 'img' });
   el('rect', { class: 'gpumem-chart-bg', x: 0, y: 0, width: W, height: H }, svg);
-  const max = Math.max(1, ...bars.map(b => Math.max(b.peak, b.after, b.budget ?? 0)));
+  const live = o.live ?? null;
+  const max = Math.max(1, ...bars.map(b => Math.max(b.peak, b.after, b.budget ?? 0)), live ? Math.max(live.now, live.peak) : 0);
   const ts = ticks(max * 1.08);
   const top_v = ts[ts.length - 1] > max ? ts[ts.length - 1] : max * 1.08;
   const plotH = H - top - bottom;
@@ -120,7 +129,7 @@ export function drawChart(bars: Bar[], o: ChartOptions): SVGSVGElement {
     label.textContent = t === 0 ? '0' : iec(t).replace(/\.0+\u00a0/, '\u00a0');
   }
   el('line', { class: 'gpumem-axis-line', x1: left, x2: left, y1: top, y2: top + plotH }, svg);
-  const n = Math.max(bars.length, 1);
+  const n = Math.max(bars.length + (live ? 1 : 0), 1);
   const slot = (W - left - right) / n;
   const bw = Math.max(3, Math.min(30, slot * 0.78));
   const every = Math.max(1, Math.ceil(26 / slot));
@@ -173,6 +182,18 @@ export function drawChart(bars: Bar[], o: ChartOptions): SVGSVGElement {
     g.addEventListener('mouseenter', () => o.onHover(b));
     g.addEventListener('mouseleave', () => o.onHover(null));
   });
+  if (live) {
+    const cx = left + slot * (bars.length + 0.5);
+    const g = el('g', { class: 'gpumem-livebar', 'data-cell': live.cell, 'data-now': live.now, 'data-peak': live.peak }, svg);
+    el('title', {}, g).textContent = `[${live.cell}] running: ${iec(live.now)} now, peak so far ${iec(live.peak)}`;
+    if (live.peak > 0) {
+      el('rect', { class: 'gpumem-livebar-peak', x: cx - bw / 2, y: y(live.peak), width: bw, height: y(0) - y(live.peak) }, g);
+    }
+    const pw = Math.max(2, bw * 0.64);
+    el('rect', { class: 'gpumem-livebar-now', x: cx - pw / 2, y: y(live.now), width: pw, height: y(0) - y(live.now) }, g);
+    const t = el('text', { class: 'gpumem-axis gpumem-cell-label gpumem-livebar-label', x: cx, y: H - 7, 'text-anchor': 'middle' }, g);
+    t.textContent = String(live.cell);
+  }
   // The budget: a dashed line over each run of cells that had the same one.
   let i = 0;
   while (i < bars.length) {

@@ -14,8 +14,10 @@ export type KernelKind = 'none' | 'pending' | 'gpumem' | 'other';
 
 export interface KernelState {
   kind: KernelKind;
-  /** The kernel's display name (and implementation, for a kernel that is not gpumem-kernel). */
+  /** The kernel's display name. */
   name: string;
+  /** What its kernel_info reply says it is (`implementation`), once known. */
+  implementation?: string;
 }
 
 export interface Entry {
@@ -198,13 +200,13 @@ export class NotebookGpu {
         const impl = info.implementation;
         this._kernel =
           impl === GPUMEM_IMPLEMENTATION
-            ? { kind: 'gpumem', name: ctx.kernelDisplayName }
-            : { kind: 'other', name: `${ctx.kernelDisplayName} (implementation: ${impl || 'not named'})` };
+            ? { kind: 'gpumem', name: ctx.kernelDisplayName, implementation: impl }
+            : { kind: 'other', name: ctx.kernelDisplayName, implementation: impl || 'not named' };
         this._emit();
       })
       .catch(() => {
         if (id === this._check) {
-          this._kernel = { kind: 'other', name: `${ctx.kernelDisplayName} (no kernel_info reply)` };
+          this._kernel = { kind: 'other', name: ctx.kernelDisplayName, implementation: 'no kernel_info reply' };
           this._emit();
         }
       });

@@ -5,8 +5,8 @@
 import { Widget } from '@lumino/widgets';
 import { Message } from '@lumino/messaging';
 import { NotebookGpu } from './model';
-import { Bar, Figure, barOf, liveFiguresOf, recordFigures } from './records';
-import { barTitle, drawChart, partClass, partLabel, siteText } from './chart';
+import { Bar, Figure, barOf, liveFiguresOf, num, recordFigures } from './records';
+import { barTitle, drawChart, partClass, partLabel, quantityText, siteText } from './chart';
 import { iec } from './units';
 
 export interface PanelOptions {
@@ -103,7 +103,7 @@ export class GpuPanel extends Widget {
     this._where.textContent = s.panel.context.path.split('/').pop() ?? '';
     this._where.title = s.panel.context.path;
     if (k.kind === 'other') {
-      this._message.textContent = `This notebook's kernel is not gpumem-kernel: it is ${k.name}, so there are no GPU memory figures.`;
+      this._message.textContent = `This notebook's kernel is ${k.name}, not gpumem-kernel${k.implementation ? ` (it is ${k.implementation})` : ''}: no GPU memory figures.`;
       show('message');
       return;
     }
@@ -179,7 +179,14 @@ export class GpuPanel extends Widget {
     const active = s.panel.content.activeCell;
     const selected = active ? entries.filter(e => e.cellId === active.model.id).pop()?.record.cell ?? null : null;
     const width = Math.max(200, this._chart.clientWidth || this.node.clientWidth - 24);
-    const key = `${entries.map(e => `${e.record.cell}:${e.seq}`).join(',')}|${selected}|${width}`;
+    // The running cell, as it stands: every allocation where tracked, else reserved.
+    const l = s.live && !s.live.building ? s.live : null;
+    const lnow = l ? num(l.all_allocations) ?? num(l.reserved) : null;
+    const live =
+      l && lnow !== null
+        ? { cell: l.cell, now: lnow, peak: Math.max(lnow, (num(l.all_allocations) !== null ? num(l.all_allocations_peak) : num(l.peak_reserved)) ?? lnow) }
+        : null;
+    const key = `${entries.map(e => `${e.record.cell}:${e.seq}`).join(',')}|${selected}|${width}|${live ? `${live.cell}:${live.now}:${live.peak}` : ''}`;
     if (key === this._chartKey) {
       return;
     }
@@ -187,7 +194,7 @@ export class GpuPanel extends Widget {
     this._history.dataset.bars = String(bars.length);
     this._chart.textContent = '';
     this._legend.textContent = '';
-    if (!bars.length) {
+    if (!bars.length && !live) {
       div('gpumem-hover-hint', this._chart, 'No cell records yet.');
       this._hover.textContent = '';
       return;
@@ -214,10 +221,14 @@ export class GpuPanel extends Widget {
     if (bars.some(b => b.budget !== null)) {
       item('gpumem-swatch-budget', 'budget');
     }
+    if (live) {
+      item('gpumem-swatch-live', `[${live.cell}] running`);
+    }
     const svg = drawChart(bars, {
       width,
       height: 200,
       selected,
+      live,
       onClick: b => this._select(b),
       onHover: b => this._showHover(b)
     });
@@ -236,7 +247,10 @@ export class GpuPanel extends Widget {
     h.dataset.cell = String(b.cell);
     const lines = barTitle(b).split('\n');
     div('gpumem-hover-head', h, lines[0]);
-    div('gpumem-hover-line', h, `${b.quantity}: peak ${iec(b.peak)}, after ${iec(b.after)}${b.budget !== null ? `, budget ${iec(b.budget)}` : ''}`);
+    div('gpumem-hover-line', h, quantityText(b));
+    if (b.quantity === 'no reading') {
+      return;
+    }
     if (b.top.length) {
       div('gpumem-hover-line gpumem-hover-sites-title', h, 'top sites:');
       for (const site of b.top.slice(0, 3)) {
