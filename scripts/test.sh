@@ -48,7 +48,7 @@ cargo test -p gpumem-nb --all-features
 step "tests: the kernel (real evcxr, the Jupyter protocol over ZMQ, headless runs, restarts)"
 cargo test --release -p gpumem-kernel -- --test-threads=1
 step "tests: our patches of evcxr (vendor/evcxr/PATCHES.md: variables kept, types named, cell-only)"
-cargo test --release -p evcxr --lib
+cargo test --release -p gpumem-evcxr --lib
 
 step "the tour notebook through jupyter_client/nbclient against the installed kernel"
 kernel/tests/run_tour.sh release

@@ -63,9 +63,11 @@ impl CellOnly {
                 give_type(),
                 false,
             ),
-            Why::Analysis(NotKept::Unnameable { shown, why }) => {
-                (format!("has a type that cannot be named (`{shown}`: {why})"), None, false)
-            }
+            Why::Analysis(NotKept::Unnameable { shown, why }) => (
+                format!("has a type that cannot be named (`{shown}`: {why})"),
+                None,
+                false,
+            ),
             Why::Analysis(NotKept::ClosureBorrows { local }) => (
                 format!("borrows `{local}`"),
                 init.map(|c| format!("write `let {name} = move {};`", c.trim())),
@@ -76,7 +78,11 @@ impl CellOnly {
             // that uses the borrowed variable would fail, as cudarc's launch builder did). A
             // value that holds its borrow until it is dropped (a guard) says so at the stores,
             // and gets the drop then.
-            Why::Borrows(Some(borrowed)) => (format!("borrows `{borrowed}`"), owned_fix(name, init, ty), false),
+            Why::Borrows(Some(borrowed)) => (
+                format!("borrows `{borrowed}`"),
+                owned_fix(name, init, ty),
+                false,
+            ),
             Why::Borrows(None) => (
                 "borrows a temporary value".to_owned(),
                 Some("bind that value to a variable of its own first".to_owned()),
@@ -84,7 +90,11 @@ impl CellOnly {
             ),
             Why::TypeRefused(message) => {
                 let ty = ty.map(|t| format!(" `{t}`")).unwrap_or_default();
-                (format!("has a type{ty} that does not compile here ({message})"), give_type(), false)
+                (
+                    format!("has a type{ty} that does not compile here ({message})"),
+                    give_type(),
+                    false,
+                )
             }
         };
         CellOnly {
@@ -155,7 +165,15 @@ pub(crate) fn is_borrow_error(code: Option<&str>) -> bool {
     matches!(
         code,
         Some(
-            "E0597" | "E0505" | "E0502" | "E0499" | "E0506" | "E0716" | "E0373" | "E0521" | "E0713"
+            "E0597"
+                | "E0505"
+                | "E0502"
+                | "E0499"
+                | "E0506"
+                | "E0716"
+                | "E0373"
+                | "E0521"
+                | "E0713"
                 | "E0515"
         )
     )
@@ -171,13 +189,12 @@ pub(crate) fn uses_question_mark(node: &SyntaxNode) -> bool {
     node.descendants()
         .filter(|d| d.kind() == SyntaxKind::TRY_EXPR)
         .any(|t| {
-            !t.ancestors()
-                .take_while(|a| a != node)
-                .any(|a| {
-                    matches!(a.kind(), SyntaxKind::CLOSURE_EXPR | SyntaxKind::FN)
-                        || ast::BlockExpr::cast(a)
-                            .is_some_and(|b| b.async_token().is_some() || b.try_block_modifier().is_some())
-                })
+            !t.ancestors().take_while(|a| a != node).any(|a| {
+                matches!(a.kind(), SyntaxKind::CLOSURE_EXPR | SyntaxKind::FN)
+                    || ast::BlockExpr::cast(a).is_some_and(|b| {
+                        b.async_token().is_some() || b.try_block_modifier().is_some()
+                    })
+            })
         })
 }
 
@@ -203,11 +220,23 @@ mod tests {
             ": `head` borrows `data`, so it was kept for its cell only; write `let head = \
              data[..3].to_vec();` there"
         );
-        let s = CellOnly::new("s", Why::Borrows(Some("text".into())), Some("&text[1..]"), Some("&str"));
-        assert!(s.line("s").ends_with("write `let s = text[1..].to_string();`"), "{}", s.line("s"));
+        let s = CellOnly::new(
+            "s",
+            Why::Borrows(Some("text".into())),
+            Some("&text[1..]"),
+            Some("&str"),
+        );
+        assert!(
+            s.line("s")
+                .ends_with("write `let s = text[1..].to_string();`"),
+            "{}",
+            s.line("s")
+        );
         let f = CellOnly::new(
             "f",
-            Why::Analysis(&NotKept::ClosureBorrows { local: "scale".into() }),
+            Why::Analysis(&NotKept::ClosureBorrows {
+                local: "scale".into(),
+            }),
             Some("|x: u64| x * scale"),
             None,
         );
@@ -215,7 +244,12 @@ mod tests {
             f.line("f"),
             "`f` borrows `scale`: kept for this cell only; write `let f = move |x: u64| x * scale;`"
         );
-        let it = CellOnly::new("it", Why::Borrows(Some("v".into())), Some("v.iter().map(|x| x * 2)"), None);
+        let it = CellOnly::new(
+            "it",
+            Why::Borrows(Some("v".into())),
+            Some("v.iter().map(|x| x * 2)"),
+            None,
+        );
         assert!(it.line("it").contains(".into_iter()"), "{}", it.line("it"));
         let u = CellOnly::new("l1", Why::Analysis(&NotKept::Unknown), None, None);
         assert_eq!(
@@ -227,27 +261,51 @@ mod tests {
 
     #[test]
     fn names_and_codes() {
-        assert_eq!(first_backticked("`data` does not live long enough").as_deref(), Some("data"));
+        assert_eq!(
+            first_backticked("`data` does not live long enough").as_deref(),
+            Some("data")
+        );
         assert_eq!(
             first_backticked("cannot move out of `data` because it is borrowed").as_deref(),
             Some("data")
         );
-        assert_eq!(first_backticked("temporary value dropped while borrowed"), None);
+        assert_eq!(
+            first_backticked("temporary value dropped while borrowed"),
+            None
+        );
         assert!(is_borrow_error(Some("E0597")) && !is_borrow_error(Some("E0308")));
     }
 
     fn statement(code: &str) -> SyntaxNode {
-        let parsed = ast::SourceFile::parse(&format!("fn f() {{ {code} }}"), crate::rust_analyzer::EDITION);
-        let f = parsed.tree().syntax().descendants().find_map(ast::StmtList::cast).unwrap();
-        f.statements().next().map(|s| s.syntax().clone()).or_else(|| f.tail_expr().map(|e| e.syntax().clone())).unwrap()
+        let parsed = ast::SourceFile::parse(
+            &format!("fn f() {{ {code} }}"),
+            crate::rust_analyzer::EDITION,
+        );
+        let f = parsed
+            .tree()
+            .syntax()
+            .descendants()
+            .find_map(ast::StmtList::cast)
+            .unwrap();
+        f.statements()
+            .next()
+            .map(|s| s.syntax().clone())
+            .or_else(|| f.tail_expr().map(|e| e.syntax().clone()))
+            .unwrap()
     }
 
     #[test]
     fn question_marks_of_the_cell_itself() {
-        assert!(uses_question_mark(&statement("let l1 = linear(4, 3, vb.pp(\"l1\"))?;")));
+        assert!(uses_question_mark(&statement(
+            "let l1 = linear(4, 3, vb.pp(\"l1\"))?;"
+        )));
         assert!(uses_question_mark(&statement("foo()?.bar()")));
-        assert!(!uses_question_mark(&statement("let f = |t: &Tensor| t.sqr()?.mean_all();")));
-        assert!(!uses_question_mark(&statement("let a = async { x.await? };")));
+        assert!(!uses_question_mark(&statement(
+            "let f = |t: &Tensor| t.sqr()?.mean_all();"
+        )));
+        assert!(!uses_question_mark(&statement(
+            "let a = async { x.await? };"
+        )));
         assert!(!uses_question_mark(&statement("let n = 1 + 1;")));
     }
 }

@@ -1606,7 +1606,11 @@ impl ContextState {
     /// Not validated with `cargo metadata` as `:dep` is: a spec that does not build fails the
     /// next compile.
     pub fn add_link_crate(&mut self, dep: &str, dep_config: &str) -> Result<(), Error> {
-        if self.external_deps.get(dep).is_none_or(|e| e.config != dep_config) {
+        if self
+            .external_deps
+            .get(dep)
+            .is_none_or(|e| e.config != dep_config)
+        {
             let external = ExternalCrate::new(dep.to_owned(), dep_config.to_owned())?;
             self.external_deps.insert(dep.to_owned(), external);
         }
@@ -1845,7 +1849,11 @@ impl ContextState {
             }}
         "#,
             self.config.error_fmt.format_trait,
-            if for_analysis { "" } else { "eprintln!(\"{}\", evcxr_internal_runtime::USER_ERROR_BEGINS);" },
+            if for_analysis {
+                ""
+            } else {
+                "eprintln!(\"{}\", evcxr_internal_runtime::USER_ERROR_BEGINS);"
+            },
             self.config.error_fmt.format_str,
             if for_analysis {
                 ""
@@ -2054,7 +2062,9 @@ impl ContextState {
             };
             if let Some(let_stmt) = ast::LetStmt::cast(node.clone()) {
                 if let Some(pat) = let_stmt.pat() {
-                    let init = let_stmt.initializer().map(|e| e.syntax().text().to_string());
+                    let init = let_stmt
+                        .initializer()
+                        .map(|e| e.syntax().text().to_string());
                     self.record_new_locals(
                         pat,
                         let_stmt.ty(),

@@ -12,7 +12,6 @@ use anyhow::bail;
 use once_cell::sync::Lazy;
 use ra_ap_base_db::ProcMacroLoadingError;
 use ra_ap_base_db::SourceRoot;
-use ra_ap_proc_macro_api::ProcMacroClient;
 use ra_ap_hir as ra_hir;
 use ra_ap_ide as ra_ide;
 use ra_ap_ide::CompletionFieldsToResolve;
@@ -24,6 +23,7 @@ use ra_ap_ide_db::SnippetCap;
 use ra_ap_ide_db::imports::insert_use::ImportGranularity;
 use ra_ap_ide_db::imports::insert_use::InsertUseConfig;
 use ra_ap_paths::AbsPathBuf;
+use ra_ap_proc_macro_api::ProcMacroClient;
 use ra_ap_project_model::CargoConfig;
 use ra_ap_project_model::ProjectManifest;
 use ra_ap_project_model::ProjectWorkspace;
@@ -352,7 +352,13 @@ impl RustAnalyzer {
                 .partition(&self.vfs)
                 .into_iter()
                 .enumerate()
-                .map(|(i, set)| if i == 0 { SourceRoot::new_local(set) } else { SourceRoot::new_library(set) })
+                .map(|(i, set)| {
+                    if i == 0 {
+                        SourceRoot::new_local(set)
+                    } else {
+                        SourceRoot::new_library(set)
+                    }
+                })
                 .collect(),
         );
         self.workspace = Some(workspace);
@@ -404,7 +410,9 @@ impl RustAnalyzer {
                     .display_name
                     .as_ref()
                     .map(|n| n.canonical_name().as_str().to_owned());
-                let key = name.zip(krate.extra.version.clone()).map(|(n, v)| format!("{n}@{v}"));
+                let key = name
+                    .zip(krate.extra.version.clone())
+                    .map(|(n, v)| format!("{n}@{v}"));
                 let dylib = key
                     .and_then(|k| built.get(&k))
                     .and_then(|p| AbsPathBuf::try_from(p.as_str()).ok());
@@ -596,7 +604,9 @@ fn get_type_name(
     let Some(ty) = inferred_type else {
         return TypeName::NotKept(NotKept::Unknown);
     };
-    if let Some(type_name) = source_type(&ty, sema, scope).or_else(|| through_aliases(&ty, sema, scope)) {
+    if let Some(type_name) =
+        source_type(&ty, sema, scope).or_else(|| through_aliases(&ty, sema, scope))
+    {
         return TypeName::Named(type_name);
     }
     if let Some(kept) = boxed_callable(&ty, sema, scope)
@@ -671,7 +681,10 @@ fn path_in_scope(
 ) -> Option<String> {
     let db = sema.db;
     let module = scope.module();
-    let plain = module.find_path(db, def, FIND_PATH)?.display(db, EDITION).to_string();
+    let plain = module
+        .find_path(db, def, FIND_PATH)?
+        .display(db, EDITION)
+        .to_string();
     if resolves_to(&plain, def, scope) {
         return Some(plain);
     }
@@ -720,13 +733,19 @@ fn qualify_paths(
     let mut type_paths: HashMap<String, String> = HashMap::new();
     for adt in adts {
         let def = ra_hir::ModuleDef::Adt(adt);
-        let written = module.find_path(db, def, FIND_PATH)?.display(db, EDITION).to_string();
+        let written = module
+            .find_path(db, def, FIND_PATH)?
+            .display(db, EDITION)
+            .to_string();
         if !resolves_to(&written, def, scope) {
             type_paths.insert(written, path_in_scope(def, sema, scope)?);
         }
     }
     rewrite_paths(text, |path, _| {
-        let Some(parent) = path.syntax().parent().filter(|p| p.kind() == SyntaxKind::PATH_TYPE)
+        let Some(parent) = path
+            .syntax()
+            .parent()
+            .filter(|p| p.kind() == SyntaxKind::PATH_TYPE)
         else {
             return Some(None);
         };
@@ -736,7 +755,11 @@ fn qualify_paths(
         // The path up to its last name, without generic arguments: `a::b::C` of `a::b::C<T>`.
         let written: Vec<String> = path
             .segments()
-            .map(|s| s.name_ref().map(|n| n.text().to_string()).unwrap_or_default())
+            .map(|s| {
+                s.name_ref()
+                    .map(|n| n.text().to_string())
+                    .unwrap_or_default()
+            })
             .collect();
         let written = written.join("::");
         let replacement = if in_trait_position && path.qualifier().is_none() {
@@ -749,7 +772,10 @@ fn qualify_paths(
 }
 
 /// The ADTs and traits `ty` names, everywhere in it (`dyn` and `impl` bounds, `<T as Trait>`).
-fn named_items(ty: &ra_hir::Type, db: &ra_ide::RootDatabase) -> (Vec<ra_hir::Adt>, Vec<ra_hir::Trait>) {
+fn named_items(
+    ty: &ra_hir::Type,
+    db: &ra_ide::RootDatabase,
+) -> (Vec<ra_hir::Adt>, Vec<ra_hir::Trait>) {
     let mut adts = Vec::new();
     let mut traits = Vec::new();
     ty.walk(db, |t| {
@@ -774,7 +800,11 @@ fn rewrite_paths(
     let source = format!("{prefix}{text};");
     let parsed = ast::SourceFile::parse(&source, EDITION);
     let mut edits = Vec::new();
-    for path in parsed.syntax_node().descendants().filter_map(ast::Path::cast) {
+    for path in parsed
+        .syntax_node()
+        .descendants()
+        .filter_map(ast::Path::cast)
+    {
         let Some(last) = path.segment().and_then(|s| s.name_ref()) else {
             continue;
         };
@@ -834,11 +864,19 @@ fn through_aliases(
     let defs: HashMap<String, ra_hir::ModuleDef> = adts
         .into_iter()
         .map(|a| (a.name(db).display(db, EDITION).to_string(), a.into()))
-        .chain(traits.into_iter().map(|t| (t.name(db).display(db, EDITION).to_string(), t.into())))
+        .chain(
+            traits
+                .into_iter()
+                .map(|t| (t.name(db).display(db, EDITION).to_string(), t.into())),
+        )
         .collect();
     let text = rewrite_paths(&text, |path, last| {
         // Whole paths only (not the qualifier of another).
-        if path.syntax().parent().is_some_and(|p| p.kind() == SyntaxKind::PATH) {
+        if path
+            .syntax()
+            .parent()
+            .is_some_and(|p| p.kind() == SyntaxKind::PATH)
+        {
             return Some(None);
         }
         let name = last.text().to_string();
@@ -868,9 +906,13 @@ fn replace_whole(text: &str, what: &str, with: &str) -> Option<String> {
     let mut rest = text;
     let mut found = false;
     while let Some(at) = rest.find(what) {
-        let before = rest[..at].chars().next_back().or_else(|| out.chars().next_back());
+        let before = rest[..at]
+            .chars()
+            .next_back()
+            .or_else(|| out.chars().next_back());
         let after = rest[at + what.len()..].chars().next();
-        let whole = !before.is_some_and(name_char) && !after.is_some_and(|c| name_char(c) || c == '<');
+        let whole =
+            !before.is_some_and(name_char) && !after.is_some_and(|c| name_char(c) || c == '<');
         out.push_str(&rest[..at]);
         out.push_str(if whole { with } else { what });
         found |= whole;
@@ -1106,9 +1148,15 @@ mod test {
         let var_types = ra.top_level_variables("foo");
         assert_eq!(var_types["v"].type_name, TypeName::named("Mine"));
         assert_eq!(var_types["w"].type_name, TypeName::named("[Mine; 2]"));
-        assert_eq!(var_types["h"].type_name, TypeName::named("Holder<(Mine, u16)>"));
+        assert_eq!(
+            var_types["h"].type_name,
+            TypeName::named("Holder<(Mine, u16)>")
+        );
         assert!(
-            matches!(&var_types["q"].type_name, TypeName::NotKept(super::NotKept::Unnameable { .. })),
+            matches!(
+                &var_types["q"].type_name,
+                TypeName::NotKept(super::NotKept::Unnameable { .. })
+            ),
             "{:?}",
             var_types["q"].type_name
         );
