@@ -9,7 +9,8 @@
 #   share/gpumem-kernel/crates/gpumem-nb-<version>/    gpumem-nb's source, what `:dep gpumem-nb` loads
 # Generated data is staged under the target directory ($target/wheel-build), linked into the
 # project as python/build-data (ignored by git). maturin runs from a pinned virtualenv there too.
-# Needs Python 3 with venv, a Rust toolchain, and PyPI once (maturin); the kernel's release build
+# Needs Python 3 with venv, a Rust toolchain, Node.js 20+ with npm (lab/build.sh), PyPI once
+# (maturin) and the npm registry once (the extension's packages); the kernel's release build
 # is shared with `cargo build --release -p gpumem-kernel` (only the binary is linked again, its
 # line tables dropped).
 set -euo pipefail
@@ -81,21 +82,21 @@ tar -xzf "$crate" -C "$data/share/gpumem-kernel/crates"
 ls "$data/share/gpumem-kernel/crates"
 
 step "the JupyterLab extension gpumem-lab (prebuilt)"
-if [ -f lab/build.sh ]; then
-    rm -rf "$stage/lab"
-    bash lab/build.sh "$stage/lab"
-    [ -f "$stage/lab/gpumem-lab/package.json" ] || { echo "lab/build.sh wrote no $stage/lab/gpumem-lab/package.json"; exit 1; }
-    mkdir -p "$data/share/jupyter/labextensions"
-    cp -a "$stage/lab/gpumem-lab" "$data/share/jupyter/labextensions/gpumem-lab"
-    ls "$data/share/jupyter/labextensions/gpumem-lab"
-elif [ "${GPUMEM_WHEEL_REQUIRE_LAB:-0}" = 1 ]; then
-    echo "FAIL: lab/build.sh is missing and GPUMEM_WHEEL_REQUIRE_LAB=1"
-    exit 1
-else
-    echo "!!! ================================================================================ !!!"
-    echo "!!! NO JUPYTERLAB EXTENSION: lab/build.sh is missing; this wheel has no gpumem-lab.   !!!"
-    echo "!!! ================================================================================ !!!"
-fi
+rm -rf "$stage/lab"
+bash lab/build.sh "$stage/lab"
+[ -f "$stage/lab/gpumem-lab/package.json" ] || { echo "lab/build.sh wrote no $stage/lab/gpumem-lab/package.json"; exit 1; }
+mkdir -p "$data/share/jupyter/labextensions"
+cp -a "$stage/lab/gpumem-lab" "$data/share/jupyter/labextensions/gpumem-lab"
+# Who installed it, for JupyterLab's extension list and manager (as a prebuilt extension in a
+# Python package says).
+cat > "$data/share/jupyter/labextensions/gpumem-lab/install.json" <<'JSON'
+{
+  "packageManager": "python",
+  "packageName": "gpumem-kernel",
+  "uninstallInstructions": "Use your Python package manager (pip, conda, etc.) to uninstall the package gpumem-kernel"
+}
+JSON
+ls "$data/share/jupyter/labextensions/gpumem-lab"
 
 # maturin reads the data directory from the project (python/pyproject.toml: data = "build-data").
 link="$repo/python/build-data"
