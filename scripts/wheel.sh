@@ -31,6 +31,9 @@ MATURIN_VERSION=1.16.0
 # GLIBC_2.34 symbols (Rust's std after glibc merged libpthread into libc), so manylinux_2_34:
 # Ubuntu 22.04+, Debian 12+, RHEL/Rocky 9+. maturin checks the binary against it and fails if
 # the binary needs more.
+# Only this host's architecture: an aarch64 wheel (Grace hosts) is a second full release build
+# of the kernel, with a cross linker (`maturin build --target aarch64-unknown-linux-gnu --zig`,
+# ziglang from PyPI) or on an aarch64 host, neither of which this script does yet.
 COMPATIBILITY="${GPUMEM_WHEEL_COMPATIBILITY:-manylinux_2_34}"
 
 stage="$target/wheel-build"
