@@ -84,6 +84,27 @@ kernel/tests/tour_html_check.sh
 
 step "the crate as crates.io would get it: cargo publish --dry-run (packaged, then built from the package)"
 cargo publish --dry-run -p gpumem-nb --allow-dirty
+# The kernel's packages too (gpumem-evcxr: evcxr with our patches). Packaged here; built from the
+# packages in release by the next step, which shares this target directory (a verifying dry run
+# builds all three again in debug, rust-analyzer's crates twice: 22 min on two cores).
+step "the kernel as crates.io would get it: gpumem-nb, gpumem-evcxr and gpumem-kernel packaged (cargo publish --dry-run --no-verify)"
+cargo publish --dry-run --no-verify -p gpumem-nb -p gpumem-evcxr -p gpumem-kernel --allow-dirty
+
+step "cargo install: a checkout's kernel, and the kernel built from its package, each into an empty root and running a notebook"
+scripts/cargo_install_check.sh
+
+# The extension in the wheel, on its own: built by lab/build.sh into a private prefix.
+step "the GPU memory panel (gpumem-lab) in the real JupyterLab in headless Chromium: figures equal the records, live, click, two notebooks"
+kernel/tests/lab_panel.sh
+
+# After every step that runs target/release/gpumem-kernel: maturin builds the kernel's last crate
+# again, with its line tables stripped for the wheel.
+step "the wheel: built (scripts/wheel.sh), installed into a fresh virtualenv with JupyterLab, used from an empty environment"
+scripts/wheel.sh
+# Cells compiled in a directory of their own, kept between runs (the wheel's gpumem-nb is another
+# source than the checkout's: in ~/.cache they would rebuild each other); unset, the test times a
+# cold first report instead.
+GPUMEM_WHEEL_CELL_CACHE="$HOME/.cache/gpumem-wheel-cells" python/tests/wheel.sh
 
 step "benchmarks build"
 cargo bench --workspace --no-run
