@@ -71,7 +71,8 @@ export class GpuPanel extends Widget {
   }
 
   private _schedule(): void {
-    if (this._frame) {
+    // Hidden, nothing is drawn: showing the panel draws it afresh (onAfterShow).
+    if (this._frame || !this.isVisible) {
       return;
     }
     // A timer rather than an animation frame: frames pause in a hidden tab, readings do not.
