@@ -200,6 +200,22 @@ def free_port():
     return port
 
 
+def start_lab(root_dir, env, log_path):
+    """A JupyterLab server on a free port of 127.0.0.1, serving `root_dir`, without a token, news
+    or update checks, its app object exposed to the page; its output into `log_path`. Returns the
+    process, the port and the open log file."""
+    port = free_port()
+    log = open(log_path, "w")
+    lab = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+         "--ServerApp.token=", "--ServerApp.password=", "--ServerApp.disable_check_xsrf=True",
+         f"--ServerApp.root_dir={root_dir}", "--LabApp.expose_app_in_browser=True",
+         "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+         "--LabApp.extension_manager=readonly", "--ServerApp.allow_root=True"],
+        env=env, stdout=log, stderr=subprocess.STDOUT)
+    return lab, port, log
+
+
 def notebook(cells=None):
     cells = CELLS if cells is None else cells
     return {
@@ -422,15 +438,7 @@ def main():
         "GPUMEM_NB_DEVICE": env.get("GPUMEM_NB_DEVICE", "sim:8GiB"),
     })
     env.pop("EVCXR_TMPDIR", None)
-    port = free_port()
-    lab_log = open(os.path.join(out, "jupyterlab.log"), "w")
-    lab = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-         "--ServerApp.token=", "--ServerApp.password=", "--ServerApp.disable_check_xsrf=True",
-         f"--ServerApp.root_dir={os.path.join(work, 'notebooks')}", "--LabApp.expose_app_in_browser=True",
-         "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-         "--LabApp.extension_manager=readonly", "--ServerApp.allow_root=True"],
-        env=env, stdout=lab_log, stderr=subprocess.STDOUT)
+    lab, port, lab_log = start_lab(os.path.join(work, "notebooks"), env, os.path.join(out, "jupyterlab.log"))
     driver = None
     t0 = time.monotonic()
     try:

@@ -49,7 +49,7 @@ from selenium.webdriver.common.by import By
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import lab_browser  # noqa: E402
-from lab_browser import FAILURES, Failed, _up, free_port, notebook, set_theme, wait  # noqa: E402
+from lab_browser import FAILURES, Failed, _up, notebook, set_theme, start_lab, wait  # noqa: E402
 
 CHECKS = [0]
 
@@ -282,15 +282,7 @@ def main():
     lines = [ln for ln in (listed.stdout + listed.stderr).splitlines() if "gpumem-lab" in ln]
     check(any("enabled" in ln and "OK" in ln for ln in lines),
           "`jupyter labextension list` lists gpumem-lab, enabled and OK (a prebuilt extension)", lines)
-    port = free_port()
-    lab_log = open(os.path.join(out, "jupyterlab.log"), "w")
-    lab = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-         "--ServerApp.token=", "--ServerApp.password=", "--ServerApp.disable_check_xsrf=True",
-         f"--ServerApp.root_dir={nbdir}", "--LabApp.expose_app_in_browser=True",
-         "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-         "--LabApp.extension_manager=readonly", "--ServerApp.allow_root=True"],
-        env=env, stdout=lab_log, stderr=subprocess.STDOUT)
+    lab, port, lab_log = start_lab(nbdir, env, os.path.join(out, "jupyterlab.log"))
     driver = None
     t0 = time.monotonic()
     try:

@@ -55,7 +55,7 @@ from selenium.webdriver.chrome.service import Service
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, here)
 sys.path.insert(0, os.path.join(here, "..", "..", "scripts"))
-from lab_browser import Failed, _up, free_port, notebook, wait  # noqa: E402
+from lab_browser import Failed, _up, notebook, start_lab, wait  # noqa: E402
 from lab_panel import CELL_MIME  # noqa: E402
 import cell_bench  # noqa: E402  (its SMALL cells: the project's notion of a small cell)
 
@@ -276,15 +276,7 @@ def main():
                JUPYTER_RUNTIME_DIR=os.path.join(work, "runtime"))
     env.setdefault("GPUMEM_NB_DEVICE", "sim:8GiB")
     env.pop("EVCXR_TMPDIR", None)
-    port = free_port()
-    lab_log = open(os.path.join(work, "jupyterlab.log"), "w")
-    lab = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-         "--ServerApp.token=", "--ServerApp.password=", "--ServerApp.disable_check_xsrf=True",
-         f"--ServerApp.root_dir={nbdir}", "--LabApp.expose_app_in_browser=True",
-         "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-         "--LabApp.extension_manager=readonly", "--ServerApp.allow_root=True"],
-        env=env, stdout=lab_log, stderr=subprocess.STDOUT)
+    lab, port, lab_log = start_lab(nbdir, env, os.path.join(work, "jupyterlab.log"))
     driver = None
     t_start = time.monotonic()
     result = {"machine": f"{platform.node()}, {os.cpu_count()} cores, {platform.machine()}", "date": time.strftime("%Y-%m-%d %H:%M"),
