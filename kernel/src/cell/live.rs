@@ -85,24 +85,38 @@ impl Baseline {
     }
 }
 
+/// What one reading shows for the device a live line follows: the crate's reading of device 0
+/// (or the first in use), NVML's device of the process, every tracked allocation there, and the
+/// device's short name (`sim`, `cuda:0`, or before the crate opens one, the one it will open).
+struct Shown<'a> {
+    reading: Option<&'a CrateReading>,
+    nvml: Option<&'a gpumem_nb::device::nvml::NvmlDevice>,
+    tracked: Option<&'a gpumem_nb::kernel::protocol::PlaceReading>,
+    device: String,
+}
+
+impl<'a> Shown<'a> {
+    fn of(r: &'a LiveReading, pid: Option<u32>) -> Shown<'a> {
+        let reading = r.devices.as_deref().and_then(|v| v.iter().find(|d| d.device == 0).or(v.first()));
+        let nvml = r.nvml.device_of(pid, reading.and_then(|a| a.uuid.as_deref()));
+        let place = reading.map(|a| a.device);
+        let tracked =
+            r.tracked.as_ref().and_then(|t| t.places.iter().find(|p| place.is_none_or(|d| p.device == Some(d))));
+        let device = short_device(&match (reading, nvml) {
+            (None, None) => gpumem_nb::kernel::device_before_use(&r.nvml),
+            (a, d) => device_name(a, d),
+        });
+        Shown { reading, nvml, tracked, device }
+    }
+}
+
 /// The line while cell `cell` of child `pid` has run for `elapsed`: the same quantities as the
 /// cell's report line, the same way ([`quantity`]): each one now, its change since the cell
 /// began (from `base`) and its peak in the cell so far.
 pub fn line(cell: u64, elapsed: Duration, r: &LiveReading, base: &Baseline, pid: Option<u32>) -> String {
-    let reading = r.devices.as_deref().and_then(|v| v.iter().find(|d| d.device == 0).or(v.first()));
-    let nvml = r.nvml.device_of(pid, reading.and_then(|a| a.uuid.as_deref()));
-    let mut parts = vec![
-        format!(
-            "[{cell}] {}",
-            short_device(&match (reading, nvml) {
-                (None, None) => gpumem_nb::kernel::device_before_use(&r.nvml),
-                (a, d) => device_name(a, d),
-            })
-        ),
-        format!("running {}", format_ms(elapsed.as_secs_f64() * 1000.0)),
-    ];
-    let place = reading.map(|a| a.device);
-    let tracked = r.tracked.as_ref().and_then(|t| t.places.iter().find(|p| place.is_none_or(|d| p.device == Some(d))));
+    let Shown { reading, nvml, tracked, device } = Shown::of(r, pid);
+    let mut parts =
+        vec![format!("[{cell}] {device}"), format!("running {}", format_ms(elapsed.as_secs_f64() * 1000.0))];
     // Loaded during the cell: it started from nothing.
     let loaded_before = base.devices.is_some();
     let since = |now: u64, before: Option<u64>| -> Option<i64> {
@@ -160,14 +174,7 @@ pub const LIVE_MIME: &str = "application/vnd.gpumem.live+json";
 /// first in use), every tracked allocation on that device (`all_allocations`), NVML's bytes of
 /// the notebook's process `pid` and the device's free and total memory.
 pub fn figures(cell: u64, elapsed: Duration, r: &LiveReading, pid: Option<u32>) -> Value {
-    let reading = r.devices.as_deref().and_then(|v| v.iter().find(|d| d.device == 0).or(v.first()));
-    let nvml = r.nvml.device_of(pid, reading.and_then(|a| a.uuid.as_deref()));
-    let place = reading.map(|a| a.device);
-    let tracked = r.tracked.as_ref().and_then(|t| t.places.iter().find(|p| place.is_none_or(|d| p.device == Some(d))));
-    let device = short_device(&match (reading, nvml) {
-        (None, None) => gpumem_nb::kernel::device_before_use(&r.nvml),
-        (a, d) => device_name(a, d),
-    });
+    let Shown { reading, nvml, tracked, device } = Shown::of(r, pid);
     serde_json::json!({
         "cell": cell,
         "elapsed_ms": elapsed.as_secs_f64() * 1000.0,
@@ -304,25 +311,34 @@ mod tests {
     use super::*;
     use gpumem_nb::kernel::protocol::PlaceReading;
 
-    #[test]
-    fn the_line_has_current_and_peak_so_far() {
-        let mib = 1u64 << 20;
-        let r = LiveReading {
+    const MIB: u64 = 1 << 20;
+
+    /// A reading in a cell on the simulated device without NVML: 64 MiB allocated (peak 96),
+    /// 80 MiB reserved (peak 100), 90 MiB of every allocation (peak 200), 1 GiB free of 8.
+    fn reading() -> LiveReading {
+        LiveReading {
             devices: Some(vec![CrateReading {
                 backend: gpumem_nb::BackendKind::Simulated,
-                allocated: 64 * mib,
-                reserved: 80 * mib,
-                peak_allocated: 96 * mib,
-                peak_reserved: 100 * mib,
+                allocated: 64 * MIB,
+                reserved: 80 * MIB,
+                peak_allocated: 96 * MIB,
+                peak_reserved: 100 * MIB,
                 device_free: Some(1 << 30),
+                device_total: Some(8 << 30),
                 ..Default::default()
             }]),
             tracked: Some(TrackedReadings {
                 status: "simulated".into(),
-                places: vec![PlaceReading { device: Some(0), live: 90 * mib, peak: 200 * mib, ..Default::default() }],
+                places: vec![PlaceReading { device: Some(0), live: 90 * MIB, peak: 200 * MIB, ..Default::default() }],
             }),
             nvml: NvmlSnapshot { devices: vec![], error: Some("no NVML".into()) },
-        };
+        }
+    }
+
+    #[test]
+    fn the_line_has_current_and_peak_so_far() {
+        let mib = MIB;
+        let r = reading();
         let base = Baseline {
             devices: Some(vec![CrateReading {
                 backend: gpumem_nb::BackendKind::Simulated,
@@ -364,24 +380,8 @@ mod tests {
 
     #[test]
     fn the_figures_are_the_readings_the_line_words() {
-        let mib = 1u64 << 20;
-        let r = LiveReading {
-            devices: Some(vec![CrateReading {
-                backend: gpumem_nb::BackendKind::Simulated,
-                allocated: 64 * mib,
-                reserved: 80 * mib,
-                peak_allocated: 96 * mib,
-                peak_reserved: 100 * mib,
-                device_free: Some(1 << 30),
-                device_total: Some(8 << 30),
-                ..Default::default()
-            }]),
-            tracked: Some(TrackedReadings {
-                status: "simulated".into(),
-                places: vec![PlaceReading { device: Some(0), live: 90 * mib, peak: 200 * mib, ..Default::default() }],
-            }),
-            nvml: NvmlSnapshot { devices: vec![], error: Some("no NVML".into()) },
-        };
+        let mib = MIB;
+        let r = reading();
         let f = figures(7, Duration::from_millis(2500), &r, Some(1));
         assert_eq!(f["cell"], 7);
         assert_eq!(f["elapsed_ms"], 2500.0);
