@@ -23,12 +23,9 @@ venv="$target/lab-venv"
 
 command -v node >/dev/null && command -v npm >/dev/null || { echo "lab/build.sh: needs Node.js and npm" >&2; exit 1; }
 
-# The same virtualenv, with the same pins, as kernel/tests/lab_browser.sh.
-pins=(jupyterlab==4.6.6 selenium==4.51.0)
-if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import jupyterlab, selenium; assert jupyterlab.__version__ == "4.6.6" and selenium.__version__ == "4.51.0"' 2>/dev/null; then
-    python3 -m venv --clear "$venv"
-    "$venv/bin/pip" install --quiet "${pins[@]}"
-fi
+# The same virtualenv, with the same pins, as the browser tests.
+. "$repo/scripts/lab_env.sh"
+lab_venv "$venv"
 
 # The sources, fresh (a file removed here is removed there); node_modules and the stamp stay.
 mkdir -p "$build"

@@ -216,6 +216,52 @@ def start_lab(root_dir, env, log_path):
     return lab, port, log
 
 
+def open_browser(lab, port, lab_log, work, width=1400):
+    """Waits for the JupyterLab server `lab` on `port` (failing at once if it exited, naming its
+    log), then starts Debian's chromium headless through chromedriver, its profile under `work`,
+    its window `width` px wide. Returns the driver."""
+    def server():
+        if lab.poll() is not None:
+            raise Failed(f"JupyterLab exited ({lab.returncode}): see {lab_log.name}")
+        return _up(port)
+
+    wait("JupyterLab's server", server, 120, every=0.5)
+    opts = Options()
+    opts.binary_location = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+    for f in ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+              "--disable-background-networking", "--disable-component-update", "--disable-sync",
+              "--disable-dev-shm-usage", f"--user-data-dir={os.path.join(work, 'chrome')}",
+              f"--window-size={width},1000", "--force-device-scale-factor=1"]:
+        opts.add_argument(f)
+    service = Service(executable_path=os.environ.get("CHROMEDRIVER", "/usr/bin/chromedriver"))
+    driver = webdriver.Chrome(service=service, options=opts)
+    driver.set_page_load_timeout(120)
+    driver.set_script_timeout(60)
+    return driver
+
+
+def report_failure(driver, out, e):
+    """A failed browser test: a screenshot of the page (when there is one) and where to look."""
+    if driver is not None:
+        try:
+            driver.save_screenshot(os.path.join(out, "failure.png"))
+        except Exception:  # noqa: BLE001
+            pass
+    print(f"FAIL: {e}")
+    print(f"(JupyterLab's log: {os.path.join(out, 'jupyterlab.log')}; screenshots in {out})")
+
+
+def close(driver, lab):
+    """Ends the browser and the JupyterLab server (killed when it does not stop in 20 s)."""
+    if driver is not None:
+        driver.quit()
+    lab.terminate()
+    try:
+        lab.wait(20)
+    except subprocess.TimeoutExpired:
+        lab.kill()
+
+
 def notebook(cells=None):
     cells = CELLS if cells is None else cells
     return {
@@ -442,23 +488,7 @@ def main():
     driver = None
     t0 = time.monotonic()
     try:
-        def server():
-            if lab.poll() is not None:
-                raise Failed(f"JupyterLab exited ({lab.returncode}): see {lab_log.name}")
-            return _up(port)
-
-        wait("JupyterLab's server", server, 120, every=0.5)
-        opts = Options()
-        opts.binary_location = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-        for f in ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--disable-dev-shm-usage", f"--user-data-dir={os.path.join(work, 'chrome')}",
-                  "--window-size=1500,1000", "--force-device-scale-factor=1"]:
-            opts.add_argument(f)
-        service = Service(executable_path=os.environ.get("CHROMEDRIVER", "/usr/bin/chromedriver"))
-        driver = webdriver.Chrome(service=service, options=opts)
-        driver.set_page_load_timeout(120)
-        driver.set_script_timeout(60)
+        driver = open_browser(lab, port, lab_log, work, width=1500)
         driver.get(f"http://127.0.0.1:{port}/lab/tree/browser.ipynb")
         js = lambda code, *a: driver.execute_script(code, *a)  # noqa: E731
         wait("the notebook and its kernel", lambda: js(
@@ -817,22 +847,10 @@ def main():
             raise Failed(f"{len(FAILURES)} checks failed:\n  " + "\n  ".join(f[:300] for f in FAILURES))
         print(f"PASS: JupyterLab browser test in {time.monotonic() - t0:.0f} s (Run All {run_all_s:.0f} s); screenshots in {out}")
     except Failed as e:
-        if driver is not None:
-            try:
-                driver.save_screenshot(os.path.join(out, "failure.png"))
-            except Exception:  # noqa: BLE001
-                pass
-        print(f"FAIL: {e}")
-        print(f"(JupyterLab's log: {os.path.join(out, 'jupyterlab.log')}; screenshots in {out})")
+        report_failure(driver, out, e)
         return 1
     finally:
-        if driver is not None:
-            driver.quit()
-        lab.terminate()
-        try:
-            lab.wait(20)
-        except subprocess.TimeoutExpired:
-            lab.kill()
+        close(driver, lab)
         shutil.rmtree(work, ignore_errors=True)
     return 0
 

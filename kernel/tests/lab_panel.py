@@ -41,15 +41,12 @@ import sys
 import tempfile
 import time
 
-from selenium import webdriver
-from selenium.webdriver.chrome.options import Options
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import lab_browser  # noqa: E402
-from lab_browser import FAILURES, Failed, _up, notebook, set_theme, start_lab, wait  # noqa: E402
+from lab_browser import FAILURES, Failed, close, notebook, open_browser, report_failure, set_theme, start_lab, wait  # noqa: E402
 
 CHECKS = [0]
 
@@ -286,24 +283,7 @@ def main():
     driver = None
     t0 = time.monotonic()
     try:
-        def server():
-            if lab.poll() is not None:
-                raise Failed(f"JupyterLab exited ({lab.returncode}): see {lab_log.name}")
-            return _up(port)
-
-        wait("JupyterLab's server", server, 120, every=0.5)
-        opts = Options()
-        opts.binary_location = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-        for f in ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--disable-dev-shm-usage", f"--user-data-dir={os.path.join(work, 'chrome')}",
-                  "--window-size=1400,1000", "--force-device-scale-factor=1"]:
-            opts.add_argument(f)
-        opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-        service = Service(executable_path=os.environ.get("CHROMEDRIVER", "/usr/bin/chromedriver"))
-        driver = webdriver.Chrome(service=service, options=opts)
-        driver.set_page_load_timeout(120)
-        driver.set_script_timeout(60)
+        driver = open_browser(lab, port, lab_log, work, width=1400)
         driver.set_window_size(1400, 1000)
         driver.get(f"http://127.0.0.1:{port}/lab/tree/panel.ipynb")
         js = lambda code, *a: driver.execute_script(code, *a)  # noqa: E731
@@ -519,22 +499,10 @@ def main():
             raise Failed(f"{len(FAILURES)} checks failed:\n  " + "\n  ".join(f[:300] for f in FAILURES))
         print(f"PASS: the gpumem-lab panel in JupyterLab, {CHECKS[0]} checks in {time.monotonic() - t0:.0f} s; screenshots in {out}")
     except Failed as e:
-        if driver is not None:
-            try:
-                driver.save_screenshot(os.path.join(out, "failure.png"))
-            except Exception:  # noqa: BLE001
-                pass
-        print(f"FAIL: {e}")
-        print(f"(JupyterLab's log: {os.path.join(out, 'jupyterlab.log')}; screenshots in {out})")
+        report_failure(driver, out, e)
         return 1
     finally:
-        if driver is not None:
-            driver.quit()
-        lab.terminate()
-        try:
-            lab.wait(20)
-        except subprocess.TimeoutExpired:
-            lab.kill()
+        close(driver, lab)
         shutil.rmtree(work, ignore_errors=True)
     return 0
 

@@ -13,31 +13,12 @@ case "$target" in /*) ;; *) target="$PWD/$target" ;; esac
 out="$target/lab-panel"
 (cd "$repo" && cargo build --quiet --release -p gpumem-kernel)
 
-if [ ! -x /usr/bin/chromedriver ] && [ -z "${CHROMEDRIVER:-}" ]; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        echo "installing Debian's chromium and chromium-driver"
-        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
-    else
-        echo "FAIL: no chromedriver (install Debian's chromium-driver, or set CHROMEDRIVER and CHROMIUM)"
-        exit 1
-    fi
-fi
-
+. "$repo/scripts/lab_env.sh"
+lab_chromium
 venv="$target/lab-venv"
-pins=(jupyterlab==4.6.6 selenium==4.51.0)
-if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import jupyterlab, selenium; assert jupyterlab.__version__ == "4.6.6" and selenium.__version__ == "4.51.0"' 2>/dev/null; then
-    python3 -m venv --clear "$venv"
-    "$venv/bin/pip" install --quiet "${pins[@]}"
-fi
+lab_venv "$venv"
 # A kernel that is not gpumem-kernel, for the panel to say so: the venv's python3 (ipykernel).
 "$venv/bin/python" -c 'import ipykernel' 2>/dev/null || "$venv/bin/pip" install --quiet ipykernel==7.4.0
 
-prefix="$target/lab-panel-prefix"
-rm -rf "$prefix"
-"$target/release/gpumem-kernel" install --prefix "$prefix" --no-prebuild >/dev/null
-CARGO_TARGET_DIR="$target" "$repo/lab/build.sh" "$prefix/share/jupyter/labextensions"
-export JUPYTER_PATH="$prefix/share/jupyter"
-export GPUMEM_NB_DEVICE=sim:8GiB
-export SE_OFFLINE=true
-unset EVCXR_TMPDIR
+lab_prefix "$target/lab-panel-prefix" "$target" --extension
 exec timeout 1800 "$venv/bin/python" "$repo/kernel/tests/lab_panel.py" "$out"

@@ -43,20 +43,15 @@ import random
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-from selenium import webdriver
-from selenium.webdriver.chrome.options import Options
-from selenium.webdriver.chrome.service import Service
 
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, here)
 sys.path.insert(0, os.path.join(here, "..", "..", "scripts"))
-from lab_browser import Failed, _up, notebook, start_lab, wait  # noqa: E402
-from lab_panel import CELL_MIME  # noqa: E402
+from lab_browser import Failed, close, notebook, open_browser, start_lab, wait  # noqa: E402
 import cell_bench  # noqa: E402  (its SMALL cells: the project's notion of a small cell)
 
 PANEL_ID = "gpumem-lab-panel"
@@ -282,18 +277,7 @@ def main():
     result = {"machine": f"{platform.node()}, {os.cpu_count()} cores, {platform.machine()}", "date": time.strftime("%Y-%m-%d %H:%M"),
               "device": env["GPUMEM_NB_DEVICE"], "cells": [c for c, _ in small], "rounds": a.rounds, "blocks": []}
     try:
-        wait("JupyterLab's server", lambda: lab.poll() is None and _up(port), 120, every=0.5)
-        opts = Options()
-        opts.binary_location = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-        for f in ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--disable-dev-shm-usage", f"--user-data-dir={os.path.join(work, 'chrome')}",
-                  "--window-size=1400,1000", "--force-device-scale-factor=1"]:
-            opts.add_argument(f)
-        service = Service(executable_path=os.environ.get("CHROMEDRIVER", "/usr/bin/chromedriver"))
-        driver = webdriver.Chrome(service=service, options=opts)
-        driver.set_page_load_timeout(120)
-        driver.set_script_timeout(60)
+        driver = open_browser(lab, port, lab_log, work, width=1400)
         driver.set_window_size(1400, 1000)
         js = lambda code, *args: driver.execute_script(code, *args)  # noqa: E731
         url = f"http://127.0.0.1:{port}/lab/tree/cost.ipynb"
@@ -346,7 +330,7 @@ def main():
 
         def run_block(condition, rnd):
             right = load(condition)
-            tree_lab, tree_br = tree(lab.pid), tree(service.process.pid)
+            tree_lab, tree_br = tree(lab.pid), tree(driver.service.process.pid)
             k_br, pm0 = cpu_by_kind(tree_br), page_metrics()
             c_lab, c_br, m0, l0, t0 = cpu_ticks(tree_lab), cpu_ticks(tree_br), machine_busy(), loadavg(), time.monotonic()
             js("gpumemCost.runBlock(arguments[0])", indices)
@@ -354,7 +338,7 @@ def main():
             err = js("return gpumemCost.error")
             if err:
                 raise Failed(f"{condition}: {err}")
-            tree_lab, tree_br = tree(lab.pid), tree(service.process.pid)
+            tree_lab, tree_br = tree(lab.pid), tree(driver.service.process.pid)
             hz = os.sysconf("SC_CLK_TCK")
             m1 = machine_busy()
             k_br1, pm1 = cpu_by_kind(tree_br), page_metrics()
@@ -396,13 +380,7 @@ def main():
         shutil.copy(lab_log.name, os.path.abspath(a.out) + ".jupyterlab.log")
         return 1
     finally:
-        if driver is not None:
-            driver.quit()
-        lab.terminate()
-        try:
-            lab.wait(20)
-        except subprocess.TimeoutExpired:
-            lab.kill()
+        close(driver, lab)
         if not os.environ.get("GPUMEM_COST_KEEP"):
             shutil.rmtree(work, ignore_errors=True)
 

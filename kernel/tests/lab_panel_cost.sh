@@ -19,14 +19,9 @@ venv="$target/lab-venv"
     || { echo "no $venv with JupyterLab 4.6.6: run kernel/tests/lab_panel.sh once (it makes it)"; exit 1; }
 
 prefix="$target/lab-panel-cost-prefix"
-rm -rf "$prefix"
-"$target/release/gpumem-kernel" install --prefix "$prefix" --no-prebuild >/dev/null
-CARGO_TARGET_DIR="$target" "$repo/lab/build.sh" "$prefix/share/jupyter/labextensions"
-export JUPYTER_PATH="$prefix/share/jupyter"
-export GPUMEM_NB_DEVICE=sim:8GiB
-export SE_OFFLINE=true
+. "$repo/scripts/lab_env.sh"
+lab_prefix "$prefix" "$target" --extension
 export XDG_CACHE_HOME="${XDG_CACHE_HOME:-/tmp/gpumem-panel-cache}"
-unset EVCXR_TMPDIR
 echo "machine: $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); commit $(git -C "$repo" rev-parse --short HEAD)"
 rc=0
 timeout 3600 "$venv/bin/python" "$repo/kernel/tests/lab_panel_cost.py" "$out" "$@" || rc=$?
