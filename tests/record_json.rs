@@ -83,6 +83,7 @@ fn tracked() -> (TrackedReadings, TrackedReadings) {
         places: vec![
             PlaceReading {
                 device: Some(0),
+                uuid: None,
                 live: 40 * MIB,
                 peak: 40 * MIB,
                 by_source: vec![source("allocator", 36 * MIB, 36 * MIB), source("pool", 4 * MIB, 4 * MIB)],
@@ -97,6 +98,7 @@ fn tracked() -> (TrackedReadings, TrackedReadings) {
             },
             PlaceReading {
                 device: Some(1),
+                uuid: None,
                 live: 2 * MIB,
                 peak: 2 * MIB,
                 by_source: vec![source("allocator", 2 * MIB, 2 * MIB)],
@@ -111,6 +113,7 @@ fn tracked() -> (TrackedReadings, TrackedReadings) {
         places: vec![
             PlaceReading {
                 device: Some(0),
+                uuid: None,
                 live: 120 * MIB,
                 peak: 200 * MIB,
                 by_source: vec![source("allocator", 116 * MIB, 196 * MIB), source("pool", 4 * MIB, 8 * MIB)],
@@ -135,6 +138,7 @@ fn tracked() -> (TrackedReadings, TrackedReadings) {
             },
             PlaceReading {
                 device: Some(1),
+                uuid: None,
                 live: 16 * MIB,
                 peak: 16 * MIB,
                 by_source: vec![source("driver", 16 * MIB, 16 * MIB)],
@@ -144,6 +148,7 @@ fn tracked() -> (TrackedReadings, TrackedReadings) {
             },
             PlaceReading {
                 device: None,
+                uuid: None,
                 live: 2 * MIB,
                 peak: 2 * MIB,
                 by_source: vec![source("host_pinned", 2 * MIB, 2 * MIB)],

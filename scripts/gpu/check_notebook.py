@@ -35,6 +35,13 @@ Assertions (exit 1 when one fails):
   `children` lists that PID, named NAME, from NVML, holding at least 256 MiB, and the notebook's
   own allocated bytes did not move in that cell; `no-children`: the record lists no child.
 
+- several GPUs (issue 46): `devices-nvml=N`: the record has NVML's figures for N devices, each
+  matched to its CUDA device; `line-has=TEXT`: the line says TEXT (`cuda:1`);
+  `nvml-explained-each=PCT`: on every device, NVML's change minus the tracked change there is
+  within PCT % of NVML's change (or 2 MiB); `nvml-named-each`: the details explain NVML's change on
+  each other device; `nccl-named`: on both devices a top site is owned by `libnccl…`, component
+  `workspace`, and the report says NCCL.
+
 - cells tagged `context-lost=CODE` (issue 34): the cell ended in an error named CODE whose value
   says the CUDA context is lost, its record's status is `lost` and its line says
   `✗ CUDA context lost`; `after-loss=CODE`: a later cell's device call failed with an error naming
@@ -253,6 +260,8 @@ def main():
                 )
         fault_checks(i, first, tags, errors, r, row["line"], failures)
         queued_checks(i, first, tags, r, alla, cubecl, row, failures)
+        html = "".join(next((o["data"].get("text/html", "") for o in outs if CELL_MIME in o.get("data", {})), ""))
+        device_checks(i, first, tags, r, alla, row, html, failures)
     history_checks(nb, failures)
     for row in rows:
         print(json.dumps(row))
@@ -351,6 +360,65 @@ def fault_checks(i, first, tags, errors, r, line, failures):
             failures.append(f"{where}: record status {r.get('status')!r}, line {line!r}")
     if "restarted" in tags and not r.get("restarted"):
         failures.append(f"{where}: the record does not say the child was restarted: {r.get('restart_reason')}")
+
+
+def device_checks(i, first, tags, r, alla, row, html, failures):
+    """Several GPUs (issue 46): NVML read on each device and matched to its CUDA device, each
+    device's NVML change explained by what was tracked there, NCCL's memory named NCCL."""
+    where = f"cell {i} ({first})"
+    parts = r.get("nvml_devices") or []
+    row["nvml_devices"] = [
+        {"device": p.get("device"), "uuid": p.get("uuid"), "process_delta": delta(p.get("process"))} for p in parts
+    ]
+    for tag in (t for t in tags if t.startswith("line-has=")):
+        if tag[len("line-has="):] not in row["line"]:
+            failures.append(f"{where}: the line lacks {tag[len('line-has='):]!r}: {row['line']}")
+    for tag in (t for t in tags if t.startswith("devices-nvml=")):
+        want = int(tag.split("=")[1])
+        got = sorted(p.get("device") for p in parts if p.get("device") is not None and (p.get("process") or {}).get("after"))
+        if len(got) != want:
+            failures.append(f"{where}: NVML read on {len(got)} devices {got} with CUDA ordinals, expected {want}")
+    places = {p.get("device"): p for p in alla.get("devices") or []}
+    explained = {}
+    for p in parts:
+        d, nv = p.get("device"), delta(p.get("process"))
+        place = places.get(d)
+        if d is None or nv is None:
+            continue
+        tracked = 0 if place is None else place["after"] - (place.get("before") or 0)
+        explained[d] = {"nvml": nv, "tracked": tracked, "rest": nv - tracked}
+    row["explained"] = explained
+    for tag in (t for t in tags if t.startswith("nvml-explained-each=")):
+        pct = float(tag.split("=")[1])
+        if len(explained) < 2:
+            failures.append(f"{where}: NVML's change is explained on {len(explained)} devices, expected every one")
+        for d, e in explained.items():
+            # Within PCT % of NVML's change, or the driver's 2 MiB granularity where it is small.
+            if abs(e["rest"]) > max(2 * MIB, abs(e["nvml"]) * pct / 100):
+                failures.append(
+                    f"{where}: device {d}: NVML {e['nvml'] / MIB:+.2f} MiB, tracked {e['tracked'] / MIB:+.2f} MiB, "
+                    f"{e['rest'] / MIB:+.2f} MiB unexplained (more than {pct} %)"
+                )
+    if "nvml-named-each" in tags:
+        for d, e in explained.items():
+            if d != (alla.get("device")) and f"NVML&#x27;s change on device {d}, explained" not in html \
+                    and f"NVML's change on device {d}, explained" not in html:
+                failures.append(f"{where}: device {d}'s NVML change ({e['nvml'] / MIB:+.2f} MiB) not explained in the details")
+    if "nccl-named" in tags:
+        nccl = [
+            (p.get("device"), t)
+            for p in alla.get("devices") or []
+            for t in p.get("top") or []
+            if (t.get("owner") or "").startswith("libnccl")
+        ]
+        row["nccl"] = [{"device": d, "bytes": t["bytes"], "component": t.get("component")} for d, t in nccl]
+        if len({d for d, _ in nccl}) < 2:
+            failures.append(f"{where}: NCCL's memory is in the top of {len({d for d, _ in nccl})} devices, expected 2: "
+                            f"{[(p.get('device'), [t.get('owner') for t in p.get('top') or []]) for p in alla.get('devices') or []]}")
+        if any(t.get("component") != "workspace" for _, t in nccl):
+            failures.append(f"{where}: NCCL's memory is not workspace: {row['nccl']}")
+        if "NCCL" not in html:
+            failures.append(f"{where}: the report does not say NCCL")
 
 
 def history_checks(nb, failures):

@@ -48,6 +48,8 @@
 # notebooks/gpu_pool_cap.ipynb; the same :dep lines as gpu_components, so the same build):
 #                     python3 scripts/gpu/pool_cap_check.py "$OUT/cap"
 #                     python3 scripts/gpu/pool_probe.py "$OUT/pool_probe.jsonl"   (how the CUDA pool reserves)
+# Two GPUs (issue 46), on nvidia-h200-x2, still warm: NCCL's all-reduce and candle on both devices:
+#                     bash scripts/gpu/notebook.sh jupyter notebooks/gpu_multi.ipynb
 # Small cells against the stock kernel on this host (issue 35):
 #                     bash scripts/gpu/notebook.sh cellbench --rounds 3 --no-candle
 set -euo pipefail
@@ -72,12 +74,16 @@ pack() {
     cargo build --release -p gpumem-kernel
     cp "$CARGO_TARGET_DIR/release/gpumem-kernel" "$work/payload/bin/"
     strip "$work/payload/bin/gpumem-kernel"
-    step "the stock evcxr kernel, evcxr_jupyter 0.22.0 (tests/stock_kernel.sh installs it once)"
-    local stock="$CARGO_TARGET_DIR/evcxr_jupyter/bin/evcxr_jupyter"
-    if [ ! -x "$stock" ]; then
-        cargo install --locked --quiet evcxr_jupyter --version 0.22.0 --root "$CARGO_TARGET_DIR/evcxr_jupyter"
+    # GPUMEM_PACK_STOCK=0 leaves it out (runs of gpumem-kernel only: a fresh machine saves its
+    # 6-15 minute build).
+    if [ "${GPUMEM_PACK_STOCK:-1}" != 0 ]; then
+        step "the stock evcxr kernel, evcxr_jupyter 0.22.0 (tests/stock_kernel.sh installs it once)"
+        local stock="$CARGO_TARGET_DIR/evcxr_jupyter/bin/evcxr_jupyter"
+        if [ ! -x "$stock" ]; then
+            cargo install --locked --quiet evcxr_jupyter --version 0.22.0 --root "$CARGO_TARGET_DIR/evcxr_jupyter"
+        fi
+        cp "$stock" "$work/payload/bin/" && strip "$work/payload/bin/evcxr_jupyter"
     fi
-    cp "$stock" "$work/payload/bin/" && strip "$work/payload/bin/evcxr_jupyter"
     step "vendored crates for the notebooks' :dep lines"
     local deps="$work/nbdeps"
     mkdir -p "$deps/src" && echo 'fn main() {}' > "$deps/src/main.rs"
@@ -89,7 +95,7 @@ edition = "2024"
 publish = false
 [dependencies]
 gpumem-nb = { path = "$repo", features = ["cublas", "nvrtc", "cubecl010"] }
-cudarc = { version = "0.19", default-features = false, features = ["std", "driver", "cublas", "nvrtc", "fallback-dynamic-loading", "cuda-13000"] }
+cudarc = { version = "0.19", default-features = false, features = ["std", "driver", "cublas", "nvrtc", "nccl", "fallback-dynamic-loading", "cuda-13000"] }
 candle-core = { version = "0.11", features = ["cuda"] }
 candle-nn = { version = "0.11", features = ["cuda"] }
 burn = { version = "0.21", default-features = false, features = ["std", "cuda", "autodiff", "cubecl"] }
@@ -229,6 +235,13 @@ export LD_LIBRARY_PATH="$cuda/lib64:$cuda/targets/x86_64-linux/lib\${LD_LIBRARY_
 export PYTHONPATH="$root/site\${PYTHONPATH:+:\$PYTHONPATH}"
 export GPUMEM_NB_DEVICE=cuda
 EOF
+    # NCCL for cudarc's communicators (notebooks/gpu_multi.ipynb): pip's nvidia-nccl package,
+    # beside PyTorch, where the toolkit has none.
+    local nccl
+    nccl="$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null || true)"
+    if [ -n "$nccl" ] && [ -e "$nccl/libnccl.so.2" ]; then
+        echo "export LD_LIBRARY_PATH=\"$nccl:\$LD_LIBRARY_PATH\"" >> "$root/env.sh"
+    fi
 }
 
 run_nb() {

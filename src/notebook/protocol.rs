@@ -262,6 +262,10 @@ impl DeviceReading {
 pub struct PlaceReading {
     /// CUDA device, or `None` for pinned host memory.
     pub device: Option<i32>,
+    /// The device's UUID in NVML's form (`GPU-…`) on a real GPU, which the kernel matches with
+    /// NVML's per-device figures; `None` on the simulated device and for the host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
     /// Bytes now, every source.
     pub live: u64,
     /// Highest `live` in the window (since the slot opened, or since tracking began).
@@ -432,11 +436,15 @@ impl OwnerBytes {
             && let Some(c) = self.cell
         {
             // `cubecl ← cell 3`: the framework (its crate's first word), and the cell that
-            // queued the work.
+            // queued the work; `NCCL ← cell 3` for a CUDA library's own thread (NCCL's proxy).
             let who = self.owner.split("::").next().unwrap_or(&self.owner);
             let who = who.split('_').next().unwrap_or(who);
             // A thread whose only named frames are the runtime's (`libstd-….so`): no one to name.
-            let who = if who.contains(".so") { "a thread" } else { who };
+            let who = match crate::record::frames::cuda_library(&self.owner) {
+                Some(library) => library,
+                None if who.contains(".so") => "a thread",
+                None => who,
+            };
             return format!("{who} ← cell {c}");
         }
         let at = match (self.cell, self.line) {
@@ -445,10 +453,12 @@ impl OwnerBytes {
             _ => None,
         };
         let from = self.called_from.map(|(c, l)| format!("cell {c}:{l}"));
-        match (&self.function, at, from) {
+        // A CUDA library without symbols is its name (`NCCL ← cell 3:4`), not its file.
+        let function = self.function.as_deref().map(|f| crate::record::frames::cuda_library(f).unwrap_or(f));
+        match (function, at, from) {
             (Some(f), Some(at), Some(from)) => format!("{f} ({at}) ← {from}"),
             (Some(f), Some(at), None) => format!("{f} ← {at}"),
-            (Some(f), None, _) => f.clone(),
+            (Some(f), None, _) => f.to_string(),
             (None, Some(at), _) => at,
             (None, None, _) => self.owner.clone(),
         }
@@ -736,6 +746,12 @@ mod tests {
             b("cubecl_cuda::…", Some("<cubecl_cuda::GpuStorage as ComputeStorage>::alloc"), Some(4), None, true);
         assert_eq!(cubecl.site(), "cubecl ← cell 4");
         assert_eq!(b("libstd-d1237ef7159db0a2.so", None, Some(17), None, true).site(), "a thread ← cell 17");
+        // NCCL's proxy thread at the first collective, and its communicator made by the cell.
+        assert_eq!(b("libnccl.so.2", Some("libnccl.so.2"), Some(3), None, true).site(), "NCCL ← cell 3");
+        assert_eq!(b("libnccl.so.2", Some("libnccl.so.2"), Some(3), Some(4), false).site(), "NCCL ← cell 3:4");
+        assert_eq!(b("libcublasLt.so.13", Some("libcublasLt.so.13"), None, None, false).site(), "cuBLASLt");
+        // A library we do not know keeps its file name.
+        assert_eq!(b("libfoo.so.1", Some("libfoo.so.1"), Some(2), Some(1), false).site(), "libfoo.so.1 ← cell 2:1");
     }
 
     use super::*;

@@ -38,8 +38,8 @@ pub(crate) enum DeviceSelection {
     Auto,
     /// CUDA, or an error.
     Cuda,
-    /// The simulated device with this capacity in bytes.
-    Sim(u64),
+    /// Simulated devices: the capacity of each in bytes, and how many (`sim:2x24GiB`: two).
+    Sim(u64, usize),
 }
 
 impl fmt::Display for DeviceSelection {
@@ -47,11 +47,14 @@ impl fmt::Display for DeviceSelection {
         match self {
             DeviceSelection::Auto => f.write_str("auto"),
             DeviceSelection::Cuda => f.write_str("cuda"),
-            DeviceSelection::Sim(c) => match *c {
-                c if c % GIB == 0 => write!(f, "sim:{}GiB", c / GIB),
-                c if c % MIB == 0 => write!(f, "sim:{}MiB", c / MIB),
-                c => write!(f, "sim:{c}"),
-            },
+            DeviceSelection::Sim(c, n) => {
+                let many = if *n > 1 { format!("{n}x") } else { String::new() };
+                match *c {
+                    c if c % GIB == 0 => write!(f, "sim:{many}{}GiB", c / GIB),
+                    c if c % MIB == 0 => write!(f, "sim:{many}{}MiB", c / MIB),
+                    c => write!(f, "sim:{many}{c}"),
+                }
+            }
         }
     }
 }
@@ -62,21 +65,32 @@ pub(crate) fn parse_selection(value: &str) -> Result<DeviceSelection> {
     let v = value.trim();
     let bad = |why: &str| {
         Error::Setting(format!(
-            "{ENV_VAR}: invalid value {value:?}{why}; expected auto|cuda|sim|sim:SIZE (e.g. sim:24GiB)"
+            "{ENV_VAR}: invalid value {value:?}{why}; expected auto|cuda|sim|sim:SIZE|sim:NxSIZE (e.g. sim:24GiB, \
+             sim:2x24GiB)"
         ))
     };
     let lower = v.to_ascii_lowercase();
     match lower.as_str() {
         "" | "auto" => Ok(DeviceSelection::Auto),
         "cuda" => Ok(DeviceSelection::Cuda),
-        "sim" => Ok(DeviceSelection::Sim(DEFAULT_CAPACITY)),
+        "sim" => Ok(DeviceSelection::Sim(DEFAULT_CAPACITY, 1)),
         _ => {
             let Some(size) = lower.strip_prefix("sim:") else {
                 return Err(bad(""));
             };
+            // `2x24GiB`: several simulated devices of one size.
+            let (count, size) = match size.split_once('x') {
+                Some((n, size)) if !n.trim().is_empty() && n.trim().bytes().all(|b| b.is_ascii_digit()) => {
+                    match n.trim().parse::<usize>() {
+                        Ok(n @ 1..=64) => (n, size),
+                        _ => return Err(bad(&format!(" ({} simulated devices: from 1 to 64)", n.trim()))),
+                    }
+                }
+                _ => (1, size),
+            };
             match parse_size(size) {
                 Some(0) => Err(bad(" (the simulated device needs a capacity above 0)")),
-                Some(c) => Ok(DeviceSelection::Sim(c)),
+                Some(c) => Ok(DeviceSelection::Sim(c, count)),
                 None => Err(bad(&format!(" ({:?} is not a size)", size.trim()))),
             }
         }
@@ -103,10 +117,12 @@ pub(crate) enum Resolved {
         /// Number of CUDA devices.
         devices: usize,
     },
-    /// The simulated device (one device, index 0).
+    /// Simulated devices (index 0 and up).
     Simulated {
-        /// Capacity in bytes.
+        /// Capacity of each, in bytes.
         capacity: u64,
+        /// How many.
+        count: usize,
         /// Why `auto` fell back to the simulated device (the CUDA probe's answer); `None` when
         /// the simulated device was asked for.
         fallback_reason: Option<String>,
@@ -118,7 +134,7 @@ impl Resolved {
     pub(crate) fn device_count(&self) -> usize {
         match self {
             Resolved::Cuda { devices } => *devices,
-            Resolved::Simulated { .. } => 1,
+            Resolved::Simulated { count, .. } => *count,
         }
     }
 }
@@ -126,11 +142,11 @@ impl Resolved {
 /// Resolves a selection on this machine: probes CUDA for `auto` and `cuda`.
 pub(crate) fn resolve(selection: DeviceSelection) -> Result<Resolved> {
     match selection {
-        DeviceSelection::Sim(capacity) => Ok(Resolved::Simulated { capacity, fallback_reason: None }),
+        DeviceSelection::Sim(capacity, count) => Ok(Resolved::Simulated { capacity, count, fallback_reason: None }),
         DeviceSelection::Cuda => probe_cuda().map(|devices| Resolved::Cuda { devices }).map_err(Error::NoCuda),
         DeviceSelection::Auto => Ok(match probe_cuda() {
             Ok(devices) => Resolved::Cuda { devices },
-            Err(reason) => Resolved::Simulated { capacity: DEFAULT_CAPACITY, fallback_reason: Some(reason) },
+            Err(reason) => Resolved::Simulated { capacity: DEFAULT_CAPACITY, count: 1, fallback_reason: Some(reason) },
         }),
     }
 }
@@ -151,7 +167,8 @@ pub(crate) fn open_backend(resolved: &Resolved, index: usize) -> Result<AnyBacke
     if index >= count {
         let what = match resolved {
             Resolved::Cuda { .. } => format!("{count} CUDA device(s)"),
-            Resolved::Simulated { .. } => "1 simulated device (index 0)".to_string(),
+            Resolved::Simulated { count: 1, .. } => "1 simulated device (index 0)".to_string(),
+            Resolved::Simulated { count, .. } => format!("{count} simulated devices (index 0 to {})", count - 1),
         };
         return Err(Error::InvalidArgument(format!("device index {index} is out of range: there is {what}")));
     }
@@ -159,7 +176,7 @@ pub(crate) fn open_backend(resolved: &Resolved, index: usize) -> Result<AnyBacke
         Resolved::Simulated { capacity, .. } => {
             // The process's own device: listed in the simulated process table, as NVML lists a
             // process with a context on a GPU.
-            let mut sim = SimBackend::new(0, *capacity);
+            let mut sim = SimBackend::new(index as i32, *capacity);
             sim.publish_usage();
             Ok(AnyBackend::Sim(sim))
         }
@@ -239,7 +256,7 @@ pub(crate) fn resolved() -> Option<Resolved> {
 /// `GPUMEM_NB_DEVICE` asks for it, the first GPU NVML lists, else none.
 pub fn device_before_use(nvml: &crate::device::nvml::NvmlSnapshot) -> String {
     match (selection(), nvml.devices.first()) {
-        (Ok(DeviceSelection::Sim(_)), _) => "sim:0 (simulated)".into(),
+        (Ok(DeviceSelection::Sim(..)), _) => "sim:0 (simulated)".into(),
         (_, Some(d)) => format!("cuda:0 {} (not used yet)", d.name),
         (Ok(DeviceSelection::Auto), None) => "sim:0 (simulated)".into(),
         _ => "device n/a".into(),
@@ -258,17 +275,30 @@ mod tests {
         assert_eq!(parse_selection(" AUTO ").unwrap(), DeviceSelection::Auto);
         assert_eq!(parse_selection("cuda").unwrap(), DeviceSelection::Cuda);
         assert_eq!(parse_selection("Cuda").unwrap(), DeviceSelection::Cuda);
-        assert_eq!(parse_selection("sim").unwrap(), DeviceSelection::Sim(80 * GIB));
-        assert_eq!(parse_selection("sim:24GiB").unwrap(), DeviceSelection::Sim(24 * GIB));
-        assert_eq!(parse_selection("sim:24 GiB").unwrap(), DeviceSelection::Sim(24 * GIB));
-        assert_eq!(parse_selection("SIM:512MiB").unwrap(), DeviceSelection::Sim(512 * MIB));
-        assert_eq!(parse_selection("sim:1.5TiB").unwrap(), DeviceSelection::Sim(TIB * 3 / 2));
-        assert_eq!(parse_selection("sim:4096").unwrap(), DeviceSelection::Sim(4096));
+        assert_eq!(parse_selection("sim").unwrap(), DeviceSelection::Sim(80 * GIB, 1));
+        assert_eq!(parse_selection("sim:24GiB").unwrap(), DeviceSelection::Sim(24 * GIB, 1));
+        assert_eq!(parse_selection("sim:24 GiB").unwrap(), DeviceSelection::Sim(24 * GIB, 1));
+        assert_eq!(parse_selection("SIM:512MiB").unwrap(), DeviceSelection::Sim(512 * MIB, 1));
+        assert_eq!(parse_selection("sim:1.5TiB").unwrap(), DeviceSelection::Sim(TIB * 3 / 2, 1));
+        assert_eq!(parse_selection("sim:4096").unwrap(), DeviceSelection::Sim(4096, 1));
+        assert_eq!(parse_selection("sim:2x24GiB").unwrap(), DeviceSelection::Sim(24 * GIB, 2));
+        assert_eq!(parse_selection(" SIM:8X512MiB ").unwrap(), DeviceSelection::Sim(512 * MIB, 8));
     }
 
     #[test]
     fn malformed_values_are_one_line_errors_naming_the_value() {
-        for bad in ["gpu0", "sim:", "sim:lots", "sim:0", "sim:-1GiB", "simulated:4GiB", "cuda:0", "sim 4GiB"] {
+        for bad in [
+            "gpu0",
+            "sim:",
+            "sim:lots",
+            "sim:0",
+            "sim:-1GiB",
+            "simulated:4GiB",
+            "cuda:0",
+            "sim 4GiB",
+            "sim:0x4GiB",
+            "sim:2x",
+        ] {
             let err = parse_selection(bad).unwrap_err();
             let msg = err.to_string();
             assert!(matches!(err, Error::Setting(_)), "{bad}: {msg}");
@@ -284,9 +314,10 @@ mod tests {
         for s in [
             DeviceSelection::Auto,
             DeviceSelection::Cuda,
-            DeviceSelection::Sim(24 * GIB),
-            DeviceSelection::Sim(1536 * MIB),
-            DeviceSelection::Sim(12345),
+            DeviceSelection::Sim(24 * GIB, 1),
+            DeviceSelection::Sim(1536 * MIB, 1),
+            DeviceSelection::Sim(12345, 1),
+            DeviceSelection::Sim(24 * GIB, 2),
         ] {
             assert_eq!(parse_selection(&s.to_string()).unwrap(), s);
         }
@@ -294,20 +325,26 @@ mod tests {
 
     #[test]
     fn resolve_and_open_check_the_index() {
-        let r = resolve(DeviceSelection::Sim(GIB)).unwrap();
-        assert_eq!(r, Resolved::Simulated { capacity: GIB, fallback_reason: None });
+        let r = resolve(DeviceSelection::Sim(GIB, 1)).unwrap();
+        assert_eq!(r, Resolved::Simulated { capacity: GIB, count: 1, fallback_reason: None });
         assert_eq!(r.device_count(), 1);
         let b = open_backend(&r, 0).unwrap();
         assert_eq!(crate::device::Backend::total_memory(&b), GIB);
         let err = open_backend(&r, 1).unwrap_err().to_string();
         assert!(err.contains("device index 1") && err.contains("1 simulated device"), "{err}");
+        // Two simulated devices: each its own backend, numbered as CUDA numbers GPUs.
+        let two = resolve(DeviceSelection::Sim(GIB, 2)).unwrap();
+        assert_eq!(two.device_count(), 2);
+        assert_eq!(crate::device::Backend::device_index(&open_backend(&two, 1).unwrap()), 1);
+        let err = open_backend(&two, 2).unwrap_err().to_string();
+        assert!(err.contains("2 simulated devices (index 0 to 1)"), "{err}");
         // `auto` always gives something; `cuda` agrees with the probe.
         let auto = resolve(DeviceSelection::Auto).unwrap();
         match (auto, resolve(DeviceSelection::Cuda)) {
             (Resolved::Cuda { devices }, Ok(Resolved::Cuda { devices: d })) => {
                 assert_eq!(devices, d)
             }
-            (Resolved::Simulated { capacity, fallback_reason: Some(why) }, Err(Error::NoCuda(r))) => {
+            (Resolved::Simulated { capacity, fallback_reason: Some(why), .. }, Err(Error::NoCuda(r))) => {
                 assert_eq!(capacity, DEFAULT_CAPACITY);
                 assert_eq!(why, r);
             }

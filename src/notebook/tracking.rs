@@ -342,9 +342,38 @@ pub(crate) fn close_slot(slot: TrackSlot) {
     lock(&state().tracker).close_slot(slot);
 }
 
+/// The NVML form (`GPU-…`) of a tracked CUDA device's UUID, read once per device: how the
+/// kernel matches each place with NVML's figures for that device (`CUDA_VISIBLE_DEVICES`
+/// renumbers ordinals, a UUID is the device). `None` for the host, on the simulated device, and
+/// where the driver does not answer.
+fn place_uuid(place: Place) -> Option<String> {
+    #[cfg(feature = "cuda")]
+    {
+        let device = place?;
+        if !matches!(status(), TrackingStatus::Cupti { .. }) {
+            return None;
+        }
+        static UUIDS: std::sync::Mutex<BTreeMap<i32, Option<String>>> = std::sync::Mutex::new(BTreeMap::new());
+        let mut uuids = lock(&UUIDS);
+        uuids
+            .entry(device)
+            .or_insert_with(|| {
+                let ordinal = usize::try_from(device).ok()?;
+                crate::device::cuda::device_uuid(ordinal).ok().map(|u| crate::device::nvml::uuid_string("GPU", u))
+            })
+            .clone()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = place;
+        None
+    }
+}
+
 fn place_reading(place: Place, t: &PlaceTotals, top: Vec<OwnerBytes>) -> PlaceReading {
     PlaceReading {
         device: place,
+        uuid: None,
         live: t.total.live,
         peak: t.total.peak,
         by_source: Source::ALL
@@ -395,6 +424,7 @@ pub(crate) fn readings(slot: Option<TrackSlot>, owners: bool, components: bool) 
         .filter(|(_, t)| t.total.peak > 0 || t.total.live > 0)
         .map(|(place, tot)| {
             let mut r = place_reading(*place, tot, tops.get(place).cloned().unwrap_or_default());
+            r.uuid = place_uuid(*place);
             r.by_component = parts.remove(place).unwrap_or_default();
             r.kept = kept.get(place).cloned().unwrap_or_default();
             r

@@ -34,7 +34,8 @@ pub enum Component {
     Temp,
     /// An optimizer's own state (Adam's moments).
     OptimizerState,
-    /// The CUDA libraries' workspaces and handles (cuBLAS, cuBLASLt, cuDNN, cuFFT, cuRAND).
+    /// The CUDA libraries' workspaces and handles (cuBLAS, cuBLASLt, cuDNN, cuFFT, cuRAND, NCCL's
+    /// communicator buffers).
     Workspace,
     /// Everything no stamp or rule classified.
     Other,
@@ -214,6 +215,9 @@ const BUILT_IN: &[(&str, Component)] = &[
     ("libcudnn", Component::Workspace),
     ("libcufft", Component::Workspace),
     ("libcurand", Component::Workspace),
+    ("libcusparse", Component::Workspace),
+    ("libcusolver", Component::Workspace),
+    ("libnccl", Component::Workspace),
     ("cublasCreate", Component::Workspace),
     ("cublasLt", Component::Workspace),
 ];
@@ -391,6 +395,12 @@ mod tests {
             ("candle_nn::var_map::VarMap::get", "libdeps.so"),
         ];
         assert_eq!(rules.classify(curand.iter().copied()), Some(Component::Workspace));
+        // NCCL's buffers, on its proxy thread (no caller of ours) or under the cell's
+        // `Comm::from_devices`.
+        let nccl = [("cuMemCreate", "libcuda.so.1"), ("??", "libnccl.so.2"), ("start_thread", "libc.so.6")];
+        assert_eq!(rules.classify(nccl.iter().copied()), Some(Component::Workspace));
+        let comm = [("??", "libnccl.so.2"), ("cudarc::nccl::safe::Comm::from_devices", "libdeps.so")];
+        assert_eq!(rules.classify(comm.iter().copied()), Some(Component::Workspace));
     }
 
     #[test]

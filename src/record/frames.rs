@@ -205,6 +205,27 @@ pub(crate) fn source_path(file: &str, name: &str) -> Option<String> {
     Some(if module.is_empty() { format!("{krate}::{name}") } else { format!("{krate}::{module}::{name}") })
 }
 
+/// The name people know a CUDA library by, from its file (`libnccl.so.2` → `NCCL`,
+/// `libcublasLt.so.13` → `cuBLASLt`); `None` for any other file.
+pub(crate) fn cuda_library(file: &str) -> Option<&'static str> {
+    // Longer prefixes first: `libcublasLt` before `libcublas`.
+    const KNOWN: [(&str, &str); 10] = [
+        ("libnccl", "NCCL"),
+        ("libcublasLt", "cuBLASLt"),
+        ("libcublas", "cuBLAS"),
+        ("libcudnn", "cuDNN"),
+        ("libcufft", "cuFFT"),
+        ("libcurand", "cuRAND"),
+        ("libcusparse", "cuSPARSE"),
+        ("libcusolver", "cuSOLVER"),
+        ("libnvrtc", "NVRTC"),
+        ("libtorch_cuda", "libtorch"),
+    ];
+    let stem = file.split(".so").next()?;
+    // `libcudnn_ops` and `libcudnn_cnn` are cuDNN; `libcublasLt` is not cuBLAS.
+    KNOWN.iter().find(|(p, _)| stem == *p || stem.strip_prefix(p).is_some_and(|r| r.starts_with('_'))).map(|(_, n)| *n)
+}
+
 /// Runtime frames below `main` (or below a test harness or a thread's start) that say nothing
 /// about the user's code.
 fn is_runtime(name: &str) -> bool {
@@ -422,6 +443,17 @@ mod tests {
 
     fn f(name: &str) -> Frame {
         Frame { name: name.into(), filename: "x.rs".into(), line: 1 }
+    }
+
+    #[test]
+    fn cuda_libraries_by_the_names_people_know() {
+        assert_eq!(cuda_library("libnccl.so.2"), Some("NCCL"));
+        assert_eq!(cuda_library("libcublasLt.so.13"), Some("cuBLASLt"));
+        assert_eq!(cuda_library("libcublas.so.13"), Some("cuBLAS"));
+        assert_eq!(cuda_library("libcudnn_ops.so.9"), Some("cuDNN"));
+        assert_eq!(cuda_library("libcudart.so.13"), None);
+        assert_eq!(cuda_library("libncclx.so"), None);
+        assert_eq!(cuda_library("candle_core::…"), None);
     }
 
     #[test]

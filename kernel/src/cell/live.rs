@@ -17,10 +17,10 @@ use crate::output::{Output, Sink};
 use gpumem_nb::device::nvml::{self, NvmlSnapshot};
 use gpumem_nb::kernel::protocol::Op;
 use gpumem_nb::kernel::report::{
-    CrateReading, LINE_WIDTH, LiveCost, TrackedReadings, allocator_absent, device_name, format_ms, line_html, quantity,
-    short_device,
+    CrateReading, LINE_WIDTH, LiveCost, TrackedReadings, allocator_absent, device_name, format_ms, line_html,
+    other_device, quantity, short_device,
 };
-use gpumem_nb::units::iec3;
+use gpumem_nb::units::{iec3, iec3_delta};
 use serde_json::{Map, Value};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
@@ -115,8 +115,12 @@ impl<'a> Shown<'a> {
 /// began (from `base`) and its peak in the cell so far.
 pub fn line(cell: u64, elapsed: Duration, r: &LiveReading, base: &Baseline, pid: Option<u32>) -> String {
     let Shown { reading, nvml, tracked, device } = Shown::of(r, pid);
-    let mut parts =
-        vec![format!("[{cell}] {device}"), format!("running {}", format_ms(elapsed.as_secs_f64() * 1000.0))];
+    // Each part with how long it stays when the line is too long: the lowest rank goes first.
+    const ALWAYS: u8 = u8::MAX;
+    let mut parts: Vec<(u8, String)> = vec![
+        (ALWAYS, format!("[{cell}] {device}")),
+        (ALWAYS, format!("running {}", format_ms(elapsed.as_secs_f64() * 1000.0))),
+    ];
     // Loaded during the cell: it started from nothing.
     let loaded_before = base.devices.is_some();
     let since = |now: u64, before: Option<u64>| -> Option<i64> {
@@ -131,36 +135,64 @@ pub fn line(cell: u64, elapsed: Duration, r: &LiveReading, base: &Baseline, pid:
             let b = base.devices.as_deref().and_then(|v| v.iter().find(|d| d.device == a.device));
             let allocated = since(a.allocated, b.map(|b| b.allocated));
             let reserved = since(a.reserved, b.map(|b| b.reserved));
-            parts.push(quantity("allocated", Some(a.allocated), allocated, Some(a.peak_allocated), "peak"));
-            parts.push(quantity("reserved", Some(a.reserved), reserved, Some(a.peak_reserved), "peak"));
+            parts.push((ALWAYS, quantity("allocated", Some(a.allocated), allocated, Some(a.peak_allocated), "peak")));
+            parts.push((ALWAYS, quantity("reserved", Some(a.reserved), reserved, Some(a.peak_reserved), "peak")));
         }
-        None => parts.push(allocator_absent(false, base.declared)),
+        None => parts.push((ALWAYS, allocator_absent(false, base.declared))),
     }
     // Every allocation of the process on the device, where it differs from reserved (as the
     // report line).
     if let Some(p) = tracked.filter(|p| reading.is_none_or(|a| a.reserved != p.live)) {
         let before =
             base.tracked.as_ref().map(|t| t.places.iter().find(|b| b.device == p.device).map_or(0, |b| b.live));
-        parts.push(quantity("all allocations", Some(p.live), since(p.live, before), Some(p.peak), "peak"));
+        parts.push((2, quantity("all allocations", Some(p.live), since(p.live, before), Some(p.peak), "peak")));
+    }
+    // Every other GPU the process allocates on: what it holds there now, its change and peak
+    // (kept longest: a cell on several GPUs is followed on each).
+    let mut shorter: Vec<(String, String)> = Vec::new();
+    let others = r
+        .tracked
+        .iter()
+        .flat_map(|t| &t.places)
+        .filter(|p| p.device.is_some() && p.device != tracked.and_then(|t| t.device) && (p.live > 0 || p.peak > 0));
+    for p in others {
+        let before =
+            base.tracked.as_ref().map(|t| t.places.iter().find(|b| b.device == p.device).map_or(0, |b| b.live));
+        let d = p.device.unwrap_or_default();
+        let full =
+            quantity(&format!("device {d} all allocations"), Some(p.live), since(p.live, before), Some(p.peak), "peak");
+        // Its short form (`sim:1 +288 MiB`) where the line has no room for the whole.
+        let change = since(p.live, before).map_or_else(|| iec3(p.live), iec3_delta);
+        shorter.push((full.clone(), format!("{} {change}", other_device(&device, d))));
+        parts.push((3, full));
     }
     if let Some(a) = reading
         && let Some(used) = a.pool_used.filter(|&u| u > 0 || a.pool_used_high.unwrap_or(0) > 0)
     {
         let b = base.devices.as_deref().and_then(|v| v.iter().find(|d| d.device == a.device));
         let d = b.and_then(|b| b.pool_used).map(|u| used as i64 - u as i64);
-        parts.push(quantity("CUDA pool", Some(used), d, a.pool_used_high, "peak"));
+        parts.push((1, quantity("CUDA pool", Some(used), d, a.pool_used_high, "peak")));
     }
     match (nvml, reading.and_then(|a| a.device_free)) {
-        (Some(d), _) => parts.push(format!("free {}", iec3(d.free))),
-        (None, Some(free)) => parts.push(format!("free {}", iec3(free))),
+        (Some(d), _) => parts.push((0, format!("free {}", iec3(d.free)))),
+        (None, Some(free)) => parts.push((0, format!("free {}", iec3(free)))),
         (None, None) => {}
     }
-    // As the report line: at most LINE_WIDTH characters, the last parts (free, the CUDA pool,
-    // every allocation) left out first; the cell, its time, allocated and reserved always kept.
-    let mut line = parts.join(" · ");
-    while line.chars().count() > LINE_WIDTH && parts.len() > 4 {
-        parts.pop();
-        line = parts.join(" · ");
+    // As the report line: at most LINE_WIDTH characters, free, the CUDA pool, every allocation
+    // and then the other devices left out first (the last of a rank first); the cell, its time,
+    // allocated and reserved always kept.
+    let join = |parts: &[(u8, String)]| parts.iter().map(|(_, p)| p.as_str()).collect::<Vec<_>>().join(" · ");
+    let mut line = join(&parts);
+    while line.chars().count() > LINE_WIDTH {
+        let Some(lowest) = parts.iter().map(|(rank, _)| *rank).filter(|&r| r != ALWAYS).min() else { break };
+        let Some(last) = parts.iter().rposition(|(rank, _)| *rank == lowest) else { break };
+        match shorter.iter().position(|(full, _)| *full == parts[last].1) {
+            Some(i) => parts[last] = (lowest + 1, shorter.swap_remove(i).1),
+            None => {
+                parts.remove(last);
+            }
+        }
+        line = join(&parts);
     }
     line
 }
@@ -333,6 +365,26 @@ mod tests {
             }),
             nvml: NvmlSnapshot { devices: vec![], error: Some("no NVML".into()) },
         }
+    }
+
+    /// A cell working on a second GPU: the live line follows that device too.
+    #[test]
+    fn the_line_follows_every_device_in_use() {
+        let mut r = reading();
+        let t = r.tracked.as_mut().unwrap();
+        t.places.push(PlaceReading { device: Some(1), live: 288 * MIB, peak: 300 * MIB, ..Default::default() });
+        let base = Baseline {
+            devices: r.devices.clone(),
+            tracked: Some(TrackedReadings {
+                status: "simulated".into(),
+                places: vec![PlaceReading { device: Some(0), live: 90 * MIB, peak: 90 * MIB, ..Default::default() }],
+            }),
+            ..Default::default()
+        };
+        let l = line(4, Duration::from_secs(2), &r, &base, None);
+        // No room for the whole part beside the allocator's numbers: its short form.
+        assert!(l.ends_with(" · sim:1 +288 MiB"), "{l}");
+        assert!(l.chars().count() <= LINE_WIDTH, "{l}");
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use gpumem_nb::Component;
 use gpumem_nb::kernel::protocol::Held;
-use gpumem_nb::kernel::report::{CellRecord, CellStatus, format_ms, short_device};
+use gpumem_nb::kernel::report::{CellRecord, CellStatus, format_ms, other_device, short_device};
 use gpumem_nb::render::chart::{Series, peak_bars};
 use gpumem_nb::render::{MimeBundle, Table};
 use gpumem_nb::units::{iec, iec_delta};
@@ -74,6 +74,12 @@ impl History {
         let what = self.components().iter().any(|h| h.is_classified());
         let opt = |v: Option<u64>| v.map_or("–".into(), iec);
         let optd = |v: Option<i64>| v.map_or("–".into(), iec_delta);
+        // Every other GPU some cell allocated on, and its columns' headers.
+        let others = self.other_devices();
+        let other_headers: Vec<[String; 2]> = others
+            .iter()
+            .map(|&d| [format!("Δ all {}", self.device_label(d)), format!("peak all {}", self.device_label(d))])
+            .collect();
         type Col<'a> = (&'a str, bool, Option<usize>, Box<dyn Fn(&CellRecord) -> String + 'a>);
         let mut cols: Vec<Col<'_>> = vec![("cell", false, None, Box::new(|c: &CellRecord| format!("[{}]", c.cell)))];
         if devices.len() > 1 {
@@ -115,6 +121,15 @@ impl History {
         };
         if tracked {
             all_cols(&mut cols);
+            // Every other GPU some cell allocated on: its own change and peak.
+            for (&d, [delta_header, peak_header]) in others.iter().zip(&other_headers) {
+                let place = move |c: &CellRecord| {
+                    c.all_allocations.as_ref().and_then(|a| a.devices.iter().find(|p| p.device == Some(d)).cloned())
+                };
+                let delta = move |c: &CellRecord| place(c).and_then(|p| Some(p.after as i64 - p.before? as i64));
+                cols.push((delta_header, true, None, Box::new(move |c: &CellRecord| optd(delta(c)))));
+                cols.push((peak_header, true, None, Box::new(move |c: &CellRecord| opt(place(c).map(|p| p.peak)))));
+            }
         } else if alloc {
             alloc_cols(&mut cols);
         }
@@ -242,10 +257,47 @@ impl History {
                 self.cells.iter().map(|c| component_after(c, held)).collect::<Vec<_>>(),
             ));
         }
+        // Every other GPU: its peak of every allocation, and NVML's bytes there.
+        for d in self.other_devices() {
+            let peak = self.cells.iter().map(|c| {
+                c.all_allocations.as_ref().and_then(|a| a.devices.iter().find(|p| p.device == Some(d)).map(|p| p.peak))
+            });
+            series
+                .push(Series::bars(format!("{} all allocations peak", self.device_label(d)), peak.collect::<Vec<_>>()));
+        }
         if proc_.iter().any(Option::is_some) {
             series.push(Series::line("process (NVML)", proc_));
         }
+        for d in self.other_devices() {
+            let process = self
+                .cells
+                .iter()
+                .map(|c| c.nvml_devices.iter().find(|n| n.device == Some(d)).and_then(|n| n.process.after));
+            let process: Vec<Option<u64>> = process.collect();
+            if process.iter().any(Option::is_some) {
+                series.push(Series::line(format!("{} process (NVML)", self.device_label(d)), process));
+            }
+        }
         peak_bars(&labels, &series, self.budget).bundle()
+    }
+
+    /// The GPUs some cell allocated on beyond each record's own device (the one its numbers lead
+    /// with), in order.
+    fn other_devices(&self) -> Vec<i32> {
+        let mut out: Vec<i32> = self
+            .cells
+            .iter()
+            .filter_map(|c| c.all_allocations.as_ref())
+            .flat_map(|a| a.devices.iter().filter(move |p| p.device != a.place.device).filter_map(|p| p.device))
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// Device `d` as the session's records name their kind (`sim:1`, `cuda:1`).
+    fn device_label(&self, d: i32) -> String {
+        other_device(self.cells.last().map_or("", |c| c.device.as_str()), d)
     }
 
     /// The components some cell holds after it ran, in a fixed order (what a model is made of
@@ -532,6 +584,55 @@ mod tests {
         assert_eq!(json["cells"].as_array().unwrap().len(), 3);
         let plot = h.plot();
         assert!(plot.svg.as_deref().unwrap_or("").contains("<svg"));
+    }
+
+    /// Cells on two GPUs: the history has the second device's change and peak as columns of
+    /// their own, and the plot its peaks and NVML's bytes there as series of their own.
+    #[test]
+    fn a_second_gpu_has_its_own_columns_and_series() {
+        use gpumem_nb::kernel::report::{AllAllocations, NvmlPart, PlaceAll};
+        let mib = 1u64 << 20;
+        let mk = |cell, d1: (u64, u64, u64), process1: u64| {
+            let mut r = crate_record(cell, &[reading(0, 0, 0)], &[reading(0, 0, 0)]);
+            let place = |device, (before, after, peak)| PlaceAll {
+                device: Some(device),
+                before: Some(before),
+                after,
+                peak,
+                ..Default::default()
+            };
+            r.all_allocations = Some(AllAllocations {
+                tracking: "cupti".into(),
+                place: PlaceAll {
+                    device: Some(0),
+                    before: Some(0),
+                    after: Some(0),
+                    peak: Some(0),
+                    ..Default::default()
+                },
+                devices: vec![place(0, (0, 0, 0)), place(1, d1)],
+            });
+            r.nvml_devices = vec![
+                NvmlPart { device: Some(0), uuid: Some("GPU-0".into()), ..Default::default() },
+                NvmlPart {
+                    device: Some(1),
+                    uuid: Some("GPU-1".into()),
+                    process: Span { before: None, after: Some(process1) },
+                    ..Default::default()
+                },
+            ];
+            r
+        };
+        let mut h = History::default();
+        h.cells.push(mk(1, (0, 196 * mib, 196 * mib), 600 * mib));
+        h.cells.push(mk(2, (196 * mib, 484 * mib, 500 * mib), 986 * mib));
+        let t = h.table().to_text();
+        // The records are the simulated device's: the other device is `sim:1`.
+        for s in ["Δ all sim:1", "peak all sim:1", "+288.00 MiB", "500.00 MiB"] {
+            assert!(t.contains(s), "{s:?} not in\n{t}");
+        }
+        let svg = h.plot().svg.unwrap_or_default();
+        assert!(svg.contains("sim:1 all allocations peak") && svg.contains("sim:1 process (NVML)"), "{svg}");
     }
 
     /// burn's re-runs: the allocator saw nothing, cubecl's books say what grew.

@@ -769,8 +769,10 @@ struct Before {
 fn before_context() -> Before {
     let none = Before { uuid: None, device_used: None, loaded: None };
     // Only when CUDA is what the registry will open: never touch the driver for `sim`.
-    if matches!(crate::notebook::registry::selection(), Ok(crate::notebook::registry::DeviceSelection::Sim(_)) | Err(_))
-    {
+    if matches!(
+        crate::notebook::registry::selection(),
+        Ok(crate::notebook::registry::DeviceSelection::Sim(..)) | Err(_)
+    ) {
         return none;
     }
     let Ok(uuid) = crate::device::cuda::device_uuid(0) else { return none };

@@ -1,11 +1,10 @@
 //! What a record shows: the one-line report, its details table, the `display_data` bundle.
 
 use super::fit::{Keep, Parts};
-use super::{CELL_MIME, CellRecord, CellStatus, Span};
+use super::{CELL_MIME, CellRecord, CellStatus};
 use crate::notebook::protocol::Held;
-use crate::record::component::Component;
-use crate::render::{TEXT2, Table, escape, nowrap_units};
-use crate::units::{iec, iec_delta, iec3, iec3_delta};
+use crate::render::{TEXT2, escape, nowrap_units};
+use crate::units::{iec3, iec3_delta};
 use serde_json::Value;
 
 /// What a lost CUDA context means, for the cell in which it was first seen (the error's value
@@ -114,6 +113,11 @@ impl CellRecord {
                     ]);
                 }
             }
+            // Loaded, but its allocator opened no device: the notebook's code allocates through
+            // cudarc or a framework alone (every allocation says what it holds).
+            None if self.crate_loaded.after && self.all_allocations.as_ref().is_some_and(|a| a.is_tracked()) => {
+                parts.keep("allocator unused (0 B)".into());
+            }
             None => {
                 let absent = allocator_absent(self.restarted && self.crate_loaded.before, self.crate_declared);
                 // Not in the notebook: the long form goes first when the line is too long.
@@ -211,10 +215,40 @@ impl CellRecord {
             parts.add(Keep::Free, format!("free {}", iec3(free)));
         }
         if let Some(all) = all {
+            // The other GPU that changed most keeps its change on the line longest; the rest are in
+            // the details when the line is full.
+            let change = |p: &super::PlaceAll| p.before.map_or(0, |b| (p.after as i64 - b as i64).unsigned_abs());
+            let largest = all
+                .devices
+                .iter()
+                .filter(|p| p.device.is_some() && p.device != all.place.device)
+                .max_by_key(|p| change(p))
+                .and_then(|p| p.device);
             for p in all.devices.iter().filter(|p| p.device != all.place.device && (p.after > 0 || p.peak > 0)) {
                 let delta = p.before.map(|b| p.after as i64 - b as i64);
-                let place = p.device.map_or("host pinned".to_string(), |d| format!("device {d} all allocations"));
-                parts.add(Keep::Devices, quantity(&place, Some(p.after), delta, Some(p.peak), "peak"));
+                let Some(d) = p.device else {
+                    parts.add(Keep::Devices, quantity("host pinned", Some(p.after), delta, Some(p.peak), "peak"));
+                    continue;
+                };
+                // Another GPU the cell used: its change stays on the line as long as every
+                // allocation's does, in its short form once the line is full.
+                let mut forms = vec![(
+                    Keep::Devices,
+                    quantity(&format!("device {d} all allocations"), Some(p.after), delta, Some(p.peak), "peak"),
+                )];
+                if let Some(delta) = delta.filter(|&x| x != 0) {
+                    let keep = if Some(d) == largest { Keep::Flag } else { Keep::All };
+                    forms.push((keep, format!("{} {}", other_device(&self.device, d), iec3_delta(delta))));
+                }
+                parts.add_forms(forms);
+            }
+        }
+        // What NVML counts on each other device beyond what was tracked there.
+        for part in self.nvml_devices.iter().filter(|n| n.device.is_some() && n.uuid != self.nvml.uuid) {
+            if let (Some(d), Some(g)) =
+                (part.device, self.nvml_gap_on(part).filter(|g| g.rest.unsigned_abs() >= 1 << 20))
+            {
+                parts.add(Keep::Nvml, format!("cuda:{d} {} CUDA context and modules (NVML)", iec3_delta(g.rest)));
             }
         }
         if let Some(all) = self.all_allocations.as_ref().filter(|a| !a.is_tracked()) {
@@ -230,257 +264,6 @@ impl CellRecord {
         let cwd = std::env::current_dir().unwrap_or_default();
         let href = std::path::Path::new(&html).strip_prefix(&cwd).map_or(html.clone(), |p| p.display().to_string());
         Some(format!(" <a href=\"{}\" target=\"_blank\">{OOM_LINK_TEXT}</a>", escape(&href)))
-    }
-
-    /// The details table: allocator / CUDA pool / rest of this process / other processes.
-    pub fn details(&self) -> Table {
-        let mut t = Table::new(["", "before", "after", "Δ", "peak in cell", "source"]).right_align([1, 2, 3, 4]);
-        let b = |v: Option<u64>| v.map_or("–".to_string(), iec);
-        let d = |s: &Span| s.delta().map_or("–".to_string(), iec_delta);
-        if let Some(all) = &self.all_allocations {
-            let how = match all.tracking.as_str() {
-                "cupti" => "every driver allocation, CUPTI callbacks (exact)",
-                "simulated" => "every allocation, the simulated driver (exact)",
-                other => other,
-            };
-            for p in &all.devices {
-                let place =
-                    p.device.map_or("host pinned memory".to_string(), |d| format!("all allocations, device {d}"));
-                let delta = p.before.map_or("–".into(), |bf| iec_delta(p.after as i64 - bf as i64));
-                t.row([place, b(p.before), iec(p.after), delta, iec(p.peak), how.to_string()]);
-                for c in &p.by_component {
-                    t.row([
-                        format!("  {}", c.component),
-                        b(c.before),
-                        iec(c.after),
-                        c.delta().map_or("–".into(), iec_delta),
-                        c.peak.map_or("–".into(), iec),
-                        if c.component == Held::Cached {
-                            "tracked: the allocator's cached free memory".into()
-                        } else {
-                            "tracked, what it is (stamp, or rules on its stack)".into()
-                        },
-                    ]);
-                }
-                for k in &p.kept {
-                    t.row([
-                        format!("  kept: {} at {}", k.component.unwrap_or(Component::Other), k.site()),
-                        "–".into(),
-                        iec(k.bytes),
-                        "–".into(),
-                        "–".into(),
-                        "tracked: an activation or temporary still live after the code that made it".into(),
-                    ]);
-                }
-                for sd in &p.by_source {
-                    t.row([
-                        format!("  {}", sd.source),
-                        "–".into(),
-                        "–".into(),
-                        iec_delta(sd.delta),
-                        iec(sd.peak),
-                        "tracked, by who allocated it".into(),
-                    ]);
-                }
-                if !p.top.is_empty() {
-                    for (i, o) in p.top.iter().enumerate() {
-                        let head = if i == 0 { "  top sites" } else { "" };
-                        t.row([
-                            head.into(),
-                            "–".into(),
-                            iec(o.bytes),
-                            "–".into(),
-                            "–".into(),
-                            format!("{} ({})", o.site(), o.owner),
-                        ]);
-                    }
-                }
-            }
-            if !all.is_tracked() {
-                t.row([
-                    "all allocations".into(),
-                    "–".into(),
-                    "–".into(),
-                    "–".into(),
-                    "–".into(),
-                    format!("tracking {}", all.tracking),
-                ]);
-            }
-        }
-        if let Some(a) = &self.allocator {
-            t.row([
-                "allocator: allocated".into(),
-                b(a.allocated.before),
-                b(a.allocated.after),
-                d(&a.allocated),
-                iec(a.peak_allocated),
-                self.sources.allocator.clone(),
-            ]);
-            t.row([
-                "allocator: reserved".into(),
-                b(a.reserved.before),
-                b(a.reserved.after),
-                d(&a.reserved),
-                iec(a.peak_reserved),
-                self.sources.allocator.clone(),
-            ]);
-            if let Some(p) = &a.explain {
-                t.row([
-                    "  reserved, explained".into(),
-                    "–".into(),
-                    iec(p.reserved),
-                    "–".into(),
-                    "–".into(),
-                    format!(
-                        "requested {} + rounding {} + pending frees {} + cached free {}; empty_cache() returns {}, \
-                         largest free block {} (%gpumem explain)",
-                        iec(p.requested),
-                        iec(p.rounding),
-                        iec(p.pending_free),
-                        iec(p.cached_bytes()),
-                        iec(p.releasable),
-                        iec(p.largest_free_small.max(p.largest_free_large))
-                    ),
-                ]);
-            }
-        } else {
-            t.row([
-                "allocator".to_string(),
-                "–".into(),
-                "–".into(),
-                "–".into(),
-                "–".into(),
-                allocator_absent(self.restarted && self.crate_loaded.before, self.crate_declared),
-            ]);
-        }
-        if let Some(p) = &self.pool {
-            t.row([
-                "CUDA pool: used".into(),
-                b(p.used.before),
-                b(p.used.after),
-                d(&p.used),
-                b(p.used_high),
-                self.sources.pool.clone(),
-            ]);
-            t.row([
-                "CUDA pool: reserved".into(),
-                b(p.reserved.before),
-                b(p.reserved.after),
-                d(&p.reserved),
-                b(p.reserved_high),
-                self.sources.pool.clone(),
-            ]);
-        }
-        for f in &self.frameworks {
-            f.rows(&mut t);
-        }
-        if let Some(o) = &self.oom {
-            t.row([
-                "out of memory".into(),
-                "–".into(),
-                iec(o.requested),
-                "–".into(),
-                "–".into(),
-                match &o.files {
-                    Some(f) => format!("{} (the allocator, as it failed); snapshot then: {}", o.why, f.html),
-                    None => format!("{} (the allocator, as it failed)", o.why),
-                },
-            ]);
-        }
-        if let Some(why) = &self.nvml.unavailable {
-            t.row([
-                "this process (total)".into(),
-                "–".into(),
-                "–".into(),
-                "–".into(),
-                "–".into(),
-                format!("NVML: {why}"),
-            ]);
-        } else {
-            t.row([
-                "this process (total)".into(),
-                b(self.nvml.process.before),
-                b(self.nvml.process.after),
-                d(&self.nvml.process),
-                "–".into(),
-                self.sources.process.clone(),
-            ]);
-        }
-        let held = |s: fn(&Span) -> Option<u64>| -> Option<u64> {
-            let proc_ = s(&self.nvml.process)?;
-            let alloc = self.allocator.as_ref().and_then(|a| s(&a.reserved)).unwrap_or(0);
-            let pool = self.pool.as_ref().and_then(|p| s(&p.reserved)).unwrap_or(0);
-            Some(proc_.saturating_sub(alloc + pool))
-        };
-        let rest = Span { before: held(|s| s.before), after: held(|s| s.after) };
-        if let Some(g) = self.nvml_gap() {
-            t.row([
-                "NVML's change, explained".into(),
-                "–".into(),
-                "–".into(),
-                iec_delta(g.nvml),
-                "–".into(),
-                format!(
-                    "= all allocations {} + CUDA pool cache {} + CUDA context and modules (no tracker sees them) {}",
-                    iec_delta(g.tracked),
-                    iec_delta(g.pool_cache),
-                    iec_delta(g.rest)
-                ),
-            ]);
-        }
-        if self.nvml.unavailable.is_none() {
-            t.row([
-                "rest of this process".into(),
-                b(rest.before),
-                b(rest.after),
-                d(&rest),
-                "–".into(),
-                "NVML total − allocator reserved − CUDA pool (context, libraries, other allocations)".into(),
-            ]);
-            t.row([
-                "other processes".into(),
-                "–".into(),
-                b(self.nvml.others_after),
-                "–".into(),
-                "–".into(),
-                "NVML, every other pid on the device".into(),
-            ]);
-        }
-        for c in &self.children {
-            let source = match c.source.as_str() {
-                "nvml" => "NVML, a process below the notebook's in the process tree",
-                "simulated" => "the simulated device's process table, a process below the notebook's",
-                other => other,
-            };
-            t.row([
-                format!("child process {} (pid {}) on {}", c.name, c.pid, c.device),
-                "–".into(),
-                iec(c.used),
-                "–".into(),
-                "–".into(),
-                source.to_string(),
-            ]);
-        }
-        if let Some((free, total)) = self.device_free_total() {
-            t.row([
-                "device free / total".into(),
-                "–".into(),
-                format!("{} / {}", iec(free), iec(total)),
-                "–".into(),
-                "–".into(),
-                self.sources.device.clone(),
-            ]);
-        }
-        let mut cap = format!(
-            "cell {} · {} · child pid {} · wall {} · kernel hooks {}",
-            self.cell,
-            self.device,
-            self.child_pid.map_or("?".into(), |p| p.to_string()),
-            format_ms(self.wall_ms),
-            crate::units::format_duration_us(self.hook_us as i64)
-        );
-        cap.push_str(LEGEND);
-        t.caption(cap)
     }
 
     /// The display_data bundle: text/plain, text/html, and the JSON record.
@@ -622,6 +405,13 @@ pub fn quantity(name: &str, now: Option<u64>, delta: Option<i64>, peak: Option<u
 
 /// The device as the line names it: `sim` for the simulated device, `cuda:N` for a GPU (the
 /// details table and the record have its full name).
+/// Another device of the same kind as the one a record describes (`device`), by index: `sim:1`
+/// beside the simulated device, `cuda:1` beside a GPU.
+pub fn other_device(device: &str, index: i32) -> String {
+    let kind = if device.ends_with("(simulated)") || device.starts_with("sim") { "sim" } else { "cuda" };
+    format!("{kind}:{index}")
+}
+
 pub fn short_device(device: &str) -> String {
     if device.ends_with("(simulated)") {
         "sim".into()
@@ -653,8 +443,9 @@ pub fn format_ms(ms: f64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{AllAllocations, PlaceAll, PoolPart};
+    use super::super::{AllAllocations, PlaceAll, PoolPart, Span};
     use super::*;
+    use crate::record::component::Component;
 
     /// A cell on a GPU where NVML grew by 128 MiB: tracked allocations +139.80 MiB, of which the
     /// CUDA pool reused 11.80 MiB it had cached; and one where 9.37 MiB more than that is
@@ -716,6 +507,98 @@ mod tests {
             "{}",
             first.line()
         );
+    }
+
+    /// A cell on two GPUs (an all-reduce over NCCL): NVML is read on each device and matched to
+    /// the CUDA device by UUID; each device's change is explained by what was tracked there (NCCL's
+    /// buffers, as workspace, named NCCL) and the rest NVML alone sees.
+    #[test]
+    fn a_cell_on_two_gpus_explains_nvml_on_each_device() {
+        use crate::device::nvml::{NvmlDevice, NvmlProcess, NvmlSnapshot};
+        use crate::notebook::protocol::{ComponentReading, OwnerBytes, PlaceReading};
+        let mib = 1u64 << 20;
+        let place = |device: i32, live: u64| PlaceReading {
+            device: Some(device),
+            uuid: Some(format!("GPU-{device}")),
+            live,
+            peak: live,
+            by_component: vec![ComponentReading { component: Held::Component(Component::Workspace), live, rise: None }],
+            top: vec![OwnerBytes {
+                owner: "libnccl.so.2".into(),
+                bytes: live,
+                function: Some("libnccl.so.2".into()),
+                cell: Some(3),
+                queued: true,
+                component: Some(Component::Workspace),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let tracked = |live: u64| super::super::TrackedReadings {
+            status: "cupti".into(),
+            places: vec![place(0, live), place(1, live)],
+        };
+        // NVML lists the GPUs in its own order: device 1 of the process is NVML's first.
+        let nvml = |d0: u64, d1: u64| NvmlSnapshot {
+            devices: [(1, d1), (0, d0)]
+                .into_iter()
+                .enumerate()
+                .map(|(index, (cuda, used))| NvmlDevice {
+                    index: index as u32,
+                    uuid: format!("GPU-{cuda}"),
+                    name: "NVIDIA H200".into(),
+                    total: 141 << 30,
+                    free: 100 << 30,
+                    used: used + (1 << 30),
+                    processes: vec![
+                        NvmlProcess { pid: 42, used: Some(used) },
+                        NvmlProcess { pid: 7, used: Some(1 << 30) },
+                    ],
+                })
+                .collect(),
+            error: None,
+        };
+        let (tb, ta) = (tracked(196 * mib), tracked(484 * mib));
+        let (nb, na) = (nvml(700 * mib, 600 * mib), nvml(1000 * mib, 986 * mib));
+        let rec = super::super::build_record(
+            3,
+            &super::super::Readings {
+                crate_before: Some(&[]),
+                crate_after: Some(&[]),
+                tracked_before: Some(&tb),
+                tracked_after: Some(&ta),
+                slot_opened: true,
+                nvml_before: &nb,
+                nvml_after: &na,
+                pid_before: Some(42),
+                pid_after: Some(42),
+            },
+        );
+        let devices: Vec<(Option<i32>, Option<i64>)> =
+            rec.nvml_devices.iter().map(|n| (n.device, n.process.delta())).collect();
+        assert_eq!(devices, [(Some(1), Some(386 * mib as i64)), (Some(0), Some(300 * mib as i64))]);
+        let one = rec.nvml_devices.iter().find(|n| n.device == Some(1)).unwrap();
+        let g = rec.nvml_gap_on(one).unwrap();
+        assert_eq!((g.nvml, g.tracked, g.rest), (386 * mib as i64, 288 * mib as i64, 98 * mib as i64));
+        let whole = rec.line_within(usize::MAX, false);
+        assert!(whole.contains("device 1 all allocations 484 MiB (+288 MiB"), "{whole}");
+        assert!(whole.contains("cuda:1 +98.0 MiB CUDA context and modules (NVML)"), "{whole}");
+        assert!(whole.contains("top NCCL ← cell 3"), "{whole}");
+        let line = rec.line();
+        assert!(line.chars().count() <= LINE_WIDTH && line.contains("cuda:1 +288 MiB"), "{line}");
+        let details = rec.details().to_text();
+        for row in [
+            "this process, device 1 (total)",
+            "NVML's change on device 1, explained",
+            "= all allocations +288.00 MiB (workspace +288.00 MiB, most held by NCCL ← cell 3)",
+            "CUDA context and modules (no tracker sees them) +98.00 MiB",
+            "other processes on device 1",
+        ] {
+            assert!(details.contains(row), "{row:?} not in\n{details}");
+        }
+        // The same cell's JSON reads back with every device.
+        let back: CellRecord = serde_json::from_value(serde_json::to_value(&rec).unwrap()).unwrap();
+        assert_eq!(back.nvml_devices, rec.nvml_devices);
     }
 
     /// A cell's workers: one or two by name and pid on the line, more by count; each in the

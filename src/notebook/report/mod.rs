@@ -7,12 +7,14 @@
 //! crate's own hooks in the child (`notebook::stock`).
 //!
 //! - `record`: the record's types ([`CellRecord`] and its parts) and [`build_record`].
-//! - `line`: the one-line report, its details table, the `display_data` bundle; `fit`: the
-//!   line's parts kept by importance within its width.
+//! - `line`: the one-line report and the `display_data` bundle; `fit`: the line's parts kept by
+//!   importance within its width; `details`: the table under the line, every number with its
+//!   source, per device.
 //! - `framework`: a watched framework's own numbers in the record ([`FrameworkPart`]), and what
 //!   a re-run left behind ([`Growth`]).
 #![forbid(unsafe_code)]
 
+mod details;
 mod fit;
 mod framework;
 mod line;
@@ -21,7 +23,8 @@ mod top;
 
 pub use framework::{FrameworkPart, Growth, PoolKindPart, framework_parts};
 pub use line::{
-    LINE_WIDTH, LOST_ASYNC_HINT, allocator_absent, format_ms, line_html, lost_message, quantity, short_device,
+    LINE_WIDTH, LOST_ASYNC_HINT, allocator_absent, format_ms, line_html, lost_message, other_device, quantity,
+    short_device,
 };
 pub use record::{
     AllAllocations, AllocatorPart, CELL_MIME, CellRecord, CellStatus, ComponentDelta, CrateReading, LiveCost, NvmlPart,

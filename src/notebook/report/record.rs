@@ -287,6 +287,10 @@ pub fn all_allocations(
 /// NVML's view of the child process and its device.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NvmlPart {
+    /// The CUDA device it is in the notebook's process (matched by UUID with the crate's and the
+    /// tracker's readings), in [`CellRecord::nvml_devices`]; `None` where no reading names it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<i32>,
     /// The NVML device (`GPU-…`), if known.
     pub uuid: Option<String>,
     /// Its name.
@@ -331,8 +335,12 @@ pub struct CellRecord {
     /// own numbers: in use, cached, reserved, per pool kind.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub frameworks: Vec<super::FrameworkPart>,
-    /// NVML.
+    /// NVML: the notebook's device (the one the line describes).
     pub nvml: NvmlPart,
+    /// NVML, every device the notebook's process is on, when it is on more than one (each with
+    /// its CUDA device); empty otherwise (`nvml` says it all).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nvml_devices: Vec<NvmlPart>,
     /// Free/total from the crate (cuMemGetInfo or the simulated device), after the cell.
     pub crate_device_free: Option<u64>,
     /// Device size from the crate.
@@ -491,6 +499,29 @@ impl CellRecord {
         Some(NvmlGap { nvml, tracked, pool_cache, rest: nvml - tracked - pool_cache })
     }
 
+    /// NVML's change over the cell on one of several devices ([`CellRecord::nvml_devices`]),
+    /// explained by the tracked allocations on that device and, where the crate reads it, its
+    /// CUDA pool's cache; `None` where a number is missing (no tracked place for the device, a
+    /// pool read after the cell only).
+    pub(crate) fn nvml_gap_on(&self, part: &NvmlPart) -> Option<NvmlGap> {
+        let nvml = part.process.delta()?;
+        let device = part.device?;
+        let all = self.all_allocations.as_ref().filter(|a| a.is_tracked())?;
+        let place = all.devices.iter().find(|p| p.device == Some(device));
+        // A device with no tracked place held nothing tracked at either end.
+        let tracked = match place {
+            Some(p) => p.after as i64 - p.before.or((part.process.before == Some(0)).then_some(0))? as i64,
+            None => 0,
+        };
+        let pool_cache = match self.devices_after.iter().find(|d| d.device == device) {
+            // The notebook's device: its pool read at both ends.
+            _ if part.uuid == self.nvml.uuid && self.nvml.uuid.is_some() => self.nvml_gap()?.pool_cache,
+            Some(d) if d.pool_reserved.unwrap_or(0) > d.pool_used.unwrap_or(0) => return None,
+            _ => 0,
+        };
+        Some(NvmlGap { nvml, tracked, pool_cache, rest: nvml - tracked - pool_cache })
+    }
+
     /// The CUDA context and modules after the cell: NVML's bytes of the process beyond every
     /// tracked allocation and the CUDA pool's cache; `None` where one of them has no number.
     pub fn context_after(&self) -> Option<u64> {
@@ -611,23 +642,16 @@ pub fn build_record(cell: u64, r: &Readings<'_>) -> CellRecord {
         rec.all_allocations = Some(all_allocations(before, after, loaded_during));
     }
     // NVML.
-    let uuid_hint = after0.and_then(|a| a.uuid.as_deref());
+    // The notebook's device: the allocator's, else the tracked one the record leads with (NVML
+    // lists a process's GPUs in its own order).
+    let ordinals = device_ordinals(r);
+    let tracked_place = rec.all_allocations.as_ref().and_then(|a| a.place.device);
+    let uuid_hint = after0
+        .and_then(|a| a.uuid.as_deref())
+        .or_else(|| ordinals.iter().find(|(_, o)| Some(*o) == tracked_place).map(|(u, _)| u.as_str()));
     let dev_after: Option<&NvmlDevice> = r.nvml_after.device_of(r.pid_after, uuid_hint);
     if let Some(d) = dev_after {
-        rec.nvml.uuid = Some(d.uuid.clone());
-        rec.nvml.name = Some(d.name.clone());
-        rec.nvml.device_free = Some(d.free);
-        rec.nvml.device_total = Some(d.total);
-        rec.nvml.others_after = Some(r.pid_after.map_or(d.used, |p| d.others_used(p)));
-        let listed_after = r.pid_after.is_some_and(|p| d.lists(p));
-        rec.nvml.process.after = r.pid_after.and_then(|p| d.process_used(p)).or((!listed_after).then_some(0));
-        if !rec.restarted {
-            let before = r.nvml_before.devices.iter().find(|x| x.uuid == d.uuid);
-            rec.nvml.process.before = match (before, r.pid_before) {
-                (Some(b), Some(p)) => b.process_used(p).or((!b.lists(p)).then_some(0)),
-                _ => None,
-            };
-        }
+        rec.nvml = nvml_part(d, r, rec.restarted, &ordinals);
         rec.sources.process =
             format!("NVML per-process (pid {}, {})", r.pid_after.map_or("?".into(), |p| p.to_string()), d.uuid);
         rec.sources.device = format!("NVML device memory ({})", d.uuid);
@@ -644,12 +668,72 @@ pub fn build_record(cell: u64, r: &Readings<'_>) -> CellRecord {
             None => "unknown".into(),
         };
     }
+    rec.nvml_devices = nvml_devices(r, rec.restarted, &ordinals);
     // A cell that ended without the crate's reading (a new process after an interrupt): the
     // device it had (gpumem-kernel names the one a notebook will use before the crate loads:
     // `registry::device_before_use`).
-    rec.device = device_name(after0.or_else(|| r.crate_before.and_then(|v| v.first())), dev_after);
+    let reading = after0.or_else(|| r.crate_before.and_then(|v| v.first()));
+    let cupti = r.tracked_after.is_some_and(|t| t.status == "cupti");
+    rec.device = match (reading, dev_after, tracked_place) {
+        // No allocator of ours on a GPU (the notebook's code uses cudarc or candle alone): the
+        // CUDA device the tracker saw.
+        (None, Some(d), Some(o)) if cupti => format!("cuda:{o} {}", d.name),
+        (reading, d, _) => device_name(reading, d),
+    };
     rec.lost = r.crate_after.and_then(|v| v.iter().find_map(|d| d.lost.clone()));
     rec
+}
+
+/// Each CUDA device's UUID (`GPU-…`) as the crate's and the tracker's readings after the cell
+/// name it, with its ordinal in the notebook's process.
+fn device_ordinals(r: &Readings<'_>) -> Vec<(String, i32)> {
+    let crate_ = r.crate_after.into_iter().flatten().filter_map(|d| Some((d.uuid.clone()?, d.device)));
+    let tracked =
+        r.tracked_after.into_iter().flat_map(|t| &t.places).filter_map(|p| Some((p.uuid.clone()?, p.device?)));
+    let mut out: Vec<(String, i32)> = crate_.chain(tracked).collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// NVML's figures for one device: the process's bytes before and after the cell (0 where NVML
+/// does not list it), the other processes', the device's free and total memory.
+fn nvml_part(d: &NvmlDevice, r: &Readings<'_>, restarted: bool, ordinals: &[(String, i32)]) -> NvmlPart {
+    let listed_after = r.pid_after.is_some_and(|p| d.lists(p));
+    let before = if restarted {
+        None
+    } else {
+        let before = r.nvml_before.devices.iter().find(|x| x.uuid == d.uuid);
+        match (before, r.pid_before) {
+            (Some(b), Some(p)) => b.process_used(p).or((!b.lists(p)).then_some(0)),
+            _ => None,
+        }
+    };
+    NvmlPart {
+        device: ordinals.iter().find(|(u, _)| u.eq_ignore_ascii_case(&d.uuid)).map(|(_, o)| *o),
+        uuid: Some(d.uuid.clone()),
+        name: Some(d.name.clone()),
+        process: Span { before, after: r.pid_after.and_then(|p| d.process_used(p)).or((!listed_after).then_some(0)) },
+        others_after: Some(r.pid_after.map_or(d.used, |p| d.others_used(p))),
+        device_free: Some(d.free),
+        device_total: Some(d.total),
+        unavailable: None,
+    }
+}
+
+/// NVML's figures for every device the notebook's process is on (listed by NVML before or after
+/// the cell, or named by a reading), when that is more than one device.
+fn nvml_devices(r: &Readings<'_>, restarted: bool, ordinals: &[(String, i32)]) -> Vec<NvmlPart> {
+    let on = |d: &NvmlDevice| {
+        let listed_before = !restarted
+            && r.pid_before.is_some_and(|p| r.nvml_before.devices.iter().any(|b| b.uuid == d.uuid && b.lists(p)));
+        r.pid_after.is_some_and(|p| d.lists(p))
+            || listed_before
+            || ordinals.iter().any(|(u, _)| u.eq_ignore_ascii_case(&d.uuid))
+    };
+    let parts: Vec<NvmlPart> =
+        r.nvml_after.devices.iter().filter(|d| on(d)).map(|d| nvml_part(d, r, restarted, ordinals)).collect();
+    if parts.len() > 1 { parts } else { Vec::new() }
 }
 
 /// How a line names its device: `cuda:0 NVIDIA H100 80GB HBM3`, `sim:0 (simulated)`, an NVML
