@@ -22,6 +22,10 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 pub const GRANULARITY: u64 = 2 * MIB;
 /// First address handed out (looks like a CUDA device address).
 pub(crate) const BASE_ADDRESS: u64 = 0x7f00_0000_0000;
+
+/// The addresses of simulated device N (N ≥ 1) start N windows above the base: 16 TiB each, so
+/// that no two devices hand out the same address.
+const DEVICE_WINDOW: u64 = 1 << 44;
 /// Default capacity of the simulated device: 80 GiB.
 pub(crate) const DEFAULT_CAPACITY: u64 = 80 * GIB;
 
@@ -77,8 +81,13 @@ impl SimBackend {
 
     /// A simulated device of `capacity` bytes.
     pub fn new(device: i32, capacity: u64) -> Self {
+        // Device 0 from the base up; each other device in its own window of the one address
+        // space, as CUDA's unified addressing keeps devices apart (an address names one device).
         let mut free_ranges = BTreeMap::new();
-        free_ranges.insert(BASE_ADDRESS, u64::MAX - BASE_ADDRESS - GRANULARITY);
+        match u64::try_from(device).unwrap_or(0) {
+            0 => free_ranges.insert(BASE_ADDRESS, u64::MAX - BASE_ADDRESS - GRANULARITY),
+            d => free_ranges.insert(BASE_ADDRESS + d * DEVICE_WINDOW, DEVICE_WINDOW),
+        };
         SimBackend {
             device,
             capacity,
@@ -383,6 +392,9 @@ mod tests {
         s.release(a, 2 * MIB).unwrap();
         assert_eq!(s.reserve(2 * MIB, StreamId::DEFAULT).unwrap(), a);
         assert!(s.release(a + 1, 2 * MIB).is_err());
+        // A second simulated device hands out addresses of its own.
+        let mut one = SimBackend::new(1, 10 * MIB);
+        assert_eq!(one.reserve(2 * MIB, StreamId::DEFAULT).unwrap(), BASE_ADDRESS + DEVICE_WINDOW);
     }
 
     #[test]
