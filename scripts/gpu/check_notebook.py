@@ -74,6 +74,7 @@ come from a static counter, one per cell there, so a `backward` over tensors fro
 mixes their gradients up).
 """
 import json
+from html import unescape
 import sys
 
 MIB = 1 << 20
@@ -401,8 +402,7 @@ def device_checks(i, first, tags, r, alla, row, html, failures):
                 )
     if "nvml-named-each" in tags:
         for d, e in explained.items():
-            if d != (alla.get("device")) and f"NVML&#x27;s change on device {d}, explained" not in html \
-                    and f"NVML's change on device {d}, explained" not in html:
+            if d != alla.get("device") and f"NVML's change on device {d}, explained" not in unescape(html):
                 failures.append(f"{where}: device {d}'s NVML change ({e['nvml'] / MIB:+.2f} MiB) not explained in the details")
     if "nccl-named" in tags:
         nccl = [

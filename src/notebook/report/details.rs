@@ -301,11 +301,12 @@ impl CellRecord {
             .filter_map(|c| Some((c.component, c.delta().filter(|&x| x != 0)?)))
             .map(|(c, x)| format!("{c} {}", iec_delta(x)))
             .collect();
-        let held = |t: &&crate::notebook::protocol::OwnerBytes| {
-            t.function.as_deref() != Some(crate::notebook::protocol::CACHED_FREE)
+        // The site holding the most of what this cell made there (not an earlier cell's).
+        let made_here = |t: &&crate::notebook::protocol::OwnerBytes| {
+            t.function.as_deref() != Some(crate::notebook::protocol::CACHED_FREE) && t.cell == Some(self.cell)
         };
-        if let Some(top) = place.and_then(|p| p.top.iter().find(held)) {
-            what.push(format!("most held by {}", top.site()));
+        if let Some(top) = place.and_then(|p| p.top.iter().find(made_here)) {
+            what.push(format!("most by {}", top.site()));
         }
         let what = if what.is_empty() { String::new() } else { format!(" ({})", what.join(", ")) };
         format!(

@@ -590,7 +590,7 @@ mod tests {
         for row in [
             "this process, device 1 (total)",
             "NVML's change on device 1, explained",
-            "= all allocations +288.00 MiB (workspace +288.00 MiB, most held by NCCL ← cell 3)",
+            "= all allocations +288.00 MiB (workspace +288.00 MiB, most by NCCL ← cell 3)",
             "CUDA context and modules (no tracker sees them) +98.00 MiB",
             "other processes on device 1",
         ] {
