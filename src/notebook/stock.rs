@@ -9,8 +9,8 @@
 //! - before a `LOAD_AND_RUN` goes on, [`Steps::begin`]: the `pre` reading of the control
 //!   channel's session (a fresh peak slot per device and for tracking, allocations labelled
 //!   "cell N");
-//! - before the COMPLETE goes on, the `post` reading and the record built from both
-//!   ([`Steps`], [`super::report`]: the same record and line as gpumem-kernel's). The line is the cell's
+//! - before the COMPLETE goes on, [`Steps`]' `post` reading and the record built from both
+//!   ([`super::report`]: the same record and line as gpumem-kernel's). The line is the cell's
 //!   last stdout line; the record goes in an `application/vnd.gpumem.cell+json` block next to
 //!   the cell's own value when it has one (a mime type of its own, so it replaces nothing, and
 //!   a cell without a value gets no new output).
