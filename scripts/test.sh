@@ -58,6 +58,12 @@ kernel/tests/run_tour.sh release
 step "the kernel's metrics endpoint scraped by a real Prometheus, values read back through its HTTP API"
 kernel/tests/prometheus.sh release
 
+# About a minute: the Slurm recipe (deploy/slurm/): two ranks of examples/train_rank scraped by Debian's
+# prometheus with the recipe's prometheus.yml, started as srun would, then through train.sbatch on a
+# throwaway one-node Slurm (Debian's slurm-wlm and munge); what Prometheus stored equals the ranks' records.
+step "the Slurm recipe: two ranks scraped by a real Prometheus, bounded labels, values equal the records, every Grafana query answered"
+deploy/slurm/test.sh release
+
 # Under a minute: a cell starts a worker on the simulated device (`gpumem-demo hold`); its report
 # lists the worker by pid and name, apart from the notebook's own numbers.
 step "child processes: a cell's worker on the simulated device in its report"

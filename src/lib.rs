@@ -12,11 +12,12 @@
 //! memory is ([`Component`], stamped with [`component`]). Everything else has one path, in the
 //! module of its concern: [`mem`] (the ipyexperiments helpers), [`scope`] (`measure`,
 //! `save_memory_snapshot`), [`tracking`] (every allocation of the process, `top`),
-//! [`components`] (stamps and the rules on stacks), [`metrics`] (Prometheus), [`snapshot`],
-//! [`render`], [`replay`], [`plan`] (will it fit), [`pinned`], [`stats`], [`blocks`] (the
-//! allocator's raw API), [`device`](mod@device) (backends and NVML), [`frameworks`] (cubecl's
-//! pools for burn), [`units`], [`procfs`] (`/proc`), and [`kernel`] (what a Jupyter kernel
-//! shares with the crate). HOW_IT_WORKS.md walks through the rooms.
+//! [`components`] (stamps and the rules on stacks), [`metrics`] (Prometheus), [`steps`] (a
+//! program's steps recorded as cells are), [`snapshot`], [`render`], [`replay`], [`plan`] (will
+//! it fit), [`pinned`], [`stats`], [`blocks`] (the allocator's raw API), [`device`](mod@device)
+//! (backends and NVML), [`frameworks`] (cubecl's pools for burn), [`units`], [`procfs`]
+//! (`/proc`), and [`kernel`] (what a Jupyter kernel shares with the crate). HOW_IT_WORKS.md
+//! walks through the rooms.
 //!
 //! ## Layers
 //! Each folder (or root file) uses only those on earlier lines, never a later one; in
@@ -107,7 +108,7 @@ pub use buffer::DeviceBuffer;
 
 // What a notebook uses, a module each; what memory is, as PyTorch names it.
 pub use notebook::components::{Component, component};
-pub use notebook::{components, mem, metrics, scope, tracking};
+pub use notebook::{components, mem, metrics, scope, steps, tracking};
 
 /// The cudarc this crate is built with (with its `driver` and `nvrtc` modules), for cells that
 /// launch kernels on gpumem-nb buffers: its types are the ones `DeviceBuffer::cuda()` lends, so

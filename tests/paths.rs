@@ -1,8 +1,8 @@
-//! Every `gpumem_nb::…` path a user reads resolves: in the READMEs, HOW_IT_WORKS.md, the
-//! notebooks, and the sources of both crates (their messages, help texts and docs). The paths are
-//! written as intra-doc links into a small crate that depends on gpumem-nb, and rustdoc, with
-//! broken links denied, resolves them as a user's code would: a module, a function, a type, a
-//! method, a variant. A path that names something moved or removed fails here with its file.
+//! Every `gpumem_nb::…` path a user reads resolves: in the READMEs (the Slurm recipe's too),
+//! HOW_IT_WORKS.md, the notebooks, the examples, and the sources of both crates (their messages,
+//! help texts and docs). The paths are written as intra-doc links into a small crate that depends
+//! on gpumem-nb, and rustdoc, with broken links denied, resolves them as a user's code would: a
+//! module, a function, a type, a method, a variant. A path that names something moved or removed fails here with its file.
 //! (CHANGELOG.md names removed paths on purpose and is not read.)
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -56,6 +56,8 @@ fn paths_in(text: &str) -> Vec<String> {
 #[test]
 fn every_gpumem_nb_path_users_read_resolves() {
     let mut sources = vec![repo().join("README.md"), repo().join("kernel/README.md"), repo().join("HOW_IT_WORKS.md")];
+    sources.push(repo().join("deploy/slurm/README.md"));
+    files_below(&repo().join("examples"), "rs", &mut sources);
     files_below(&repo().join("notebooks"), "ipynb", &mut sources);
     files_below(&repo().join("src"), "rs", &mut sources);
     files_below(&repo().join("kernel/src"), "rs", &mut sources);

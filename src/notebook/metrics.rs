@@ -10,8 +10,9 @@
 //! - `hw_id`: the device's UUID from NVML (`GPU-…`); on the simulated device the made-up id
 //!   `sim-N` (N its index), never a real UUID; `cuda-N` when NVML gave none;
 //! - `source`: what measured it (`allocator`, `pool`, `tracked`, `process`, as in the record);
-//! - `host`, `pid` (the process the notebook code runs in) and, when set, `rank` (`RANK`) and
-//!   `local_rank` (`LOCAL_RANK`).
+//! - `host`, `pid` (the process the notebook code runs in) and, when set, `rank` (`RANK`, else
+//!   Slurm's `SLURM_PROCID`), `local_rank` (`LOCAL_RANK`, else `SLURM_LOCALID`) and
+//!   `slurm_job_id` (`SLURM_JOB_ID`).
 //!
 //! The counters are the session's: cells executed by status, child restarts, allocation
 //! failures, the hooks' time.
@@ -30,29 +31,50 @@ pub const DEFAULT_ADDR: &str = "127.0.0.1:9464";
 /// The environment variable that turns the endpoint on at start (`HOST:PORT` or `PORT`).
 pub const METRICS_VAR: &str = "GPUMEM_NB_METRICS";
 
-/// `RANK`, the global rank of a distributed job, when set (`torchrun`, Slurm launchers).
+/// Where a process's rank is read, in order (the first set to a number counts): the launchers'
+/// `RANK` (torchrun, most others), then `SLURM_PROCID`, which `srun` sets for every task.
+pub const RANK_VARS: [&str; 2] = ["RANK", "SLURM_PROCID"];
+
+/// Where its rank on this host is read: `LOCAL_RANK`, then Slurm's `SLURM_LOCALID`.
+pub const LOCAL_RANK_VARS: [&str; 2] = ["LOCAL_RANK", "SLURM_LOCALID"];
+
+/// Slurm's job id, set for every task of a job.
+pub const SLURM_JOB_VAR: &str = "SLURM_JOB_ID";
+
+/// The global rank of a distributed job: `RANK`, else `SLURM_PROCID` (see [`RANK_VARS`]).
 pub fn rank() -> Option<u32> {
-    std::env::var("RANK").ok()?.trim().parse().ok()
+    first_number(&RANK_VARS, &env_var)
 }
 
-/// `LOCAL_RANK`, the rank on this host, when set.
+/// The rank on this host: `LOCAL_RANK`, else `SLURM_LOCALID`.
 pub fn local_rank() -> Option<u32> {
-    std::env::var("LOCAL_RANK").ok()?.trim().parse().ok()
+    first_number(&LOCAL_RANK_VARS, &env_var)
 }
 
-/// Who the series are about, beside the device: host, rank.
+fn env_var(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+/// The first of `vars` set to a number (one set to anything else counts as unset).
+fn first_number(vars: &[&str], var: &dyn Fn(&str) -> Option<String>) -> Option<u32> {
+    vars.iter().find_map(|v| var(v)?.trim().parse().ok())
+}
+
+/// Who the series are about, beside the device: host, rank, job.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Identity {
     /// The host name.
     pub host: String,
-    /// `RANK`, when set.
+    /// The global rank ([`rank`]), when set.
     pub rank: Option<u32>,
-    /// `LOCAL_RANK`, when set.
+    /// The rank on this host ([`local_rank`]), when set.
     pub local_rank: Option<u32>,
+    /// Slurm's job id (`SLURM_JOB_ID`), when set.
+    pub slurm_job_id: Option<String>,
 }
 
 impl Identity {
-    /// This process's: the kernel's host name, `RANK` and `LOCAL_RANK`.
+    /// This process's: the kernel's host name, its rank, local rank and Slurm job.
     pub fn of_process() -> Identity {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
             .ok()
@@ -60,7 +82,20 @@ impl Identity {
             .filter(|h| !h.is_empty())
             .or_else(|| std::env::var("HOSTNAME").ok())
             .unwrap_or_else(|| "unknown".into());
-        Identity { host, rank: rank(), local_rank: local_rank() }
+        Identity::from_vars(host, &env_var)
+    }
+
+    /// The identity on `host` that the environment `var` describes (`var(name)`: the variable's
+    /// value, if set): ranks from [`RANK_VARS`] and [`LOCAL_RANK_VARS`], the job from
+    /// [`SLURM_JOB_VAR`].
+    pub fn from_vars(host: String, var: &dyn Fn(&str) -> Option<String>) -> Identity {
+        let slurm_job_id = var(SLURM_JOB_VAR).map(|j| j.trim().to_string()).filter(|j| !j.is_empty());
+        Identity {
+            host,
+            rank: first_number(&RANK_VARS, var),
+            local_rank: first_number(&LOCAL_RANK_VARS, var),
+            slurm_job_id,
+        }
     }
 }
 
@@ -170,6 +205,9 @@ pub fn render(state: &State, who: &Identity) -> String {
     }
     if let Some(r) = who.local_rank {
         base.push(("local_rank", r.to_string()));
+    }
+    if let Some(j) = &who.slurm_job_id {
+        base.push(("slurm_job_id", j.clone()));
     }
     if let Some(rec) = &state.last {
         let mut dev = vec![("hw_id", hw_id(rec)), ("hw_type", "gpu".to_string())];
@@ -465,7 +503,7 @@ mod tests {
         failed.restarted = true;
         s.observe(&failed);
         s.observe(&record());
-        let who = Identity { host: "node\"1".into(), rank: Some(1), local_rank: Some(0) };
+        let who = Identity { host: "node\"1".into(), rank: Some(1), local_rank: Some(0), slurm_job_id: None };
         let text = render(&s, &who);
         let golden = include_str!("../../tests/fixtures/metrics/cell.openmetrics");
         assert_eq!(text, golden, "update tests/fixtures/metrics/cell.openmetrics if the change is meant:\n{text}");
@@ -520,6 +558,40 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
         assert!(serve_with("nowhere", String::new).unwrap_err().to_string().contains("not an address"));
+    }
+
+    /// torchrun's variables win; Slurm's (what `srun` sets for each task) stand in for them;
+    /// the job is Slurm's, and it labels every series beside host and rank.
+    #[test]
+    fn ranks_and_the_job_come_from_the_launcher_or_from_slurm() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| pairs.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string())
+        };
+        let slurm = Identity::from_vars(
+            "gn07".into(),
+            &env(&[("SLURM_PROCID", "5"), ("SLURM_LOCALID", "1"), ("SLURM_JOB_ID", " 81234\n")]),
+        );
+        assert_eq!(
+            slurm,
+            Identity { host: "gn07".into(), rank: Some(5), local_rank: Some(1), slurm_job_id: Some("81234".into()) }
+        );
+        let both = Identity::from_vars(
+            "h".into(),
+            &env(&[("RANK", "2"), ("LOCAL_RANK", "0"), ("SLURM_PROCID", "5"), ("SLURM_LOCALID", "1")]),
+        );
+        assert_eq!((both.rank, both.local_rank, both.slurm_job_id), (Some(2), Some(0), None));
+        let odd = Identity::from_vars("h".into(), &env(&[("RANK", "x"), ("SLURM_PROCID", "3"), ("SLURM_JOB_ID", "")]));
+        assert_eq!((odd.rank, odd.local_rank, odd.slurm_job_id), (Some(3), None, None), "not a number: unset");
+        assert_eq!(Identity::from_vars("h".into(), &env(&[])), Identity { host: "h".into(), ..Identity::default() });
+
+        let mut s = State::default();
+        s.observe(&record());
+        let text = render(&s, &slurm);
+        let labels = "host=\"gn07\",rank=\"5\",local_rank=\"1\",slurm_job_id=\"81234\"";
+        assert!(text.contains(&format!("gpumem_cell{{{labels}}} 7\n")), "{text}");
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            assert!(line.contains(labels), "every series names the job and the rank: {line}");
+        }
     }
 
     #[test]

@@ -25,12 +25,14 @@
 //! 5. `oom` — out-of-memory failures caught as they happen (a snapshot then, and why).
 //! 6. `control` — the child end of gpumem-kernel's control channel (serves its per-cell
 //!    readings).
-//! 7. `stock` — the same reports in the stock evcxr kernel, from hooks in the child
-//!    (`set_reports`).
-//! 8. `session` — what opening the process's first device starts: tracking, the control
+//! 7. `steps` — a cell's record around each step a program marks (a training loop), served by
+//!    the metrics endpoint as a cell's is.
+//! 8. `stock` — the same reports in the stock evcxr kernel, from hooks in the child
+//!    (`set_reports`), each cell a step.
+//! 9. `session` — what opening the process's first device starts: tracking, the control
 //!    channel, the stock kernel's hooks ([`crate::current`], [`crate::device()`]).
-//! 9. `scope`, `mem` — `measure` / `save_memory_snapshot` scopes; the ipyexperiments helpers
-//!    (free/used/total, allocate, leave free, preload).
+//! 10. `scope`, `mem` — `measure` / `save_memory_snapshot` scopes; the ipyexperiments helpers
+//!     (free/used/total, allocate, leave free, preload).
 
 #[allow(unsafe_code)]
 pub(crate) mod anchor;
@@ -49,6 +51,8 @@ pub mod tracking;
 pub mod oom;
 
 pub mod control;
+
+pub mod steps;
 
 pub(crate) mod stock;
 

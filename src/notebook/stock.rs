@@ -6,10 +6,10 @@
 //! `LOAD_AND_RUN <so> <fn>` lines on stdin and writes the cell's output, its content blocks and
 //! `EVCXR_EXECUTION_COMPLETE` on stdout (evcxr 0.22, `runtime.rs`, `eval_context.rs`); fds 0
 //! and 1 become pipes, and two threads forward every byte, in order:
-//! - before a `LOAD_AND_RUN` goes on, the `pre` reading of the control channel's
-//!   [`Session`](super::control) (a fresh peak slot per device and for tracking, allocations
-//!   labelled "cell N");
-//! - before the COMPLETE goes on, the `post` reading and the record built from both
+//! - before a `LOAD_AND_RUN` goes on, [`Steps::begin`]: the `pre` reading of the control
+//!   channel's session (a fresh peak slot per device and for tracking, allocations labelled
+//!   "cell N");
+//! - before the COMPLETE goes on, [`Steps`]' `post` reading and the record built from both
 //!   ([`super::report`]: the same record and line as gpumem-kernel's). The line is the cell's
 //!   last stdout line; the record goes in an `application/vnd.gpumem.cell+json` block next to
 //!   the cell's own value when it has one (a mime type of its own, so it replaces nothing, and
@@ -21,14 +21,14 @@
 //! run on a worker thread with a timeout, so a stuck reading costs a report, never the kernel.
 #![forbid(unsafe_code)]
 
-use super::control::Session;
-use super::protocol::{CONTROL_VAR, FrameworkReading, Op};
-use super::report::{CELL_MIME, CellStatus, CrateReading, Readings, TrackedReadings, build_record, framework_parts};
-use crate::device::nvml::{self, NvmlSnapshot};
+use super::protocol::CONTROL_VAR;
+use super::report::CELL_MIME;
+use super::steps::Steps;
+use crate::device::nvml;
 use std::io::{BufRead, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// `off` keeps the hooks out of the evcxr child altogether.
 pub(crate) const REPORTS_VAR: &str = "GPUMEM_NB_REPORTS";
@@ -327,99 +327,40 @@ impl Hooks for Worker {
     }
 }
 
-/// The worker's state: the control channel's session and what `pre` read.
+/// The worker's state: the cells' readings and records, and whether a loss was said.
 #[derive(Default)]
 struct Cells {
-    session: Session,
-    pending: Option<Pending>,
+    steps: Steps,
     /// The cell in which the device's CUDA context was lost, once said.
     lost_in: Option<u64>,
 }
 
-struct Pending {
-    run: u64,
-    devices: Vec<CrateReading>,
-    tracked: Option<TrackedReadings>,
-    frameworks: Option<Vec<FrameworkReading>>,
-    nvml: NvmlSnapshot,
-    hook_us: u64,
-    started: Instant,
-}
-
 impl Cells {
     fn pre(&mut self, run: u64) {
-        self.pending = None;
-        if !switches().on.load(Ordering::SeqCst) {
-            return;
-        }
-        let t = Instant::now();
-        // The crate settles and reads first, NVML last: what earlier cells queued is the
-        // driver's by then.
-        let mut reply = self.session.handle(run, &Op::Pre { cell: run });
-        let nvml = nvml::snapshot();
-        if reply.ok {
-            let frameworks = reply.frameworks.take();
-            let (devices, tracked) = TrackedReadings::of_reply(reply);
-            let hook_us = t.elapsed().as_micros() as u64;
-            self.pending = Some(Pending { run, devices, tracked, frameworks, nvml, hook_us, started: Instant::now() });
+        if switches().on.load(Ordering::SeqCst) {
+            self.steps.begin(run);
+        } else if self.steps.open().is_some() {
+            self.steps.close(false, false);
         }
     }
 
     fn post(&mut self, run: &Run) -> Option<Report> {
-        // No `pre`: the run that installed the hooks, or reports were off.
-        let p = self.pending.take()?;
-        let wall = p.started.elapsed();
-        let t = Instant::now();
-        // Closes the run's slots and label whether or not it is reported.
-        let mut reply = self.session.handle(p.run, &Op::Post { cell: p.run });
-        if !reply.ok || run.type_changed || !switches().on.load(Ordering::SeqCst) {
-            return None;
-        }
-        let frameworks = reply.frameworks.take();
-        let oom = reply.oom.take();
-        let unsettled = reply.unsettled.take().unwrap_or_default();
-        let (devices, tracked) = TrackedReadings::of_reply(reply);
-        let nvml = nvml::snapshot();
-        let pid = Some(std::process::id());
-        let mut rec = build_record(
-            p.run,
-            &Readings {
-                crate_before: Some(&p.devices),
-                crate_after: Some(&devices),
-                tracked_before: p.tracked.as_ref(),
-                tracked_after: tracked.as_ref(),
-                slot_opened: true,
-                nvml_before: &p.nvml,
-                nvml_after: &nvml,
-                pid_before: pid,
-                pid_after: pid,
-            },
-        );
-        rec.frameworks = framework_parts(p.frameworks.as_deref(), frameworks.as_deref());
-        rec.status = if rec.lost.is_some() {
-            CellStatus::Lost
-        } else if run.panicked {
-            CellStatus::Panicked
-        } else {
-            CellStatus::Ok
-        };
-        rec.oom = oom;
-        rec.unsettled = unsettled;
+        // No `pre`: the run that installed the hooks, or reports were off. Closes the run's
+        // slots and label whether or not it is reported.
+        let report = !run.type_changed && switches().on.load(Ordering::SeqCst);
+        let rec = self.steps.close(run.panicked, report)?;
         let mut notice = None;
         if let Some(l) = rec.lost.as_ref().filter(|_| self.lost_in.is_none()) {
             // Said once, where it happened, above the line; the stock kernel has no restart of
             // its own to offer.
-            self.lost_in = Some(p.run);
+            self.lost_in = Some(rec.cell);
             notice = Some(format!(
                 "{}: {}\n{}\nRestart the kernel to go on (Kernel → Restart Kernel…; variables are lost).",
                 l.fault.code(),
-                super::report::lost_message(l, p.run),
+                super::report::lost_message(l, rec.cell),
                 super::report::LOST_ASYNC_HINT
             ));
         }
-        rec.wall_ms = wall.as_secs_f64() * 1e3;
-        rec.hook_us = p.hook_us + t.elapsed().as_micros() as u64;
-        super::metrics::exported().observe(&rec);
         Some(Report { notice, line: rec.line(), record: serde_json::to_string(&rec).ok()? })
     }
 }

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The Slurm recipe against a real Prometheus, two ranks on this host (check.py says what is
+# checked): the recipe's prometheus.yml (its file_sd path alone replaced), the example training
+# binary on the simulated device, values read back through Prometheus's HTTP API and compared
+# with the ranks' own records, every query of the Grafana dashboard answered for both ranks.
+# Twice: first the ranks started through rank.sh with the variables srun sets (targets.sh
+# writing their targets), then train.sbatch itself submitted to a throwaway one-node Slurm
+# (local_slurm.sh; GPUMEM_SLURM_TEST=off leaves this half out). Installs Debian's prometheus,
+# slurm-wlm and munge when missing (as root, through apt-get). About a minute.
+#   deploy/slurm/test.sh [release|debug]
+set -euo pipefail
+repo="$(cd "$(dirname "$0")/../.." && pwd)"
+profile="${1:-release}"
+target="${CARGO_TARGET_DIR:-$repo/target}"
+cd "$repo"
+bash -n deploy/slurm/train.sbatch
+if [ "$profile" = release ]; then
+    cargo build --quiet --release -p gpumem-nb --features metrics --example train_rank
+else
+    cargo build --quiet -p gpumem-nb --features metrics --example train_rank
+fi
+
+if ! command -v prometheus >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "installing Debian's prometheus"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+    else
+        echo "FAIL: no prometheus (install Debian's prometheus package)"
+        exit 1
+    fi
+fi
+empty="$(mktemp -d)"
+promtool check config <(sed "s#/srv/prometheus/gpumem-targets#$empty#" deploy/slurm/prometheus.yml) >/dev/null
+rmdir "$empty"
+bin="$target/$profile/examples/train_rank"
+out="$target/slurm-prometheus-test"
+rm -rf "$out"
+timeout 300 python3 deploy/slurm/check.py "$bin" "$out/direct"
+if [ "${GPUMEM_SLURM_TEST:-on}" = off ]; then
+    echo "SKIPPED: train.sbatch through Slurm (GPUMEM_SLURM_TEST=off)"
+    exit 0
+fi
+trap 'deploy/slurm/local_slurm.sh stop "$out/slurm"' EXIT
+SLURM_CONF="$(deploy/slurm/local_slurm.sh start "$out/slurm")"
+export SLURM_CONF
+timeout 300 python3 deploy/slurm/check.py "$bin" "$out/sbatch" --sbatch
