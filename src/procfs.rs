@@ -1,8 +1,9 @@
-//! The process table as Linux's `/proc` shows it: names, parents, CPU ticks and memory of
-//! processes, and the tree below one. The one place the crate and gpumem-kernel read `/proc`
-//! (the simulated device's process table, a record's child processes, Jupyter's
-//! `usage_request`). Everything here is best effort: a process can end between two reads, so
-//! what cannot be read is `None` or left out, never an error.
+//! The process table as Linux's `/proc` shows it: names, parents, CPU ticks, memory,
+//! environment and command line of processes, and the tree below one. The one place the crate
+//! and gpumem-kernel read `/proc` (the simulated device's process table, a record's child
+//! processes and their ranks, Jupyter's `usage_request`). Everything here is best effort: a
+//! process can end between two reads, so what cannot be read is `None` or left out, never an
+//! error.
 
 use std::collections::HashMap;
 
@@ -88,6 +89,36 @@ pub fn descendants(root: u32) -> Vec<u32> {
     found
 }
 
+/// The environment process `pid` was started with (`/proc/<pid>/environ`: `NAME=value` entries
+/// separated by NUL bytes), in order; empty where it cannot be read (a process that ended, or
+/// another user's). What a process set in its own environment after it started is not there.
+pub fn environ(pid: u32) -> Vec<(String, String)> {
+    std::fs::read(format!("/proc/{pid}/environ")).map(|b| parse_environ(&b)).unwrap_or_default()
+}
+
+/// `/proc/<pid>/environ`'s bytes as `(NAME, value)` pairs (an entry without `=` or not UTF-8 is
+/// left out).
+pub fn parse_environ(bytes: &[u8]) -> Vec<(String, String)> {
+    bytes
+        .split(|&b| b == 0)
+        .filter_map(|e| {
+            let (name, value) = std::str::from_utf8(e).ok()?.split_once('=')?;
+            (!name.is_empty()).then(|| (name.to_string(), value.to_string()))
+        })
+        .collect()
+}
+
+/// The command line of process `pid` (`/proc/<pid>/cmdline`), one argument per entry; empty
+/// where it cannot be read.
+pub fn cmdline(pid: u32) -> Vec<String> {
+    let Ok(bytes) = std::fs::read(format!("/proc/{pid}/cmdline")) else { return Vec::new() };
+    let bytes = bytes.strip_suffix(&[0]).unwrap_or(&bytes);
+    if bytes.is_empty() {
+        return Vec::new();
+    }
+    bytes.split(|&b| b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect()
+}
+
 /// A `kB` field of a `/proc` text (`Pss:`, `VmRSS:`, `MemTotal:` …), in bytes.
 pub fn kb_field(text: &str, name: &str) -> Option<u64> {
     let line = text.lines().find(|l| l.strip_prefix(name).is_some_and(|r| r.starts_with(':')))?;
@@ -139,5 +170,32 @@ mod tests {
         child.kill().unwrap();
         child.wait().unwrap();
         assert!(!descendants(me).contains(&child.id()), "a process that ended is no longer below");
+    }
+
+    #[test]
+    fn environ_entries_are_split_at_nul_and_the_first_equals_sign() {
+        let env = parse_environ(b"RANK=1\0LOCAL_RANK=0\0EMPTY=\0X=a=b\0junk\0=nameless\0\0");
+        let want = [("RANK", "1"), ("LOCAL_RANK", "0"), ("EMPTY", ""), ("X", "a=b")];
+        assert_eq!(env, want.map(|(k, v)| (k.to_string(), v.to_string())));
+        assert!(parse_environ(b"").is_empty());
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "Miri cannot start processes")]
+    fn a_child_process_has_the_environment_and_arguments_it_was_started_with() {
+        let mut child = std::process::Command::new("sleep").arg("5").env("GPUMEM_PROCFS_TEST", "7").spawn().unwrap();
+        // Just after its start a process's environment can read empty for a moment (its exec is
+        // under way): wait for it.
+        let t = std::time::Instant::now();
+        let mut env = environ(child.id());
+        while env.is_empty() && t.elapsed() < std::time::Duration::from_secs(5) {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            env = environ(child.id());
+        }
+        assert!(env.contains(&("GPUMEM_PROCFS_TEST".into(), "7".into())), "{env:?}");
+        assert_eq!(cmdline(child.id()), ["sleep", "5"]);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(environ(child.id()).is_empty() && cmdline(child.id()).is_empty(), "gone: nothing, no error");
     }
 }

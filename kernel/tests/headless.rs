@@ -897,3 +897,105 @@ fn every_tracked_byte_has_a_component() {
         .to_string();
     assert!(line.contains(" · what: optimizer_state 96.0 MiB, …") && line.chars().count() <= 120, "{line}");
 }
+
+/// Many ranks, one view: a cell starts two worker processes with `std::process::Command`, one per
+/// rank (`RANK=0` / `RANK=1`, as candle's multi-process examples start one per GPU), each holding
+/// memory on the simulated device (`gpumem-demo hold`). The cell's record lists each with its
+/// rank, its device and its bytes (what the simulated process table holds for its pid), and
+/// `%gpumem ranks` shows both ranks, their min / max / mean / sum and the rank holding the most;
+/// `%gpumem ranks 1` that cell's processes one by one; a cell not in the history is one line.
+#[test]
+fn ranks_a_cell_starts_are_one_view() {
+    let demo = common::demo_binary();
+    let table = fresh_dir("ranks-sim-procs");
+    let nb = notebook(&[
+        (
+            "use std::io::BufRead;\n\
+             let mut ranks = Vec::new();\n\
+             for (rank, size) in [(0, \"48MiB\"), (1, \"80MiB\")] {\n\
+             \x20   let mut w = std::process::Command::new(std::env::var(\"GPUMEM_DEMO\")?)\n\
+             \x20       .args([\"hold\", size, \"120\"])\n\
+             \x20       .env(\"RANK\", rank.to_string())\n\
+             \x20       .env(\"LOCAL_RANK\", rank.to_string())\n\
+             \x20       .stdout(std::process::Stdio::piped())\n\
+             \x20       .spawn()?;\n\
+             \x20   let mut first = String::new();\n\
+             \x20   std::io::BufReader::new(w.stdout.take().unwrap()).read_line(&mut first)?;\n\
+             \x20   println!(\"rank {rank} pid {} {}\", w.id(), first.trim());\n\
+             \x20   ranks.push(w);\n\
+             }",
+            &[],
+        ),
+        ("%gpumem ranks\n%gpumem ranks 1\n%gpumem ranks 9", &[]),
+    ]);
+    let (code, out, stderr) =
+        run("ranks", &nb, &[("GPUMEM_DEMO", demo.to_str().unwrap()), ("GPUMEM_NB_SIM_PROCS", table.to_str().unwrap())]);
+    // The workers outlive the notebook (they hold for 120 s): read their rows, then end them.
+    let printed: String = outputs(&out, 0).iter().filter_map(|o| o["text"].as_str()).collect();
+    let pids: Vec<u32> =
+        printed.lines().filter_map(|l| l.strip_prefix("rank ")?.split_whitespace().nth(2)?.parse().ok()).collect();
+    let held: Vec<u64> = pids
+        .iter()
+        .map(|p| std::fs::read_to_string(table.join(format!("{p}-0"))).map_or(0, |s| s.trim().parse().unwrap_or(0)))
+        .collect();
+    for p in &pids {
+        let _ = Command::new("kill").arg(p.to_string()).status();
+    }
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(pids.len(), 2, "each worker's first line: {printed:?}\n{stderr}");
+    let mib = 1u64 << 20;
+    assert_eq!(held, [48 * mib, 80 * mib], "the simulated process table holds each worker's buffer");
+
+    // The record: both workers, each with its rank, device and the table's bytes.
+    let rec = records(&out, 0);
+    let rows = rec[0]["children"].as_array().unwrap_or_else(|| panic!("no children: {}", rec[0]));
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for (rank, (pid, bytes)) in pids.iter().zip(&held).enumerate() {
+        let row = rows.iter().find(|r| r["pid"] == *pid).unwrap_or_else(|| panic!("pid {pid}: {rows:?}"));
+        assert_eq!(row["rank"], rank as u64, "{row}");
+        assert_eq!(row["local_rank"], rank as u64, "{row}");
+        assert_eq!(row["rank_from"], "RANK", "{row}");
+        assert_eq!(row["device"], "sim-0");
+        assert_eq!(row["source"], "simulated");
+        assert_eq!(row["used"], *bytes, "{row}");
+        assert_eq!(row["name"], "gpumem-demo");
+    }
+
+    // `%gpumem ranks`: one row for the cell, its figures for programs beside the table.
+    let shown: Vec<&Value> = outputs(&out, 1).iter().filter(|o| o["output_type"] == "display_data").collect();
+    assert_eq!(shown.len(), 2, "the session's table and cell 1's: {shown:?}");
+    let fig = &shown[0]["data"]["application/vnd.gpumem.ranks+json"];
+    let cell = &fig["cells"].as_array().unwrap_or_else(|| panic!("{fig}"))[0];
+    assert_eq!(cell["cell"], 1);
+    assert_eq!(cell["figure"], "at the end of the cell", "headless: no live line, no readings during the cell");
+    let ranks: Vec<(u64, u64, u64)> = cell["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["rank"].as_u64().unwrap(), p["pid"].as_u64().unwrap(), p["used"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(ranks, [(0, pids[0] as u64, held[0]), (1, pids[1] as u64, held[1])], "{cell}");
+    let s = &cell["summary"];
+    assert_eq!((s["count"].as_u64(), s["min"].as_u64(), s["max"].as_u64()), (Some(2), Some(held[0]), Some(held[1])));
+    assert_eq!(s["sum"].as_u64(), Some(held[0] + held[1]));
+    assert_eq!(s["mean"].as_f64(), Some((held[0] + held[1]) as f64 / 2.0));
+    assert_eq!(s["highest"], json!({"rank": 1, "pid": pids[1], "devices": ["sim-0"]}), "rank 1 holds the most");
+    let text = shown[0]["data"]["text/plain"].as_str().unwrap();
+    let iec = gpumem_nb::units::iec;
+    let who = format!("rank 1 · pid {} · sim-0", pids[1]);
+    for want in [iec(held[0]), iec(held[1]), iec(held[0] + held[1]), "0, 1".to_string(), who.clone()] {
+        assert!(text.contains(&want), "{want}:\n{text}");
+    }
+    assert!(shown[0]["data"]["text/html"].as_str().is_some_and(|h| h.contains("<table")));
+    // `%gpumem ranks 1`: the cell's processes one by one.
+    let one = shown[1]["data"]["text/plain"].as_str().unwrap();
+    assert!(
+        one.starts_with(&format!("cell [1]: 2 processes · at the end of the cell · min {}", iec(held[0]))),
+        "{one}"
+    );
+    assert!(one.contains(&who) && one.contains(&pids[0].to_string()), "{one}");
+    // A cell the history does not have: one line.
+    let err: String =
+        outputs(&out, 1).iter().filter(|o| o["name"] == "stderr").filter_map(|o| o["text"].as_str()).collect();
+    assert!(err.lines().any(|l| l == "%gpumem: ranks: no cell [9] in this session's history"), "{err}");
+}

@@ -4,6 +4,8 @@
 //! intact, a `:dep` path crate loaded twice, and message order (outputs → reply → idle); a long
 //! cell's live line updated in place and replaced by its report; `usage_request`.
 
+mod common;
+
 use jupyter_protocol::{ExecutionState, Transport};
 use jupyter_zmq_client::{
     ClientControlConnection, ClientIoPubConnection, ClientShellConnection, ClientStdinConnection, CompleteRequest,
@@ -752,6 +754,58 @@ let again = alloc48();",
     let top = rec["all_allocations"]["top"].as_array().unwrap_or_else(|| panic!("{rec}"));
     let of48 = top.iter().find(|s| s["function"] == "alloc48").unwrap_or_else(|| panic!("no alloc48 site: {top:?}"));
     assert_eq!((&of48["cell"], &of48["line"]), (&serde_json::json!(defined_in), &serde_json::json!(3)), "{of48}");
+    k.shutdown().await;
+}
+
+/// A long cell starts two ranks that end before it does (`gpumem-demo hold SIZE 3`, each waited
+/// for, as a launcher waits for its workers): at the cell's end neither holds memory, but the
+/// live line's readings (every 0.5 s from the first second) saw them, so the record keeps each
+/// one with its rank, 0 bytes at the end and its highest reading (the simulated process table's
+/// figure, the buffer it held), and `%gpumem ranks` says its figures are the highest of the
+/// readings and names rank 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ranks_that_end_within_a_long_cell_keep_their_highest_reading() {
+    let demo = common::demo_binary();
+    let mut k = Kernel::start("ranks").await;
+    let code = format!(
+        "{{\n\
+         \x20   let mut ranks = Vec::new();\n\
+         \x20   for (rank, size) in [(0, \"48MiB\"), (1, \"80MiB\")] {{\n\
+         \x20       let mut w = std::process::Command::new({demo:?});\n\
+         \x20       w.args([\"hold\", size, \"3\"]);\n\
+         \x20       ranks.push(w.env(\"RANK\", rank.to_string()).stdout(std::process::Stdio::null()).spawn()?);\n\
+         \x20   }}\n\
+         \x20   for r in &mut ranks {{\n\
+         \x20       r.wait()?;\n\
+         \x20   }}\n\
+         }}\n\
+         %gpumem ranks"
+    );
+    let e = k.execute(&code).await;
+    assert_eq!(e.status(), ReplyStatus::Ok, "{:?}", e.json());
+    let rec = &e.reports()[0];
+    let rows = rec["children"].as_array().unwrap_or_else(|| panic!("no children: {rec}"));
+    let mib = 1u64 << 20;
+    let mut seen: Vec<(u64, u64, u64)> = rows
+        .iter()
+        .map(|r| (r["rank"].as_u64().unwrap(), r["used"].as_u64().unwrap(), r["peak"].as_u64().unwrap()))
+        .collect();
+    seen.sort_unstable();
+    assert_eq!(seen, [(0, 0, 48 * mib), (1, 0, 80 * mib)], "{rows:?}");
+    let readings = rows[0]["readings"].as_u64().unwrap();
+    assert!(readings >= 3, "{rows:?}");
+    assert!(rows.iter().all(|r| r["device"] == "sim-0" && r["source"] == "simulated"), "{rows:?}");
+    let ranks = e
+        .of_type("display_data")
+        .into_iter()
+        .find(|d| d["data"].get("application/vnd.gpumem.ranks+json").is_some())
+        .unwrap_or_else(|| panic!("no ranks table: {:?}", e.json()));
+    let cell = &ranks["data"]["application/vnd.gpumem.ranks+json"]["cells"][0];
+    assert_eq!(cell["figure"], format!("highest of {readings} readings"), "{cell}");
+    assert_eq!(cell["summary"]["highest"]["rank"], 1, "{cell}");
+    assert_eq!(cell["summary"]["sum"], 128 * mib, "{cell}");
+    let text = ranks["data"]["text/plain"].as_str().unwrap();
+    assert!(text.contains(&format!("highest of {readings} readings")) && text.contains("128.00 MiB"), "{text}");
     k.shutdown().await;
 }
 

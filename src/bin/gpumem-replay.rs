@@ -28,9 +28,12 @@
 //! card.
 //!
 //! Several TRACEs (one per rank of a job: `snapshot_rank0.pickle snapshot_rank1.pickle`, or a
-//! directory holding them) are replayed one after another, each under its own header, then one
-//! line per rank; with `--json`, an array of the objects, each with its `rank` (from the file
-//! name). `--snapshot DIR` then writes into `DIR/rankN`.
+//! directory holding them, as `save_memory_snapshot` writes them in processes with `RANK` set)
+//! are replayed one after another, each under its own header, then merged into one report: one
+//! line per rank with its allocated and reserved peaks, and across the ranks each peak's least,
+//! most, mean and sum with the rank holding the most. With `--json`, an object: `ranks` (each
+//! rank's object, with its `rank` from the file name) and `summary`. `--snapshot DIR` then
+//! writes into `DIR/rankN`.
 //!
 //! Bad input is one line on stderr naming the file (and line or event), and exit status 2.
 
@@ -159,8 +162,10 @@ fn config(conf: &(String, &'static str)) -> Result<AllocatorConfig, String> {
 }
 
 /// Replays every trace given: one as before; several (one per rank) each under a header, then
-/// a line per rank (text), or a JSON array of the objects, each with its `rank` (from the file's
-/// name, `snapshot_rank3.pickle`; null when it has none).
+/// one report of them all (text): a line per rank with its peaks, and across the ranks the
+/// least, most, mean and sum of each peak and the rank holding the most. With `--json`, an
+/// object: `ranks` (each trace's object, as one TRACE gives it, with its `rank` from the file's
+/// name, `snapshot_rank3.pickle`, null when it has none) and `summary` ([`summary`]).
 fn run_all(args: Args) -> Result<(), String> {
     if args.traces.len() == 1 {
         let (json, text) = run(&args)?;
@@ -172,7 +177,7 @@ fn run_all(args: Args) -> Result<(), String> {
         return Ok(());
     }
     let mut objects = Vec::new();
-    let mut summary = String::from("rank  allocated peak   reserved peak   trace\n");
+    let mut table = String::from("rank  allocated peak   reserved peak   trace\n");
     for (i, trace) in args.traces.iter().enumerate() {
         let rank = gpumem_nb::snapshot::files::rank_of(trace);
         let mut one = args.clone();
@@ -186,7 +191,7 @@ fn run_all(args: Args) -> Result<(), String> {
             print!("{text}");
         }
         let peak = |k: &str| json[k].as_u64().map_or("?".into(), iec);
-        summary += &format!(
+        table += &format!(
             "{:<5} {:<16} {:<15} {}\n",
             rank.map_or("?".into(), |r| r.to_string()),
             peak("allocated_peak"),
@@ -195,13 +200,45 @@ fn run_all(args: Args) -> Result<(), String> {
         );
         objects.push(json);
     }
+    let (summary, summary_text) = summary(&objects);
     if args.json {
-        println!("{}", Value::Array(objects));
+        println!("{}", json!({"ranks": objects, "summary": summary}));
     } else {
         println!("== every rank (device 0 of each)");
-        print!("{summary}");
+        print!("{table}{summary_text}");
     }
     Ok(())
+}
+
+/// Across the ranks' objects: for `allocated_peak` and `reserved_peak` (device 0 of each), the
+/// least, the most, the mean and the sum, and which rank (its `rank` and `trace`) holds the
+/// most; as JSON and as text. The sum adds each rank's own peak: the ranks need not have peaked
+/// at the same moment.
+fn summary(objects: &[Value]) -> (Value, String) {
+    let mut json = json!({"ranks": objects.len()});
+    let mut text = String::new();
+    for (key, name) in [("allocated_peak", "allocated peak"), ("reserved_peak", "reserved peak")] {
+        let figures = objects.iter().enumerate().filter_map(|(i, o)| Some((i, o[key].as_u64()?)));
+        let Some(s) = gpumem_nb::stats::spread::Spread::of(figures) else { continue };
+        let top = &objects[s.highest];
+        let who = top["rank"]
+            .as_u64()
+            .map_or_else(|| format!("trace {}", top["trace"].as_str().unwrap_or("?")), |r| format!("rank {r}"));
+        json[key] = json!({
+            "min": s.min, "max": s.max, "mean": s.mean, "sum": s.sum,
+            "highest": {"rank": top["rank"], "trace": top["trace"]},
+        });
+        text += &format!(
+            "{name:<15} min {}, max {} ({who}), mean {}, sum {}\n",
+            iec(s.min),
+            iec(s.max),
+            iec(s.mean.round() as u64),
+            iec(s.sum)
+        );
+    }
+    json["sum_is"] = json!("each rank's own peak added: the ranks need not have peaked at the same moment");
+    text += "                (the sum adds each rank's own peak: they need not have peaked at the same moment)\n";
+    (json, text)
 }
 
 fn run(args: &Args) -> Result<(Value, String), String> {

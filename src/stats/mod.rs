@@ -8,8 +8,12 @@
 //! that several scopes hold at once. Each slot remembers the highest allocated / reserved /
 //! active / requested bytes since it was opened or last reset, so resetting one slot (a notebook
 //! cell's) never disturbs another (an inner scope's) nor the global `peak`.
+//!
+//! Beside them, [`spread`]: one figure across several ranks (min, max, mean, sum, which one is
+//! highest).
 #![forbid(unsafe_code)]
 
+pub mod spread;
 pub(crate) mod summary;
 
 use std::collections::BTreeMap;

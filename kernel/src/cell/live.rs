@@ -4,7 +4,9 @@
 //!
 //! A [`Sampler`] thread of the kernel asks the crate in the child for `live` (its readings with
 //! the cell's peaks so far; the cell's slots stay open) over the shared control channel, and
-//! reads NVML for the child's process. Only a sink that can update outputs in place gets one
+//! reads NVML for the child's process. With each reading it lists the child's own worker
+//! processes on the device (`gpumem_nb::kernel::children`), so the record can give each its
+//! highest reading in the cell. Only a sink that can update outputs in place gets one
 //! (`Sink::updates_in_place`): headless `gpumem-kernel run` keeps the final line only.
 //!
 //! What it costs is measured on the sampler's own thread (its CPU time, [`LiveCost`]) and kept
@@ -15,6 +17,7 @@ use crate::cell::hooks::{self, SharedControl};
 use crate::output::Progress;
 use crate::output::{Output, Sink};
 use gpumem_nb::device::nvml::{self, NvmlSnapshot};
+use gpumem_nb::kernel::children::Sampled;
 use gpumem_nb::kernel::protocol::Op;
 use gpumem_nb::kernel::report::{
     CrateReading, LINE_WIDTH, LiveCost, TrackedReadings, allocator_absent, device_name, format_ms, line_html,
@@ -244,7 +247,7 @@ pub fn bundle(line: &str) -> Map<String, Value> {
 /// [`Sampler::stop`].
 pub struct Sampler {
     stop: mpsc::Sender<()>,
-    thread: JoinHandle<(LiveCost, Option<u64>)>,
+    thread: JoinHandle<(LiveCost, Option<u64>, Sampled)>,
     id: String,
 }
 
@@ -257,6 +260,8 @@ pub struct Finished {
     pub cost: LiveCost,
     /// What the process held on its devices at the last reading ([`held`]), when one was taken.
     pub last_held: Option<u64>,
+    /// The notebook's worker processes on the device at each reading.
+    pub children: Sampled,
 }
 
 /// What child `pid` holds on its devices in a reading: NVML's process memory where NVML sees it,
@@ -289,6 +294,7 @@ impl Sampler {
             let t0 = Instant::now();
             let mut cost = LiveCost::default();
             let mut last_held = None;
+            let mut children = Sampled::default();
             let mut next = started + FIRST_AFTER;
             // Each tick waits for its time unless told to stop (or the sampler is dropped).
             while let Err(RecvTimeoutError::Timeout) =
@@ -305,6 +311,9 @@ impl Sampler {
                     None => {
                         let r = read(&control);
                         last_held = held(&r, pid).or(last_held);
+                        if let Some(pid) = pid {
+                            children.add(gpumem_nb::kernel::children::of_tree(pid, &r.nvml));
+                        }
                         (line(cell, elapsed, &r, &base, pid), figures(cell, elapsed, &r, pid))
                     }
                 };
@@ -318,7 +327,7 @@ impl Sampler {
             }
             cost.cpu_us = thread_cpu().as_micros() as u64;
             cost.wall_ms = t0.elapsed().as_secs_f64() * 1000.0;
-            (cost, last_held)
+            (cost, last_held, children)
         })?;
         Ok(Sampler { stop, thread, id })
     }
@@ -326,8 +335,8 @@ impl Sampler {
     /// Stops the sampler and waits for it (at most one reading in flight).
     pub fn stop(self) -> Finished {
         let _ = self.stop.send(());
-        let (cost, last_held) = self.thread.join().unwrap_or_default();
-        Finished { id: (cost.updates > 0).then_some(self.id), cost, last_held }
+        let (cost, last_held, children) = self.thread.join().unwrap_or_default();
+        Finished { id: (cost.updates > 0).then_some(self.id), cost, last_held, children }
     }
 }
 

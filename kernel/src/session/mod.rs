@@ -9,8 +9,9 @@
 //! 1. `control`, `retention` — the kernel end of the control channel (a private Unix socket,
 //!    the crate's protocol); how much of a long session is kept (`GPUMEM_NB_HISTORY_CELLS`), the
 //!    rest summarised.
-//! 2. `history`, `metrics` — the session's history: warnings that need earlier cells, the table,
-//!    the peaks chart, export; the OpenMetrics endpoint for Prometheus (`%gpumem metrics on`).
+//! 2. `history`, `metrics`, `ranks` — the session's history: warnings that need earlier cells,
+//!    the table, the peaks chart, export; the OpenMetrics endpoint for Prometheus (`%gpumem
+//!    metrics on`); the worker processes cells started, by rank (`%gpumem ranks`).
 //!
 //! And when the kernel's process started ([`mark_start`], [`start`]): a cell sent before the
 //! kernel was ready is timed from there, as its user waited.
@@ -20,6 +21,7 @@ pub mod retention;
 
 pub mod history;
 pub mod metrics;
+pub mod ranks;
 
 static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
 

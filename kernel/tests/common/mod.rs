@@ -104,3 +104,20 @@ pub(crate) fn path_crate(dir: &Path, name: &str, manifest_extra: &str, lib: &str
     std::fs::write(root.join("src/lib.rs"), lib).unwrap();
     root
 }
+
+/// `gpumem-demo` of this checkout, built as `kernel/tests/children.sh` builds it, in this test's
+/// profile and target directory.
+pub(crate) fn demo_binary() -> PathBuf {
+    let profile = Path::new(env!("CARGO_BIN_EXE_gpumem-kernel")).parent().unwrap();
+    let mut cargo = Command::new(env!("CARGO"));
+    cargo
+        .args(["build", "--quiet", "-p", "gpumem-nb", "--bin", "gpumem-demo"])
+        .current_dir(repo_root())
+        .env("CARGO_TARGET_DIR", profile.parent().unwrap());
+    if profile.file_name().is_some_and(|n| n == "release") {
+        cargo.arg("--release");
+    }
+    let out = cargo.output().unwrap();
+    assert!(out.status.success(), "building gpumem-demo: {}", String::from_utf8_lossy(&out.stderr));
+    profile.join("gpumem-demo")
+}

@@ -254,19 +254,7 @@ impl CellRecord {
             ]);
         }
         for c in &self.children {
-            let source = match c.source.as_str() {
-                "nvml" => "NVML, a process below the notebook's in the process tree",
-                "simulated" => "the simulated device's process table, a process below the notebook's",
-                other => other,
-            };
-            t.row([
-                format!("child process {} (pid {}) on {}", c.name, c.pid, c.device),
-                "–".into(),
-                iec(c.used),
-                "–".into(),
-                "–".into(),
-                source.to_string(),
-            ]);
+            t.row(c.details_row());
         }
         if let Some((free, total)) = self.device_free_total() {
             t.row([

@@ -200,17 +200,8 @@ impl CellRecord {
         if let Some(g) = self.nvml_gap().filter(|g| g.rest.unsigned_abs() >= 1 << 20) {
             parts.add(Keep::Nvml, format!("{} CUDA context and modules (NVML)", iec3_delta(g.rest)));
         }
-        if !self.children.is_empty() {
-            let total: u64 = self.children.iter().map(|c| c.used).sum();
-            // One or two workers by name and pid; more by count (the details list each).
-            let who = if self.children.len() <= 2 {
-                let named: Vec<String> = self.children.iter().map(|c| format!("{} {}", c.name, c.pid)).collect();
-                named.join(", ")
-            } else {
-                format!("{} processes", self.children.len())
-            };
-            parts.add(Keep::Children, format!("child processes {} ({who})", iec3(total)));
-        }
+        let forms = crate::notebook::children::line_forms(&self.children);
+        parts.add_forms(forms.into_iter().map(|f| (Keep::Children, f)).collect());
         if let Some((free, _)) = self.device_free_total() {
             parts.add(Keep::Free, format!("free {}", iec3(free)));
         }
@@ -611,6 +602,7 @@ mod tests {
             device: "sim-0".into(),
             used,
             source: "simulated".into(),
+            ..Default::default()
         };
         let mut rec = CellRecord { cell: 2, children: vec![child(41, 48 << 20)], ..Default::default() };
         assert!(rec.line().contains(" · child processes 48.0 MiB (gpumem-demo 41)"), "{}", rec.line());
@@ -623,6 +615,36 @@ mod tests {
             assert!(details.contains(&format!("child process gpumem-demo (pid {pid}) on sim-0")), "{details}");
         }
         assert!(details.contains("the simulated device's process table"), "{details}");
+        // Ranks, and a highest reading above what a child held at the end.
+        rec.children = vec![
+            crate::notebook::children::ChildProcess {
+                rank: Some(0),
+                rank_from: Some("RANK".into()),
+                ..child(41, 48 << 20)
+            },
+            crate::notebook::children::ChildProcess {
+                rank: Some(1),
+                local_rank: Some(1),
+                rank_from: Some("RANK".into()),
+                peak: Some(96 << 20),
+                readings: Some(5),
+                ..child(42, 16 << 20)
+            },
+        ];
+        // (Within any width: at 120 characters the line keeps the parts before it.)
+        let line = rec.line_within(usize::MAX, false);
+        assert!(
+            line.contains(
+                " · child processes 64.0 MiB (gpumem-demo 41 rank 0, gpumem-demo 42 rank 1), highest reading 96.0 MiB \
+                 (gpumem-demo 42 rank 1)"
+            ),
+            "{line}"
+        );
+        // At 120 characters: the ranks, then nothing of it.
+        assert!(rec.line().ends_with(" · child processes 64.0 MiB (ranks 0, 1)"), "{}", rec.line());
+        let details = rec.details().to_text();
+        assert!(details.contains("child process gpumem-demo (pid 42, rank 1, local rank 1) on sim-0"), "{details}");
+        assert!(details.contains("rank from RANK; peak: the highest of 5 readings (not exact)"), "{details}");
     }
 
     /// A lost context: the line names it and shows NVML's last reading instead of numbers the

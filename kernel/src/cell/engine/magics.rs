@@ -1,10 +1,11 @@
 //! What the magics do: settings before the cell's code, `%%gpumem`'s timeline and snapshot
-//! after it, the output magics (history, plot, summary, snapshot, diff, export, fit, explain)
-//! last.
+//! after it, the output magics (history, plot, ranks, summary, snapshot, diff, export, fit,
+//! explain) last.
 
 use super::{Engine, SLOW_TIMEOUT};
 use crate::cell::hooks::HOOK_TIMEOUT;
 use crate::cell::magic::{self, ExportFormat, Magic};
+use crate::session::ranks;
 use gpumem_nb::RecordMode;
 use gpumem_nb::kernel::protocol::{Op, RecordRequest};
 use gpumem_nb::render::escape;
@@ -220,6 +221,7 @@ impl Engine {
                 }
                 self.display(data);
             }
+            Magic::Ranks(cell) => self.ranks(*cell),
             Magic::Summary => {
                 let pid = self.child_pid();
                 self.hooks.poll(pid);
@@ -273,6 +275,43 @@ impl Engine {
             }
             _ => {}
         }
+    }
+
+    /// `%gpumem ranks [CELL]`: the worker processes of every cell that had some, or of one cell,
+    /// from the records (this cell's included: it was kept before the output magics run).
+    fn ranks(&mut self, cell: Option<u64>) {
+        let (shown, json) = match cell {
+            None => {
+                let cells = ranks::summary(&self.history.cells);
+                if cells.is_empty() {
+                    self.stream(
+                        "stdout",
+                        "gpumem: no cell of this session had worker processes on a device (processes the notebook \
+                         started that hold device memory)",
+                    );
+                    return;
+                }
+                let json =
+                    serde_json::json!({"cells": cells.iter().map(ranks::CellRanks::to_json).collect::<Vec<_>>()});
+                (ranks::table(&cells), json)
+            }
+            Some(n) => match self.history.cells.iter().rev().find(|r| r.cell == n) {
+                None => return self.magic_error(&format!("ranks: no cell [{n}] in this session's history")),
+                Some(rec) => match ranks::CellRanks::of(rec) {
+                    None => {
+                        self.stream("stdout", format!("gpumem: cell [{n}] had no worker processes on a device"));
+                        return;
+                    }
+                    Some(c) => (ranks::cell_table(&c), serde_json::json!({"cells": [c.to_json()]})),
+                },
+            },
+        };
+        let b = shown.bundle();
+        let mut m = Map::new();
+        m.insert("text/plain".into(), Value::String(b.text));
+        m.insert("text/html".into(), Value::String(b.html.unwrap_or_default()));
+        m.insert(ranks::RANKS_MIME.into(), json);
+        self.display(m);
     }
 
     /// `%gpumem explain`: device 0's reserved bytes after this cell, from the crate's reading.

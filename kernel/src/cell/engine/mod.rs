@@ -517,7 +517,7 @@ impl Engine {
             self.deps.cleared();
         }
         self.display.follow(run_code);
-        let live = watchers.stop();
+        let mut live = watchers.stop();
         // Everything the cell wrote, stderr included, before its result and report.
         let marker = self.sync.as_mut().and_then(StderrSync::request);
         self.pump.flush(marker);
@@ -530,6 +530,13 @@ impl Engine {
         let end = self.show_result(count, run_code, result, (&before, last_held), &after);
         let ran = RanCode { code: run_code, shown, started, restarted: restarted.is_some() };
         let mut rec = self.record(count, &ran, &before, &after, &end);
+        // The worker processes as the live line's readings saw them too: each one's highest
+        // reading (not when the notebook's process was replaced: those were another's).
+        if let Some(sampled) = live.as_mut().map(|l| std::mem::take(&mut l.children))
+            && before.pid == after.pid
+        {
+            rec.children = sampled.finish(std::mem::take(&mut rec.children));
+        }
         self.note_gone(&rec, names);
         rec.live = live.as_ref().filter(|l| l.id.is_some()).map(|l| l.cost.clone());
         if let Some(phases) = phases {
