@@ -651,7 +651,8 @@ pub fn build_record(cell: u64, r: &Readings<'_>) -> CellRecord {
         .or_else(|| ordinals.iter().find(|(_, o)| Some(*o) == tracked_place).map(|(u, _)| u.as_str()));
     let dev_after: Option<&NvmlDevice> = r.nvml_after.device_of(r.pid_after, uuid_hint);
     if let Some(d) = dev_after {
-        rec.nvml = nvml_part(d, r, rec.restarted, &ordinals);
+        // The notebook's device: its ordinal is the allocator's (the JSON as before).
+        rec.nvml = NvmlPart { device: None, ..nvml_part(d, r, rec.restarted, &ordinals) };
         rec.sources.process =
             format!("NVML per-process (pid {}, {})", r.pid_after.map_or("?".into(), |p| p.to_string()), d.uuid);
         rec.sources.device = format!("NVML device memory ({})", d.uuid);
