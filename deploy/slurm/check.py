@@ -35,6 +35,9 @@ import time
 import urllib.parse
 import urllib.request
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+import prometheus_server  # noqa: E402
+
 RECIPE = os.path.dirname(os.path.abspath(__file__))
 JOB_ID = "7301"
 RANKS = [0, 1]
@@ -306,30 +309,10 @@ def main():
     with open(config_path, "w") as f:
         f.write(config.replace(recipe_glob, os.path.join(out, "targets", "*.json")))
 
-    log = open(os.path.join(out, "prometheus.log"), "w")
-    server = subprocess.Popen(
-        ["prometheus", f"--config.file={config_path}", f"--storage.tsdb.path={out}/data",
-         f"--web.listen-address={prom}", "--log.level=warn"],
-        stdout=log, stderr=subprocess.STDOUT,
-    )
-    try:
-        for _ in range(100):
-            try:
-                urllib.request.urlopen(f"http://{prom}/-/ready", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.2)
-        else:
-            fail("Prometheus did not become ready (see prometheus.log)")
+    with prometheus_server.running(config_path, out, prom, fail):
         start = time.time()
         node = (run_sbatch if through_slurm else run_direct)(binary, base, out)
         check(prom, host, node, base, out, start, "sbatch" if through_slurm else "srun's variables")
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
 
 
 def check(prom, host, node, base, out, start, how):

@@ -20,15 +20,9 @@ else
     cargo build --quiet -p gpumem-nb --features metrics --example train_rank
 fi
 
-if ! command -v prometheus >/dev/null; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        echo "installing Debian's prometheus"
-        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
-    else
-        echo "FAIL: no prometheus (install Debian's prometheus package)"
-        exit 1
-    fi
-fi
+# shellcheck source=scripts/prometheus_env.sh
+. "$repo/scripts/prometheus_env.sh"
+need_prometheus
 empty="$(mktemp -d)"
 promtool check config <(sed "s#/srv/prometheus/gpumem-targets#$empty#" deploy/slurm/prometheus.yml) >/dev/null
 rmdir "$empty"

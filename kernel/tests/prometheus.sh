@@ -10,15 +10,9 @@ profile="${1:-release}"
 target="${CARGO_TARGET_DIR:-$repo/target}"
 if [ "$profile" = release ]; then cargo build --quiet --release -p gpumem-kernel; else cargo build --quiet -p gpumem-kernel; fi
 
-if ! command -v prometheus >/dev/null; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        echo "installing Debian's prometheus"
-        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
-    else
-        echo "FAIL: no prometheus (install Debian's prometheus package)"
-        exit 1
-    fi
-fi
+# shellcheck source=scripts/prometheus_env.sh
+. "$repo/scripts/prometheus_env.sh"
+need_prometheus
 
 venv="$target/tour-venv"
 if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import nbclient, nbformat, jupyter_client' 2>/dev/null; then

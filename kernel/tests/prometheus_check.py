@@ -28,6 +28,9 @@ import urllib.request
 import nbformat
 from nbclient import NotebookClient
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+import prometheus_server  # noqa: E402
+
 CELL_MIME = "application/vnd.gpumem.cell+json"
 SLEEP = "std::thread::sleep(std::time::Duration::from_millis(2500));"
 CELLS = [
@@ -101,28 +104,10 @@ def main():
             "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
             f"scrape_configs:\n  - job_name: gpumem\n    static_configs:\n      - targets: ['{endpoint}']\n"
         )
-    log = open(os.path.join(out, "prometheus.log"), "w")
-    server = subprocess.Popen(
-        ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={out}/data",
-         f"--web.listen-address={prom}", "--log.level=warn"],
-        stdout=log, stderr=subprocess.STDOUT,
-    )
     try:
-        for _ in range(100):
-            try:
-                urllib.request.urlopen(f"http://{prom}/-/ready", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.2)
-        else:
-            fail("Prometheus did not become ready (see prometheus.log)")
-        check(prom, endpoint, out)
+        with prometheus_server.running(config, out, prom, fail):
+            check(prom, endpoint, out)
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
         shutil.rmtree(prefix, ignore_errors=True)
 
 
