@@ -41,7 +41,7 @@ import prometheus_server  # noqa: E402
 RECIPE = os.path.dirname(os.path.abspath(__file__))
 JOB_ID = "7301"
 RANKS = [0, 1]
-STEPS, STEP_MS, LINGER = 20, 700, 7
+STEPS, STEP_MS, LINGER = 30, 700, 7
 
 # The labels a series keeps after prometheus.yml's labelkeep: the identity, then the metric's own.
 IDENTITY = {"__name__", "job", "slurm_job_id", "rank", "host"}

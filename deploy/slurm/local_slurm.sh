@@ -10,10 +10,19 @@ set -euo pipefail
 cmd="${1:?start or stop}"
 dir="$(mkdir -p "${2:?DIR}" && cd "$2" && pwd)"
 
+# munged runs as the munge user, which cannot reach a DIR under a home of mode 700 (/root, where
+# CI's target lies): its key, socket and log live in a directory of their own under /tmp,
+# named in DIR/munge_dir.
 stop() {
-    for pid in "$dir/slurmd.pid" "$dir/slurmctld.pid" "$dir/munge/munged.pid"; do
+    local munge=""
+    [ -s "$dir/munge_dir" ] && munge="$(cat "$dir/munge_dir")"
+    for pid in "$dir/slurmd.pid" "$dir/slurmctld.pid" ${munge:+"$munge/munged.pid"}; do
         [ -s "$pid" ] && kill "$(cat "$pid")" 2>/dev/null || true
     done
+    if [ -n "$munge" ]; then
+        sleep 0.2
+        rm -rf "$munge" "$dir/munge_dir"
+    fi
 }
 if [ "$cmd" = stop ]; then
     stop
@@ -29,13 +38,16 @@ if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then
         exit 1
     fi
 fi
-rm -rf "$dir"/{state,spool,log,munge} && mkdir -p "$dir"/{state,spool,log,munge}
-chown munge: "$dir/munge" && chmod 755 "$dir/munge"
+stop
+rm -rf "$dir"/{state,spool,log} && mkdir -p "$dir"/{state,spool,log}
+munge="$(mktemp -d /tmp/gpumem-slurm-munge.XXXXXX)"
+echo "$munge" > "$dir/munge_dir"
+chown munge: "$munge" && chmod 755 "$munge"
 # A key of its own, so that nothing else on the machine can speak to this Slurm.
-dd if=/dev/urandom of="$dir/munge/munge.key" bs=1024 count=1 status=none
-chown munge: "$dir/munge/munge.key" && chmod 400 "$dir/munge/munge.key"
-runuser -u munge -- /usr/sbin/munged --key-file="$dir/munge/munge.key" --socket="$dir/munge/munge.socket" \
-    --pid-file="$dir/munge/munged.pid" --log-file="$dir/munge/munged.log" --seed-file="$dir/munge/munged.seed"
+dd if=/dev/urandom of="$munge/munge.key" bs=1024 count=1 status=none
+chown munge: "$munge/munge.key" && chmod 400 "$munge/munge.key"
+runuser -u munge -- /usr/sbin/munged --key-file="$munge/munge.key" --socket="$munge/munge.socket" \
+    --pid-file="$munge/munged.pid" --log-file="$munge/munged.log" --seed-file="$munge/munged.seed"
 
 # Two free ports for slurmctld and slurmd.
 read -r ctld_port slurmd_port < <(python3 -c '
@@ -52,7 +64,7 @@ SlurmdUser=root
 SlurmctldPort=$ctld_port
 SlurmdPort=$slurmd_port
 AuthType=auth/munge
-AuthInfo=socket=$dir/munge/munge.socket
+AuthInfo=socket=$munge/munge.socket
 CredType=cred/munge
 StateSaveLocation=$dir/state
 SlurmdSpoolDir=$dir/spool
