@@ -16,7 +16,20 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$repo/target}"
 export CARGO_TERM_COLOR=never
 unset EVCXR_TMPDIR
 
-step() { printf '\n==> %s\n' "$*"; }
+# Each step's name, and the seconds the one before it took (`times` at the end lists them all:
+# where a cold run spends its time).
+step_name="" step_start=$(date +%s) run_start=$step_start times=""
+step_done() {
+    local now
+    now=$(date +%s)
+    [ -n "$step_name" ] && times+="$(printf '%6d s  %s' $((now - step_start)) "$step_name")"$'\n'
+    step_start=$now
+}
+step() {
+    step_done
+    step_name="$*"
+    printf '\n==> %s\n' "$*"
+}
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
@@ -161,5 +174,8 @@ else
     echo "SKIPPED: could not install Miri for the nightly toolchain (rustup unreachable?)"
 fi
 
+step_done
 echo
-echo "All checks passed."
+echo "Seconds per step:"
+printf '%s' "$times"
+echo "All checks passed in $(( $(date +%s) - run_start )) s."
