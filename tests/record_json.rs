@@ -107,6 +107,7 @@ fn tracked() -> (TrackedReadings, TrackedReadings) {
                 by_component: vec![part(Held::Cached, 2 * MIB, None)],
             },
         ],
+        ..Default::default()
     };
     let after = TrackedReadings {
         status: "cupti".into(),
@@ -157,6 +158,7 @@ fn tracked() -> (TrackedReadings, TrackedReadings) {
                 by_component: Vec::new(),
             },
         ],
+        ..Default::default()
     };
     (before, after)
 }
@@ -230,7 +232,7 @@ fn full_record() -> CellRecord {
 /// A cell refused after a lost context, with tracking unavailable: the untracked
 /// `all_allocations` (its numbers `null`).
 fn untracked_record() -> CellRecord {
-    let ta = TrackedReadings { status: "unavailable: no CUPTI".into(), places: Vec::new() };
+    let ta = TrackedReadings { status: "unavailable: no CUPTI".into(), places: Vec::new(), ..Default::default() };
     let none = NvmlSnapshot { devices: Vec::new(), error: Some("NVML is unavailable (no driver)".into()) };
     let mut rec = build_record(
         4,

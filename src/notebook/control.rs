@@ -243,7 +243,15 @@ impl Session {
                 t2.elapsed().as_micros()
             );
         }
-        Reply { devices: Some(devices), tracking: Some(status.label()), tracked, frameworks, ..Reply::ok(id) }
+        let cuda_devices = Some(tracking::cuda_devices()).filter(|d| !d.is_empty());
+        Reply {
+            devices: Some(devices),
+            tracking: Some(status.label()),
+            tracked,
+            cuda_devices,
+            frameworks,
+            ..Reply::ok(id)
+        }
     }
 
     pub(crate) fn handle(&mut self, id: u64, op: &Op) -> Reply {

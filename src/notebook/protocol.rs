@@ -257,6 +257,15 @@ impl DeviceReading {
     }
 }
 
+/// A CUDA device as the process numbers it, and as NVML names it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CudaDevice {
+    /// The process's ordinal (after `CUDA_VISIBLE_DEVICES`).
+    pub ordinal: i32,
+    /// The UUID in NVML's form, `GPU-…`.
+    pub uuid: String,
+}
+
 /// One place's tracked bytes, as reports show them.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PlaceReading {
@@ -678,6 +687,11 @@ pub struct Reply {
     /// peaks since `pre` (or since tracking began): what `pre`, `post` and `read` answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tracked: Option<Vec<PlaceReading>>,
+    /// Every CUDA device the process sees, by ordinal, with its UUID, when CUPTI tracks (`pre`,
+    /// `post`, `read`): how the kernel gives NVML's devices their ordinals, also one where the
+    /// cell made only a context.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_devices: Option<Vec<CudaDevice>>,
     /// The cell's first out-of-memory failure, when `on_oom` watches (`post`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oom: Option<OomEvent>,

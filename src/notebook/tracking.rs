@@ -370,6 +370,36 @@ fn place_uuid(place: Place) -> Option<String> {
     }
 }
 
+/// Every CUDA device the process sees, with its UUID, while CUPTI tracks (the driver is then
+/// loaded: nothing here starts CUDA in a simulated session); read once.
+pub(crate) fn cuda_devices() -> Vec<crate::notebook::protocol::CudaDevice> {
+    #[cfg(feature = "cuda")]
+    {
+        if !matches!(status(), TrackingStatus::Cupti { .. }) {
+            return Vec::new();
+        }
+        static DEVICES: std::sync::OnceLock<Vec<crate::notebook::protocol::CudaDevice>> = std::sync::OnceLock::new();
+        DEVICES
+            .get_or_init(|| {
+                let count = crate::device::cuda::probe().unwrap_or(0);
+                (0..count)
+                    .filter_map(|o| {
+                        let uuid = crate::device::cuda::device_uuid(o).ok()?;
+                        Some(crate::notebook::protocol::CudaDevice {
+                            ordinal: i32::try_from(o).ok()?,
+                            uuid: crate::device::nvml::uuid_string("GPU", uuid),
+                        })
+                    })
+                    .collect()
+            })
+            .clone()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Vec::new()
+    }
+}
+
 fn place_reading(place: Place, t: &PlaceTotals, top: Vec<OwnerBytes>) -> PlaceReading {
     PlaceReading {
         device: place,

@@ -55,10 +55,10 @@ pub fn read(control: &SharedControl) -> LiveReading {
     let mut r = LiveReading { nvml: nvml::snapshot(), ..Default::default() };
     let mut control = hooks::lock(control);
     if control.connected().is_some()
-        && let Ok(reply) = control.request(Op::Live, LIVE_TIMEOUT)
+        && let Ok(mut reply) = control.request(Op::Live, LIVE_TIMEOUT)
     {
+        r.tracked = TrackedReadings::take(&mut reply);
         r.devices = reply.devices;
-        r.tracked = reply.tracking.map(|status| TrackedReadings { status, places: reply.tracked.unwrap_or_default() });
     }
     r
 }
@@ -371,6 +371,7 @@ mod tests {
             tracked: Some(TrackedReadings {
                 status: "simulated".into(),
                 places: vec![PlaceReading { device: Some(0), live: 90 * MIB, peak: 200 * MIB, ..Default::default() }],
+                ..Default::default()
             }),
             nvml: NvmlSnapshot { devices: vec![], error: Some("no NVML".into()) },
         }
@@ -387,6 +388,7 @@ mod tests {
             tracked: Some(TrackedReadings {
                 status: "simulated".into(),
                 places: vec![PlaceReading { device: Some(0), live: 90 * MIB, peak: 90 * MIB, ..Default::default() }],
+                ..Default::default()
             }),
             ..Default::default()
         };
@@ -410,6 +412,7 @@ mod tests {
             tracked: Some(TrackedReadings {
                 status: "simulated".into(),
                 places: vec![PlaceReading { device: Some(0), live: 64 * mib, peak: 64 * mib, ..Default::default() }],
+                ..Default::default()
             }),
             ..Default::default()
         };

@@ -528,6 +528,7 @@ mod tests {
         let tracked = |live: u64| super::super::TrackedReadings {
             status: "cupti".into(),
             places: vec![place(0, live), place(1, live)],
+            ..Default::default()
         };
         // NVML lists the GPUs in its own order: device 1 of the process is NVML's first.
         let nvml = |d0: u64, d1: u64| NvmlSnapshot {
@@ -590,6 +591,55 @@ mod tests {
         // The same cell's JSON reads back with every device.
         let back: CellRecord = serde_json::from_value(serde_json::to_value(&rec).unwrap()).unwrap();
         assert_eq!(back.nvml_devices, rec.nvml_devices);
+    }
+
+    /// A cell that only makes a context on each of two GPUs: nothing is tracked, NVML lists the
+    /// process on both; the devices the process sees (ordinal and UUID, from the crate's reply)
+    /// give each NVML device its ordinal. Without them, neither would have one.
+    #[test]
+    fn a_contexts_only_cell_gives_each_nvml_device_its_ordinal() {
+        use crate::device::nvml::{NvmlDevice, NvmlProcess, NvmlSnapshot};
+        use crate::notebook::protocol::CudaDevice;
+        let mib = 1u64 << 20;
+        let nvml = |used: u64| NvmlSnapshot {
+            devices: [1, 0]
+                .into_iter()
+                .enumerate()
+                .map(|(index, cuda)| NvmlDevice {
+                    index: index as u32,
+                    uuid: format!("GPU-{cuda}"),
+                    name: "NVIDIA H200".into(),
+                    total: 141 << 30,
+                    free: 100 << 30,
+                    used,
+                    processes: if used > 0 { vec![NvmlProcess { pid: 42, used: Some(used) }] } else { Vec::new() },
+                })
+                .collect(),
+            error: None,
+        };
+        let (nb, na) = (nvml(0), nvml(500 * mib));
+        let ordinals = |visible: Vec<CudaDevice>| {
+            let tracked =
+                super::super::TrackedReadings { status: "cupti".into(), cuda_devices: visible, ..Default::default() };
+            let rec = super::super::build_record(
+                2,
+                &super::super::Readings {
+                    crate_before: None,
+                    crate_after: None,
+                    tracked_before: Some(&tracked),
+                    tracked_after: Some(&tracked),
+                    slot_opened: true,
+                    nvml_before: &nb,
+                    nvml_after: &na,
+                    pid_before: Some(42),
+                    pid_after: Some(42),
+                },
+            );
+            rec.nvml_devices.iter().map(|n| (n.device, n.process.delta())).collect::<Vec<_>>()
+        };
+        let seen = (0..2).map(|o| CudaDevice { ordinal: o, uuid: format!("GPU-{o}") }).collect();
+        assert_eq!(ordinals(seen), [(Some(1), Some(500 * mib as i64)), (Some(0), Some(500 * mib as i64))]);
+        assert_eq!(ordinals(Vec::new()), [(None, Some(500 * mib as i64)), (None, Some(500 * mib as i64))]);
     }
 
     /// A cell's workers: one or two by name and pid on the line, more by count; each in the

@@ -164,14 +164,26 @@ pub struct TrackedReadings {
     pub status: String,
     /// Every place (empty when tracking is off).
     pub places: Vec<crate::notebook::protocol::PlaceReading>,
+    /// Every CUDA device the process sees, ordinal and UUID (empty on the simulated device).
+    pub cuda_devices: Vec<crate::notebook::protocol::CudaDevice>,
 }
 
 impl TrackedReadings {
     /// The devices' readings and the tracked ones in a `pre`, `post` or `read` reply.
-    pub fn of_reply(reply: crate::notebook::protocol::Reply) -> (Vec<CrateReading>, Option<TrackedReadings>) {
-        let tracked =
-            reply.tracking.map(|status| TrackedReadings { status, places: reply.tracked.unwrap_or_default() });
+    pub fn of_reply(mut reply: crate::notebook::protocol::Reply) -> (Vec<CrateReading>, Option<TrackedReadings>) {
+        let tracked = Self::take(&mut reply);
         (reply.devices.unwrap_or_default(), tracked)
+    }
+
+    /// The tracked readings a reply carries, taken out of it (`None` when it says nothing of
+    /// tracking).
+    pub fn take(reply: &mut crate::notebook::protocol::Reply) -> Option<TrackedReadings> {
+        let status = reply.tracking.take()?;
+        Some(TrackedReadings {
+            status,
+            places: reply.tracked.take().unwrap_or_default(),
+            cuda_devices: reply.cuda_devices.take().unwrap_or_default(),
+        })
     }
 }
 
@@ -686,12 +698,15 @@ pub fn build_record(cell: u64, r: &Readings<'_>) -> CellRecord {
 }
 
 /// Each CUDA device's UUID (`GPU-…`) as the crate's and the tracker's readings after the cell
-/// name it, with its ordinal in the notebook's process.
+/// name it, with its ordinal in the notebook's process: the devices the crate opened, those
+/// the tracker saw bytes on, and every device the process sees (a device with only a context
+/// on it, NVML's bytes and none tracked, still gets its ordinal).
 fn device_ordinals(r: &Readings<'_>) -> Vec<(String, i32)> {
     let crate_ = r.crate_after.into_iter().flatten().filter_map(|d| Some((d.uuid.clone()?, d.device)));
     let tracked =
         r.tracked_after.into_iter().flat_map(|t| &t.places).filter_map(|p| Some((p.uuid.clone()?, p.device?)));
-    let mut out: Vec<(String, i32)> = crate_.chain(tracked).collect();
+    let visible = r.tracked_after.into_iter().flat_map(|t| &t.cuda_devices).map(|d| (d.uuid.clone(), d.ordinal));
+    let mut out: Vec<(String, i32)> = crate_.chain(tracked).chain(visible).collect();
     out.sort();
     out.dedup();
     out
