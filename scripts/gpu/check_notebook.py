@@ -39,8 +39,14 @@ Assertions (exit 1 when one fails):
   matched to its CUDA device; `line-has=TEXT`: the line says TEXT (`cuda:1`);
   `nvml-explained-each=PCT`: on every device, NVML's change minus the tracked change there is
   within PCT % of NVML's change (or 2 MiB); `nvml-named-each`: the details explain NVML's change on
-  each other device; `nccl-named`: on both devices a top site is owned by `libnccl…`, component
+  each other device (the driver's kernel stacks there counted: `stacks-named`); `nccl-named`: on both devices a top site is owned by `libnccl…`, component
   `workspace`, and the report says NCCL.
+
+- kernel stacks (issue 46): `stacks-named`: the record's `local_memory` says the driver's stacks
+  for kernels grew on the notebook's device in the cell (each thread's stack before and after,
+  times the threads the device holds); `nvml-explained=PCT`: NVML's change on the notebook's
+  device minus the tracked change, the CUDA pool's cache and the kernel stacks is within PCT % of
+  NVML's change (or 2 MiB).
 
 - cells tagged `context-lost=CODE` (issue 34): the cell ended in an error named CODE whose value
   says the CUDA context is lost, its record's status is `lost` and its line says
@@ -380,6 +386,8 @@ def device_checks(i, first, tags, r, alla, row, html, failures):
         if len(got) != want:
             failures.append(f"{where}: NVML read on {len(got)} devices {got} with CUDA ordinals, expected {want}")
     places = {p.get("device"): p for p in alla.get("devices") or []}
+    stacks = local_memory(r)
+    row["kernel_stacks"] = stacks
     explained = {}
     for p in parts:
         d, nv = p.get("device"), delta(p.get("process"))
@@ -387,7 +395,8 @@ def device_checks(i, first, tags, r, alla, row, html, failures):
         if d is None or nv is None:
             continue
         tracked = 0 if place is None else place["after"] - (place.get("before") or 0)
-        explained[d] = {"nvml": nv, "tracked": tracked, "rest": nv - tracked}
+        local = stacks.get(d, 0) or 0
+        explained[d] = {"nvml": nv, "tracked": tracked, "kernel_stacks": local, "rest": nv - tracked - local}
     row["explained"] = explained
     for tag in (t for t in tags if t.startswith("nvml-explained-each=")):
         pct = float(tag.split("=")[1])
@@ -400,6 +409,29 @@ def device_checks(i, first, tags, r, alla, row, html, failures):
                     f"{where}: device {d}: NVML {e['nvml'] / MIB:+.2f} MiB, tracked {e['tracked'] / MIB:+.2f} MiB, "
                     f"{e['rest'] / MIB:+.2f} MiB unexplained (more than {pct} %)"
                 )
+    # One device: NVML's change against every tracked byte, the CUDA pool's cache and the kernel
+    # stacks the driver reserved (each thread's stack, as the driver reports it, times the threads
+    # the device holds).
+    device = alla.get("device", 0)
+    if "stacks-named" in tags and not (stacks.get(device) or 0) > 0:
+        failures.append(f"{where}: no growth of the kernel stacks on device {device} in the record: {r.get('local_memory')}")
+    for tag in (t for t in tags if t.startswith("nvml-explained=")):
+        pct = float(tag.split("=")[1])
+        nv, tracked = delta((r.get("nvml") or {}).get("process")), delta(alla)
+        pool = r.get("pool") or {}
+        cache = [None if (pool.get("reserved") or {}).get(k) is None or (pool.get("used") or {}).get(k) is None
+                 else pool["reserved"][k] - pool["used"][k] for k in ("before", "after")]
+        if nv is None or tracked is None or None in cache:
+            failures.append(f"{where}: NVML {nv}, tracked {tracked}, CUDA pool cache {cache}: not all read")
+            continue
+        local = stacks.get(device) or 0
+        rest = nv - tracked - (cache[1] - cache[0]) - local
+        row["explained_one"] = {"nvml": nv, "tracked": tracked, "pool_cache": cache[1] - cache[0],
+                                "kernel_stacks": local, "rest": rest}
+        if abs(rest) > max(2 * MIB, abs(nv) * pct / 100):
+            failures.append(f"{where}: NVML {nv / MIB:+.2f} MiB = tracked {tracked / MIB:+.2f} + pool cache "
+                            f"{(cache[1] - cache[0]) / MIB:+.2f} + kernel stacks {local / MIB:+.2f} + "
+                            f"{rest / MIB:+.2f} MiB unexplained (more than {pct} %)")
     if "nvml-named-each" in tags:
         for d, e in explained.items():
             if d != alla.get("device") and f"NVML's change on device {d}, explained" not in unescape(html):
@@ -419,6 +451,17 @@ def device_checks(i, first, tags, r, alla, row, html, failures):
             failures.append(f"{where}: NCCL's memory is not workspace: {row['nccl']}")
         if "NCCL" not in html:
             failures.append(f"{where}: the report does not say NCCL")
+
+
+def local_memory(r):
+    """Each device's growth of the driver's kernel stacks over the cell, from the record's stack
+    sizes (bytes a thread, before and after, as the driver reported them) and threads; None where
+    the stack was not read before."""
+    out = {}
+    for l in r.get("local_memory") or []:
+        b, a = (l.get("stack_bytes") or {}).get("before"), (l.get("stack_bytes") or {}).get("after")
+        out[l["device"]] = None if b is None or a is None else (a - b) * l["resident_threads"]
+    return out
 
 
 def history_checks(nb, failures):

@@ -264,6 +264,15 @@ pub struct CudaDevice {
     pub ordinal: i32,
     /// The UUID in NVML's form, `GPU-…`.
     pub uuid: String,
+    /// Each thread's stack in the device's primary context, bytes (`CU_LIMIT_STACK_SIZE`, which
+    /// the driver raises for a kernel with a larger frame); absent where that context is not
+    /// active.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stack_bytes: Option<u64>,
+    /// Threads the device holds at once (SMs × threads per SM): the driver reserves
+    /// `stack_bytes` for each, its local memory for kernels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resident_threads: Option<u64>,
 }
 
 /// One place's tracked bytes, as reports show them.

@@ -370,29 +370,28 @@ fn place_uuid(place: Place) -> Option<String> {
     }
 }
 
-/// Every CUDA device the process sees, with its UUID, while CUPTI tracks (the driver is then
-/// loaded: nothing here starts CUDA in a simulated session); read once.
+/// Every CUDA device the process sees, with its UUID (read once: [`place_uuid`]) and, where its primary context
+/// is active, the local memory the driver holds for kernels' stacks there (read each time),
+/// while CUPTI tracks (the driver is then loaded: nothing here starts CUDA in a simulated
+/// session).
 pub(crate) fn cuda_devices() -> Vec<crate::notebook::protocol::CudaDevice> {
     #[cfg(feature = "cuda")]
     {
         if !matches!(status(), TrackingStatus::Cupti { .. }) {
             return Vec::new();
         }
-        static DEVICES: std::sync::OnceLock<Vec<crate::notebook::protocol::CudaDevice>> = std::sync::OnceLock::new();
-        DEVICES
-            .get_or_init(|| {
-                let count = crate::device::cuda::probe().unwrap_or(0);
-                (0..count)
-                    .filter_map(|o| {
-                        let uuid = crate::device::cuda::device_uuid(o).ok()?;
-                        Some(crate::notebook::protocol::CudaDevice {
-                            ordinal: i32::try_from(o).ok()?,
-                            uuid: crate::device::nvml::uuid_string("GPU", uuid),
-                        })
-                    })
-                    .collect()
+        let count = i32::try_from(crate::device::cuda::probe().unwrap_or(0)).unwrap_or(0);
+        (0..count)
+            .filter_map(|ordinal| {
+                let l = crate::device::cuda::primary_local_memory(ordinal as usize).ok().flatten();
+                Some(crate::notebook::protocol::CudaDevice {
+                    ordinal,
+                    uuid: place_uuid(Some(ordinal))?,
+                    stack_bytes: l.map(|l| l.stack_bytes),
+                    resident_threads: l.map(|l| l.resident_threads),
+                })
             })
-            .clone()
+            .collect()
     }
     #[cfg(not(feature = "cuda"))]
     {

@@ -57,6 +57,7 @@
 //! | `cuMemcpyDtoHAsync_v2` | `result::memcpy_dtoh_async`, `sys` | [`crate::DeviceBuffer`] downloads; [`PinnedHostMemory::copy_from_device_async`] |
 //! | `cuMemsetD8Async` | `result::memset_d8_async` | [`crate::DeviceBuffer::zeros`] |
 //! | `cuDeviceGet`, `cuDeviceGetUuid_v2` | `result::device::{get, get_uuid}` | [`device_uuid`], [`CudaBackend::uuid`] (NVML matching) |
+//! | `cuDevicePrimaryCtxGetState`, `cuDevicePrimaryCtxRetain`/`Release`, `cuCtxPushCurrent_v2`, `cuCtxGetLimit(STACK_SIZE)`, `cuCtxPopCurrent_v2`, `cuDeviceGetAttribute` | `sys`, `result::{primary_ctx, ctx::get_limit, device::get_attribute}` | [`primary_local_memory`] (kernels' local memory, explaining NVML) |
 //! | `cuMemHostAlloc` (flags `PORTABLE`, never `WRITECOMBINED`) | `result::malloc_host` | [`PinnedHostMemory::alloc`] |
 //! | `cuMemFreeHost` | `result::free_host` | [`PinnedHostMemory`]'s drop |
 //! | `cuEventCreate`, `cuEventRecord` | `CudaStream::record_event` | after each [`PinnedHostMemory`] copy |
@@ -753,9 +754,11 @@ impl Drop for CudaBackend {
 
 pub(crate) mod cupti;
 mod host;
+mod stacks;
 mod view;
 
 pub use host::PinnedHostMemory;
+pub use stacks::{LocalMemory, primary_local_memory};
 
 /// Device memory straight from the driver (`cuMemAlloc`), past any caching allocator: what a
 /// foreign library does, for demos and tests of tracking. Freed (`cuMemFree`) on drop.

@@ -224,6 +224,26 @@ impl CellRecord {
                 "NVML, every other pid on the device".into(),
             ]);
         }
+        for l in &self.local_memory {
+            let name = if self.local_memory.len() > 1 {
+                format!("kernel stacks, device {}", l.device)
+            } else {
+                "kernel stacks".into()
+            };
+            let span = Span { before: l.bytes(|s| s.before), after: l.bytes(|s| s.after) };
+            t.row([
+                name,
+                b(span.before),
+                b(span.after),
+                d(&span),
+                "–".into(),
+                format!(
+                    "driver: each thread's stack ({} B, cuCtxGetLimit) × {} threads (SMs × threads per SM); NVML counts it, no tracker sees it",
+                    l.stack_bytes.after.map_or("?".into(), crate::units::group_digits),
+                    crate::units::group_digits(l.resident_threads)
+                ),
+            ]);
+        }
         for part in self.nvml_devices.iter().filter(|n| n.uuid != self.nvml.uuid) {
             let name = part.device.map_or_else(|| part.uuid.clone().unwrap_or_default(), |d| format!("device {d}"));
             t.row([
@@ -297,8 +317,24 @@ impl CellRecord {
             what.push(format!("most by {}", top.site()));
         }
         let what = if what.is_empty() { String::new() } else { format!(" ({})", what.join(", ")) };
+        // The driver's local memory for kernels' stacks, where it changed: with the stack sizes.
+        let local = self
+            .local_memory
+            .iter()
+            .find(|l| Some(l.device) == device && g.local_memory != 0)
+            .map(|l| {
+                let b = |x: Option<u64>| x.map_or("?".into(), crate::units::group_digits);
+                format!(
+                    " + kernel stacks (driver: {} → {} B a thread × {} threads) {}",
+                    b(l.stack_bytes.before),
+                    b(l.stack_bytes.after),
+                    crate::units::group_digits(l.resident_threads),
+                    iec_delta(g.local_memory)
+                )
+            })
+            .unwrap_or_default();
         format!(
-            "= all allocations {}{what} + CUDA pool cache {} + CUDA context and modules (no tracker sees them) {}",
+            "= all allocations {}{what} + CUDA pool cache {}{local} + CUDA context and modules (no tracker sees them) {}",
             iec_delta(g.tracked),
             iec_delta(g.pool_cache),
             iec_delta(g.rest)

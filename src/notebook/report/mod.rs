@@ -27,7 +27,7 @@ pub use line::{
     short_device,
 };
 pub use record::{
-    AllAllocations, AllocatorPart, CELL_MIME, CellRecord, CellStatus, ComponentDelta, CrateReading, LiveCost, NvmlPart,
-    PlaceAll, PoolPart, Readings, SourceDelta, Sources, Span, TrackedReadings, all_allocations, build_record,
-    device_name,
+    AllAllocations, AllocatorPart, CELL_MIME, CellRecord, CellStatus, ComponentDelta, CrateReading, LiveCost,
+    LocalMemoryPart, NvmlPart, PlaceAll, PoolPart, Readings, SourceDelta, Sources, Span, TrackedReadings,
+    all_allocations, build_record, device_name,
 };

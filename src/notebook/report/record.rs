@@ -319,6 +319,35 @@ pub struct NvmlPart {
     pub unavailable: Option<String>,
 }
 
+/// The local memory the driver holds for kernels' stacks on one CUDA device (its primary
+/// context): each thread's stack (`CU_LIMIT_STACK_SIZE`, raised by the driver for a kernel with
+/// a larger frame, and kept) times the threads the device holds at once. No allocation tracker
+/// sees it; NVML counts it. Read by the crate before and after the cell.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LocalMemoryPart {
+    /// The CUDA device (ordinal in the notebook's process).
+    pub device: i32,
+    /// Its UUID (`GPU-…`), how NVML's figures are matched.
+    pub uuid: String,
+    /// Each thread's stack, bytes, before and after the cell (`None` before: the context was
+    /// not active then, or the process restarted).
+    pub stack_bytes: Span,
+    /// Threads the device holds at once (SMs × threads per SM).
+    pub resident_threads: u64,
+}
+
+impl LocalMemoryPart {
+    /// The bytes held at one end of the cell.
+    pub fn bytes(&self, at: fn(&Span) -> Option<u64>) -> Option<u64> {
+        Some(at(&self.stack_bytes)? * self.resident_threads)
+    }
+
+    /// Its change over the cell, bytes; `None` where either end was not read.
+    pub fn delta(&self) -> Option<i64> {
+        Some(self.bytes(|s| s.after)? as i64 - self.bytes(|s| s.before)? as i64)
+    }
+}
+
 /// Everything measured about one cell: the `application/vnd.gpumem.cell+json` object.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct CellRecord {
@@ -353,6 +382,10 @@ pub struct CellRecord {
     /// its CUDA device); empty otherwise (`nvml` says it all).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nvml_devices: Vec<NvmlPart>,
+    /// The driver's local memory for kernels' stacks, per CUDA device with an active context
+    /// after the cell (CUPTI tracking on a GPU); part of what NVML counts and no tracker sees.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub local_memory: Vec<LocalMemoryPart>,
     /// Free/total from the crate (cuMemGetInfo or the simulated device), after the cell.
     pub crate_device_free: Option<u64>,
     /// Device size from the crate.
@@ -494,8 +527,16 @@ pub(crate) struct NvmlGap {
     pub tracked: i64,
     /// The CUDA pool's cache's change.
     pub pool_cache: i64,
-    /// What is left: `nvml − tracked − pool_cache`.
+    /// The driver's local memory for kernels' stacks: its change (0 where not read at both ends).
+    pub local_memory: i64,
+    /// What is left: `nvml − tracked − pool_cache − local_memory`.
     pub rest: i64,
+}
+
+impl NvmlGap {
+    fn new(nvml: i64, tracked: i64, pool_cache: i64, local_memory: i64) -> Self {
+        NvmlGap { nvml, tracked, pool_cache, local_memory, rest: nvml - tracked - pool_cache - local_memory }
+    }
 }
 
 impl CellRecord {
@@ -508,7 +549,15 @@ impl CellRecord {
         // though the crate, not loaded yet, could not say so.
         let fresh = self.nvml.process.before == Some(0);
         let pool_cache = self.pool_cache(|s| s.after)? - self.pool_cache(|s| s.before).or(fresh.then_some(0))?;
-        Some(NvmlGap { nvml, tracked, pool_cache, rest: nvml - tracked - pool_cache })
+        Some(NvmlGap::new(nvml, tracked, pool_cache, self.local_memory_on(self.nvml.uuid.as_deref())))
+    }
+
+    /// The change of the driver's local memory on the device NVML names by `uuid`; 0 where it
+    /// was not read at both ends.
+    pub(crate) fn local_memory_on(&self, uuid: Option<&str>) -> i64 {
+        uuid.and_then(|u| self.local_memory.iter().find(|l| l.uuid.eq_ignore_ascii_case(u)))
+            .and_then(LocalMemoryPart::delta)
+            .unwrap_or(0)
     }
 
     /// NVML's change over the cell on one of several devices ([`CellRecord::nvml_devices`]),
@@ -531,7 +580,7 @@ impl CellRecord {
             Some(d) if d.pool_reserved.unwrap_or(0) > d.pool_used.unwrap_or(0) => return None,
             _ => 0,
         };
-        Some(NvmlGap { nvml, tracked, pool_cache, rest: nvml - tracked - pool_cache })
+        Some(NvmlGap::new(nvml, tracked, pool_cache, self.local_memory_on(part.uuid.as_deref())))
     }
 
     /// The CUDA context and modules after the cell: NVML's bytes of the process beyond every
@@ -682,6 +731,7 @@ pub fn build_record(cell: u64, r: &Readings<'_>) -> CellRecord {
         };
     }
     rec.nvml_devices = nvml_devices(r, rec.restarted, &ordinals);
+    rec.local_memory = local_memory(r, rec.restarted);
     // A cell that ended without the crate's reading (a new process after an interrupt): the
     // device it had (gpumem-kernel names the one a notebook will use before the crate loads:
     // `registry::device_before_use`).
@@ -710,6 +760,26 @@ fn device_ordinals(r: &Readings<'_>) -> Vec<(String, i32)> {
     out.sort();
     out.dedup();
     out
+}
+
+/// The driver's local memory on every device whose primary context is active after the cell.
+fn local_memory(r: &Readings<'_>, restarted: bool) -> Vec<LocalMemoryPart> {
+    let before = |ordinal: i32| {
+        let b = r.tracked_before.filter(|_| !restarted)?;
+        b.cuda_devices.iter().find(|d| d.ordinal == ordinal)?.stack_bytes
+    };
+    r.tracked_after
+        .into_iter()
+        .flat_map(|t| &t.cuda_devices)
+        .filter_map(|d| {
+            Some(LocalMemoryPart {
+                device: d.ordinal,
+                uuid: d.uuid.clone(),
+                stack_bytes: Span { before: before(d.ordinal), after: Some(d.stack_bytes?) },
+                resident_threads: d.resident_threads?,
+            })
+        })
+        .collect()
 }
 
 /// NVML's figures for one device: the process's bytes before and after the cell (0 where NVML

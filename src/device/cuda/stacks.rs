@@ -1,0 +1,75 @@
+//! Kernels' stacks: the local memory the driver reserves for them in a context, read without
+//! making a context (NVML counts it; no allocation tracker sees it).
+
+use super::{driver, probe};
+use crate::device::DeviceError;
+use cudarc::driver::{result, sys};
+
+/// The local memory the driver holds for kernels' stacks in device `ordinal`'s primary context:
+/// each thread's stack size (`CU_LIMIT_STACK_SIZE`, which the driver raises, and keeps raised,
+/// when a kernel needs a larger frame) and how many threads the device holds at once (SMs ×
+/// threads per SM); the driver reserves their product (checked on an H200 against NVML:
+/// `scripts/gpu/lmem_probe.py`, GPU_VALIDATION.md §23). `Ok(None)` where the primary context
+/// is not active: none is made to read it. Never panics.
+pub fn primary_local_memory(ordinal: usize) -> Result<Option<LocalMemory>, DeviceError> {
+    let count = probe()?;
+    let unavailable = DeviceError::Unavailable;
+    if ordinal >= count {
+        return Err(unavailable(format!("CUDA device {ordinal} requested, but {count} device(s) are visible")));
+    }
+    let ord = i32::try_from(ordinal).map_err(|_| unavailable(format!("CUDA device {ordinal}")))?;
+    let dev = result::device::get(ord).map_err(|e| driver(&format!("cuDeviceGet({ordinal})"), e))?;
+    let (mut flags, mut active) = (0u32, 0i32);
+    // SAFETY: `dev` comes from cuDeviceGet after a successful probe (cuInit); both out-pointers
+    // are locals of the types the driver writes.
+    unsafe { sys::cuDevicePrimaryCtxGetState(dev, &mut flags, &mut active) }
+        .result()
+        .map_err(|e| driver("cuDevicePrimaryCtxGetState", e))?;
+    if active == 0 {
+        return Ok(None);
+    }
+    let attribute = |a: sys::CUdevice_attribute, name: &str| {
+        // SAFETY: `dev` comes from cuDeviceGet (above).
+        unsafe { result::device::get_attribute(dev, a) }.map_err(|e| driver(name, e))
+    };
+    let sms = attribute(
+        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)",
+    )?;
+    let per_sm = attribute(
+        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR,
+        "cuDeviceGetAttribute(MAX_THREADS_PER_MULTIPROCESSOR)",
+    )?;
+    // SAFETY: `dev` is valid; the reference this takes on the (active) primary context is
+    // given back by the release below on every path after it.
+    let ctx = unsafe { result::primary_ctx::retain(dev) }.map_err(|e| driver("cuDevicePrimaryCtxRetain", e))?;
+    // SAFETY: `ctx` is a live context (retained above); pushing it makes it current on this
+    // thread only, and the pop below restores the thread's previous current context.
+    let pushed = unsafe { sys::cuCtxPushCurrent_v2(ctx) }.result();
+    let stack = match pushed {
+        Ok(()) => {
+            let limit = result::ctx::get_limit(sys::CUlimit::CU_LIMIT_STACK_SIZE);
+            let mut popped: sys::CUcontext = std::ptr::null_mut();
+            // SAFETY: this thread pushed `ctx` just above and nothing between pushed another;
+            // `popped` is a local out-pointer.
+            let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
+            limit.map_err(|e| driver("cuCtxGetLimit(STACK_SIZE)", e))
+        }
+        Err(e) => Err(driver("cuCtxPushCurrent", e)),
+    };
+    // SAFETY: releases the reference retained above, exactly once.
+    let _ = unsafe { result::primary_ctx::release(dev) };
+    Ok(Some(LocalMemory {
+        stack_bytes: stack? as u64,
+        resident_threads: u64::try_from(sms).unwrap_or(0) * u64::try_from(per_sm).unwrap_or(0),
+    }))
+}
+
+/// A context's local memory for kernels' stacks ([`primary_local_memory`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LocalMemory {
+    /// Each thread's stack, bytes (the context's `CU_LIMIT_STACK_SIZE`).
+    pub stack_bytes: u64,
+    /// Threads the device holds at once: SMs × threads per SM.
+    pub resident_threads: u64,
+}
