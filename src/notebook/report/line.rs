@@ -198,10 +198,11 @@ impl CellRecord {
         // What NVML counts beyond every tracked allocation and the CUDA pool's cache, where it
         // is not nothing (a MiB of noise aside): the CUDA context, the kernels' code.
         // The driver's local memory for kernels' stacks, grown by a kernel with a larger frame
-        // (NCCL's, a kernel with a large local array): named, not left in the context's share.
+        // (NCCL's, a kernel with a large local array): named, not left in the context's share;
+        // kept as long as every allocation's change where it is the larger change.
         if let Some(g) = self.nvml_gap() {
             if g.local_memory.unsigned_abs() >= 1 << 20 {
-                parts.add(Keep::Nvml, format!("{} kernel stacks (driver)", iec3_delta(g.local_memory)));
+                parts.add(g.stacks_keep(), format!("{} kernel stacks (driver)", iec3_delta(g.local_memory)));
             }
             if g.rest.unsigned_abs() >= 1 << 20 {
                 parts.add(Keep::Nvml, format!("{} CUDA context and modules (NVML)", iec3_delta(g.rest)));
@@ -245,7 +246,10 @@ impl CellRecord {
         for part in self.nvml_devices.iter().filter(|n| n.device.is_some() && n.uuid != self.nvml.uuid) {
             if let (Some(d), Some(g)) = (part.device, self.nvml_gap_on(part)) {
                 if g.local_memory.unsigned_abs() >= 1 << 20 {
-                    parts.add(Keep::Nvml, format!("cuda:{d} {} kernel stacks (driver)", iec3_delta(g.local_memory)));
+                    parts.add(
+                        g.stacks_keep(),
+                        format!("cuda:{d} {} kernel stacks (driver)", iec3_delta(g.local_memory)),
+                    );
                 }
                 if g.rest.unsigned_abs() >= 1 << 20 {
                     parts.add(Keep::Nvml, format!("cuda:{d} {} CUDA context and modules (NVML)", iec3_delta(g.rest)));
@@ -420,6 +424,15 @@ pub fn short_device(device: &str) -> String {
         device.split_whitespace().next().unwrap_or(device).to_string()
     } else {
         device.to_string()
+    }
+}
+
+impl super::record::NvmlGap {
+    /// How long the kernel stacks' change stays on the line: as long as every allocation's
+    /// change where it is the larger of the two (the cell's memory went there), else with
+    /// NVML's other figures.
+    fn stacks_keep(&self) -> Keep {
+        if self.local_memory.unsigned_abs() > self.tracked.unsigned_abs() { Keep::All } else { Keep::Nvml }
     }
 }
 
