@@ -31,10 +31,18 @@ MATURIN_VERSION=1.16.0
 # GLIBC_2.34 symbols (Rust's std after glibc merged libpthread into libc), so manylinux_2_34:
 # Ubuntu 22.04+, Debian 12+, RHEL/Rocky 9+. maturin checks the binary against it and fails if
 # the binary needs more.
-# Only this host's architecture: an aarch64 wheel (Grace hosts) is a second full release build
-# of the kernel, with a cross linker (`maturin build --target aarch64-unknown-linux-gnu --zig`,
-# ziglang from PyPI) or on an aarch64 host, neither of which this script does yet.
 COMPATIBILITY="${GPUMEM_WHEEL_COMPATIBILITY:-manylinux_2_34}"
+# Another architecture: GPUMEM_WHEEL_TARGET=aarch64-unknown-linux-gnu (Grace hosts) cross-builds the
+# kernel with zig as the linker and C compiler (ziglang from PyPI, in maturin's virtualenv; rustup's
+# std for that target), a second full release build of the kernel (its own target directory
+# under $CARGO_TARGET_DIR). zig links against the glibc the tag names, so the tag is the one
+# asked for: manylinux_2_28 (RHEL 8+, Ubuntu 20.04+) unless GPUMEM_WHEEL_COMPATIBILITY says
+# otherwise.
+TARGET="${GPUMEM_WHEEL_TARGET:-}"
+ZIGLANG_VERSION=0.13.0
+if [ -n "$TARGET" ]; then
+    COMPATIBILITY="${GPUMEM_WHEEL_COMPATIBILITY:-manylinux_2_28}"
+fi
 
 stage="$target/wheel-build"
 venv="$stage/venv"
@@ -46,6 +54,14 @@ if [ ! -x "$venv/bin/maturin" ] || [ "$("$venv/bin/maturin" --version 2>/dev/nul
     "$venv/bin/pip" install --quiet --disable-pip-version-check "maturin==$MATURIN_VERSION"
 fi
 "$venv/bin/maturin" --version
+cross=()
+if [ -n "$TARGET" ]; then
+    step "cross-building for $TARGET: rustup's std for it, zig $ZIGLANG_VERSION as linker"
+    rustup target list --installed | grep -qx "$TARGET" || rustup target add "$TARGET"
+    "$venv/bin/python" -c "import ziglang" 2>/dev/null \
+        || "$venv/bin/pip" install --quiet --disable-pip-version-check "ziglang==$ZIGLANG_VERSION"
+    cross=(--target "$TARGET" --zig)
+fi
 
 # The data directory maturin puts into the wheel as <name>.data/data/ (installed under the prefix).
 data_root="$stage/wheel-data"
@@ -110,7 +126,8 @@ fi
 ln -sfn "$data_root" "$link"
 
 step "maturin build --release --compatibility $COMPATIBILITY into $out"
-(cd python && "$venv/bin/maturin" build --release --compatibility "$COMPATIBILITY" --auditwheel check --out "$out")
+(cd python && PATH="$venv/bin:$PATH" "$venv/bin/maturin" build --release "${cross[@]}" --compatibility "$COMPATIBILITY" \
+    --auditwheel check --out "$out")
 wheel=$(ls -t "$out"/gpumem_kernel-"$version"-*.whl | head -1)
 echo
 echo "wheel: $wheel ($(du -h "$wheel" | cut -f1))"
