@@ -28,6 +28,11 @@ fn what_a_cell_queues_lands_in_that_cell() {
     // SAFETY: this test binary has a single test, and nothing reads the environment before
     // this line on another thread.
     unsafe { std::env::set_var("GPUMEM_NB_DEVICE", "sim:8GiB") };
+    // Readings wait up to 3 s for the queue (1 s by default): on a loaded two-core machine the
+    // queue's thread has been starved past 1 s (CI, 2026-11-29), which is the product saying
+    // "read as it is" correctly, not what this test is about.
+    // SAFETY: as above.
+    unsafe { std::env::set_var("GPUMEM_NB_SETTLE_SECS", "3") };
     let alloc = gpumem_nb::current().unwrap();
     let mut ch = Channel::new();
     // A batch of 32 tasks, as cubecl's: a cell that queues fewer runs none of them by itself.
@@ -59,17 +64,18 @@ fn what_a_cell_queues_lands_in_that_cell() {
     let (rec, _) = cell(&mut ch, 4, || {});
     assert_eq!(rec.all_allocations.as_ref().unwrap().delta(), Some(0));
 
-    // A framework that hangs: the reading waits the settle time at most, reads it as it is and
-    // says so; the queued work is then not counted.
+    // A framework that hangs: each reading (before the cell and after it) waits the settle time
+    // at most, reads it as it is and says so; the queued work is then not counted.
     q.stall(true);
     let t = Instant::now();
     let (rec, post) = cell(&mut ch, 5, || q.alloc_later(8));
-    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    assert!(t.elapsed() < Duration::from_secs(15), "{:?}", t.elapsed());
     let late = post.unsettled.expect("the stalled queue is said");
-    assert!(
-        late.iter().any(|s| s.key == key && s.error.as_deref().is_some_and(|e| e.contains("read as it is"))),
-        "{late:?}"
-    );
+    // In the reading's words or the queue's: "no answer in 3.0 s: read as it is", "the queue's
+    // thread did not answer in 3s", or, when the reading before the cell is still waiting on it,
+    // "its previous reading has not answered yet": which speaks depends on the machine's load.
+    let said = |e: &str| ["read as it is", "did not answer", "has not answered"].iter().any(|w| e.contains(w));
+    assert!(late.iter().any(|s| s.key == key && s.error.as_deref().is_some_and(said)), "{late:?}");
     assert_eq!(rec.all_allocations.as_ref().unwrap().delta(), Some(0));
     q.stall(false);
     q.flush(Duration::from_secs(5)).unwrap();

@@ -120,7 +120,7 @@ impl SimQueue {
                     ..Default::default()
                 }
             }),
-            Some(Arc::new(move || SimQueue::flush_inner(&settler, watched::SETTLE_TIMEOUT))),
+            Some(Arc::new(move || SimQueue::flush_inner(&settler, watched::settle_timeout()))),
         );
         Ok(key)
     }

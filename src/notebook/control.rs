@@ -11,7 +11,7 @@
 
 use super::protocol::{self, CONTROL_VAR, DeviceReading, Hello, Op, RecordRequest, Reply, Settled, SnapshotPaths};
 use super::tracking;
-use super::watched::SETTLE_TIMEOUT;
+use super::watched::settle_timeout;
 use crate::allocator::Allocator;
 use crate::device::Backend;
 use crate::record::history::{HistoryOptions, StackContext};
@@ -188,12 +188,12 @@ impl Full {
 }
 
 /// Brings every open device and watched framework to a point where the work queued before now
-/// has run (each on a thread of its own, all within [`SETTLE_TIMEOUT`]): a cell's reading then
+/// has run (each on a thread of its own, all within [`settle_timeout`]): a cell's reading then
 /// counts what the cell queued (a framework allocates on its own device thread, a kernel's
 /// fault shows in the cell that launched it). What did not settle in time is read as it is;
 /// `None` when everything settled.
 pub(crate) fn settle() -> Option<Vec<Settled>> {
-    let end = std::time::Instant::now() + SETTLE_TIMEOUT;
+    let end = std::time::Instant::now() + settle_timeout();
     let mut waiting = Vec::new();
     for a in super::registry::opened() {
         let (tx, rx) = std::sync::mpsc::channel();
@@ -207,12 +207,12 @@ pub(crate) fn settle() -> Option<Vec<Settled>> {
         }
     }
     let mut late: Vec<Settled> =
-        super::watched::settle(SETTLE_TIMEOUT).into_iter().filter(|s| s.error.is_some()).collect();
+        super::watched::settle(settle_timeout()).into_iter().filter(|s| s.error.is_some()).collect();
     for (key, rx, t) in waiting {
         let left = end.saturating_duration_since(std::time::Instant::now());
         // A lost context is noted by the allocator (the reading says so); not a settle failure.
         if rx.recv_timeout(left).is_err() {
-            let error = Some(format!("still busy after {:.1} s: read as it is", SETTLE_TIMEOUT.as_secs_f64()));
+            let error = Some(format!("still busy after {:.1} s: read as it is", settle_timeout().as_secs_f64()));
             late.push(Settled { key, waited_us: t.elapsed().as_micros() as u64, error });
         }
     }

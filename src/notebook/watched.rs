@@ -40,8 +40,28 @@ pub(crate) type Reader = Arc<dyn Fn() -> FrameworkReading + Send + Sync>;
 pub(crate) type Settler = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 
 /// How long a reading waits, in all, for the devices and the watched frameworks to run what was
-/// queued before it; what does not answer by then is read as it is, and the reply says so.
-pub(crate) const SETTLE_TIMEOUT: Duration = Duration::from_secs(1);
+/// queued before it; what does not answer by then is read as it is, and the reply says so. One
+/// second, or `GPUMEM_NB_SETTLE_SECS` (seconds, more than 0 and at most 600: a slow framework, a
+/// loaded machine), read once.
+pub(crate) fn settle_timeout() -> Duration {
+    static TIMEOUT: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *TIMEOUT.get_or_init(|| {
+        let value = std::env::var("GPUMEM_NB_SETTLE_SECS").ok();
+        parse_settle(value.as_deref()).unwrap_or_else(|why| {
+            eprintln!("gpumem-nb: {why}; readings wait 1 s");
+            Duration::from_secs(1)
+        })
+    })
+}
+
+/// `GPUMEM_NB_SETTLE_SECS`'s value as a duration (unset: 1 s), or why it is not one.
+fn parse_settle(value: Option<&str>) -> Result<Duration, String> {
+    let Some(v) = value.map(str::trim) else { return Ok(Duration::from_secs(1)) };
+    match v.parse::<f64>() {
+        Ok(secs) if secs > 0.0 && secs <= 600.0 => Ok(Duration::from_secs_f64(secs)),
+        _ => Err(format!("GPUMEM_NB_SETTLE_SECS={v:?} is not a number of seconds above 0 and at most 600")),
+    }
+}
 
 /// One watched framework.
 struct Watch {
@@ -168,7 +188,7 @@ fn read_all() -> Option<Vec<(String, FrameworkReading)>> {
 /// Each watched framework's bytes in use now, settled first; `None` for one that did not
 /// answer (a phase has no change for it then, and says so).
 fn in_use_now() -> Vec<(String, Option<u64>)> {
-    settle(SETTLE_TIMEOUT);
+    settle(settle_timeout());
     read_all()
         .unwrap_or_default()
         .into_iter()
@@ -294,6 +314,19 @@ pub(crate) static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 mod tests {
     use super::*;
     use crate::notebook::protocol::FrameworkPool;
+
+    /// The settle time: 1 s unset, seconds as given, and a clear reason for a value that is not
+    /// a duration a reading can wait.
+    #[test]
+    fn settle_time_is_one_second_or_what_the_variable_says() {
+        assert_eq!(parse_settle(None), Ok(Duration::from_secs(1)));
+        assert_eq!(parse_settle(Some(" 5 ")), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_settle(Some("0.25")), Ok(Duration::from_millis(250)));
+        for bad in ["", "0", "-1", "601", "ten", "NaN", "inf"] {
+            let why = parse_settle(Some(bad)).unwrap_err();
+            assert!(why.starts_with("GPUMEM_NB_SETTLE_SECS=") && why.contains("at most 600"), "{why}");
+        }
+    }
 
     fn reading(in_use: u64) -> FrameworkReading {
         FrameworkReading {
