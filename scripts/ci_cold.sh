@@ -29,5 +29,5 @@ set +e
 status=$?
 set -e
 echo "cold CI: exit $status after $(( $(date +%s) - start )) s (log: $dir/ci.log)"
-sed -n '/^Seconds per step:/,/^All checks passed/p' "$dir/ci.log"
+sed -n '/^Seconds per step:/,/^\(All checks passed\|Stopped after\)/p' "$dir/ci.log"
 exit "$status"

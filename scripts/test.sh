@@ -30,6 +30,17 @@ step() {
     step_name="$*"
     printf '\n==> %s\n' "$*"
 }
+# The times, also when a step fails (where a failing cold run spent its time).
+times_at_exit() {
+    local status=$?
+    [ "$status" = 0 ] && return
+    step_done
+    echo
+    echo "Seconds per step:"
+    printf '%s' "$times"
+    echo "Stopped after $(( $(date +%s) - run_start )) s (exit $status) in: $step_name"
+}
+trap times_at_exit EXIT
 
 step "cargo fmt --check"
 cargo fmt --all -- --check

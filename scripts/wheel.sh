@@ -126,7 +126,7 @@ fi
 ln -sfn "$data_root" "$link"
 
 step "maturin build --release --compatibility $COMPATIBILITY into $out"
-(cd python && PATH="$venv/bin:$PATH" "$venv/bin/maturin" build --release "${cross[@]}" --compatibility "$COMPATIBILITY" \
+(cd python && PATH="$venv/bin:$PATH" "$venv/bin/maturin" build --release ${cross[@]+"${cross[@]}"} --compatibility "$COMPATIBILITY" \
     --auditwheel check --out "$out")
 wheel=$(ls -t "$out"/gpumem_kernel-"$version"-*.whl | head -1)
 echo

@@ -14,15 +14,22 @@ dir="$(mkdir -p "${2:?DIR}" && cd "$2" && pwd)"
 # CI's target lies): its key, socket and log live in a directory of their own under /tmp,
 # named in DIR/munge_dir.
 stop() {
-    local munge=""
+    local munge="" pid name
     [ -s "$dir/munge_dir" ] && munge="$(cat "$dir/munge_dir")"
-    for pid in "$dir/slurmd.pid" "$dir/slurmctld.pid" ${munge:+"$munge/munged.pid"}; do
-        [ -s "$pid" ] && kill "$(cat "$pid")" 2>/dev/null || true
+    # Only a directory this script made (the file could name anything).
+    case "$munge" in /tmp/gpumem-slurm-munge.*) ;; *) munge="" ;; esac
+    for file in "$dir/slurmd.pid" "$dir/slurmctld.pid" ${munge:+"$munge/munged.pid"}; do
+        [ -s "$file" ] || continue
+        pid="$(cat "$file")"
+        # A pid file left by an earlier run may name a pid reused since: only our daemons.
+        name="$(ps -o comm= -p "$pid" 2>/dev/null || true)"
+        case "$name" in slurmd | slurmctld | munged) kill "$pid" 2>/dev/null || true ;; esac
     done
     if [ -n "$munge" ]; then
         sleep 0.2
-        rm -rf "$munge" "$dir/munge_dir"
+        rm -rf "$munge"
     fi
+    rm -f "$dir/munge_dir"
 }
 if [ "$cmd" = stop ]; then
     stop

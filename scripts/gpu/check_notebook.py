@@ -412,9 +412,10 @@ def device_checks(i, first, tags, r, alla, row, html, failures):
     # One device: NVML's change against every tracked byte, the CUDA pool's cache and the kernel
     # stacks the driver reserved (each thread's stack, as the driver reports it, times the threads
     # the device holds).
-    device = alla.get("device", 0)
-    if "stacks-named" in tags and not (stacks.get(device) or 0) > 0:
-        failures.append(f"{where}: no growth of the kernel stacks on device {device} in the record: {r.get('local_memory')}")
+    main_uuid = (r.get("nvml") or {}).get("uuid")
+    if "stacks-named" in tags and not local_memory_of(r, main_uuid) > 0:
+        failures.append(f"{where}: no growth of the kernel stacks on NVML's device {main_uuid} in the record: "
+                        f"{r.get('local_memory')}")
     for tag in (t for t in tags if t.startswith("nvml-explained=")):
         pct = float(tag.split("=")[1])
         nv, tracked = delta((r.get("nvml") or {}).get("process")), delta(alla)
@@ -424,7 +425,7 @@ def device_checks(i, first, tags, r, alla, row, html, failures):
         if nv is None or tracked is None or None in cache:
             failures.append(f"{where}: NVML {nv}, tracked {tracked}, CUDA pool cache {cache}: not all read")
             continue
-        local = stacks.get(device) or 0
+        local = local_memory_of(r, main_uuid)
         rest = nv - tracked - (cache[1] - cache[0]) - local
         row["explained_one"] = {"nvml": nv, "tracked": tracked, "pool_cache": cache[1] - cache[0],
                                 "kernel_stacks": local, "rest": rest}
@@ -462,6 +463,14 @@ def local_memory(r):
         b, a = (l.get("stack_bytes") or {}).get("before"), (l.get("stack_bytes") or {}).get("after")
         out[l["device"]] = None if b is None or a is None else (a - b) * l["resident_threads"]
     return out
+
+
+def local_memory_of(r, uuid):
+    """The kernel stacks' growth on the device NVML names by `uuid` (0 where not read)."""
+    for l in r.get("local_memory") or []:
+        if uuid and l.get("uuid", "").lower() == uuid.lower():
+            return local_memory({"local_memory": [l]}).get(l["device"]) or 0
+    return 0
 
 
 def history_checks(nb, failures):

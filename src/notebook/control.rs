@@ -181,10 +181,12 @@ struct Full {
     frameworks: bool,
     /// What the tracked bytes are, by component (classifying symbolises stacks not seen before).
     components: bool,
+    /// Every CUDA device's ordinal, UUID and kernel stacks (driver calls per device).
+    cuda_devices: bool,
 }
 
 impl Full {
-    const ALL: Full = Full { owners: true, explain: true, frameworks: true, components: true };
+    const ALL: Full = Full { owners: true, explain: true, frameworks: true, components: true, cuda_devices: true };
 }
 
 /// Brings every open device and watched framework to a point where the work queued before now
@@ -243,7 +245,7 @@ impl Session {
                 t2.elapsed().as_micros()
             );
         }
-        let cuda_devices = Some(tracking::cuda_devices()).filter(|d| !d.is_empty());
+        let cuda_devices = full.cuda_devices.then(tracking::cuda_devices).filter(|d| !d.is_empty());
         Reply {
             devices: Some(devices),
             tracking: Some(status.label()),
@@ -282,7 +284,8 @@ impl Session {
                 // it), and naming them symbolises stacks: only `post` does. Components are read
                 // before too, for each one's change over the cell (the stacks live now were
                 // classified after the cell that made them: lookups).
-                let before = Full { owners: false, explain: false, frameworks: true, components: true };
+                let before =
+                    Full { owners: false, explain: false, frameworks: true, components: true, cuda_devices: true };
                 Ok(Reply { unsettled, ..self.readings(id, before) })
             }
             Op::Post { .. } => {
@@ -305,9 +308,10 @@ impl Session {
                 let unsettled = settle();
                 Ok(Reply { unsettled, ..self.readings(id, Full::ALL) })
             }
-            Op::Live => {
-                Ok(self.readings(id, Full { owners: false, explain: false, frameworks: false, components: false }))
-            }
+            Op::Live => Ok(self.readings(
+                id,
+                Full { owners: false, explain: false, frameworks: false, components: false, cuda_devices: false },
+            )),
             Op::Record(RecordRequest { enabled, max_entries, stacks }) => {
                 let max_entries = max_entries.map_or(usize::MAX, |m| m.min(usize::MAX as u64) as usize);
                 // Live blocks keep their stacks whatever is recorded (see `block_stacks`); the

@@ -10,7 +10,9 @@ use cudarc::driver::{result, sys};
 /// when a kernel needs a larger frame) and how many threads the device holds at once (SMs ×
 /// threads per SM); the driver reserves their product (checked on an H200 against NVML:
 /// `scripts/gpu/lmem_probe.py`, GPU_VALIDATION.md §23). `Ok(None)` where the primary context
-/// is not active: none is made to read it. Never panics.
+/// is not active: none is made to read it (but for one race no caller can close: another thread
+/// releasing the context's last reference between the state query and the retain below, which
+/// then makes a context and destroys it again at the release). Never panics.
 pub fn primary_local_memory(ordinal: usize) -> Result<Option<LocalMemory>, DeviceError> {
     let count = probe()?;
     let unavailable = DeviceError::Unavailable;
@@ -52,16 +54,24 @@ pub fn primary_local_memory(ordinal: usize) -> Result<Option<LocalMemory>, Devic
             let mut popped: sys::CUcontext = std::ptr::null_mut();
             // SAFETY: this thread pushed `ctx` just above and nothing between pushed another;
             // `popped` is a local out-pointer.
-            let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
-            limit.map_err(|e| driver("cuCtxGetLimit(STACK_SIZE)", e))
+            let pop = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) }.result();
+            match pop {
+                // The thread's current context is what it was before the push.
+                Ok(()) if popped == ctx => limit.map_err(|e| driver("cuCtxGetLimit(STACK_SIZE)", e)),
+                Ok(()) => Err(unavailable("cuCtxPopCurrent gave back another context than was pushed".into())),
+                Err(e) => Err(driver("cuCtxPopCurrent", e)),
+            }
         }
         Err(e) => Err(driver("cuCtxPushCurrent", e)),
     };
     // SAFETY: releases the reference retained above, exactly once.
     let _ = unsafe { result::primary_ctx::release(dev) };
+    let count = |v: i32, what: &str| {
+        u64::try_from(v).ok().filter(|&n| n > 0).ok_or_else(|| unavailable(format!("the driver gave {what} = {v}")))
+    };
     Ok(Some(LocalMemory {
         stack_bytes: stack? as u64,
-        resident_threads: u64::try_from(sms).unwrap_or(0) * u64::try_from(per_sm).unwrap_or(0),
+        resident_threads: count(sms, "MULTIPROCESSOR_COUNT")? * count(per_sm, "MAX_THREADS_PER_MULTIPROCESSOR")?,
     }))
 }
 

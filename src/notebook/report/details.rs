@@ -203,7 +203,11 @@ impl CellRecord {
                 "–".into(),
                 iec_delta(g.nvml),
                 "–".into(),
-                self.explained(self.all_allocations.as_ref().and_then(|a| a.place.device), &g),
+                self.explained(
+                    self.all_allocations.as_ref().and_then(|a| a.place.device),
+                    self.nvml.uuid.as_deref(),
+                    &g,
+                ),
             ]);
         }
         if self.nvml.unavailable.is_none() {
@@ -225,10 +229,11 @@ impl CellRecord {
             ]);
         }
         for l in &self.local_memory {
-            let name = if self.local_memory.len() > 1 {
-                format!("kernel stacks, device {}", l.device)
+            let main = self.nvml.uuid.as_deref().is_some_and(|u| l.uuid.eq_ignore_ascii_case(u));
+            let name = if main && self.local_memory.len() == 1 {
+                "kernel stacks".to_string()
             } else {
-                "kernel stacks".into()
+                format!("kernel stacks, device {}", l.device)
             };
             let span = Span { before: l.bytes(|s| s.before), after: l.bytes(|s| s.after) };
             t.row([
@@ -261,7 +266,7 @@ impl CellRecord {
                     "–".into(),
                     iec_delta(g.nvml),
                     "–".into(),
-                    self.explained(part.device, &g),
+                    self.explained(part.device, part.uuid.as_deref(), &g),
                 ]);
             }
             t.row([
@@ -301,7 +306,7 @@ impl CellRecord {
     /// NVML's change on one device in words: every tracked allocation there (with the
     /// components that changed and the site holding the most: `NCCL ← cell 3`), the CUDA pool's
     /// cache, and the rest no tracker sees.
-    fn explained(&self, device: Option<i32>, g: &super::record::NvmlGap) -> String {
+    fn explained(&self, device: Option<i32>, uuid: Option<&str>, g: &super::record::NvmlGap) -> String {
         let place = self.all_allocations.as_ref().and_then(|a| a.devices.iter().find(|p| p.device == device));
         let mut what: Vec<String> = place
             .into_iter()
@@ -319,9 +324,8 @@ impl CellRecord {
         let what = if what.is_empty() { String::new() } else { format!(" ({})", what.join(", ")) };
         // The driver's local memory for kernels' stacks, where it changed: with the stack sizes.
         let local = self
-            .local_memory
-            .iter()
-            .find(|l| Some(l.device) == device && g.local_memory != 0)
+            .local_memory_part(uuid)
+            .filter(|_| g.local_memory != 0)
             .map(|l| {
                 let b = |x: Option<u64>| x.map_or("?".into(), crate::units::group_digits);
                 format!(

@@ -195,18 +195,9 @@ impl CellRecord {
         if let Some(top) = all.and_then(|a| a.place.top.iter().find(held)) {
             parts.add(Keep::Top, format!("top {}", top.site()));
         }
-        // What NVML counts beyond every tracked allocation and the CUDA pool's cache, where it
-        // is not nothing (a MiB of noise aside): the CUDA context, the kernels' code.
-        // The driver's local memory for kernels' stacks, grown by a kernel with a larger frame
-        // (NCCL's, a kernel with a large local array): named, not left in the context's share;
-        // kept as long as every allocation's change where it is the larger change.
+        // What NVML counts beyond every tracked allocation and the CUDA pool's cache.
         if let Some(g) = self.nvml_gap() {
-            if g.local_memory.unsigned_abs() >= 1 << 20 {
-                parts.add(g.stacks_keep(), format!("{} kernel stacks (driver)", iec3_delta(g.local_memory)));
-            }
-            if g.rest.unsigned_abs() >= 1 << 20 {
-                parts.add(Keep::Nvml, format!("{} CUDA context and modules (NVML)", iec3_delta(g.rest)));
-            }
+            g.add_to(&mut parts, "");
         }
         let forms = crate::notebook::children::line_forms(&self.children);
         parts.add_forms(forms.into_iter().map(|f| (Keep::Children, f)).collect());
@@ -245,15 +236,7 @@ impl CellRecord {
         // What NVML counts on each other device beyond what was tracked there.
         for part in self.nvml_devices.iter().filter(|n| n.device.is_some() && n.uuid != self.nvml.uuid) {
             if let (Some(d), Some(g)) = (part.device, self.nvml_gap_on(part)) {
-                if g.local_memory.unsigned_abs() >= 1 << 20 {
-                    parts.add(
-                        g.stacks_keep(),
-                        format!("cuda:{d} {} kernel stacks (driver)", iec3_delta(g.local_memory)),
-                    );
-                }
-                if g.rest.unsigned_abs() >= 1 << 20 {
-                    parts.add(Keep::Nvml, format!("cuda:{d} {} CUDA context and modules (NVML)", iec3_delta(g.rest)));
-                }
+                g.add_to(&mut parts, &format!("cuda:{d} "));
             }
         }
         if let Some(all) = self.all_allocations.as_ref().filter(|a| !a.is_tracked()) {
@@ -428,11 +411,20 @@ pub fn short_device(device: &str) -> String {
 }
 
 impl super::record::NvmlGap {
-    /// How long the kernel stacks' change stays on the line: as long as every allocation's
-    /// change where it is the larger of the two (the cell's memory went there), else with
-    /// NVML's other figures.
-    fn stacks_keep(&self) -> Keep {
-        if self.local_memory.unsigned_abs() > self.tracked.unsigned_abs() { Keep::All } else { Keep::Nvml }
+    /// What NVML counts beyond the tracked bytes and the CUDA pool's cache, on the line where it
+    /// is not nothing (a MiB of noise aside): the driver's kernel stacks, grown by a kernel with
+    /// a larger frame (NCCL's, a large local array), kept as long as every allocation's change
+    /// where they are the larger of the two (the cell's memory went there); then the rest (the
+    /// CUDA context, the kernels' code). `prefix` names another device (`cuda:1 `).
+    fn add_to(&self, parts: &mut Parts, prefix: &str) {
+        if self.local_memory.unsigned_abs() >= 1 << 20 {
+            let larger = self.local_memory.unsigned_abs() > self.tracked.unsigned_abs();
+            let keep = if larger { Keep::All } else { Keep::Nvml };
+            parts.add(keep, format!("{prefix}{} kernel stacks (driver)", iec3_delta(self.local_memory)));
+        }
+        if self.rest.unsigned_abs() >= 1 << 20 {
+            parts.add(Keep::Nvml, format!("{prefix}{} CUDA context and modules (NVML)", iec3_delta(self.rest)));
+        }
     }
 }
 

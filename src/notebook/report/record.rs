@@ -555,9 +555,12 @@ impl CellRecord {
     /// The change of the driver's local memory on the device NVML names by `uuid`; 0 where it
     /// was not read at both ends.
     pub(crate) fn local_memory_on(&self, uuid: Option<&str>) -> i64 {
+        self.local_memory_part(uuid).and_then(LocalMemoryPart::delta).unwrap_or(0)
+    }
+
+    /// The driver's kernel stacks on the device NVML names by `uuid`.
+    pub(crate) fn local_memory_part(&self, uuid: Option<&str>) -> Option<&LocalMemoryPart> {
         uuid.and_then(|u| self.local_memory.iter().find(|l| l.uuid.eq_ignore_ascii_case(u)))
-            .and_then(LocalMemoryPart::delta)
-            .unwrap_or(0)
     }
 
     /// NVML's change over the cell on one of several devices ([`CellRecord::nvml_devices`]),
@@ -705,7 +708,7 @@ pub fn build_record(cell: u64, r: &Readings<'_>) -> CellRecord {
     // NVML.
     // The notebook's device: the allocator's, else the tracked one the record leads with (NVML
     // lists a process's GPUs in its own order).
-    let ordinals = device_ordinals(r);
+    let ordinals = device_ordinals(r, true);
     let tracked_place = rec.all_allocations.as_ref().and_then(|a| a.place.device);
     let uuid_hint = after0
         .and_then(|a| a.uuid.as_deref())
@@ -730,7 +733,7 @@ pub fn build_record(cell: u64, r: &Readings<'_>) -> CellRecord {
             None => "unknown".into(),
         };
     }
-    rec.nvml_devices = nvml_devices(r, rec.restarted, &ordinals);
+    rec.nvml_devices = nvml_devices(r, rec.restarted, &ordinals, &device_ordinals(r, false));
     rec.local_memory = local_memory(r, rec.restarted);
     // A cell that ended without the crate's reading (a new process after an interrupt): the
     // device it had (gpumem-kernel names the one a notebook will use before the crate loads:
@@ -751,12 +754,15 @@ pub fn build_record(cell: u64, r: &Readings<'_>) -> CellRecord {
 /// name it, with its ordinal in the notebook's process: the devices the crate opened, those
 /// the tracker saw bytes on, and every device the process sees (a device with only a context
 /// on it, NVML's bytes and none tracked, still gets its ordinal).
-fn device_ordinals(r: &Readings<'_>) -> Vec<(String, i32)> {
+/// With `visible` false, only the devices in use: opened by the crate, with tracked bytes, or
+/// with an active context (its kernel stacks read).
+fn device_ordinals(r: &Readings<'_>, visible: bool) -> Vec<(String, i32)> {
     let crate_ = r.crate_after.into_iter().flatten().filter_map(|d| Some((d.uuid.clone()?, d.device)));
     let tracked =
         r.tracked_after.into_iter().flat_map(|t| &t.places).filter_map(|p| Some((p.uuid.clone()?, p.device?)));
-    let visible = r.tracked_after.into_iter().flat_map(|t| &t.cuda_devices).map(|d| (d.uuid.clone(), d.ordinal));
-    let mut out: Vec<(String, i32)> = crate_.chain(tracked).chain(visible).collect();
+    let seen = r.tracked_after.into_iter().flat_map(|t| &t.cuda_devices);
+    let seen = seen.filter(|d| visible || d.stack_bytes.is_some()).map(|d| (d.uuid.clone(), d.ordinal));
+    let mut out: Vec<(String, i32)> = crate_.chain(tracked).chain(seen).collect();
     out.sort();
     out.dedup();
     out
@@ -809,13 +815,20 @@ fn nvml_part(d: &NvmlDevice, r: &Readings<'_>, restarted: bool, ordinals: &[(Str
 
 /// NVML's figures for every device the notebook's process is on (listed by NVML before or after
 /// the cell, or named by a reading), when that is more than one device.
-fn nvml_devices(r: &Readings<'_>, restarted: bool, ordinals: &[(String, i32)]) -> Vec<NvmlPart> {
+/// `ordinals` numbers the devices (every one the process sees); `in_use` says which it is on
+/// beside NVML's lists.
+fn nvml_devices(
+    r: &Readings<'_>,
+    restarted: bool,
+    ordinals: &[(String, i32)],
+    in_use: &[(String, i32)],
+) -> Vec<NvmlPart> {
     let on = |d: &NvmlDevice| {
         let listed_before = !restarted
             && r.pid_before.is_some_and(|p| r.nvml_before.devices.iter().any(|b| b.uuid == d.uuid && b.lists(p)));
         r.pid_after.is_some_and(|p| d.lists(p))
             || listed_before
-            || ordinals.iter().any(|(u, _)| u.eq_ignore_ascii_case(&d.uuid))
+            || in_use.iter().any(|(u, _)| u.eq_ignore_ascii_case(&d.uuid))
     };
     let parts: Vec<NvmlPart> =
         r.nvml_after.devices.iter().filter(|d| on(d)).map(|d| nvml_part(d, r, restarted, ordinals)).collect();

@@ -228,11 +228,13 @@ fn a_contexts_only_cell_gives_each_nvml_device_its_ordinal() {
     use crate::device::nvml::{NvmlDevice, NvmlProcess, NvmlSnapshot};
     use crate::notebook::protocol::CudaDevice;
     let mib = 1u64 << 20;
-    let nvml = |used: u64| NvmlSnapshot {
-        devices: [1, 0]
+    // NVML's devices in its own order (device 1 of the process first), the process's bytes on
+    // device 0 and on device 1.
+    let nvml = |on0: u64, on1: u64| NvmlSnapshot {
+        devices: [(1, on1), (0, on0)]
             .into_iter()
             .enumerate()
-            .map(|(index, cuda)| NvmlDevice {
+            .map(|(index, (cuda, used))| NvmlDevice {
                 index: index as u32,
                 uuid: format!("GPU-{cuda}"),
                 name: "NVIDIA H200".into(),
@@ -244,8 +246,8 @@ fn a_contexts_only_cell_gives_each_nvml_device_its_ordinal() {
             .collect(),
         error: None,
     };
-    let (nb, na) = (nvml(0), nvml(500 * mib));
-    let record = |before: Vec<CudaDevice>, after: Vec<CudaDevice>| {
+    let (nb, na, na_one) = (nvml(0, 0), nvml(500 * mib, 500 * mib), nvml(500 * mib, 0));
+    let record_on = |before: Vec<CudaDevice>, after: Vec<CudaDevice>, na: &NvmlSnapshot| {
         let reading = |visible: Vec<CudaDevice>| super::super::TrackedReadings {
             status: "cupti".into(),
             cuda_devices: visible,
@@ -261,12 +263,13 @@ fn a_contexts_only_cell_gives_each_nvml_device_its_ordinal() {
                 tracked_after: Some(&ta),
                 slot_opened: true,
                 nvml_before: &nb,
-                nvml_after: &na,
+                nvml_after: na,
                 pid_before: Some(42),
                 pid_after: Some(42),
             },
         )
     };
+    let record = |before, after| record_on(before, after, &na);
     let ordinals = |visible: Vec<CudaDevice>| {
         let rec = record(visible.clone(), visible);
         rec.nvml_devices.iter().map(|n| (n.device, n.process.delta())).collect::<Vec<_>>()
@@ -292,6 +295,11 @@ fn a_contexts_only_cell_gives_each_nvml_device_its_ordinal() {
     // After a restart the stack before belongs to another process: not compared.
     let rec = record(Vec::new(), seen(Some(1744)));
     assert_eq!(rec.local_memory[0].delta(), None);
+    // One GPU in use of two the process sees (device 1 has no context: no stack read): NVML's
+    // figures are the notebook device's alone, not one row per visible device.
+    let mut one = seen(None);
+    one[0].stack_bytes = Some(1024);
+    assert!(record_on(one.clone(), one, &na_one).nvml_devices.is_empty());
 }
 
 /// A cell's workers: one or two by name and pid on the line, more by count; each in the
