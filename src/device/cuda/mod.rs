@@ -162,15 +162,21 @@ fn probe_uncached() -> Result<usize, String> {
 /// what NVML devices are matched by ([`crate::device::nvml`]). `Err` (why) when there is no usable driver
 /// or no such device; never panics.
 pub fn device_uuid(ordinal: usize) -> Result<[u8; 16], DeviceError> {
+    let dev = device_handle(ordinal)?;
+    let uuid = result::device::get_uuid(dev).map_err(|e| driver("cuDeviceGetUuid", e))?;
+    Ok(uuid_bytes(&uuid))
+}
+
+/// CUDA device `ordinal`'s handle (`cuDeviceGet`) after the probe (`cuInit`): `Err` (why) when
+/// there is no usable driver or no such device.
+fn device_handle(ordinal: usize) -> Result<sys::CUdevice, DeviceError> {
     let count = probe()?;
     let unavailable = DeviceError::Unavailable;
     if ordinal >= count {
         return Err(unavailable(format!("CUDA device {ordinal} requested, but {count} device(s) are visible")));
     }
     let ord = i32::try_from(ordinal).map_err(|_| unavailable(format!("CUDA device {ordinal}")))?;
-    let dev = result::device::get(ord).map_err(|e| driver(&format!("cuDeviceGet({ordinal})"), e))?;
-    let uuid = result::device::get_uuid(dev).map_err(|e| driver("cuDeviceGetUuid", e))?;
-    Ok(uuid_bytes(&uuid))
+    result::device::get(ord).map_err(|e| driver(&format!("cuDeviceGet({ordinal})"), e))
 }
 
 fn uuid_bytes(u: &sys::CUuuid) -> [u8; 16] {

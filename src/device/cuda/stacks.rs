@@ -1,7 +1,7 @@
 //! Kernels' stacks: the local memory the driver reserves for them in a context, read without
 //! making a context (NVML counts it; no allocation tracker sees it).
 
-use super::{driver, probe};
+use super::{device_handle, driver};
 use crate::device::DeviceError;
 use cudarc::driver::{result, sys};
 
@@ -14,13 +14,8 @@ use cudarc::driver::{result, sys};
 /// releasing the context's last reference between the state query and the retain below, which
 /// then makes a context and destroys it again at the release). Never panics.
 pub fn primary_local_memory(ordinal: usize) -> Result<Option<LocalMemory>, DeviceError> {
-    let count = probe()?;
+    let dev = device_handle(ordinal)?;
     let unavailable = DeviceError::Unavailable;
-    if ordinal >= count {
-        return Err(unavailable(format!("CUDA device {ordinal} requested, but {count} device(s) are visible")));
-    }
-    let ord = i32::try_from(ordinal).map_err(|_| unavailable(format!("CUDA device {ordinal}")))?;
-    let dev = result::device::get(ord).map_err(|e| driver(&format!("cuDeviceGet({ordinal})"), e))?;
     let (mut flags, mut active) = (0u32, 0i32);
     // SAFETY: `dev` comes from cuDeviceGet after a successful probe (cuInit); both out-pointers
     // are locals of the types the driver writes.
