@@ -98,20 +98,27 @@ pub fn sysroot() -> Option<PathBuf> {
     Some(PathBuf::from(text.trim()))
 }
 
-/// The directory holding `libstd-*.so` under `sysroot`: `lib/rustlib/<host>/lib` (rustup's
-/// layout) or `lib`.
-pub fn std_lib_dir(sysroot: &Path) -> Option<PathBuf> {
+/// The host tuple of the `rustc` on `PATH` (`host:` of `rustc -vV`): cells are built for it.
+pub fn host() -> Option<String> {
+    let out = std::process::Command::new("rustc").arg("-vV").output().ok()?;
+    out.status.success().then_some(())?;
+    let text = String::from_utf8(out.stdout).ok()?;
+    text.lines().find_map(|l| l.strip_prefix("host: ")).map(|h| h.trim().to_string())
+}
+
+/// The directory holding the host's `libstd-*.so` under `sysroot`: `lib/rustlib/<host>/lib`
+/// (rustup's layout), else `lib`. Only the host's directory: with a cross target installed
+/// (`rustup target add aarch64-unknown-linux-gnu`) `rustlib` holds another `libstd-*.so` for a
+/// machine the cells do not run on, and putting it on the library path left the cell's
+/// `dlopen` without its std.
+pub fn std_lib_dir(sysroot: &Path, host: &str) -> Option<PathBuf> {
     let has_std = |dir: &Path| {
         std::fs::read_dir(dir).is_ok_and(|rd| {
             rd.flatten().any(|e| e.file_name().to_str().is_some_and(|n| n.starts_with("libstd-") && n.ends_with(".so")))
         })
     };
-    let rustlib = sysroot.join("lib").join("rustlib");
-    let mut candidates: Vec<PathBuf> =
-        std::fs::read_dir(&rustlib).map(|rd| rd.flatten().map(|e| e.path().join("lib")).collect()).unwrap_or_default();
-    candidates.sort();
-    candidates.push(sysroot.join("lib"));
-    candidates.into_iter().find(|d| has_std(d))
+    let rustup = sysroot.join("lib").join("rustlib").join(host).join("lib");
+    [rustup, sysroot.join("lib")].into_iter().find(|d| has_std(d))
 }
 
 /// Where rust-analyzer looks for the standard library's sources under `sysroot` (or
@@ -199,12 +206,28 @@ mod tests {
     }
 
     #[test]
-    fn std_is_found_in_rustups_layout() {
+    fn std_is_found_in_rustups_layout_for_the_host_only() {
         let root = tempfile::tempdir().unwrap();
-        assert_eq!(std_lib_dir(root.path()), None);
-        let lib = root.path().join("lib/rustlib/x86_64-unknown-linux-gnu/lib");
+        let host = "x86_64-unknown-linux-gnu";
+        assert_eq!(std_lib_dir(root.path(), host), None);
+        // A cross target sorts before the host and has its own std: it must not be taken.
+        let cross = root.path().join("lib/rustlib/aarch64-unknown-linux-gnu/lib");
+        std::fs::create_dir_all(&cross).unwrap();
+        std::fs::write(cross.join("libstd-fedcba98.so"), "").unwrap();
+        assert_eq!(std_lib_dir(root.path(), host), None);
+        let lib = root.path().join("lib/rustlib").join(host).join("lib");
         std::fs::create_dir_all(&lib).unwrap();
         std::fs::write(lib.join("libstd-0123abcd.so"), "").unwrap();
-        assert_eq!(std_lib_dir(root.path()), Some(lib));
+        assert_eq!(std_lib_dir(root.path(), host), Some(lib));
+    }
+
+    #[test]
+    fn the_host_is_the_one_rustc_names() {
+        // The rustc on PATH (tests run under cargo, so there is one) names its host; a cell's
+        // std lives under it.
+        let host = host().expect("rustc -vV names a host");
+        assert!(host.contains('-'), "{host}");
+        let sysroot = sysroot().expect("rustc --print sysroot");
+        assert!(std_lib_dir(&sysroot, &host).is_some(), "no libstd-*.so for {host} under {}", sysroot.display());
     }
 }

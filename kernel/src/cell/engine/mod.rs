@@ -192,11 +192,13 @@ impl Engine {
             }
         };
         // Cells are cdylibs linked against the toolchain's `libstd-*.so` (evcxr builds with
-        // `-C prefer-dynamic`): the child must find it. Cells normally carry an rpath to it, but
-        // a kernel started by Jupyter (not under cargo/rustup) has been seen building cells
-        // without one, so the child also gets the toolchain's std directory on its library path.
+        // `-C prefer-dynamic`): the child must find it. A cell's rpath does not: rustc makes it
+        // relative to `deps/`, where it writes the library, and evcxr loads cargo's copy one
+        // directory up (`$ORIGIN/../` seven times from `debug/` ends at `/`). So the child gets
+        // the host's std directory on its library path (the host's only: see `std_lib_dir`).
         let sysroot = toolchain::sysroot();
-        if let Some(lib) = sysroot.as_deref().and_then(toolchain::std_lib_dir) {
+        let lib = sysroot.as_deref().zip(toolchain::host()).and_then(|(s, h)| toolchain::std_lib_dir(s, &h));
+        if let Some(lib) = lib {
             let mut paths = vec![lib];
             if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
                 paths.extend(std::env::split_paths(&old));
