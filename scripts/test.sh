@@ -40,10 +40,55 @@ times_at_exit() {
     printf '%s' "$times"
     echo "Stopped after $(( $(date +%s) - run_start )) s (exit $status) in: $step_name"
 }
-trap times_at_exit EXIT
+background_pid=""
+# A failing run stops its background builds too.
+kill_tree() {
+    local child
+    for child in $(pgrep -P "$1"); do kill_tree "$child"; done
+    kill "$1" 2>/dev/null || true
+}
+stop_background() {
+    [ -n "$background_pid" ] && { kill_tree "$background_pid"; wait "$background_pid" 2>/dev/null || true; }
+    return 0
+}
+trap 'times_at_exit; stop_background' EXIT
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
+
+# --- Builds that share no unit with the workspace's, started now beside the steps below at the
+# lowest CPU priority: the stock evcxr_jupyter (14 min alone on two cores cold; its own lock file
+# and features), cargo-fuzz and the sanitized fuzz targets, Miri's sysroot and test build. Each
+# has a build directory of its own, so none holds cargo's lock on the workspace's. The steps
+# leave a core idle much of the time (one rustc per notebook cell, a browser, a scrape); warm,
+# each is done in seconds. `wait_background` collects them before the first step that needs one.
+background_log="$CARGO_TARGET_DIR/background-builds.log"
+miri_flags="-Zmiri-disable-isolation"
+mkdir -p "$CARGO_TARGET_DIR"
+(
+    set -e
+    echo "[$(date +%T)] evcxr_jupyter"; nice -n 19 tests/stock_kernel.sh --install-only
+    echo "[$(date +%T)] fuzz targets"; nice -n 19 scripts/fuzz.sh build
+    echo "[$(date +%T)] Miri"
+    if rustup component add --toolchain nightly miri rust-src >/dev/null 2>&1; then
+        MIRIFLAGS="$miri_flags" nice -n 19 cargo +nightly miri test --no-run -p gpumem-nb --lib --no-default-features
+    fi
+    echo "[$(date +%T)] done"
+) > "$background_log" 2>&1 &
+background_pid=$!
+background_start=$(date +%s)
+wait_background() {
+    [ -z "$background_pid" ] && return
+    local status=0 waited=$(date +%s)
+    wait "$background_pid" || status=$?
+    background_pid=""
+    echo "background builds: started $(( waited - background_start )) s before this step, waited $(( $(date +%s) - waited )) s more (log: $background_log)"
+    if [ "$status" != 0 ]; then
+        tail -40 "$background_log"
+        echo "FAIL: a background build failed (exit $status): the log's end is above"
+        exit 1
+    fi
+}
 
 step "clippy: the whole workspace, all features (cuBLAS/NVRTC interop, the kernel)"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
@@ -68,11 +113,15 @@ step "tests: the library (unit, layers, conformance with PyTorch 2.11 goldens, t
 cargo test -p gpumem-nb --all-features
 
 # The kernel's tests run real evcxr, which compiles notebook cells: in release, evcxr's own
-# rust-analyzer is fast enough.
-step "tests: the kernel (real evcxr, the Jupyter protocol over ZMQ, headless runs, restarts)"
-cargo test --release -p gpumem-kernel -- --test-threads=1
-step "tests: our patches of evcxr (vendor/evcxr/PATCHES.md: variables kept, types named, cell-only)"
-cargo test --release -p gpumem-evcxr --lib
+# rust-analyzer is fast enough. Our patches of evcxr (vendor/evcxr/PATCHES.md: variables kept,
+# types named, cell-only) are tested by evcxr's unit tests in the same cargo command: alone,
+# `-p gpumem-evcxr` unifies other features (libc's, rustix's, …) and builds the whole
+# rust-analyzer stack a second time (8 to 21 min cold on two cores). evcxr's own integration
+# tests are upstream's and not run: the kernel's targets are named instead of `--tests`.
+kernel_tests=()
+for t in kernel/tests/*.rs; do kernel_tests+=(--test "$(basename "$t" .rs)"); done
+step "tests: the kernel (real evcxr, the Jupyter protocol over ZMQ, headless runs, restarts) and our patches of evcxr"
+cargo test --release -p gpumem-kernel -p gpumem-evcxr --lib --bins "${kernel_tests[@]}" -- --test-threads=1
 
 step "the tour notebook through jupyter_client/nbclient against the installed kernel"
 kernel/tests/run_tour.sh release
@@ -107,6 +156,7 @@ kernel/tests/lab_browser.sh
 # evcxr_jupyter is installed once into the target directory: 6 min on 2 cores after the
 # kernel's release build above (14.5 min in an empty target directory), seconds afterwards.
 step "gpumem-nb in the stock evcxr kernel: the packaged crate from a local registry, evcxr_jupyter 0.22.0, a notebook through nbclient"
+wait_background
 tests/stock_kernel.sh
 
 step "the README's main command, and its HTML in headless Chromium (offline)"
@@ -144,41 +194,17 @@ for t in tests/fixtures/traces/*.trace.tsv.gz; do
     cargo run --quiet --release --bin gpumem-replay -- "$t"
 done
 
-# Bounded fuzzing of every input parser (fuzz/README.md). The corpus grows in the target
-# directory between runs; the committed seeds and dictionaries start it. A crash stops the
-# script with the failing input written under fuzz/artifacts/.
+# Bounded fuzzing of every input parser (scripts/fuzz.sh, fuzz/README.md): built in the
+# background above.
 fuzz_seconds="${GPUMEM_FUZZ_SECONDS:-30}"
 step "fuzzing: allocator config, trace reader, control protocol, %gpumem magics, snapshot pickles (${fuzz_seconds} s each)"
-if cargo +nightly --version >/dev/null 2>&1; then
-    if ! cargo fuzz --version >/dev/null 2>&1; then
-        cargo install --locked cargo-fuzz --version 0.13.2
-    fi
-    for t in alloc_conf trace control magic pickle; do
-        corpus="$CARGO_TARGET_DIR/fuzz-corpus/$t"
-        log="$CARGO_TARGET_DIR/fuzz-$t.log"
-        mkdir -p "$corpus"
-        if ! (cd fuzz && CARGO_TARGET_DIR="$CARGO_TARGET_DIR/fuzz" cargo +nightly fuzz run -O --debug-assertions \
-                "$t" "$corpus" "seeds/$t" -- -max_total_time="$fuzz_seconds" -rss_limit_mb=2048 \
-                -dict="dict/$t.dict" > "$log" 2>&1); then
-            tail -40 "$log"
-            if grep -q 'failed to build fuzz script' "$log"; then
-                echo "fuzz target $t did not build (see the compiler's error above)"
-            else
-                echo "fuzz target $t failed: the input is under fuzz/artifacts/$t/ (turn it into a regression test)"
-            fi
-            exit 1
-        fi
-        echo "$t: $(grep -E '^Done' "$log" | tail -1)"
-    done
-else
-    echo "SKIPPED: no nightly toolchain (cargo-fuzz needs it)"
-fi
+scripts/fuzz.sh run "$fuzz_seconds"
 
 step "Miri: the policy, stats, simulated device and the process-wide anchor under the interpreter"
 if rustup component add --toolchain nightly miri rust-src >/dev/null 2>&1; then
     # The two long random walks (thousands of policy steps, invariants checked after each) run
     # natively above; interpreted they take many minutes for nothing more to check.
-    MIRIFLAGS="-Zmiri-disable-isolation" cargo +nightly miri test -p gpumem-nb --lib --no-default-features \
+    MIRIFLAGS="$miri_flags" cargo +nightly miri test -p gpumem-nb --lib --no-default-features \
         -- policy:: stats:: units:: device::sim notebook::anchor \
         --skip policy::state::tests::random_walk_keeps_invariants --skip policy::freeset::tests::agrees_with_a_sorted_map
 else

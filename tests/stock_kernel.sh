@@ -6,8 +6,9 @@
 # for crates.io through a private CARGO_HOME. Then the pinned evcxr_jupyter (installed once,
 # cached under the target directory) runs tests/stock_nbclient.py through nbclient, as a user
 # runs it: evcxr builds in its own temporary directory, no EVCXR_TMPDIR, no library path set.
-#   tests/stock_kernel.sh
+#   tests/stock_kernel.sh [--install-only]
 # Needs network access once (crates.io, PyPI); the registry is rebuilt when the package changes.
+# --install-only installs evcxr_jupyter and stops (scripts/test.sh runs that in the background).
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 target="${CARGO_TARGET_DIR:-$repo/target}"
@@ -15,10 +16,14 @@ version=0.22.0
 root="$target/evcxr_jupyter"
 if ! grep -qs "^\"evcxr_jupyter $version " "$root/.crates.toml"; then
     start=$(date +%s)
-    echo "installing evcxr_jupyter $version into $root (once; its build is cached in $target)"
-    cargo install --locked --quiet evcxr_jupyter --version "$version" --root "$root"
+    # A build directory of its own: it shares no unit with the workspace's (its own lock file and
+    # features), and cargo's lock on a shared one would hold the workspace's builds back while it
+    # builds in the background.
+    echo "installing evcxr_jupyter $version into $root (once; its build is cached in $target/evcxr_jupyter-build)"
+    CARGO_TARGET_DIR="$target/evcxr_jupyter-build" cargo install --locked --quiet evcxr_jupyter --version "$version" --root "$root"
     echo "evcxr_jupyter $version installed in $(( $(date +%s) - start )) s"
 fi
+[ "${1:-}" = --install-only ] && exit 0
 
 # --- the packaged crate in a local registry -----------------------------------------------
 # Outside the clone: cargo must not find the clone's workspace above the unpacked crate.
