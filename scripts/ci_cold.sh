@@ -2,29 +2,34 @@
 # CI from cold, as a new machine meets it: `.ci/run` in a fresh clone of HEAD with a HOME of its
 # own (no crates downloaded, no ~/.cache: no target directory, no notebook-cell builds, no pip or
 # npm caches, no venvs) and a CARGO_HOME of its own (nothing installed with cargo); rustup's
-# toolchains are kept (a new machine has its toolchain). Debian's packages the tests install when
-# missing (chromium, chromium-driver, prometheus, slurm-wlm, munge) are left as they are: remove
-# them first for a run that installs them too. Prints the test command's seconds per step.
+# toolchains are kept (a new machine has its toolchain), linked as that HOME's ~/.rustup.
+# Debian's packages the tests install when missing (chromium, chromium-driver, prometheus,
+# slurm-wlm, munge) are left as they are: remove them first for a run that installs them too.
+# Prints the test command's seconds per step.
 #   scripts/ci_cold.sh DIR       (DIR: an empty directory; the log is DIR/ci.log)
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 dir="$(mkdir -p "${1:?DIR}" && cd "$1" && pwd)"
 [ -z "$(ls -A "$dir")" ] || { echo "FAIL: $dir is not empty" >&2; exit 1; }
 rustup_home="${RUSTUP_HOME:-$HOME/.rustup}"
-mkdir -p "$dir/home/.cargo/bin" "$dir/bin"
-# rustup's proxies alone (cargo, rustc, rustup, ...): they pick the tool by the name they run as.
+mkdir -p "$dir/home/.cargo/bin"
+# As rustup's installer leaves a new machine: ~/.rustup with the toolchains (here a link to this
+# machine's) and its proxies alone in ~/.cargo/bin (cargo, rustc, rustup, ...: they pick the tool
+# by the name they run as). No RUSTUP_HOME: a test that runs a tool with an emptied environment
+# (HOME and PATH) must find the toolchain as it would on the user's machine.
+ln -s "$rustup_home" "$dir/home/.rustup"
 for tool in cargo cargo-clippy cargo-fmt cargo-miri clippy-driver rustc rustdoc rustfmt rustup rust-analyzer; do
-    ln -s "$(command -v rustup)" "$dir/bin/$tool"
+    ln -s "$(command -v rustup)" "$dir/home/.cargo/bin/$tool"
 done
 git clone --quiet "$repo" "$dir/gpumem-nb"
-path="$dir/home/.cargo/bin:$dir/bin"
+path="$dir/home/.cargo/bin"
 # Python as the machine has it (pyenv's shims, if that is where python3 comes from), no packages
 # beyond its own: the tests make their own virtualenvs.
 py_dir="$(dirname "$(command -v python3)")"
 path="$path:$py_dir:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 start=$(date +%s)
 set +e
-(cd "$dir/gpumem-nb" && env -i HOME="$dir/home" PATH="$path" RUSTUP_HOME="$rustup_home" \
+(cd "$dir/gpumem-nb" && env -i HOME="$dir/home" PATH="$path" \
     ${PYENV_ROOT:+PYENV_ROOT="$PYENV_ROOT"} bash .ci/run) > "$dir/ci.log" 2>&1
 status=$?
 set -e

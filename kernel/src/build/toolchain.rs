@@ -92,10 +92,30 @@ pub fn take_notice() -> Option<String> {
 
 /// `rustc --print sysroot` of the `rustc` on `PATH`.
 pub fn sysroot() -> Option<PathBuf> {
-    let out = std::process::Command::new("rustc").args(["--print", "sysroot"]).output().ok()?;
-    out.status.success().then_some(())?;
-    let text = String::from_utf8(out.stdout).ok()?;
-    Some(PathBuf::from(text.trim()))
+    sysroot_or_why().ok()
+}
+
+/// `rustc --print sysroot` of the `rustc` on `PATH`, or why it gave none in one line: rustup's
+/// proxy with no toolchain chosen (`rustup could not choose a version of rustc to run…`), say,
+/// which evcxr otherwise meets as a bare `No such file or directory`.
+pub fn sysroot_or_why() -> Result<PathBuf, String> {
+    sysroot_of(Path::new("rustc"))
+}
+
+/// [`sysroot_or_why`] of the program `rustc`.
+fn sysroot_of(rustc: &Path) -> Result<PathBuf, String> {
+    let out = std::process::Command::new(rustc)
+        .args(["--print", "sysroot"])
+        .output()
+        .map_err(|e| format!("`rustc --print sysroot` did not start: {e}"))?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let first = stderr.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("no message").trim_end_matches('.');
+        return Err(format!("`rustc --print sysroot` failed ({}): {first}", out.status));
+    }
+    let text =
+        String::from_utf8(out.stdout).map_err(|_| "`rustc --print sysroot` printed no UTF-8 path".to_string())?;
+    Ok(PathBuf::from(text.trim()))
 }
 
 /// The host tuple of the `rustc` on `PATH` (`host:` of `rustc -vV`): cells are built for it.
@@ -219,6 +239,19 @@ mod tests {
         std::fs::create_dir_all(&lib).unwrap();
         std::fs::write(lib.join("libstd-0123abcd.so"), "").unwrap();
         assert_eq!(std_lib_dir(root.path(), host), Some(lib));
+    }
+
+    #[test]
+    fn a_rustc_that_does_not_run_is_said_in_its_own_words() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let proxy = dir.path().join("rustc");
+        std::fs::write(&proxy, "#!/bin/sh\necho >&2\necho 'error: no default is configured.' >&2\nexit 1\n").unwrap();
+        std::fs::set_permissions(&proxy, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let why = sysroot_of(&proxy).unwrap_err();
+        assert_eq!(why, "`rustc --print sysroot` failed (exit status: 1): error: no default is configured");
+        let why = sysroot_of(&dir.path().join("absent")).unwrap_err();
+        assert!(why.starts_with("`rustc --print sysroot` did not start: "), "{why}");
     }
 
     #[test]

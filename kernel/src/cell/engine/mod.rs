@@ -196,7 +196,8 @@ impl Engine {
         // relative to `deps/`, where it writes the library, and evcxr loads cargo's copy one
         // directory up (`$ORIGIN/../` seven times from `debug/` ends at `/`). So the child gets
         // the host's std directory on its library path (the host's only: see `std_lib_dir`).
-        let sysroot = toolchain::sysroot();
+        let sysroot_or_why = toolchain::sysroot_or_why();
+        let sysroot = sysroot_or_why.as_ref().ok().cloned();
         let lib = sysroot.as_deref().zip(toolchain::host()).and_then(|(s, h)| toolchain::std_lib_dir(s, &h));
         if let Some(lib) = lib {
             let mut paths = vec![lib];
@@ -213,7 +214,16 @@ impl Engine {
                 Some(notice) => {
                     anyhow::anyhow!("{} (evcxr failed to start: {e})", notice.trim_start_matches("gpumem-kernel: "))
                 }
-                None => anyhow::anyhow!("evcxr failed to start: {e}"),
+                // A toolchain on PATH that does not run (rustup's proxies with no toolchain):
+                // its own words first, and what fixes it.
+                None => match &sysroot_or_why {
+                    Err(why) => anyhow::anyhow!(
+                        "the Rust toolchain on PATH does not run: {why}. Install or choose one (`rustup default \
+                         stable`, or `{}`), then restart the kernel (evcxr failed to start: {e})",
+                        toolchain::RUSTUP_COMMAND
+                    ),
+                    Ok(_) => anyhow::anyhow!("evcxr failed to start: {e}"),
+                },
             }
         })?;
         // Cells keep line tables for their own code (`crate::build::cell_lines`): sites then name
