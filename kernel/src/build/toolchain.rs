@@ -1,6 +1,7 @@
-//! What the kernel needs from the active Rust toolchain, found through `rustc --print sysroot`:
-//! the directory of the `libstd-*.so` that evcxr's cells link against, and whether the
-//! standard library's sources (rustup's `rust-src` component) are there.
+//! What the kernel needs from the active Rust toolchain, found through `rustc --print sysroot
+//! --print target-libdir`: the directory of the host's `libstd-*.so` that evcxr's cells link
+//! against, and whether the standard library's sources (rustup's `rust-src` component) are
+//! there.
 //!
 //! evcxr infers the type of a `let` that outlives its cell with rust-analyzer, which needs
 //! those sources: without them `let v = vec![1u8];` fails with "Couldn't automatically
@@ -90,55 +91,58 @@ pub fn take_notice() -> Option<String> {
     NOTICE.lock().ok().and_then(|mut n| n.take())
 }
 
-/// `rustc --print sysroot` of the `rustc` on `PATH`.
-pub fn sysroot() -> Option<PathBuf> {
-    sysroot_or_why().ok()
+/// Where the `rustc` on `PATH` keeps its toolchain, from one `rustc --print sysroot --print
+/// target-libdir`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Dirs {
+    /// `--print sysroot`.
+    pub sysroot: PathBuf,
+    /// `--print target-libdir`: the host's libraries (`lib/rustlib/<host>/lib` under rustup),
+    /// where its `libstd-*.so` is; another installed target's is not (a cross target's std is
+    /// for a machine the cells do not run on).
+    pub target_libdir: PathBuf,
 }
 
-/// `rustc --print sysroot` of the `rustc` on `PATH`, or why it gave none in one line: rustup's
-/// proxy with no toolchain chosen (`rustup could not choose a version of rustc to run…`), say,
-/// which evcxr otherwise meets as a bare `No such file or directory`.
-pub fn sysroot_or_why() -> Result<PathBuf, String> {
-    sysroot_of(Path::new("rustc"))
+/// [`Dirs`] of the `rustc` on `PATH`, or why it gave none in one line: rustup's proxy with no
+/// toolchain chosen (`rustup could not choose a version of rustc to run…`), say, which evcxr
+/// otherwise meets as a bare `No such file or directory`.
+pub fn dirs() -> Result<Dirs, String> {
+    dirs_of(Path::new("rustc"))
 }
 
-/// [`sysroot_or_why`] of the program `rustc`.
-fn sysroot_of(rustc: &Path) -> Result<PathBuf, String> {
+/// [`dirs`] of the program `rustc`.
+fn dirs_of(rustc: &Path) -> Result<Dirs, String> {
+    let what = "`rustc --print sysroot --print target-libdir`";
     let out = std::process::Command::new(rustc)
-        .args(["--print", "sysroot"])
+        .args(["--print", "sysroot", "--print", "target-libdir"])
         .output()
-        .map_err(|e| format!("`rustc --print sysroot` did not start: {e}"))?;
+        .map_err(|e| format!("{what} did not start: {e}"))?;
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         let first = stderr.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("no message").trim_end_matches('.');
-        return Err(format!("`rustc --print sysroot` failed ({}): {first}", out.status));
+        return Err(format!("{what} failed ({}): {first}", out.status));
     }
-    let text =
-        String::from_utf8(out.stdout).map_err(|_| "`rustc --print sysroot` printed no UTF-8 path".to_string())?;
-    Ok(PathBuf::from(text.trim()))
+    let text = String::from_utf8(out.stdout).map_err(|_| format!("{what} printed no UTF-8 paths"))?;
+    let mut lines = text.lines().map(str::trim);
+    match (lines.next(), lines.next()) {
+        (Some(sysroot), Some(libdir)) if !sysroot.is_empty() && !libdir.is_empty() => {
+            Ok(Dirs { sysroot: PathBuf::from(sysroot), target_libdir: PathBuf::from(libdir) })
+        }
+        _ => Err(format!("{what} printed fewer than two paths")),
+    }
 }
 
-/// The host tuple of the `rustc` on `PATH` (`host:` of `rustc -vV`): cells are built for it.
-pub fn host() -> Option<String> {
-    let out = std::process::Command::new("rustc").arg("-vV").output().ok()?;
-    out.status.success().then_some(())?;
-    let text = String::from_utf8(out.stdout).ok()?;
-    text.lines().find_map(|l| l.strip_prefix("host: ")).map(|h| h.trim().to_string())
-}
-
-/// The directory holding the host's `libstd-*.so` under `sysroot`: `lib/rustlib/<host>/lib`
-/// (rustup's layout), else `lib`. Only the host's directory: with a cross target installed
-/// (`rustup target add aarch64-unknown-linux-gnu`) `rustlib` holds another `libstd-*.so` for a
-/// machine the cells do not run on, and putting it on the library path left the cell's
-/// `dlopen` without its std.
-pub fn std_lib_dir(sysroot: &Path, host: &str) -> Option<PathBuf> {
+/// The directory holding the host's `libstd-*.so`: rustc's target-libdir, else the sysroot's
+/// `lib` (a distribution's layout). Only the host's: with a cross target installed (`rustup
+/// target add aarch64-unknown-linux-gnu`) `rustlib` holds another `libstd-*.so`, and putting it
+/// on the library path left every cell's `dlopen` without its std.
+pub fn std_lib_dir(dirs: &Dirs) -> Option<PathBuf> {
     let has_std = |dir: &Path| {
         std::fs::read_dir(dir).is_ok_and(|rd| {
             rd.flatten().any(|e| e.file_name().to_str().is_some_and(|n| n.starts_with("libstd-") && n.ends_with(".so")))
         })
     };
-    let rustup = sysroot.join("lib").join("rustlib").join(host).join("lib");
-    [rustup, sysroot.join("lib")].into_iter().find(|d| has_std(d))
+    [dirs.target_libdir.clone(), dirs.sysroot.join("lib")].into_iter().find(|d| has_std(d))
 }
 
 /// Where rust-analyzer looks for the standard library's sources under `sysroot` (or
@@ -226,19 +230,20 @@ mod tests {
     }
 
     #[test]
-    fn std_is_found_in_rustups_layout_for_the_host_only() {
+    fn std_is_found_in_the_target_libdir_only() {
         let root = tempfile::tempdir().unwrap();
         let host = "x86_64-unknown-linux-gnu";
-        assert_eq!(std_lib_dir(root.path(), host), None);
+        let dirs =
+            Dirs { sysroot: root.path().into(), target_libdir: root.path().join("lib/rustlib").join(host).join("lib") };
+        assert_eq!(std_lib_dir(&dirs), None);
         // A cross target sorts before the host and has its own std: it must not be taken.
         let cross = root.path().join("lib/rustlib/aarch64-unknown-linux-gnu/lib");
         std::fs::create_dir_all(&cross).unwrap();
         std::fs::write(cross.join("libstd-fedcba98.so"), "").unwrap();
-        assert_eq!(std_lib_dir(root.path(), host), None);
-        let lib = root.path().join("lib/rustlib").join(host).join("lib");
-        std::fs::create_dir_all(&lib).unwrap();
-        std::fs::write(lib.join("libstd-0123abcd.so"), "").unwrap();
-        assert_eq!(std_lib_dir(root.path(), host), Some(lib));
+        assert_eq!(std_lib_dir(&dirs), None);
+        std::fs::create_dir_all(&dirs.target_libdir).unwrap();
+        std::fs::write(dirs.target_libdir.join("libstd-0123abcd.so"), "").unwrap();
+        assert_eq!(std_lib_dir(&dirs), Some(dirs.target_libdir.clone()));
     }
 
     #[test]
@@ -248,19 +253,20 @@ mod tests {
         let proxy = dir.path().join("rustc");
         std::fs::write(&proxy, "#!/bin/sh\necho >&2\necho 'error: no default is configured.' >&2\nexit 1\n").unwrap();
         std::fs::set_permissions(&proxy, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let why = sysroot_of(&proxy).unwrap_err();
-        assert_eq!(why, "`rustc --print sysroot` failed (exit status: 1): error: no default is configured");
-        let why = sysroot_of(&dir.path().join("absent")).unwrap_err();
-        assert!(why.starts_with("`rustc --print sysroot` did not start: "), "{why}");
+        let why = dirs_of(&proxy).unwrap_err();
+        assert_eq!(
+            why,
+            "`rustc --print sysroot --print target-libdir` failed (exit status: 1): error: no default is configured"
+        );
+        let why = dirs_of(&dir.path().join("absent")).unwrap_err();
+        assert!(why.starts_with("`rustc --print sysroot --print target-libdir` did not start: "), "{why}");
     }
 
     #[test]
-    fn the_host_is_the_one_rustc_names() {
-        // The rustc on PATH (tests run under cargo, so there is one) names its host; a cell's
-        // std lives under it.
-        let host = host().expect("rustc -vV names a host");
-        assert!(host.contains('-'), "{host}");
-        let sysroot = sysroot().expect("rustc --print sysroot");
-        assert!(std_lib_dir(&sysroot, &host).is_some(), "no libstd-*.so for {host} under {}", sysroot.display());
+    fn the_real_rustc_names_a_target_libdir_with_std() {
+        // The rustc on PATH (tests run under cargo, so there is one).
+        let dirs = dirs().expect("rustc --print sysroot --print target-libdir");
+        assert!(dirs.target_libdir.starts_with(&dirs.sysroot), "{dirs:?}");
+        assert_eq!(std_lib_dir(&dirs), Some(dirs.target_libdir.clone()), "{dirs:?}");
     }
 }

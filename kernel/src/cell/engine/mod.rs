@@ -196,10 +196,8 @@ impl Engine {
         // relative to `deps/`, where it writes the library, and evcxr loads cargo's copy one
         // directory up (`$ORIGIN/../` seven times from `debug/` ends at `/`). So the child gets
         // the host's std directory on its library path (the host's only: see `std_lib_dir`).
-        let sysroot_or_why = toolchain::sysroot_or_why();
-        let sysroot = sysroot_or_why.as_ref().ok().cloned();
-        let lib = sysroot.as_deref().zip(toolchain::host()).and_then(|(s, h)| toolchain::std_lib_dir(s, &h));
-        if let Some(lib) = lib {
+        let dirs = toolchain::dirs();
+        if let Some(lib) = dirs.as_ref().ok().and_then(toolchain::std_lib_dir) {
             let mut paths = vec![lib];
             if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
                 paths.extend(std::env::split_paths(&old));
@@ -216,7 +214,7 @@ impl Engine {
                 }
                 // A toolchain on PATH that does not run (rustup's proxies with no toolchain):
                 // its own words first, and what fixes it.
-                None => match &sysroot_or_why {
+                None => match &dirs {
                     Err(why) => anyhow::anyhow!(
                         "the Rust toolchain on PATH does not run: {why}. Install or choose one (`rustup default \
                          stable`, or `{}`), then restart the kernel (evcxr failed to start: {e})",
@@ -276,7 +274,7 @@ impl Engine {
             notice: notices([
                 crate::build::build_dir::take_notice().map(|n| format!("gpumem-kernel: {n}")),
                 toolchain::take_notice(),
-                sysroot.as_deref().and_then(toolchain::rust_src_notice),
+                dirs.as_ref().ok().and_then(|d| toolchain::rust_src_notice(&d.sysroot)),
                 metrics_notice,
             ]),
             compile: std::env::var_os("EVCXR_TMPDIR")
