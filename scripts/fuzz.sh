@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Bounded fuzzing of every input parser (fuzz/README.md), as scripts/test.sh runs it.
 #   scripts/fuzz.sh build          cargo-fuzz (installed when missing) builds every target
-#   scripts/fuzz.sh run [SECONDS]  each target for SECONDS (default 30), building what is missing
+#   scripts/fuzz.sh run [SECONDS]  each target for SECONDS (default 30; two at a time), building
+#                                  what is missing
 # Build outputs go to $CARGO_TARGET_DIR/fuzz (a build directory of its own: the sanitizer's flags
 # share no unit with the workspace's, and `build` runs beside other builds in scripts/test.sh).
 # The corpus grows in the target directory between runs; the committed seeds and dictionaries
@@ -29,9 +30,12 @@ build)
     ;;
 run)
     seconds="${2:-30}"
-    for t in "${targets[@]}"; do
-        corpus="$target/fuzz-corpus/$t"
-        log="$target/fuzz-$t.log"
+    # Two targets at a time (GPUMEM_FUZZ_JOBS): libFuzzer runs on one core.
+    jobs_at_once="${GPUMEM_FUZZ_JOBS:-2}"
+    # Each target's run builds what is missing first; built here once, one cargo at a time.
+    cargo +nightly fuzz build "${flags[@]}" >/dev/null
+    fuzz_one() {
+        local t=$1 corpus="$target/fuzz-corpus/$1" log="$target/fuzz-$1.log"
         mkdir -p "$corpus"
         if ! cargo +nightly fuzz run "${flags[@]}" "$t" "$corpus" "seeds/$t" -- -max_total_time="$seconds" \
                 -rss_limit_mb=2048 -dict="dict/$t.dict" > "$log" 2>&1; then
@@ -41,10 +45,24 @@ run)
             else
                 echo "fuzz target $t failed: the input is under fuzz/artifacts/$t/ (turn it into a regression test)"
             fi
-            exit 1
+            return 1
         fi
         echo "$t: $(grep -E '^Done' "$log" | tail -1)"
+    }
+    running=0 failed=0
+    for t in "${targets[@]}"; do
+        if [ "$running" -ge "$jobs_at_once" ]; then
+            wait -n || failed=1
+            running=$((running - 1))
+        fi
+        fuzz_one "$t" &
+        running=$((running + 1))
     done
+    while [ "$running" -gt 0 ]; do
+        wait -n || failed=1
+        running=$((running - 1))
+    done
+    exit "$failed"
     ;;
 *)
     echo "usage: scripts/fuzz.sh build | run [SECONDS]" >&2
