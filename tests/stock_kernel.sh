@@ -9,18 +9,26 @@
 #   tests/stock_kernel.sh [--install-only]
 # Needs network access once (crates.io, PyPI); the registry is rebuilt when the package changes.
 # --install-only installs evcxr_jupyter and stops (scripts/test.sh runs that in the background).
+# GPUMEM_STOCK_OPT_LEVEL=1 (scripts/test.sh) installs it built at opt-level 1 without line tables,
+# into a root of its own: the same code in half the build time, for a test that checks reports,
+# not speed. Unset: release as `cargo install` builds it, for the benchmarks that time the stock
+# kernel against ours (scripts/cell_bench.sh, scripts/dep_start.sh, scripts/gpu/notebook.sh).
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 target="${CARGO_TARGET_DIR:-$repo/target}"
 version=0.22.0
-root="$target/evcxr_jupyter"
+root="$target/evcxr_jupyter" build_env=()
+if [ -n "${GPUMEM_STOCK_OPT_LEVEL:-}" ]; then
+    root="$target/evcxr_jupyter-o$GPUMEM_STOCK_OPT_LEVEL"
+    build_env=(CARGO_PROFILE_RELEASE_OPT_LEVEL="$GPUMEM_STOCK_OPT_LEVEL" CARGO_PROFILE_RELEASE_DEBUG=false)
+fi
 if ! grep -qs "^\"evcxr_jupyter $version " "$root/.crates.toml"; then
     start=$(date +%s)
     # A build directory of its own: it shares no unit with the workspace's (its own lock file and
     # features), and cargo's lock on a shared one would hold the workspace's builds back while it
     # builds in the background.
-    echo "installing evcxr_jupyter $version into $root (once; its build is cached in $target/evcxr_jupyter-build)"
-    CARGO_TARGET_DIR="$target/evcxr_jupyter-build" cargo install --locked --quiet evcxr_jupyter --version "$version" --root "$root"
+    echo "installing evcxr_jupyter $version into $root (once; its build is cached in $root-build)"
+    env "${build_env[@]}" CARGO_TARGET_DIR="$root-build" cargo install --locked --quiet evcxr_jupyter --version "$version" --root "$root"
     echo "evcxr_jupyter $version installed in $(( $(date +%s) - start )) s"
 fi
 [ "${1:-}" = --install-only ] && exit 0
