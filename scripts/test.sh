@@ -6,9 +6,10 @@
 # Build outputs go to $CARGO_TARGET_DIR, by default the clone's own `target/`: the README's main
 # command builds there too, so running it first leaves this script little to compile. Notebook
 # cells are compiled where the kernel compiles them for a user, outside any cargo workspace
-# (`~/.cache/gpumem-kernel/evcxr`; the stock kernel: evcxr's own temporary directory): nothing
-# here sets EVCXR_TMPDIR. CI (`.ci/run`) keeps the target directory outside the clone so
-# repeated runs are incremental, and also runs the README's main command in a fresh clone.
+# (`~/.cache/gpumem-kernel/evcxr`; the stock kernel: evcxr's own temporary directory): only the
+# kernel tests' framework lane sets EVCXR_TMPDIR (below, with why). CI (`.ci/run`) keeps the
+# target directory outside the clone so repeated runs are incremental, and also runs the README's
+# main command in a fresh clone.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$repo"
@@ -28,7 +29,7 @@ step_done() {
 step() {
     step_done
     step_name="$*"
-    printf '\n==> %s\n' "$*"
+    printf '\n==> %s  [%s]\n' "$*" "$(date +%T)"
 }
 # The times, also when a step fails (where a failing cold run spent its time).
 times_at_exit() {
@@ -56,38 +57,97 @@ trap 'times_at_exit; stop_background' EXIT
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
-# --- Builds that share no unit with the workspace's, started now beside the steps below at the
-# lowest CPU priority: the stock evcxr_jupyter (14 min alone on two cores cold; its own lock file
-# and features), cargo-fuzz and the sanitized fuzz targets, Miri's sysroot and test build. Each
-# has a build directory of its own, so none holds cargo's lock on the workspace's. The steps
-# leave a core idle much of the time (one rustc per notebook cell, a browser, a scrape); warm,
-# each is done in seconds. `wait_background` collects them before the first step that needs one.
-background_log="$CARGO_TARGET_DIR/background-builds.log"
-miri_flags="-Zmiri-disable-isolation"
+# --- Debian packages the later steps use, installed in the background at the start when missing
+# (as root, through apt-get; downloads, no CPU to speak of), each as its step installs it:
+# chromium and chromium-driver (tests/html.rs, the JupyterLab tests; scripts/lab_env.sh),
+# prometheus (the metrics and Slurm steps; scripts/prometheus_env.sh), slurm-wlm and munge (the
+# Slurm recipe; deploy/slurm/local_slurm.sh). Each step still installs what it needs when it runs
+# alone, and finds it here when it runs in this script.
+packages_pid="" packages_log="$CARGO_TARGET_DIR/background-packages.log"
 mkdir -p "$CARGO_TARGET_DIR"
+missing() {
+    local p
+    for p in "$@"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || return 0; done
+    return 1
+}
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+    && missing chromium chromium-driver prometheus slurm-wlm munge; then
+    (
+        set -e
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        if missing chromium chromium-driver; then apt-get install -y -qq chromium chromium-driver; fi
+        if missing prometheus; then apt-get install -y -qq --no-install-recommends prometheus; fi
+        if missing slurm-wlm munge; then apt-get install -y -qq --no-install-recommends slurm-wlm munge; fi
+    ) > "$packages_log" 2>&1 &
+    packages_pid=$!
+fi
+wait_packages() {
+    [ -z "$packages_pid" ] && return
+    wait "$packages_pid" || { tail -20 "$packages_log"; echo "installing Debian's packages in the background failed (each step tries again)"; }
+    packages_pid=""
+}
+
+# --- Builds that share no unit with the workspace's, started now beside the steps below at the
+# lowest CPU priority: the stock evcxr_jupyter (at opt-level 1: tests/stock_kernel.sh), cargo-fuzz
+# and the sanitized fuzz targets, Miri's sysroot and test build, then Miri's run of the tests
+# (interpreted, on one core; the last step prints it). Each has a build directory of its own, so
+# none holds cargo's lock on the workspace's. The steps leave a core idle much of the time (one
+# rustc per notebook cell, a browser, a scrape); warm, each is done in seconds. `wait_stock`
+# waits for evcxr_jupyter before the stock kernel's step, `wait_background` for the rest at the end.
+background_log="$CARGO_TARGET_DIR/background-builds.log"
+miri_log="$CARGO_TARGET_DIR/background-miri.log"
+stock_ready="$CARGO_TARGET_DIR/background-stock-ready"
+export GPUMEM_STOCK_OPT_LEVEL=1
+miri_flags="-Zmiri-disable-isolation"
+rm -f "$stock_ready" "$miri_log"
 (
     set -e
     echo "[$(date +%T)] evcxr_jupyter"; nice -n 19 tests/stock_kernel.sh --install-only
+    touch "$stock_ready"
     echo "[$(date +%T)] fuzz targets"; nice -n 19 scripts/fuzz.sh build
     echo "[$(date +%T)] Miri"
     if rustup component add --toolchain nightly miri rust-src >/dev/null 2>&1; then
-        MIRIFLAGS="$miri_flags" nice -n 19 cargo +nightly miri test --no-run -p gpumem-nb --lib --no-default-features
+        # The two long random walks (thousands of policy steps, invariants checked after each)
+        # run natively in the library's tests; interpreted they take many minutes for nothing
+        # more to check.
+        MIRIFLAGS="$miri_flags" nice -n 19 cargo +nightly miri test -p gpumem-nb --lib --no-default-features \
+            -- policy:: stats:: units:: device::sim notebook::anchor \
+            --skip policy::state::tests::random_walk_keeps_invariants \
+            --skip policy::freeset::tests::agrees_with_a_sorted_map > "$miri_log" 2>&1 \
+            || { tail -60 "$miri_log"; exit 1; }
+    else
+        echo "SKIPPED: could not install Miri for the nightly toolchain (rustup unreachable?)" > "$miri_log"
     fi
     echo "[$(date +%T)] done"
 ) > "$background_log" 2>&1 &
 background_pid=$!
 background_start=$(date +%s)
+background_failed() {
+    tail -60 "$background_log"
+    echo "FAIL: a background build failed (exit $1): the log's end is above ($background_log)"
+    exit 1
+}
+wait_stock() {
+    local waited=$(date +%s)
+    while [ ! -e "$stock_ready" ]; do
+        if ! kill -0 "$background_pid" 2>/dev/null; then
+            local status=0
+            wait "$background_pid" || status=$?
+            background_pid=""
+            background_failed "$status"
+        fi
+        sleep 5
+    done
+    echo "evcxr_jupyter (background): started $(( waited - background_start )) s before this step, waited $(( $(date +%s) - waited )) s more"
+}
 wait_background() {
     [ -z "$background_pid" ] && return
     local status=0 waited=$(date +%s)
     wait "$background_pid" || status=$?
     background_pid=""
     echo "background builds: started $(( waited - background_start )) s before this step, waited $(( $(date +%s) - waited )) s more (log: $background_log)"
-    if [ "$status" != 0 ]; then
-        tail -40 "$background_log"
-        echo "FAIL: a background build failed (exit $status): the log's end is above"
-        exit 1
-    fi
+    [ "$status" = 0 ] || background_failed "$status"
 }
 
 step "clippy: the whole workspace, all features (cuBLAS/NVRTC interop, the kernel)"
@@ -97,6 +157,7 @@ cargo clippy -p gpumem-nb --all-targets -- -D warnings
 step "clippy: the library, no default features (simulated backend only)"
 cargo clippy -p gpumem-nb --all-targets --no-default-features -- -D warnings
 
+wait_packages
 # --- Chromium for tests/html.rs (renders trace_plot.html headless; the test fails without it) and
 # chromium-driver for the JupyterLab browser test ---
 if { [ ! -x /usr/bin/chromium ] && [ -z "${CHROMIUM:-}" ]; } || { [ ! -x /usr/bin/chromedriver ] && [ -z "${CHROMEDRIVER:-}" ]; }; then
@@ -110,7 +171,13 @@ fi
 # --- end chromium ---
 
 step "tests: the library (unit, layers, conformance with PyTorch 2.11 goldens, trace replay, round trips)"
-cargo test -p gpumem-nb --all-features
+# Built first, then run as two lanes (scripts/test_lanes.py): the test that documents every
+# `gpumem_nb::` path users read (a `cargo doc` of its own, two minutes cold, mostly one core)
+# beside all the others; then the doctests.
+cargo test -p gpumem-nb --all-features --no-run --message-format=json-render-diagnostics \
+    > "$CARGO_TARGET_DIR/library-tests.json"
+python3 scripts/test_lanes.py "$CARGO_TARGET_DIR/library-tests.json" --lane "" paths --lane "" '*'
+cargo test -p gpumem-nb --all-features --doc
 
 # The kernel's tests run real evcxr, which compiles notebook cells: in release, evcxr's own
 # rust-analyzer is fast enough. Our patches of evcxr (vendor/evcxr/PATCHES.md: variables kept,
@@ -121,7 +188,18 @@ cargo test -p gpumem-nb --all-features
 kernel_tests=()
 for t in kernel/tests/*.rs; do kernel_tests+=(--test "$(basename "$t" .rs)"); done
 step "tests: the kernel (real evcxr, the Jupyter protocol over ZMQ, headless runs, restarts) and our patches of evcxr"
-cargo test --release -p gpumem-kernel -p gpumem-evcxr --lib --bins "${kernel_tests[@]}" -- --test-threads=1
+cargo test --release -p gpumem-kernel -p gpumem-evcxr --lib --bins "${kernel_tests[@]}" --no-run \
+    --message-format=json-render-diagnostics > "$CARGO_TARGET_DIR/kernel-tests.json"
+# Run as two lanes side by side (a notebook's kernel compiles one small cell at a time and leaves
+# the other core idle): the framework notebooks (candle and burn built for cells, minutes cold)
+# and the two-device one in one, everything else in the other. Each binary runs as cargo runs it
+# (from its package's directory, one test at a time). The framework lane's kernels compile cells
+# in a directory of their own (EVCXR_TMPDIR, as a user may set it): in the shared default one, a
+# second kernel is seeded with a copy of what the first built (gigabytes, once candle is there).
+framework_cells="${XDG_CACHE_HOME:-$HOME/.cache}/gpumem-kernel/tests-frameworks"
+python3 scripts/test_lanes.py "$CARGO_TARGET_DIR/kernel-tests.json" \
+    --lane "EVCXR_TMPDIR=$framework_cells" corpus devices \
+    --lane "" '*' -- --test-threads=1
 
 step "the tour notebook through jupyter_client/nbclient against the installed kernel"
 kernel/tests/run_tour.sh release
@@ -153,10 +231,10 @@ GPUMEM_NB_HISTORY_CELLS=40 scripts/soak.sh 100 --assert
 step "the kernel in a real JupyterLab 4.6.6 in headless Chromium: run all, live line, panic, bad magic, layout, themes"
 kernel/tests/lab_browser.sh
 
-# evcxr_jupyter is installed once into the target directory: 6 min on 2 cores after the
-# kernel's release build above (14.5 min in an empty target directory), seconds afterwards.
+# evcxr_jupyter is installed once into the target directory, in the background above (at
+# opt-level 1; seconds once it is there).
 step "gpumem-nb in the stock evcxr kernel: the packaged crate from a local registry, evcxr_jupyter 0.22.0, a notebook through nbclient"
-wait_background
+wait_stock
 tests/stock_kernel.sh
 
 step "the README's main command, and its HTML in headless Chromium (offline)"
@@ -187,7 +265,7 @@ scripts/wheel.sh
 GPUMEM_WHEEL_CELL_CACHE="$HOME/.cache/gpumem-wheel-cells" python/tests/wheel.sh
 
 step "benchmarks build"
-cargo bench --workspace --no-run
+cargo bench -p gpumem-nb --benches --no-run
 
 step "gpumem-replay on the shipped PyTorch traces"
 for t in tests/fixtures/traces/*.trace.tsv.gz; do
@@ -195,21 +273,14 @@ for t in tests/fixtures/traces/*.trace.tsv.gz; do
 done
 
 # Bounded fuzzing of every input parser (scripts/fuzz.sh, fuzz/README.md): built in the
-# background above.
+# background above (`fuzz.sh run` waits for cargo's lock on it if that is still going).
 fuzz_seconds="${GPUMEM_FUZZ_SECONDS:-30}"
 step "fuzzing: allocator config, trace reader, control protocol, %gpumem magics, snapshot pickles (${fuzz_seconds} s each)"
 scripts/fuzz.sh run "$fuzz_seconds"
 
-step "Miri: the policy, stats, simulated device and the process-wide anchor under the interpreter"
-if rustup component add --toolchain nightly miri rust-src >/dev/null 2>&1; then
-    # The two long random walks (thousands of policy steps, invariants checked after each) run
-    # natively above; interpreted they take many minutes for nothing more to check.
-    MIRIFLAGS="$miri_flags" cargo +nightly miri test -p gpumem-nb --lib --no-default-features \
-        -- policy:: stats:: units:: device::sim notebook::anchor \
-        --skip policy::state::tests::random_walk_keeps_invariants --skip policy::freeset::tests::agrees_with_a_sorted_map
-else
-    echo "SKIPPED: could not install Miri for the nightly toolchain (rustup unreachable?)"
-fi
+step "Miri: the policy, stats, simulated device and the process-wide anchor under the interpreter (run in the background)"
+wait_background
+cat "$miri_log"
 
 step_done
 echo
