@@ -94,7 +94,18 @@ fn every_gpumem_nb_path_users_read_resolves() {
         lib.push_str(&format!("//! - [`{p}`] ({})\n", files.iter().cloned().collect::<Vec<_>>().join(", ")));
     }
     std::fs::write(dir.join("src/lib.rs"), lib).unwrap();
-    let out = Command::new(env!("CARGO"))
+    // The toolchain that built this test, named whole: run outside a rustup proxy (no
+    // RUSTUP_TOOLCHAIN), cargo's plain `rustc` is rustup's, which obeys a dependency's own
+    // rust-toolchain.toml (convert_case 0.10 pins 1.83.0) in the directory it compiles.
+    let cargo = Path::new(env!("CARGO"));
+    let mut doc = Command::new(cargo);
+    for (var, tool) in [("RUSTC", "rustc"), ("RUSTDOC", "rustdoc")] {
+        let beside = cargo.with_file_name(tool);
+        if beside.is_file() {
+            doc.env(var, beside);
+        }
+    }
+    let out = doc
         .args(["doc", "--no-deps", "--offline", "--quiet"])
         .current_dir(&dir)
         .env("CARGO_TARGET_DIR", dir.join("target"))

@@ -110,6 +110,11 @@ pub(crate) fn path_crate(dir: &Path, name: &str, manifest_extra: &str, lib: &str
 pub(crate) fn demo_binary() -> PathBuf {
     let profile = Path::new(env!("CARGO_BIN_EXE_gpumem-kernel")).parent().unwrap();
     let mut cargo = Command::new(env!("CARGO"));
+    // The toolchain that built this test, named whole (tests/paths.rs says why).
+    let rustc = Path::new(env!("CARGO")).with_file_name("rustc");
+    if rustc.is_file() {
+        cargo.env("RUSTC", rustc);
+    }
     cargo
         .args(["build", "--quiet", "-p", "gpumem-nb", "--bin", "gpumem-demo"])
         .current_dir(repo_root())
