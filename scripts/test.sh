@@ -92,9 +92,11 @@ wait_packages() {
 # lowest CPU priority: the stock evcxr_jupyter (at opt-level 1: tests/stock_kernel.sh), cargo-fuzz
 # and the sanitized fuzz targets, Miri's sysroot and test build, then Miri's run of the tests
 # (interpreted, on one core; the last step prints it). Each has a build directory of its own, so
-# none holds cargo's lock on the workspace's. The steps leave a core idle much of the time (one
-# rustc per notebook cell, a browser, a scrape); warm, each is done in seconds. `wait_stock`
-# waits for evcxr_jupyter before the stock kernel's step, `wait_background` for the rest at the end.
+# none holds cargo's lock on the workspace's. They take only what the steps leave: from cold the
+# two cores are busy 98 % of the run (scripts/ci_cold.sh's cpu.tsv, 2026-11-29), so they end
+# before they are needed rather than making the run shorter; warm, each is done in seconds.
+# `wait_stock` waits for evcxr_jupyter before the stock kernel's step, `wait_background` for the
+# rest at the end.
 background_log="$CARGO_TARGET_DIR/background-builds.log"
 miri_log="$CARGO_TARGET_DIR/background-miri.log"
 stock_ready="$CARGO_TARGET_DIR/background-stock-ready"
@@ -190,12 +192,13 @@ for t in kernel/tests/*.rs; do kernel_tests+=(--test "$(basename "$t" .rs)"); do
 step "tests: the kernel (real evcxr, the Jupyter protocol over ZMQ, headless runs, restarts) and our patches of evcxr"
 cargo test --release -p gpumem-kernel -p gpumem-evcxr --lib --bins "${kernel_tests[@]}" --no-run \
     --message-format=json-render-diagnostics > "$CARGO_TARGET_DIR/kernel-tests.json"
-# Run as two lanes side by side (a notebook's kernel compiles one small cell at a time and leaves
-# the other core idle): the framework notebooks (candle and burn built for cells, minutes cold)
-# and the two-device one in one, everything else in the other. Each binary runs as cargo runs it
-# (from its package's directory, one test at a time). The framework lane's kernels compile cells
-# in a directory of their own (EVCXR_TMPDIR, as a user may set it): in the shared default one, a
-# second kernel is seeded with a copy of what the first built (gigabytes, once candle is there).
+# Run as two lanes side by side: the framework notebooks (candle and burn built for cells,
+# minutes cold) and the two-device one in one, everything else in the other. Warm, a kernel
+# compiles one small cell at a time and leaves the other core idle (961 s in lanes); from cold
+# both cores are busy anyway (1,305 s). Each binary runs as cargo runs it (from its package's
+# directory, one test at a time). The framework lane's kernels compile cells in a directory of
+# their own (EVCXR_TMPDIR, as a user may set it): in the shared default one, a second kernel is
+# seeded with a copy of what the first built (gigabytes, once candle is there).
 framework_cells="${XDG_CACHE_HOME:-$HOME/.cache}/gpumem-kernel/tests-frameworks"
 python3 scripts/test_lanes.py "$CARGO_TARGET_DIR/kernel-tests.json" \
     --lane "EVCXR_TMPDIR=$framework_cells" corpus devices \
