@@ -703,7 +703,7 @@ def main():
             "const p = gpumemTest.panel(); return !!(p.sessionContext && p.sessionContext.session "
             "&& p.sessionContext.session.kernel)"), 120)
         js("gpumemTest.replies = []; gpumemTest.watchReplies()")
-        t_second = time.monotonic()
+        t_second, t_second_wall = time.monotonic(), time.time()
         js("window.jupyterapp.commands.execute('notebook:run-all-cells')")
         first_report = wait("the second notebook's first report", lambda: (lambda s: time.monotonic() if any(
             o["report"] and not o["live"] for o in s[0]["outputs"]) else None)(js("return gpumemTest.state()")), 600,
@@ -726,8 +726,20 @@ def main():
         check(second_ms / 1000 >= waited_first - 1.5,
               f"the first cell's time ({second_ms / 1000:.2f} s) covers the browser's wait from the click "
               f"({waited_first:.2f} s, less 1.5 s: the server's start of the kernel's process, the polling)")
-        check(second_ms <= 2 * first_ms,
-              f"the second kernel's first cell ({second_ms / 1000:.1f} s) within 2x the first's ({first_ms / 1000:.1f} s)")
+        print(f"  the second kernel's first cell {second_ms / 1000:.1f} s, the first kernel's {first_ms / 1000:.1f} s")
+        # It starts warm: cargo compiled none of the notebook's dependencies for it (a unit it
+        # builds gets outputs newer than the click; the seeded ones keep the shared build's times).
+        lab_log.flush()
+        moved = re.findall(r"this one compiles cells in (\S+?)(?:,|$)", open(lab_log.name).read(), re.M)
+        check(len(moved) == 1, "the second kernel says it compiles cells in a directory of its own", moved)
+        if moved:
+            deps = [os.path.join(d, "deps") for d, _, _ in os.walk(os.path.join(moved[0], "target"))
+                    if os.path.isdir(os.path.join(d, "deps")) and os.path.basename(d) == "debug"]
+            built = sorted(f for d in deps for f in os.listdir(d)
+                           if not re.match(r"(lib)?ctx[.-]", f)
+                           and os.path.getmtime(os.path.join(d, f)) >= t_second_wall)
+            check(deps and not built, f"the second kernel's first cell compiled no dependency in {moved[0]} "
+                  f"(outputs newer than the click: {built[:6]})")
         r0 = js("return gpumemTest.rendered(0)")
         check(r0["notices"] >= 1 and r0["stderr"] == 0, "the second kernel's start is a display message, not stderr", r0)
         for i, what in ((EXPLAIN, "explain"), (FIT, "fit")):

@@ -13,9 +13,10 @@
 //!   the tests), so the first build is shared;
 //! - when that one is held by another kernel (two notebooks open at once: two builds cannot
 //!   share a directory), the first free of `evcxr-2` … `evcxr-8` beside it, kept too; the
-//!   first time one is used, it is seeded with a copy of the shared directory's build, and at
-//!   every later use it takes what the shared one built since (a new gpumem-nb), so the second
-//!   notebook's first `:dep gpumem-nb` starts warm instead of building every dependency;
+//!   first time one is used, it is seeded with a copy of the shared directory's build (its
+//!   units, not rustc's incremental state or old cells' libraries), and at every later use it
+//!   takes what the shared one built since (a new gpumem-nb), so the second notebook's first
+//!   `:dep gpumem-nb` starts warm instead of building every dependency;
 //! - when none of those can be used (a workspace claims it, it cannot be created, all are held),
 //!   a private temporary directory, removed when the kernel exits.
 //!
@@ -123,9 +124,24 @@ fn slot_path(first: &Path, n: usize) -> PathBuf {
     first.with_file_name(format!("{name}-{n}"))
 }
 
+/// What [`seed`] leaves out of a target directory: rustc's incremental state (`incremental/`:
+/// only used to recompile a crate that changed, and the larger part of a directory used for a
+/// while: 2.0 of 3.1 GiB in a CI machine's shared one, one copy per gpumem-nb version and cell
+/// crate) and the libraries evcxr copies each cell's build to (`libcode_N.so`, rewritten by the
+/// next session). A unit whose outputs and fingerprint are copied is fresh without them.
+fn not_seeded(name: &std::ffi::OsStr, is_dir: bool) -> bool {
+    let name = name.to_string_lossy();
+    if is_dir {
+        name == "incremental"
+    } else {
+        name.strip_prefix("libcode_").and_then(|n| n.strip_suffix(".so")).is_some_and(|n| n.parse::<u64>().is_ok())
+    }
+}
+
 /// Copies `from` (a cargo target directory) to `to`, file by file: what `to` lacks, and what
-/// `from` has built since (a newer modification time; a file `to` built itself later stays).
-/// What fails is left out (cargo rebuilds what is missing or stale). Returns the bytes copied.
+/// `from` has built since (a newer modification time; a file `to` built itself later stays),
+/// less what is [`not_seeded`]. What fails is left out (cargo rebuilds what is missing or
+/// stale). Returns the bytes copied.
 fn seed(from: &Path, to: &Path) -> u64 {
     let mut bytes = 0;
     let Ok(entries) = std::fs::read_dir(from) else { return 0 };
@@ -134,6 +150,9 @@ fn seed(from: &Path, to: &Path) -> u64 {
     }
     for e in entries.flatten() {
         let (src, dst) = (e.path(), to.join(e.file_name()));
+        if e.file_type().is_ok_and(|t| not_seeded(&e.file_name(), t.is_dir())) {
+            continue;
+        }
         match e.file_type() {
             Ok(t) if t.is_dir() => bytes += seed(&src, &dst),
             Ok(t) if t.is_file() => {
@@ -307,6 +326,12 @@ mod tests {
         let built = shared.join("target").join("debug").join("deps");
         std::fs::create_dir_all(&built).unwrap();
         std::fs::write(built.join("libdep.rlib"), b"built").unwrap();
+        let incremental = shared.join("target").join("debug").join("incremental").join("gpumem_nb-1a2b").join("s-1");
+        std::fs::create_dir_all(&incremental).unwrap();
+        std::fs::write(incremental.join("dep-graph.bin"), b"state").unwrap();
+        for cell in ["libcode_7.so", "libcode_x.so"] {
+            std::fs::write(shared.join("target").join("debug").join(cell), b"a cell").unwrap();
+        }
         let when = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000);
         File::options().write(true).open(built.join("libdep.rlib")).unwrap().set_modified(when).unwrap();
         let second = choose_from(None, Some(shared.clone()));
@@ -319,6 +344,13 @@ mod tests {
         assert_eq!(dir2, slot_path(&shared, 2));
         let copy = dir2.join("target").join("debug").join("deps").join("libdep.rlib");
         assert_eq!(std::fs::read(&copy).unwrap(), b"built");
+        for left_out in ["incremental/gpumem_nb-1a2b/s-1/dep-graph.bin", "libcode_7.so"] {
+            assert!(!dir2.join("target").join("debug").join(left_out).exists(), "{left_out} is not copied");
+        }
+        assert!(
+            dir2.join("target").join("debug").join("libcode_x.so").is_file(),
+            "only evcxr's cell libraries are left out"
+        );
         assert_eq!(std::fs::metadata(&copy).unwrap().modified().unwrap(), when);
         // A third takes the next; the second's, once free, is used again as it is.
         let third = choose_from(None, Some(shared.clone()));
