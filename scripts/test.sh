@@ -89,7 +89,7 @@ wait_packages() {
 }
 
 # --- Builds that share no unit with the workspace's, started now beside the steps below at the
-# lowest CPU priority: the stock evcxr_jupyter (at opt-level 1: tests/stock_kernel.sh), cargo-fuzz
+# lowest CPU priority: the stock evcxr_jupyter (at opt-level 0: tests/stock_kernel.sh), cargo-fuzz
 # and the sanitized fuzz targets, Miri's sysroot and test build, then Miri's run of the tests
 # (interpreted, on one core; the last step prints it). Each has a build directory of its own, so
 # none holds cargo's lock on the workspace's. They take only what the steps leave: from cold the
@@ -100,7 +100,7 @@ wait_packages() {
 background_log="$CARGO_TARGET_DIR/background-builds.log"
 miri_log="$CARGO_TARGET_DIR/background-miri.log"
 stock_ready="$CARGO_TARGET_DIR/background-stock-ready"
-export GPUMEM_STOCK_OPT_LEVEL=1
+export GPUMEM_STOCK_OPT_LEVEL=0
 miri_flags="-Zmiri-disable-isolation"
 rm -f "$stock_ready" "$miri_log"
 (
@@ -235,7 +235,7 @@ step "the kernel in a real JupyterLab 4.6.6 in headless Chromium: run all, live 
 kernel/tests/lab_browser.sh
 
 # evcxr_jupyter is installed once into the target directory, in the background above (at
-# opt-level 1; seconds once it is there).
+# opt-level 0; seconds once it is there).
 step "gpumem-nb in the stock evcxr kernel: the packaged crate from a local registry, evcxr_jupyter 0.22.0, a notebook through nbclient"
 wait_stock
 tests/stock_kernel.sh

@@ -9,9 +9,11 @@
 #   tests/stock_kernel.sh [--install-only]
 # Needs network access once (crates.io, PyPI); the registry is rebuilt when the package changes.
 # --install-only installs evcxr_jupyter and stops (scripts/test.sh runs that in the background).
-# GPUMEM_STOCK_OPT_LEVEL=1 (scripts/test.sh) installs it built at opt-level 1 without line tables,
-# into a root of its own: the same code built faster (643 s with a fuzz build beside it, against
-# 14 min alone for release, 2026-11-29), for a test that checks reports, not speed. Unset: release as `cargo install` builds it, for the benchmarks that time the stock
+# GPUMEM_STOCK_OPT_LEVEL=N installs it built at opt-level N without line tables, into a root of
+# its own, for a test that checks reports, not speed. scripts/test.sh sets 0: fewest core-seconds
+# in all (2026-11-29, this machine, alone: build 314 core-s at 0 against 935 at 1 and 14 min of
+# wall time for release; this test then 459 core-s against 301). Unset: release as `cargo
+# install` builds it, for the benchmarks that time the stock
 # kernel against ours (scripts/cell_bench.sh, scripts/dep_start.sh, scripts/gpu/notebook.sh).
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
