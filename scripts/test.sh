@@ -267,8 +267,9 @@ scripts/wheel.sh
 # cold first report instead.
 GPUMEM_WHEEL_CELL_CACHE="$HOME/.cache/gpumem-wheel-cells" python/tests/wheel.sh
 
-step "benchmarks build"
-cargo bench -p gpumem-nb --benches --no-run
+# The benchmarks (benches/: criterion, gpumem-nb's only) are compiled by the first clippy step
+# (--all-targets); building them in the bench profile too took 141 s from cold (2026-11-29) and
+# checked only that they link.
 
 step "gpumem-replay on the shipped PyTorch traces"
 for t in tests/fixtures/traces/*.trace.tsv.gz; do
