@@ -225,7 +225,7 @@ kernel/tests/children.sh release
 
 # A short soak (scripts/soak.sh; the 5,000-cell figures are in BENCHMARKS.md): 100 cells with
 # allocations, drops, temporaries, magics, two panics and a restart; exactly one report per cell, the
-# kernel's RSS bounded, the hooks' median flat, and the history keeping 40 cells with the rest summarised.
+# kernel's RSS bounded, and the history keeping 40 cells with the rest summarised (hook times shown).
 step "soak: 100 cells through nbclient on the simulated device"
 GPUMEM_NB_HISTORY_CELLS=40 scripts/soak.sh 100 --assert
 
