@@ -66,13 +66,28 @@ kernel_dir="$work/packages/gpumem-kernel-$(version gpumem-kernel)"
 # Cargo.lock pins rust-analyzer's crates, whose newest semver-compatible releases do not build
 # together (ra_ap_span 0.0.347 against a newer salsa).
 start=$(date +%s)
-# The workspace's release profile too (a package carries none), so the dependencies the
-# checkout's build compiled are reused and only the three crates build again.
+# The workspace's release profile too (a package carries none), read from its Cargo.toml, so the
+# dependencies the checkout's build compiled are reused and only the three crates build again;
+# outside the workspace a `package."*"` override covers those three as well, so they get the
+# profile's own settings as workspace members do.
+mapfile -t profile < <(python3 - "$repo/Cargo.toml" <<'PY'
+import json, sys, tomllib
+release = tomllib.load(open(sys.argv[1], "rb"))["profile"]["release"]
+own = {k: v for k, v in release.items() if k != "package"}
+packages = dict(release.get("package", {}))
+for member in ("gpumem-nb", "gpumem-evcxr", "gpumem-kernel"):
+    packages.setdefault(member, own)
+for key, value in own.items():
+    print(f"--config=profile.release.{key}={json.dumps(value)}")
+for name, table in packages.items():
+    for key, value in table.items():
+        print(f"--config=profile.release.package.{json.dumps(name)}.{key}={json.dumps(value)}")
+PY
+)
 # Its intermediate files in the shared directory, its final ones apart (build-dir): the checkout's
 # target/release/gpumem-kernel is not replaced by this build's.
 CARGO_BUILD_BUILD_DIR="$CARGO_TARGET_DIR" CARGO_TARGET_DIR="$work/target" \
-    cargo install --locked --quiet --path "$kernel_dir" --root "$work/root2" \
-        --config 'profile.release.debug="line-tables-only"' \
+    cargo install --locked --quiet --path "$kernel_dir" --root "$work/root2" "${profile[@]}" \
         --config "patch.crates-io.gpumem-nb.path=\"$work/packages/gpumem-nb-$(version gpumem-nb)\"" \
         --config "patch.crates-io.gpumem-evcxr.path=\"$work/packages/gpumem-evcxr-$(version gpumem-evcxr)\""
 echo "built from the packages in $(( $(date +%s) - start )) s: $("$work/root2/bin/gpumem-kernel" --version)"
