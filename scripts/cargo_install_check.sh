@@ -55,9 +55,10 @@ echo "--- 2. the packaged kernel, built from its package"
 version() {
     cargo metadata --no-deps --format-version 1 | python3 -c "import json,sys; print(next(p['version'] for p in json.load(sys.stdin)['packages'] if p['name'] == '$1'))"
 }
-cargo package --quiet --no-verify --allow-dirty -p gpumem-nb -p gpumem-evcxr -p gpumem-kernel
+crates=(gpumem-nb gpumem-evcxr gpumem-kernel)
+cargo package --quiet --no-verify --allow-dirty "${crates[@]/#/--package=}"
 mkdir -p "$work/packages"
-for p in gpumem-nb gpumem-evcxr gpumem-kernel; do
+for p in "${crates[@]}"; do
     tar -xzf "$CARGO_TARGET_DIR/package/$p-$(version $p).crate" -C "$work/packages"
 done
 kernel_dir="$work/packages/gpumem-kernel-$(version gpumem-kernel)"
@@ -70,12 +71,12 @@ start=$(date +%s)
 # dependencies the checkout's build compiled are reused and only the three crates build again;
 # outside the workspace a `package."*"` override covers those three as well, so they get the
 # profile's own settings as workspace members do.
-mapfile -t profile < <(python3 - "$repo/Cargo.toml" <<'PY'
+mapfile -t profile < <(python3 - "$repo/Cargo.toml" "${crates[@]}" <<'PY'
 import json, sys, tomllib
 release = tomllib.load(open(sys.argv[1], "rb"))["profile"]["release"]
 own = {k: v for k, v in release.items() if k != "package"}
 packages = dict(release.get("package", {}))
-for member in ("gpumem-nb", "gpumem-evcxr", "gpumem-kernel"):
+for member in sys.argv[2:]:
     packages.setdefault(member, own)
 for key, value in own.items():
     print(f"--config=profile.release.{key}={json.dumps(value)}")

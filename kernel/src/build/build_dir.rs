@@ -150,10 +150,11 @@ fn seed(from: &Path, to: &Path) -> u64 {
     }
     for e in entries.flatten() {
         let (src, dst) = (e.path(), to.join(e.file_name()));
-        if e.file_type().is_ok_and(|t| not_seeded(&e.file_name(), t.is_dir())) {
+        let kind = e.file_type();
+        if kind.as_ref().is_ok_and(|t| not_seeded(&e.file_name(), t.is_dir())) {
             continue;
         }
-        match e.file_type() {
+        match kind {
             Ok(t) if t.is_dir() => bytes += seed(&src, &dst),
             Ok(t) if t.is_file() => {
                 let newer = |m: std::io::Result<std::fs::Metadata>| m.and_then(|m| m.modified()).ok();
