@@ -7,17 +7,20 @@
 # writing their targets), then train.sbatch itself submitted to a throwaway one-node Slurm
 # (local_slurm.sh; GPUMEM_SLURM_TEST=off leaves this half out). Installs Debian's prometheus,
 # slurm-wlm and munge when missing (as root, through apt-get). About a minute.
-#   deploy/slurm/test.sh [release|debug]
+#   deploy/slurm/test.sh [release|debug] [CARGO-FLAG...]
+# CARGO-FLAG: more flags for the example's build (scripts/test.sh passes --all-features in debug:
+# the library's tests built the example so, and cargo then has nothing to build).
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 profile="${1:-release}"
+build_flags=("${@:2}")
 target="${CARGO_TARGET_DIR:-$repo/target}"
 cd "$repo"
 bash -n deploy/slurm/train.sbatch
 if [ "$profile" = release ]; then
-    cargo build --quiet --release -p gpumem-nb --features metrics --example train_rank
+    cargo build --quiet --release -p gpumem-nb --features metrics "${build_flags[@]}" --example train_rank
 else
-    cargo build --quiet -p gpumem-nb --features metrics --example train_rank
+    cargo build --quiet -p gpumem-nb --features metrics "${build_flags[@]}" --example train_rank
 fi
 
 # shellcheck source=scripts/prometheus_env.sh
