@@ -196,9 +196,10 @@ cargo test --release -p gpumem-kernel -p gpumem-evcxr --lib --bins "${kernel_tes
 # minutes cold) and the two-device one in one, everything else in the other. Warm, a kernel
 # compiles one small cell at a time and leaves the other core idle (961 s in lanes); from cold
 # both cores are busy anyway (808 s, 2026-11-29, after the prebuild below; 1,314 s without it).
-# Each binary runs as cargo runs it (from its package's directory, one test at a time). The framework lane's kernels compile cells in a directory of
-# their own (EVCXR_TMPDIR, as a user may set it): in the shared default one, a second kernel is
-# seeded with a copy of what the first built (gigabytes, once candle is there).
+# Each binary runs as cargo runs it (from its package's directory, one test at a time). The
+# framework lane's kernels compile cells in a directory of their own (EVCXR_TMPDIR, as a user may
+# set it): in the shared default one, a second kernel is seeded with a copy of what the first
+# built (gigabytes, once candle is there).
 framework_cells="${XDG_CACHE_HOME:-$HOME/.cache}/gpumem-kernel/tests-frameworks"
 # From cold, the lanes would both build gpumem-nb and its dependencies for cells, each in its own
 # directory, at once. Instead the framework lane's directory starts as a user's does after
