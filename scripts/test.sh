@@ -200,7 +200,8 @@ cargo test --release -p gpumem-kernel -p gpumem-evcxr --lib --bins "${kernel_tes
 # framework lane's kernels compile cells in a directory of their own (EVCXR_TMPDIR, as a user may
 # set it): in the shared default one, a second kernel is seeded with a copy of what the first
 # built (gigabytes, once candle is there).
-framework_cells="${XDG_CACHE_HOME:-$HOME/.cache}/gpumem-kernel/tests-frameworks"
+cells_root="${XDG_CACHE_HOME:-$HOME/.cache}/gpumem-kernel"
+framework_cells="$cells_root/tests-frameworks"
 # From cold, the lanes would both build gpumem-nb and its dependencies for cells, each in its own
 # directory, at once. Instead the framework lane's directory starts as a user's does after
 # `gpumem-kernel install`: its prebuild builds them once where the kernel compiles cells
@@ -211,7 +212,7 @@ framework_cells="${XDG_CACHE_HOME:-$HOME/.cache}/gpumem-kernel/tests-frameworks"
 if [ ! -d "$framework_cells/target" ]; then
     step "gpumem-nb built for notebook cells once (gpumem-kernel install's prebuild); the framework lane's directory starts from it"
     "$CARGO_TARGET_DIR/release/gpumem-kernel" install --prefix "$CARGO_TARGET_DIR/prebuild-kernelspec"
-    default_cells="${XDG_CACHE_HOME:-$HOME/.cache}/gpumem-kernel/evcxr"
+    default_cells="$cells_root/evcxr"
     if [ -d "$default_cells/target" ]; then
         mkdir -p "$framework_cells/target"
         tar -C "$default_cells/target" --exclude=incremental --exclude='libcode_[0-9]*.so' -cf - . \

@@ -17,11 +17,8 @@ build_flags=("${@:2}")
 target="${CARGO_TARGET_DIR:-$repo/target}"
 cd "$repo"
 bash -n deploy/slurm/train.sbatch
-if [ "$profile" = release ]; then
-    cargo build --quiet --release -p gpumem-nb --features metrics "${build_flags[@]}" --example train_rank
-else
-    cargo build --quiet -p gpumem-nb --features metrics "${build_flags[@]}" --example train_rank
-fi
+[ "$profile" = release ] && build_flags=(--release "${build_flags[@]}")
+cargo build --quiet -p gpumem-nb --features metrics "${build_flags[@]}" --example train_rank
 
 # shellcheck source=scripts/prometheus_env.sh
 . "$repo/scripts/prometheus_env.sh"
