@@ -97,7 +97,7 @@ pub mod frameworks;
 pub use allocator::{Allocator, CachingAllocator, OomObserver, PeakSlot};
 pub use device::seam::{Backend, BackendKind, StreamId};
 pub use error::{AllocError, Error, OomReport, Result};
-pub use notebook::session::{current, device};
+pub use notebook::session::{current, device, watch};
 pub use policy::config::AllocatorConfig;
 
 // History (`record_memory_history`).
@@ -137,6 +137,7 @@ pub mod blocks {
 /// [`set_reports`](kernel::set_reports).
 pub mod kernel {
     pub use crate::notebook::registry::{device_before_use, opened};
+    pub use crate::notebook::session::watch_from_start;
     pub use crate::notebook::stock::set_reports;
     pub use crate::notebook::{children, control, oom, protocol, report};
     pub use crate::record::cells;

@@ -4,8 +4,8 @@
 
 use gpumem_nb::device::nvml::{NvmlDevice, NvmlProcess, NvmlSnapshot};
 use gpumem_nb::kernel::protocol::{
-    ComponentReading, FrameworkPhase, FrameworkPool, FrameworkReading, Held, OomEvent, OwnerBytes, PlaceReading, Reply,
-    SourceReading,
+    ComponentReading, FrameworkPhase, FrameworkPool, FrameworkReading, Held, OomEvent, OwnerBytes, OwnerReading,
+    PlaceReading, Reply, SourceReading,
 };
 use gpumem_nb::kernel::report::{
     CellRecord, CellStatus, CrateReading, Readings, TrackedReadings, build_record, framework_parts,
@@ -32,6 +32,10 @@ fn owner(function: &str, bytes: u64, cell: u64, component: Option<Component>) ->
         component,
         ..Default::default()
     }
+}
+
+fn held(owner: &str, live: u64, rise: Option<u64>) -> OwnerReading {
+    OwnerReading { owner: owner.into(), live, rise }
 }
 
 fn source(source: &str, live: u64, peak: u64) -> SourceReading {
@@ -95,6 +99,7 @@ fn tracked() -> (TrackedReadings, TrackedReadings) {
                     part(Component::Other, 2 * MIB, None),
                     part(Held::Cached, 4 * MIB, None),
                 ],
+                by_owner: vec![held("gpumem-nb", 36 * MIB, None), held("candle", 4 * MIB, None)],
             },
             PlaceReading {
                 device: Some(1),
@@ -105,6 +110,7 @@ fn tracked() -> (TrackedReadings, TrackedReadings) {
                 top: Vec::new(),
                 kept: Vec::new(),
                 by_component: vec![part(Held::Cached, 2 * MIB, None)],
+                by_owner: vec![held("gpumem-nb", 2 * MIB, None)],
             },
         ],
         ..Default::default()
@@ -136,6 +142,7 @@ fn tracked() -> (TrackedReadings, TrackedReadings) {
                     part(Component::OptimizerState, 8 * MIB, Some(8 * MIB)),
                     part(Held::Cached, 8 * MIB, Some(8 * MIB)),
                 ],
+                by_owner: vec![held("gpumem-nb", 116 * MIB, Some(160 * MIB)), held("candle", 4 * MIB, Some(4 * MIB))],
             },
             PlaceReading {
                 device: Some(1),
@@ -146,6 +153,7 @@ fn tracked() -> (TrackedReadings, TrackedReadings) {
                 top: vec![owner("cudarc::driver::safe::CudaContext::alloc", 16 * MIB, 3, Some(Component::Gradient))],
                 kept: Vec::new(),
                 by_component: vec![part(Component::Gradient, 16 * MIB, Some(16 * MIB))],
+                by_owner: vec![held("cudarc", 16 * MIB, Some(16 * MIB))],
             },
             PlaceReading {
                 device: None,
@@ -156,6 +164,7 @@ fn tracked() -> (TrackedReadings, TrackedReadings) {
                 top: Vec::new(),
                 kept: Vec::new(),
                 by_component: Vec::new(),
+                by_owner: Vec::new(),
             },
         ],
         ..Default::default()
@@ -224,6 +233,10 @@ fn full_record() -> CellRecord {
         why: "tried to allocate 1.00 GiB".into(),
         top: vec![owner("candle_nn::linear::Linear::forward", 64 * MIB, 3, Some(Component::Activation))],
         by_component: vec![part(Component::Activation, 64 * MIB, None), part(Held::Cached, 8 * MIB, None)],
+        api: Some("cuMemAllocAsync".into()),
+        owner: Some("candle".into()),
+        site: Some(owner("candle_core::tensor::Tensor::zeros", 1 << 30, 4, None)),
+        by_owner: vec![held("gpumem-nb", 116 * MIB, None), held("candle", 4 * MIB, None)],
         ..Default::default()
     });
     rec

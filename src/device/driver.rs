@@ -102,6 +102,14 @@ pub enum DriverCall {
         /// Address of the allocation (or of the mapping).
         addr: u64,
     },
+    /// An allocation the driver refused for want of memory (`CUDA_ERROR_OUT_OF_MEMORY`): what
+    /// was asked, whoever asked (a framework's out-of-memory, seen where it happens).
+    Failed {
+        /// How it was asked for.
+        kind: DriverKind,
+        /// Bytes asked for.
+        size: u64,
+    },
 }
 
 /// A driver call with where it came from.

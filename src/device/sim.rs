@@ -170,7 +170,13 @@ impl SimBackend {
             return Err(DeviceError::Driver("CUDA_ERROR_INVALID_VALUE (simulated): 0 bytes".into()));
         }
         let rounded = size.div_ceil(GRANULARITY) * GRANULARITY;
-        self.consume(rounded)?;
+        if let Err(e) = self.consume(rounded) {
+            // As CUPTI sees a refused `cuMemAlloc` on a GPU: the out-of-memory, where it happens.
+            if e == DeviceError::OutOfMemory {
+                self.report(DriverCall::Failed { kind: DriverKind::Alloc, size }, "cuMemAlloc (simulated)", false);
+            }
+            return Err(e);
+        }
         let addr = self.take_range(rounded).inspect_err(|_| self.used -= rounded)?;
         self.driver_allocs.insert(addr, size);
         let call = DriverCall::Alloc { kind: DriverKind::Alloc, addr, size, stream: 0 };
@@ -432,6 +438,7 @@ mod tests {
             [
                 (DriverCall::Alloc { kind: DriverKind::Alloc, addr: d, size: 3 * MIB, stream: 0 }, false),
                 (DriverCall::Alloc { kind: DriverKind::Alloc, addr: seg, size: 20 * MIB, stream: 0 }, true),
+                (DriverCall::Failed { kind: DriverKind::Alloc, size: 100 * MIB }, false),
                 (DriverCall::Free { addr: d }, false),
                 (DriverCall::Free { addr: seg }, true),
             ]

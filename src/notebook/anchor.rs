@@ -48,23 +48,31 @@ static LOCAL: OnceLock<&'static Slots> = OnceLock::new();
 /// race each other in practice; threads of one copy do).
 static INIT: Mutex<()> = Mutex::new(());
 
-/// What a copy must agree on with the one that published the map.
-fn fingerprint() -> String {
+/// What every copy that shares state must have in common: the crate's version, the features
+/// that change what its state holds, and the compiler that laid its types out (`build.rs`):
+/// gpumem-kernel's own copy in the notebook's process and the copy a `:dep gpumem-nb` builds may
+/// come from different compilers (a wheel's kernel and the user's toolchain).
+pub(crate) fn build_fingerprint() -> String {
     format!(
-        "gpumem-nb/{}/cuda={}/size={}/align={}",
+        "gpumem-nb/{}/cuda={}/cubecl={}/cubecl010={}/{}",
         env!("CARGO_PKG_VERSION"),
         cfg!(feature = "cuda"),
-        std::mem::size_of::<Slots>(),
-        std::mem::align_of::<Slots>()
+        cfg!(feature = "cubecl"),
+        cfg!(feature = "cubecl010"),
+        env!("GPUMEM_NB_RUSTC")
     )
+}
+
+/// What a copy must agree on with the one that published the map.
+fn fingerprint() -> String {
+    format!("{}/size={}/align={}", build_fingerprint(), std::mem::size_of::<Slots>(), std::mem::align_of::<Slots>())
 }
 
 /// What a copy must agree on with the one that created the slot `name` holding a `T`.
 fn slot_fingerprint<T>(name: &str) -> String {
     format!(
-        "{name}/gpumem-nb/{}/cuda={}/{}/size={}/align={}",
-        env!("CARGO_PKG_VERSION"),
-        cfg!(feature = "cuda"),
+        "{name}/{}/{}/size={}/align={}",
+        build_fingerprint(),
         std::any::type_name::<T>(),
         std::mem::size_of::<T>(),
         std::mem::align_of::<T>()
@@ -97,6 +105,21 @@ fn publish(slots: &'static Slots) {
     // `INIT`, on the thread that first asks for a slot; the variable is new, so no reader can
     // hold a pointer into an old value of it.
     unsafe { std::env::set_var(ANCHOR_VAR, value) };
+}
+
+/// Publishes `name=value` in the process environment for every copy of the crate, once per
+/// process: the tracker's announcement (`tracking::TRACKER_VAR`), made by gpumem-kernel's copy
+/// as the notebook's process starts.
+pub(crate) fn publish_var(name: &str, value: &str) {
+    if std::env::var_os(name).is_some_and(|v| v == value) {
+        return;
+    }
+    let _guard = crate::sync::lock(&INIT);
+    // SAFETY: as in `publish`: `set_var` races with readers of the environment on other threads.
+    // Its one caller (`session::watch_from_start`) runs on the notebook process's main thread
+    // before gpumem-kernel starts any other thread there: no other thread can read the
+    // environment meanwhile.
+    unsafe { std::env::set_var(name, value) };
 }
 
 /// The per-process map: found through the environment, or created and published.
@@ -161,6 +184,8 @@ mod tests {
         assert_eq!(lookup().map(|s| s as *const Slots), Some(a), "the published value resolves to the same map");
         let value = std::env::var(ANCHOR_VAR).unwrap();
         assert!(value.starts_with(&fingerprint()));
+        // The compiler is part of it: a copy built by another never reads this map.
+        assert!(fingerprint().contains(env!("GPUMEM_NB_RUSTC")) && env!("GPUMEM_NB_RUSTC").starts_with("rustc "));
         assert!(value.contains(&format!("@{}@", std::process::id())));
         // What `lookup` refuses: another process's anchor, another layout, garbage.
         for bad in [

@@ -37,6 +37,12 @@ pub(crate) fn start_if_requested() {
     if started.swap(true, Ordering::SeqCst) {
         return;
     }
+    // gpumem-kernel's own copy serves this process (its tracker and this channel) with state
+    // this copy cannot share: the kernel keeps talking to it.
+    if let tracking::TrackingStatus::Elsewhere(why) = tracking::status() {
+        eprintln!("gpumem-nb: {why}: the kernel's per-cell reports come from it");
+        return;
+    }
     let path = std::path::Path::new(&path);
     let mut session = Session::default();
     // What the kernel asks of every child as it connects, applied before the cell's first use
@@ -109,11 +115,17 @@ fn serve_with(mut session: Session, mut reader: impl BufRead, mut out: impl Writ
 /// What the serving thread remembers between requests: the open peak slots per device, the
 /// tracker's slot over every allocation, the out-of-memory watch. The stock kernel's in-child
 /// hooks (`notebook::stock`) keep one too.
-#[derive(Default)]
 pub(crate) struct Session {
     slots: HashMap<i32, SlotId>,
     tracked: Option<crate::track::TrackSlot>,
+    /// The process's one watch (a device opened mid-cell joins it: [`opened`]).
     oom: Arc<super::oom::OomWatch>,
+}
+
+impl Default for Session {
+    fn default() -> Self {
+        Session { slots: HashMap::new(), tracked: None, oom: super::oom::process_watch() }
+    }
 }
 
 /// One device's numbers now; peaks since `slot` was opened when there is one; with `explain`,
@@ -221,6 +233,63 @@ pub(crate) fn settle() -> Option<Vec<Settled>> {
     (!late.is_empty()).then_some(late)
 }
 
+/// What a `record` request sets on an allocator, and the ring's size. Live blocks keep their
+/// stacks whatever is recorded (see `tracking::block_stacks`); the allocation events keep the
+/// same stack (captured for the block anyway), so a recording says what each allocation was
+/// (its component, `%gpumem fit`).
+fn record_options(r: &RecordRequest) -> (HistoryOptions, usize) {
+    let max_entries = r.max_entries.map_or(usize::MAX, |m| m.min(usize::MAX as u64) as usize);
+    let blocks = tracking::block_stacks();
+    let context = match (r.stacks, blocks) {
+        (true, _) => StackContext::All,
+        (false, Some(_)) => StackContext::Alloc,
+        (false, None) => StackContext::None,
+    };
+    let options = match (r.enabled, blocks) {
+        (crate::record::history::RecordMode::Off, Some(b)) => b,
+        _ => HistoryOptions { enabled: r.enabled, context, max_entries },
+    };
+    (options, max_entries)
+}
+
+/// The last `record` request the kernel made in this process, for a device opened after it.
+fn recorded() -> &'static std::sync::Mutex<Option<RecordRequest>> {
+    super::anchor::per_process!("record-request", std::sync::Mutex<Option<RecordRequest>>, || {
+        std::sync::Mutex::new(None)
+    })
+}
+
+/// What the kernel asked of every device before this one was opened, applied to it as it opens:
+/// the history recording of the last `record` request, and the out-of-memory watch (its cell,
+/// its snapshots), so that the cell that first uses a device has it as the cells after it do.
+/// `None`: nothing was asked (the device's own defaults stand).
+pub(crate) fn opened(alloc: &Arc<Allocator>) {
+    super::oom::process_watch().watch_device(alloc);
+    let request = crate::sync::lock(recorded()).clone();
+    if let Some(r) = request.filter(|r| r.enabled != crate::record::history::RecordMode::Off) {
+        alloc.record_memory_history_with(record_options(&r).0);
+    }
+}
+
+/// The cell's out-of-memory: gpumem-nb's allocator's own failure (with who asked and what
+/// held the device, where the driver's refusal says it), else the first allocation the driver
+/// refused to anyone (a framework's, or one gpumem-nb's allocator recovered from by giving back
+/// its cache: the kernel tells the two apart by whether the cell failed).
+fn cell_oom(allocator: Option<super::protocol::OomEvent>) -> Option<super::protocol::OomEvent> {
+    let refused = super::oom::refused();
+    match allocator {
+        Some(mut e) => {
+            e.owner.get_or_insert_with(|| super::protocol::GPUMEM_NB.to_string());
+            if let Some(r) = refused {
+                e.site = e.site.or(r.site);
+                e.by_owner = r.by_owner;
+            }
+            Some(e)
+        }
+        None => refused,
+    }
+}
+
 impl Session {
     /// Every open device's reading and the tracked places (with their top owners when
     /// `Full::owners`), peaks since `pre`; the reserved bytes explained when `Full::explain`.
@@ -232,7 +301,11 @@ impl Session {
         let devices = super::registry::opened().iter().map(|a| reading(a, slot(a), full.explain)).collect();
         let t1 = std::time::Instant::now();
         let status = tracking::status();
-        let tracked = status.is_on().then(|| tracking::readings(self.tracked, full.owners, full.components));
+        let tracked = status.is_on().then(|| {
+            let mut places = tracking::readings(self.tracked, full.owners, full.components);
+            super::gpus::name_places(&mut places);
+            places
+        });
         let t2 = std::time::Instant::now();
         let frameworks = if full.frameworks { super::watched::readings() } else { None };
         if times_wanted() {
@@ -245,7 +318,7 @@ impl Session {
                 t2.elapsed().as_micros()
             );
         }
-        let cuda_devices = full.cuda_devices.then(tracking::cuda_devices).filter(|d| !d.is_empty());
+        let cuda_devices = full.cuda_devices.then(super::gpus::cuda_devices).filter(|d| !d.is_empty());
         Reply {
             devices: Some(devices),
             tracking: Some(status.label()),
@@ -280,6 +353,8 @@ impl Session {
                     tracking::close_slot(old);
                 }
                 self.oom.begin(*cell);
+                // What the driver refused between cells is no cell's.
+                let _ = super::oom::refused();
                 // Nothing reads owners before a cell (the record's `top` is what is live after
                 // it), and naming them symbolises stacks: only `post` does. Components are read
                 // before too, for each one's change over the cell (the stacks live now were
@@ -291,7 +366,7 @@ impl Session {
             Op::Post { .. } => {
                 // The cell's label and slots are still open: what it queued counts as its own.
                 let unsettled = settle();
-                let r = Reply { oom: self.oom.end(), unsettled, ..self.readings(id, Full::ALL) };
+                let r = Reply { oom: cell_oom(self.oom.end()), unsettled, ..self.readings(id, Full::ALL) };
                 for a in super::registry::opened() {
                     if let Some(slot) = self.slots.remove(&a.device()) {
                         a.with_state(|s, _| s.close_slot(slot));
@@ -312,25 +387,15 @@ impl Session {
                 id,
                 Full { owners: false, explain: false, frameworks: false, components: false, cuda_devices: false },
             )),
-            Op::Record(RecordRequest { enabled, max_entries, stacks }) => {
-                let max_entries = max_entries.map_or(usize::MAX, |m| m.min(usize::MAX as u64) as usize);
-                // Live blocks keep their stacks whatever is recorded (see `block_stacks`); the
-                // allocation events keep the same stack (captured for the block anyway), so a
-                // recording says what each allocation was (its component, `%gpumem fit`).
-                let blocks = tracking::block_stacks();
-                let context = match (stacks, blocks) {
-                    (true, _) => StackContext::All,
-                    (false, Some(_)) => StackContext::Alloc,
-                    (false, None) => StackContext::None,
-                };
-                let options = match (*enabled, blocks) {
-                    (crate::record::history::RecordMode::Off, Some(b)) => b,
-                    _ => HistoryOptions { enabled: *enabled, context, max_entries },
-                };
+            Op::Record(request) => {
+                let (options, max_entries) = record_options(request);
                 for a in super::registry::opened() {
                     a.record_memory_history_with(options);
                 }
-                tracking::set_recording((*enabled != crate::record::history::RecordMode::Off).then_some(max_entries));
+                // A device opened later records as asked from its start (`session::device`).
+                *crate::sync::lock(recorded()) = Some(request.clone());
+                let on = request.enabled != crate::record::history::RecordMode::Off;
+                tracking::set_recording(on.then_some(max_entries));
                 Ok(Reply::ok(id))
             }
             Op::Snapshot { dir } => {

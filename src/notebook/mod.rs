@@ -22,16 +22,21 @@
 //! 4. `tracking`, `metrics` — every device allocation of the process (CUPTI, or the simulated
 //!    driver); the per-cell numbers in the OpenMetrics text format, for Prometheus, and
 //!    (feature `metrics`) the endpoint serving them.
-//! 5. `oom` — out-of-memory failures caught as they happen (a snapshot then, and why).
-//! 6. `control` — the child end of gpumem-kernel's control channel (serves its per-cell
+//! 5. `gpus` — the CUDA devices the process sees: their UUIDs, and what no tracker sees there
+//!    (kernels' stacks, the stream-ordered pool's cache, free memory), read without making a
+//!    context.
+//! 6. `oom` — out-of-memory failures caught as they happen: gpumem-nb's allocator's (a snapshot
+//!    then, and why) and any allocation the driver refused.
+//! 7. `control` — the child end of gpumem-kernel's control channel (serves its per-cell
 //!    readings).
-//! 7. `steps` — a cell's record around each step a program marks (a training loop), served by
+//! 8. `steps` — a cell's record around each step a program marks (a training loop), served by
 //!    the metrics endpoint as a cell's is.
-//! 8. `stock` — the same reports in the stock evcxr kernel, from hooks in the child
+//! 9. `stock` — the same reports in the stock evcxr kernel, from hooks in the child
 //!    (`set_reports`), each cell a step.
-//! 9. `session` — what opening the process's first device starts: tracking, the control
-//!    channel, the stock kernel's hooks ([`crate::current`], [`crate::device()`]).
-//! 10. `scope`, `mem` — `measure` / `save_memory_snapshot` scopes; the ipyexperiments helpers
+//! 10. `session` — what watches the process: tracking and the control channel from the start
+//!     of gpumem-kernel's notebook process, `watch()` (the stock kernel's one call), and what
+//!     opening the process's first device starts ([`crate::current`], [`crate::device()`]).
+//! 11. `scope`, `mem` — `measure` / `save_memory_snapshot` scopes; the ipyexperiments helpers
 //!     (free/used/total, allocate, leave free, preload).
 
 #[allow(unsafe_code)]
@@ -48,6 +53,7 @@ pub mod components;
 pub mod metrics;
 pub mod tracking;
 
+pub(crate) mod gpus;
 pub mod oom;
 
 pub mod control;

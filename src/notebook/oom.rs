@@ -18,6 +18,12 @@ use crate::units::iec;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+/// The process's one watch (every copy of the crate, the control channel's session and the
+/// stock kernel's hooks alike).
+pub(crate) fn process_watch() -> Arc<OomWatch> {
+    super::anchor::per_process!("oom-watch", Arc<OomWatch>, || Arc::new(OomWatch::default())).clone()
+}
+
 /// The control session's watch: where snapshots go, the cell running, its first failure.
 #[derive(Default)]
 pub(crate) struct OomWatch {
@@ -60,6 +66,12 @@ impl OomWatch {
         let mut st = self.lock();
         st.cell = None;
         st.event.take()
+    }
+
+    /// Watches a device opened after the watch began (in the middle of a cell, say): its
+    /// failures are the running cell's, and write their snapshot where asked.
+    pub(crate) fn watch_device(self: &Arc<Self>, alloc: &Arc<Allocator>) {
+        self.watch(alloc);
     }
 
     fn watch(self: &Arc<Self>, alloc: &Arc<Allocator>) {
@@ -113,6 +125,49 @@ impl OomWatch {
             }
         }
     }
+}
+
+/// The allocation the driver refused since the last call (`None`: none), as an out-of-memory
+/// event: what was asked, by which call, by whom and where (the site's cell and line), the
+/// device's free and total memory now (gpumem-nb's allocator's reading of it where one is open,
+/// else `cuMemGetInfo` in the device's primary context), and what holds the device now, by
+/// owner, component and site. A framework's out-of-memory seen as it happens, which the
+/// framework's own error may describe less (candle: `DriverError(CUDA_ERROR_OUT_OF_MEMORY, …)`;
+/// cubecl: a panic on its device thread).
+pub(crate) fn refused() -> Option<OomEvent> {
+    let (f, count, who) = super::tracking::take_failure()?;
+    let (site, owner) = match who {
+        Some((site, owner)) => (Some(site), Some(owner)),
+        None => (None, None),
+    };
+    let place =
+        super::tracking::readings(None, true, true).into_iter().find(|p| p.device == f.device).unwrap_or_default();
+    let (free, total) = super::gpus::device_memory(f.device).unwrap_or((0, 0));
+    let who = owner.as_deref().unwrap_or("unknown");
+    let at = site.as_ref().map(|s| s.site()).unwrap_or_else(|| "no stack".into());
+    let device = f.device.map_or("host (pinned)".to_string(), |d| format!("device {d}"));
+    let why = format!(
+        "{} refused {} on {device} ({who}, {at}): out of memory; {} free of {}",
+        f.api,
+        crate::units::iec(f.size),
+        crate::units::iec(free),
+        crate::units::iec(total)
+    );
+    Some(OomEvent {
+        device: f.device.unwrap_or(-1),
+        count,
+        requested: f.size,
+        device_free: free,
+        device_total: total,
+        why,
+        top: place.top,
+        by_component: place.by_component,
+        api: Some(f.api.to_string()),
+        owner,
+        site,
+        by_owner: place.by_owner,
+        ..Default::default()
+    })
 }
 
 /// `of the 1.50 GiB in use: optimizer_state 1.00 GiB, parameter 512.00 MiB` (largest first,

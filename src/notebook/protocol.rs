@@ -273,6 +273,15 @@ pub struct CudaDevice {
     /// `stack_bytes` for each, its local memory for kernels.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resident_threads: Option<u64>,
+    /// The device's CUDA stream-ordered pool (where cudarc's `CudaSlice` and candle allocate),
+    /// bytes in use and reserved, read from its primary context where that is active (the
+    /// driver's own counters, exact): what the pool keeps cached is counted by NVML, never by
+    /// a tracked allocation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool_used: Option<u64>,
+    /// The same pool's reserved bytes (in use and cached).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool_reserved: Option<u64>,
 }
 
 /// One place's tracked bytes, as reports show them.
@@ -301,6 +310,27 @@ pub struct PlaceReading {
     /// memory as `cached`: they add up to `live`. Empty when not asked for.
     #[serde(default)]
     pub by_component: Vec<ComponentReading>,
+    /// Who holds `live`, by the framework or library that made each allocation
+    /// ([`OwnerReading::owner`]): they add up to `live`. Empty when not asked for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub by_owner: Vec<OwnerReading>,
+}
+
+/// The owner word of gpumem-nb's own allocator (its blocks and its cache) in `by_owner`.
+pub const GPUMEM_NB: &str = "gpumem-nb";
+
+/// One owner's live bytes at a place: the framework or library that holds them, in its own
+/// word (`candle`, `burn/cubecl`, `cudarc`, `cuBLAS`, `NCCL`, `gpumem-nb`, …: `track::owner`'s
+/// rule), and how far they rose above their start while the slot was open.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OwnerReading {
+    /// The owner.
+    pub owner: String,
+    /// Its bytes now.
+    pub live: u64,
+    /// Its rise above its start during the slot, when the slot's changes are known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rise: Option<u64>,
 }
 
 /// What a component reading's bytes are: one component's memory, or the allocator's cached free
@@ -654,6 +684,20 @@ pub struct OomEvent {
     /// `cached`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub by_component: Vec<ComponentReading>,
+    /// The driver entry point that refused the allocation (`cuMemAllocAsync`), for a
+    /// framework's out-of-memory seen through the driver; `None` for gpumem-nb's allocator's
+    /// own (its numbers above are the allocator's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api: Option<String>,
+    /// Who asked, in the framework's word (`candle`, `burn/cubecl`, `cudarc`, `gpumem-nb`, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// Where it was asked for: the function, and the cell and line of the notebook's code.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub site: Option<OwnerBytes>,
+    /// What held the device then, by owner (largest first).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub by_owner: Vec<OwnerReading>,
 }
 
 impl OomEvent {

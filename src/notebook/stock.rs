@@ -34,7 +34,7 @@ use std::time::Duration;
 pub(crate) const REPORTS_VAR: &str = "GPUMEM_NB_REPORTS";
 
 /// Set in the process evcxr runs cells in (and in no other).
-const RUNTIME_VAR: &str = "EVCXR_IS_RUNTIME";
+pub(crate) const RUNTIME_VAR: &str = "EVCXR_IS_RUNTIME";
 
 // evcxr 0.22's protocol lines.
 const LOAD_AND_RUN: &[u8] = b"LOAD_AND_RUN ";

@@ -12,7 +12,9 @@
 //! opened the device, which reaches the same state (Note [Sinks are data, not statics]).
 #![forbid(unsafe_code)]
 
-use super::protocol::{CACHED_FREE, ComponentReading, Held, OwnerBytes, PlaceReading, SourceReading};
+use super::protocol::{
+    CACHED_FREE, ComponentReading, GPUMEM_NB, Held, OwnerBytes, OwnerReading, PlaceReading, SourceReading,
+};
 use crate::device::DriverEvent;
 use crate::record::component::Component;
 use crate::record::frames::{self, Frames};
@@ -52,6 +54,10 @@ pub enum TrackingStatus {
     Off,
     /// Not possible here, and why (one line).
     Unavailable(String),
+    /// Done for this process by another copy of gpumem-nb that this one cannot share state with
+    /// (gpumem-kernel's own, built by another compiler: [`TRACKER_VAR`]); its books are the
+    /// kernel's, and this copy's allocations are in them as the driver calls they make.
+    Elsewhere(String),
 }
 
 impl TrackingStatus {
@@ -68,6 +74,7 @@ impl TrackingStatus {
             TrackingStatus::Simulated => "simulated".into(),
             TrackingStatus::Off => format!("off ({TRACK_VAR}=off)"),
             TrackingStatus::Unavailable(why) => format!("unavailable: {why}"),
+            TrackingStatus::Elsewhere(who) => format!("elsewhere: {who}"),
         }
     }
 }
@@ -117,9 +124,9 @@ pub(crate) fn sink(ev: &DriverEvent) {
     let t = state();
     // Only what starts an allocation keeps a stack (a release is shown with its allocation's).
     let depth = match ev.call {
-        crate::device::DriverCall::Alloc { .. } | crate::device::DriverCall::Create { .. } => {
-            t.stack_depth.load(Ordering::Relaxed)
-        }
+        crate::device::DriverCall::Alloc { .. }
+        | crate::device::DriverCall::Create { .. }
+        | crate::device::DriverCall::Failed { .. } => t.stack_depth.load(Ordering::Relaxed),
         _ => 0,
     };
     let now = crate::record::history::now_us();
@@ -226,8 +233,31 @@ thread_local! {
         const { std::cell::RefCell::new(None) };
 }
 
-/// Starts tracking for the process, once, as the registry opens its first device
-/// (`simulated`: the simulated device reports to [`sink`] itself).
+/// The environment variable by which gpumem-kernel's own copy of the crate, tracking the
+/// notebook's process from its start ([`super::session::watch_from_start`]), tells every copy a
+/// notebook loads later: `<pid>@<build fingerprint>`. A copy that finds its own state already
+/// started shares the tracker; one that cannot share it (another compiler built it) leaves CUPTI
+/// to the kernel's copy ([`TrackingStatus::Elsewhere`]): CUPTI takes one subscriber per process.
+pub const TRACKER_VAR: &str = "GPUMEM_NB_TRACKER";
+
+/// Says another copy of the crate, one this copy cannot share state with, tracks the process
+/// ([`TrackingStatus::Elsewhere`]), unless tracking started here; true when it said so.
+pub(crate) fn set_elsewhere(why: String) -> bool {
+    let mut status = lock(&state().status);
+    if *status != TrackingStatus::NotStarted {
+        return false;
+    }
+    *status = TrackingStatus::Elsewhere(why);
+    true
+}
+
+/// Whether any allocation was ever tracked on a device (not only pinned host memory).
+pub(crate) fn touched_a_device() -> bool {
+    lock(&state().tracker).totals().keys().any(Option::is_some)
+}
+
+/// Starts tracking for the process, once (`simulated`: the simulated device reports to [`sink`]
+/// itself).
 pub(crate) fn start(simulated: bool) {
     let t = state();
     let mut status = lock(&t.status);
@@ -342,63 +372,6 @@ pub(crate) fn close_slot(slot: TrackSlot) {
     lock(&state().tracker).close_slot(slot);
 }
 
-/// The NVML form (`GPU-…`) of a tracked CUDA device's UUID, read once per device: how the
-/// kernel matches each place with NVML's figures for that device (`CUDA_VISIBLE_DEVICES`
-/// renumbers ordinals, a UUID is the device). `None` for the host, on the simulated device, and
-/// where the driver does not answer.
-fn place_uuid(place: Place) -> Option<String> {
-    #[cfg(feature = "cuda")]
-    {
-        let device = place?;
-        if !matches!(status(), TrackingStatus::Cupti { .. }) {
-            return None;
-        }
-        static UUIDS: std::sync::Mutex<BTreeMap<i32, Option<String>>> = std::sync::Mutex::new(BTreeMap::new());
-        let mut uuids = lock(&UUIDS);
-        uuids
-            .entry(device)
-            .or_insert_with(|| {
-                let ordinal = usize::try_from(device).ok()?;
-                crate::device::cuda::device_uuid(ordinal).ok().map(|u| crate::device::nvml::uuid_string("GPU", u))
-            })
-            .clone()
-    }
-    #[cfg(not(feature = "cuda"))]
-    {
-        let _ = place;
-        None
-    }
-}
-
-/// Every CUDA device the process sees, with its UUID (read once: [`place_uuid`]) and, where its primary context
-/// is active, the local memory the driver holds for kernels' stacks there (read each time),
-/// while CUPTI tracks (the driver is then loaded: nothing here starts CUDA in a simulated
-/// session).
-pub(crate) fn cuda_devices() -> Vec<crate::notebook::protocol::CudaDevice> {
-    #[cfg(feature = "cuda")]
-    {
-        if !matches!(status(), TrackingStatus::Cupti { .. }) {
-            return Vec::new();
-        }
-        let count = i32::try_from(crate::device::cuda::probe().unwrap_or(0)).unwrap_or(0);
-        (0..count)
-            .filter_map(|ordinal| {
-                let l = crate::device::cuda::primary_local_memory(ordinal as usize).ok().flatten();
-                Some(crate::notebook::protocol::CudaDevice {
-                    ordinal,
-                    uuid: place_uuid(Some(ordinal))?,
-                    stack_bytes: l.map(|l| l.stack_bytes),
-                    resident_threads: l.map(|l| l.resident_threads),
-                })
-            })
-            .collect()
-    }
-    #[cfg(not(feature = "cuda"))]
-    {
-        Vec::new()
-    }
-}
-
 fn place_reading(place: Place, t: &PlaceTotals, top: Vec<OwnerBytes>) -> PlaceReading {
     PlaceReading {
         device: place,
@@ -413,6 +386,7 @@ fn place_reading(place: Place, t: &PlaceTotals, top: Vec<OwnerBytes>) -> PlaceRe
         top,
         by_component: Vec::new(),
         kept: Vec::new(),
+        by_owner: Vec::new(),
     }
 }
 
@@ -447,14 +421,15 @@ pub(crate) fn readings(slot: Option<TrackSlot>, owners: bool, components: bool) 
     // library and its `lib.rs` are the ones its code was built from: `%gpumem top` asked later,
     // after other cells rewrote `lib.rs`, still gives those sites their lines.
     top_sites(&peak, 0);
-    let mut parts = if components { by_component(&live, changes.as_ref()) } else { HashMap::new() };
+    let (mut parts, mut owned) =
+        if components { by_component(&live, changes.as_ref()) } else { (HashMap::new(), HashMap::new()) };
     totals
         .iter()
         .filter(|(_, t)| t.total.peak > 0 || t.total.live > 0)
         .map(|(place, tot)| {
             let mut r = place_reading(*place, tot, tops.get(place).cloned().unwrap_or_default());
-            r.uuid = place_uuid(*place);
             r.by_component = parts.remove(place).unwrap_or_default();
+            r.by_owner = owned.remove(place).unwrap_or_default();
             r.kept = kept.get(place).cloned().unwrap_or_default();
             r
         })
@@ -474,11 +449,15 @@ fn cell_changes(tr: &Tracker, slot: TrackSlot) -> Option<CellChanges> {
     Some(CellChanges { changes, stacks })
 }
 
-/// What is live, by component per place (only those holding bytes or that rose during the
-/// slot, in [`Component::ALL`]'s order), each with how far it rose above its start when the
-/// slot's changes are known, and the allocator's cached free memory as `cached`: together,
-/// every live byte. A place whose allocator shows blocks counts the blocks, not the segments.
-fn by_component(live: &LiveNow, changes: Option<&CellChanges>) -> HashMap<Place, Vec<ComponentReading>> {
+/// What is live, by component and by owner per place (only those holding bytes or that rose
+/// during the slot; components in [`Component::ALL`]'s order, owners largest first), each with
+/// how far it rose above its start when the slot's changes are known, and the allocator's cached
+/// free memory as the component `cached` (its owner is gpumem-nb): each way, every live byte. A
+/// place whose allocator shows blocks counts the blocks, not the segments.
+fn by_component(
+    live: &LiveNow,
+    changes: Option<&CellChanges>,
+) -> (HashMap<Place, Vec<ComponentReading>>, HashMap<Place, Vec<OwnerReading>>) {
     use crate::track::changes::{Change, Of, Step, released_within_phase, rises};
     let mut owners = owners_for_report(state());
     let owners = owners.get();
@@ -487,7 +466,8 @@ fn by_component(live: &LiveNow, changes: Option<&CellChanges>) -> HashMap<Place,
     super::components::with_rules(|rules, generation| {
         let mut classify =
             |f: &Option<Frames>| f.as_ref().map_or(Component::Other, |f| owners.component(f, rules, generation));
-        for ((place, frames, _), bytes) in &live.by_stack {
+        for (key, bytes) in &live.by_stack {
+            let (place, frames, _) = key;
             *sums.entry(*place).or_default().entry(classify(frames)).or_default() += bytes;
         }
         if let Some(ch) = changes {
@@ -510,6 +490,23 @@ fn by_component(live: &LiveNow, changes: Option<&CellChanges>) -> HashMap<Place,
             }));
         }
     });
+    // Who holds it: gpumem-nb for the allocator's blocks and cache, the stack's framework else.
+    let counted =
+        |c: &Change| if live.shown_by_block.contains(&c.place) { c.of != Of::Segment } else { c.of != Of::Block };
+    let by_owner = crate::track::owner::held_by(
+        owners,
+        live.by_stack.iter().map(|(k, b)| (k.0, k.1.as_ref(), *b, live.segment.contains_key(k))),
+        live.cached.iter().map(|(p, c)| (*p, *c)),
+        changes.map(|ch| (&ch.changes[..], &ch.stacks)),
+        counted,
+        GPUMEM_NB,
+    );
+    let by_owner: HashMap<Place, Vec<OwnerReading>> = by_owner
+        .into_iter()
+        .map(|(place, rows)| {
+            (place, rows.into_iter().map(|(owner, live, rise)| OwnerReading { owner, live, rise }).collect())
+        })
+        .collect();
     for (place, c) in rose.iter().flat_map(|r| r.iter().filter(|(_, r)| **r > 0).map(|(k, _)| *k)) {
         sums.entry(place).or_default().entry(c).or_default();
     }
@@ -530,7 +527,7 @@ fn by_component(live: &LiveNow, changes: Option<&CellChanges>) -> HashMap<Place,
     for (place, &cached) in live.cached.iter().filter(|(_, c)| **c > 0) {
         out.entry(*place).or_default().push(ComponentReading { component: Held::Cached, live: cached, rise: None });
     }
-    out
+    (out, by_owner)
 }
 
 /// What gpumem-nb's allocators tell of their blocks: the cell's changes for components' peaks.
@@ -670,6 +667,21 @@ pub fn top(n: usize) -> crate::notebook::protocol::TopReport {
         })
         .collect();
     crate::notebook::protocol::TopReport { tracking: status.label(), places }
+}
+
+/// A refused allocation, how many were refused in all, and who asked (`None` without a stack).
+pub(crate) type Refusal = (crate::track::Failure, u64, Option<(OwnerBytes, String)>);
+
+/// The allocation the driver refused since the last call ([`Refusal`]).
+pub(crate) fn take_failure() -> Option<Refusal> {
+    let t = state();
+    let (f, count) = lock(&t.tracker).take_failure()?;
+    let who = f.frames.as_ref().map(|frames| {
+        let mut owners = owners_for_report(t);
+        let owners = owners.get();
+        (owner_bytes(owners.site(frames, label_cell(&f.label)), f.size), owners.framework(frames).to_string())
+    });
+    Some((f, count, who))
 }
 
 /// The `N` of a label "cell N" (0 for any other label).

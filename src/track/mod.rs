@@ -207,6 +207,28 @@ pub(crate) struct Tracker {
     pub untracked_frees: u64,
     /// Driver events received.
     pub events_seen: u64,
+    /// The first allocation the driver refused since the last [`Tracker::take_failure`], and
+    /// how many it refused in all since then.
+    failure: Option<(Failure, u64)>,
+}
+
+/// An allocation the driver refused for want of memory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Failure {
+    /// Where it was asked for (`None`: pinned host memory).
+    pub device: Place,
+    /// How.
+    pub kind: DriverKind,
+    /// Bytes asked for.
+    pub size: u64,
+    /// The driver entry point (`cuMemAllocAsync`).
+    pub api: &'static str,
+    /// Who asked (its stack).
+    pub frames: Option<Frames>,
+    /// The label then ("cell 3").
+    pub label: String,
+    /// When, µs since the epoch.
+    pub time_us: i64,
 }
 
 impl Tracker {
@@ -355,7 +377,23 @@ impl Tracker {
                 }
             }
             DriverCall::Claim { addr } => self.claim(addr),
+            DriverCall::Failed { kind, size } => match &mut self.failure {
+                Some((_, count)) => *count += 1,
+                None => {
+                    let device = if kind.is_host() { None } else { ev.device };
+                    let frames = stack.take().map(|(_, f)| f);
+                    let label = self.labels.name(label).to_string();
+                    let f = Failure { device, kind, size, api: ev.api, frames, label, time_us };
+                    self.failure = Some((f, 1));
+                }
+            },
         }
+    }
+
+    /// The first allocation the driver refused since the last call, and how many it refused in
+    /// all since then; forgets them.
+    pub(crate) fn take_failure(&mut self) -> Option<(Failure, u64)> {
+        self.failure.take()
     }
 
     /// The allocation (or mapping) at `addr` is gpumem-nb's allocator's: its bytes move to

@@ -21,6 +21,9 @@
 //! background ([`Owners::warm`]), a report names what is live.
 #![forbid(unsafe_code)]
 
+use super::Place;
+use super::changes::{Change, Of, rises};
+use super::stacks::StackId;
 use crate::record::cells::{CellIndex, LineMap, run_number};
 use crate::record::component::{Component, Rules, stamp_of};
 use crate::record::frames::{Frames, Resolved, Symbolizer, is_path, source_crate, source_path};
@@ -90,6 +93,8 @@ pub(crate) struct Owners {
     /// Each stack's component by the rules, and the rules' generation they were found with.
     components: HashMap<Frames, Component>,
     components_generation: u64,
+    /// Each stack's owning framework ([`Owners::framework`]).
+    frameworks: HashMap<Frames, Arc<str>>,
 }
 
 /// Whether `module` is the program (`exe`) or a notebook cell's library: code named by symbol.
@@ -391,6 +396,36 @@ impl Owners {
         if let Some(c) = self.components.get(frames) {
             return *c;
         }
+        let named = self.named_frames(frames);
+        let c = rules.classify(named.iter().map(|(f, m)| (f.as_str(), &**m))).unwrap_or(Component::Other);
+        if self.components.len() >= MAX_CACHED_SITES {
+            self.components.clear();
+        }
+        self.components.insert(Frames::from(frames), c);
+        c
+    }
+
+    /// Who holds the memory with this stack, in the framework's own word: the library that
+    /// called the CUDA API when it is one without Rust symbols (`cuBLAS`, `NCCL`, `cuDNN`,
+    /// `libtorch`, else its file name), otherwise the framework among the stack's Rust crates
+    /// ([`framework_of`]: candle or burn/cubecl before gpumem-nb, gpumem-nb before cudarc), else
+    /// `notebook` for the cell's own code and `unknown` for a stack that says nothing.
+    pub(crate) fn framework(&mut self, frames: &[usize]) -> Arc<str> {
+        if let Some(w) = self.frameworks.get(frames) {
+            return w.clone();
+        }
+        let named = self.named_frames(frames);
+        let w: Arc<str> = framework_of(named.iter().map(|(f, m)| (f.as_str(), &**m))).into();
+        if self.frameworks.len() >= MAX_CACHED_SITES {
+            self.frameworks.clear();
+        }
+        self.frameworks.insert(Frames::from(frames), w.clone());
+        w
+    }
+
+    /// The frames of a stack from the CUDA API's caller outwards, each a function's full path
+    /// (empty for a library whose symbols are not read) and its module.
+    fn named_frames(&mut self, frames: &[usize]) -> Vec<(String, Arc<str>)> {
         let code = crate::record::frames::thread_of(frames).0;
         let modules: Vec<Arc<str>> = code.iter().map(|&ip| self.symbols.module_name(ip)).collect();
         let mut named: Vec<(String, Arc<str>)> = Vec::new();
@@ -416,12 +451,7 @@ impl Owners {
                 named.push((String::new(), module.clone()));
             }
         }
-        let c = rules.classify(named.iter().map(|(f, m)| (f.as_str(), &**m))).unwrap_or(Component::Other);
-        if self.components.len() >= MAX_CACHED_SITES {
-            self.components.clear();
-        }
-        self.components.insert(Frames::from(frames), c);
-        c
+        named
     }
 
     /// Where the caller of the CUDA API starts in a stack (frames before it are ours, CUPTI's
@@ -466,6 +496,131 @@ impl Owners {
     }
 }
 
+/// The frameworks a stack can name, by their crates' prefixes, in the order they win when
+/// several are on one stack: a framework calls the ones after it (candle and cubecl call
+/// cudarc; a `gpumem_nb::component` stamp wraps a framework's call), so the first found holds
+/// the memory.
+const FRAMEWORKS: [(&str, &[&str]); 4] = [
+    ("candle", &["candle_"]),
+    ("burn/cubecl", &["burn_", "burn::", "cubecl_", "cubecl::"]),
+    ("gpumem-nb", &["gpumem_nb::"]),
+    ("cudarc", &["cudarc::"]),
+];
+
+/// A CUDA library's word for people (`libcublasLt.so.13` → `cuBLAS`), or its file name.
+fn library_word(module: &str) -> std::borrow::Cow<'static, str> {
+    const LIBRARIES: [(&str, &str); 10] = [
+        ("libcublas", "cuBLAS"),
+        ("libcudnn", "cuDNN"),
+        ("libnccl", "NCCL"),
+        ("libcufft", "cuFFT"),
+        ("libcurand", "cuRAND"),
+        ("libcusparse", "cuSPARSE"),
+        ("libcusolver", "cuSOLVER"),
+        ("libtorch", "libtorch"),
+        ("libc10", "libtorch"),
+        ("libnvrtc", "NVRTC"),
+    ];
+    match LIBRARIES.iter().find(|(prefix, _)| module.starts_with(prefix)) {
+        Some((_, word)) => (*word).into(),
+        None => module.to_string().into(),
+    }
+}
+
+/// [`Owners::framework`]'s rule over a stack's frames from the CUDA API's caller outwards
+/// (function path, or empty for a library read by its file name; module).
+fn framework_of<'a>(frames: impl Iterator<Item = (&'a str, &'a str)>) -> std::borrow::Cow<'static, str> {
+    let mut best: Option<usize> = None;
+    let mut cell = false;
+    let mut any = false;
+    for (function, module) in frames {
+        if is_cuda_layer(module) || is_system(module) {
+            continue;
+        }
+        if function.is_empty() {
+            if !any && !module.is_empty() {
+                // The first code outside CUDA is a library's own: it made the call.
+                return library_word(module);
+            }
+            continue;
+        }
+        any = true;
+        let f = function.trim_start_matches('<');
+        cell |= is_cell_code(f) || is_cell_body(f);
+        if let Some(i) = FRAMEWORKS.iter().position(|(_, prefixes)| prefixes.iter().any(|p| f.starts_with(p))) {
+            best = Some(best.map_or(i, |b| b.min(i)));
+        }
+    }
+    match best {
+        Some(i) => FRAMEWORKS[i].0.into(),
+        None if cell => "notebook".into(),
+        None => "unknown".into(),
+    }
+}
+
+/// A slot's logged changes and the stacks they name.
+pub(crate) type Logged<'a> = (&'a [Change], &'a HashMap<StackId, Option<Frames>>);
+
+/// Live bytes by owner per place, each with its rise above its start while the changes were
+/// logged (`None` without them): `live` gives each group of live bytes as (place, stack, bytes,
+/// whether it is `ours`: gpumem-nb's allocator's blocks, owned by `ours_word`), `cached` the
+/// allocator's cached free bytes per place (also `ours_word`'s); `counted` says which logged
+/// changes count (a place's allocator shows its blocks or its segments, not both). Owners that
+/// hold nothing and never rose are left out; each place's owners largest first.
+pub(crate) fn held_by<'a>(
+    owners: &mut Owners,
+    live: impl Iterator<Item = (Place, Option<&'a Frames>, u64, bool)>,
+    cached: impl Iterator<Item = (Place, u64)>,
+    changes: Option<Logged<'_>>,
+    counted: impl Fn(&Change) -> bool,
+    ours_word: &str,
+) -> HashMap<Place, Vec<(String, u64, Option<u64>)>> {
+    // Owners by index into `names` (the rises' keys are `Copy`).
+    let mut names: Vec<Arc<str>> = vec![Arc::from(ours_word)];
+    let mut index = |w: Arc<str>| match names.iter().position(|n| *n == w) {
+        Some(i) => i,
+        None => {
+            names.push(w);
+            names.len() - 1
+        }
+    };
+    let mut owner_of = |f: Option<&Frames>| f.map_or_else(|| Arc::from("unknown"), |f| owners.framework(f));
+    let mut held: HashMap<Place, HashMap<usize, u64>> = HashMap::new();
+    for (place, frames, bytes, ours) in live {
+        let who = if ours { 0 } else { index(owner_of(frames)) };
+        *held.entry(place).or_default().entry(who).or_default() += bytes;
+    }
+    for (place, bytes) in cached.filter(|(_, b)| *b > 0) {
+        *held.entry(place).or_default().entry(0).or_default() += bytes;
+    }
+    let rose = changes.map(|(log, stacks)| {
+        let of: HashMap<StackId, usize> = stacks.iter().map(|(id, f)| (*id, index(owner_of(f.as_ref())))).collect();
+        rises(log, |_, c| {
+            let who = match c.of {
+                Of::Segment | Of::Block => 0,
+                Of::Driver => of.get(&c.stack).copied().unwrap_or(0),
+            };
+            counted(c).then_some((c.place, who))
+        })
+    });
+    for (place, who) in rose.iter().flat_map(|r| r.iter().filter(|(_, r)| **r > 0).map(|(k, _)| *k)) {
+        held.entry(place).or_default().entry(who).or_default();
+    }
+    held.into_iter()
+        .map(|(place, m)| {
+            let mut rows: Vec<(String, u64, Option<u64>)> = m
+                .into_iter()
+                .map(|(who, live)| {
+                    (names[who].to_string(), live, rose.as_ref().map(|r| r.get(&(place, who)).copied().unwrap_or(0)))
+                })
+                .filter(|(_, live, rise)| *live > 0 || rise.unwrap_or(0) > 0)
+                .collect();
+            rows.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+            (place, rows)
+        })
+        .collect()
+}
+
 /// Index of the first frame after the first run of CUDA-layer frames (the API's caller), or 0
 /// when the stack has none.
 fn caller_of(modules: &[Arc<str>]) -> usize {
@@ -505,6 +660,42 @@ mod tests {
         );
         assert!(is_cell_body("ctx::run_user_code_12::{{closure}}") && !is_cell_body("ctx::alloc48"));
         assert_eq!(notebook_name("<ctx::Model as ctx::Run>::go"), "<Model as Run>::go");
+    }
+
+    #[test]
+    fn a_stack_names_the_framework_that_holds_its_memory() {
+        let of = |frames: &[(&'static str, &'static str)]| framework_of(frames.iter().copied());
+        // candle over cudarc over CUDA's own layers: candle.
+        let candle = [
+            ("", "libcuda.so.1"),
+            ("cudarc::driver::result::malloc_async", "libgpumem_deps_1.so"),
+            ("candle_core::cuda_backend::device::CudaDevice::alloc_zeros", "libgpumem_deps_1.so"),
+            ("ctx::run_user_code_3", "libcode_3.so"),
+        ];
+        assert_eq!(of(&candle), "candle");
+        // cubecl on its device thread (no notebook frame), burn's crates around it.
+        assert_eq!(
+            of(&[("cubecl_cuda::compute::server::CudaServer::alloc", "x"), ("std::thread::spawn", "x")]),
+            "burn/cubecl"
+        );
+        assert_eq!(of(&[("<burn_tensor::Tensor<B> as Clone>::clone", "x")]), "burn/cubecl");
+        // A stamp of ours around a framework's call: still the framework's.
+        assert_eq!(
+            of(&[("candle_nn::var_map::VarMap::get", "x"), ("gpumem_nb::notebook::components::component", "x")]),
+            "candle"
+        );
+        assert_eq!(
+            of(&[("cudarc::driver::safe::CudaStream::alloc_zeros", "x"), ("ctx::run_user_code_1", "x")]),
+            "cudarc"
+        );
+        assert_eq!(of(&[("cudarc::x", "x"), ("gpumem_nb::mem::driver_alloc_mib", "x")]), "gpumem-nb");
+        // A CUDA library that made the call itself, whoever called it.
+        assert_eq!(of(&[("", "libcuda.so.1"), ("", "libcublasLt.so.13"), ("candle_core::x", "x")]), "cuBLAS");
+        assert_eq!(of(&[("", "libnccl.so.2")]), "NCCL");
+        assert_eq!(of(&[("", "libsomething.so.2")]), "libsomething.so.2");
+        assert_eq!(of(&[("ctx::run_user_code_2", "libcode_2.so")]), "notebook");
+        assert_eq!(of(&[("", "libc.so.6")]), "unknown");
+        assert_eq!(of(&[]), "unknown");
     }
 
     #[test]

@@ -1,9 +1,10 @@
 //! Every allocation any code makes through the CUDA driver in this process, seen through
 //! CUPTI's callback API: one subscriber, the driver-API domain, enabled per callback id. CUPTI
 //! calls our callback synchronously on the thread that made the driver call, at entry and at
-//! exit; we act only at exit of a successful call, when the out-parameters (the new address,
-//! the new handle) are filled in, decode the call into a [`DriverEvent`] and hand it to the sink
-//! given to [`start`]. The runtime (`cudaMalloc`, `cudaMallocAsync`, `cudaMallocHost`), cuBLAS,
+//! exit; we act only at exit: of a successful call, when the out-parameters (the new address,
+//! the new handle) are filled in, and of an allocation refused with `CUDA_ERROR_OUT_OF_MEMORY`
+//! (what it asked for: a framework's out-of-memory, seen where it happens); we decode the call
+//! into a [`DriverEvent`] and hand it to the sink given to [`start`]. The runtime (`cudaMalloc`, `cudaMallocAsync`, `cudaMallocHost`), cuBLAS,
 //! NCCL, cudarc and candle all end in these driver entry points.
 //!
 //! # Loading libcupti ourselves
@@ -537,12 +538,18 @@ unsafe extern "C" fn on_driver_api(_userdata: *mut c_void, domain: u32, cbid: u3
     }
     // SAFETY: at API exit, for the driver domain, `functionReturnValue` points at the call's
     // CUresult (a C enum: 4 bytes); read as u32, not as cudarc's Rust enum.
-    if unsafe { ret.cast::<u32>().read() } != 0 {
-        return; // failed calls allocate nothing
-    }
-    // SAFETY: `params` is the `<function>_params` struct for `cbid` (CUPTI contract); `decode`
-    // only casts it to the struct that matches `cbid`, at exit, after a successful call.
-    let Some(decoded) = (unsafe { decode(cbid, params) }) else {
+    let status = unsafe { ret.cast::<u32>().read() };
+    let decoded = match status {
+        // SAFETY: `params` is the `<function>_params` struct for `cbid` (CUPTI contract); `decode`
+        // only casts it to the struct that matches `cbid`, at exit, after a successful call.
+        0 => unsafe { decode(cbid, params) },
+        // A refused allocation: what it asked for (its in-parameters only; nothing was written).
+        // SAFETY: as above, for `decode_refused`'s contract (the call failed: no out-pointer is
+        // read).
+        OUT_OF_MEMORY => unsafe { decode_refused(cbid, params) },
+        _ => None, // other failed calls allocate nothing
+    };
+    let Some(decoded) = decoded else {
         return;
     };
     // `try_with` cannot fail for a const-initialised Cell (no destructor), but never panic here.
@@ -554,8 +561,9 @@ unsafe extern "C" fn on_driver_api(_userdata: *mut c_void, domain: u32, cbid: u3
     let _ = std::panic::catch_unwind(|| {
         let (call, device) = decoded;
         let device = match call {
-            DriverCall::Alloc { kind: DriverKind::HostPinned, .. } => None,
-            DriverCall::Create { .. } => device,
+            DriverCall::Alloc { kind: DriverKind::HostPinned, .. }
+            | DriverCall::Failed { kind: DriverKind::HostPinned, .. } => None,
+            DriverCall::Create { .. } | DriverCall::Failed { kind: DriverKind::Vmm, .. } => device,
             _ => context_device(ctx),
         };
         if let Some(sink) = SINK.get() {
@@ -683,6 +691,61 @@ unsafe fn decode(cbid: u32, params: *const c_void) -> Option<(DriverCall, Option
         }
     };
     Some((d, None))
+}
+
+/// `CUDA_ERROR_OUT_OF_MEMORY`, as the callback reads a CUresult (a u32).
+const OUT_OF_MEMORY: u32 = cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY as u32;
+
+/// What a refused allocation asked for: its kind and size, from its in-parameters.
+///
+/// # Safety
+/// `params` must point at the CUPTI `*_params` struct of `cbid`, at API exit of a call that
+/// failed (its out-pointers may be unwritten: none is read here; the in-parameters are the
+/// caller's values, alive until the call returns).
+unsafe fn decode_refused(cbid: u32, params: *const c_void) -> Option<(DriverCall, Option<u32>)> {
+    // SAFETY: (a) the caller guarantees `params` is the `<api>_params` struct of `cbid`, and each
+    // arm casts it to exactly the struct cudarc::cupti::sys mirrors for that id; (b) only
+    // by-value in-parameters are read (sizes, heights, the property block's pointer), never an
+    // out-pointer; (c) `pPitch` is an out-pointer, so a refused pitched allocation is sized by
+    // its width in bytes times its height, what it asked for before any pitch was chosen.
+    let d = unsafe {
+        match cbid {
+            MEM_ALLOC_V2 => {
+                let p = params.cast::<cs::cuMemAlloc_v2_params>();
+                (DriverKind::Alloc, (*p).bytesize as u64, None)
+            }
+            MEM_ALLOC_PITCH_V2 => {
+                let p = params.cast::<cs::cuMemAllocPitch_v2_params>();
+                (DriverKind::Alloc, ((*p).WidthInBytes as u64) * ((*p).Height as u64), None)
+            }
+            MEM_ALLOC_ASYNC => (DriverKind::Pool, (*params.cast::<cs::cuMemAllocAsync_params>()).bytesize as u64, None),
+            MEM_ALLOC_ASYNC_PTSZ => {
+                (DriverKind::Pool, (*params.cast::<cs::cuMemAllocAsync_ptsz_params>()).bytesize as u64, None)
+            }
+            MEM_ALLOC_FROM_POOL_ASYNC => {
+                (DriverKind::Pool, (*params.cast::<cs::cuMemAllocFromPoolAsync_params>()).bytesize as u64, None)
+            }
+            MEM_ALLOC_FROM_POOL_ASYNC_PTSZ => {
+                (DriverKind::Pool, (*params.cast::<cs::cuMemAllocFromPoolAsync_ptsz_params>()).bytesize as u64, None)
+            }
+            MEM_ALLOC_MANAGED => {
+                (DriverKind::Managed, (*params.cast::<cs::cuMemAllocManaged_params>()).bytesize as u64, None)
+            }
+            MEM_HOST_ALLOC => {
+                (DriverKind::HostPinned, (*params.cast::<cs::cuMemHostAlloc_params>()).bytesize as u64, None)
+            }
+            MEM_ALLOC_HOST_V2 => {
+                (DriverKind::HostPinned, (*params.cast::<cs::cuMemAllocHost_v2_params>()).bytesize as u64, None)
+            }
+            MEM_CREATE => {
+                let p = params.cast::<cs::cuMemCreate_params>();
+                (DriverKind::Vmm, (*p).size as u64, prop_device((*p).prop))
+            }
+            _ => return None,
+        }
+    };
+    let (kind, size, device) = d;
+    Some((DriverCall::Failed { kind, size }, device))
 }
 
 /// The device of a `cuMemCreate` property block, if it names one.

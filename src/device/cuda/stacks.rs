@@ -1,5 +1,6 @@
 //! Kernels' stacks: the local memory the driver reserves for them in a context, read without
-//! making a context (NVML counts it; no allocation tracker sees it).
+//! making a context (NVML counts it; no allocation tracker sees it); with them, in the same
+//! visit to the context, its stream-ordered pool and the device's free memory.
 
 use super::{device_handle, driver};
 use crate::device::DeviceError;
@@ -46,13 +47,17 @@ pub fn primary_local_memory(ordinal: usize) -> Result<Option<LocalMemory>, Devic
     let stack = match pushed {
         Ok(()) => {
             let limit = result::ctx::get_limit(sys::CUlimit::CU_LIMIT_STACK_SIZE);
+            let pool = pool_in_use(dev);
+            let free_total = result::mem_get_info().ok().map(|(f, t)| (f as u64, t as u64));
             let mut popped: sys::CUcontext = std::ptr::null_mut();
             // SAFETY: this thread pushed `ctx` just above and nothing between pushed another;
             // `popped` is a local out-pointer.
             let pop = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) }.result();
             match pop {
                 // The thread's current context is what it was before the push.
-                Ok(()) if popped == ctx => limit.map_err(|e| driver("cuCtxGetLimit(STACK_SIZE)", e)),
+                Ok(()) if popped == ctx => {
+                    limit.map(|l| (l, pool, free_total)).map_err(|e| driver("cuCtxGetLimit(STACK_SIZE)", e))
+                }
                 Ok(()) => Err(unavailable("cuCtxPopCurrent gave back another context than was pushed".into())),
                 Err(e) => Err(driver("cuCtxPopCurrent", e)),
             }
@@ -64,10 +69,32 @@ pub fn primary_local_memory(ordinal: usize) -> Result<Option<LocalMemory>, Devic
     let count = |v: i32, what: &str| {
         u64::try_from(v).ok().filter(|&n| n > 0).ok_or_else(|| unavailable(format!("the driver gave {what} = {v}")))
     };
+    let (stack, pool, free_total) = stack?;
     Ok(Some(LocalMemory {
-        stack_bytes: stack? as u64,
+        stack_bytes: stack as u64,
         resident_threads: count(sms, "MULTIPROCESSOR_COUNT")? * count(per_sm, "MAX_THREADS_PER_MULTIPROCESSOR")?,
+        pool,
+        free_total,
     }))
+}
+
+/// The device's current stream-ordered pool (where `cuMemAllocAsync` allocates: cudarc's
+/// `CudaSlice`, candle): its bytes in use and reserved, by the driver's own counters; `None`
+/// where the driver has none (no async allocation on the device). Called with the device's
+/// primary context current on this thread.
+fn pool_in_use(dev: sys::CUdevice) -> Option<(u64, u64)> {
+    // SAFETY: `dev` comes from cuDeviceGet after a successful probe; the call only writes the
+    // pool handle.
+    let pool = unsafe { result::device::get_mem_pool(dev) }.ok()?;
+    let get = |attr: sys::CUmemPool_attribute| -> Option<u64> {
+        let mut v: u64 = 0;
+        // SAFETY: `pool` is the device's live current pool; the `*_MEM_CURRENT` attributes are
+        // `cuuint64_t`, so the driver writes 8 bytes into `v`.
+        unsafe { result::mem_pool::get_attribute(pool, attr, (&mut v as *mut u64).cast()) }.ok()?;
+        Some(v)
+    };
+    use sys::CUmemPool_attribute as A;
+    Some((get(A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?, get(A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?))
 }
 
 /// A context's local memory for kernels' stacks ([`primary_local_memory`]).
@@ -77,4 +104,8 @@ pub struct LocalMemory {
     pub stack_bytes: u64,
     /// Threads the device holds at once: SMs × threads per SM.
     pub resident_threads: u64,
+    /// The device's stream-ordered pool in that context: bytes in use and reserved.
+    pub pool: Option<(u64, u64)>,
+    /// The device's free and total memory (`cuMemGetInfo` in that context).
+    pub free_total: Option<(u64, u64)>,
 }

@@ -11,6 +11,9 @@ pub(super) enum Keep {
     /// Worker processes a cell started: memory beyond the notebook's process.
     Children,
     Pool,
+    /// An owner of the device's memory after the one that changed most (the smallest change
+    /// goes first).
+    Owner,
     What,
     /// The allocator's reserved bytes with their change; then without; then left out (the
     /// details have them), before every allocation is (memory beyond the allocator's) or the

@@ -77,57 +77,41 @@ impl CellRecord {
             return parts.fit(width);
         }
         let all = self.all_allocations.as_ref().filter(|a| a.is_tracked());
-        match &self.allocator {
-            Some(a) => {
-                let peak = if a.peak_is_cell { "peak" } else { "peak since load" };
-                let mut allocated =
-                    quantity("allocated", a.allocated.after, a.allocated.delta(), Some(a.peak_allocated), peak);
-                // The component that made the peak, where the line shows one.
-                if let Some(c) = all
-                    .filter(|all| {
-                        all.place
-                            .by_component
-                            .iter()
-                            .any(|c| c.component.is_classified() && (c.after > 0 || c.peak.unwrap_or(0) > 0))
-                    })
-                    .and_then(|all| peak_component(&all.place.by_component))
-                    && let Some(open) = allocated.strip_suffix(')').filter(|o| o.contains(peak))
-                {
-                    allocated = format!("{open} by {c})");
-                }
-                let unused = [a.allocated.after, a.reserved.after].iter().all(|v| *v == Some(0))
-                    && a.peak_allocated == 0
-                    && a.peak_reserved == 0
-                    && a.reserved.delta().unwrap_or(0) == 0;
-                if unused {
-                    // Nothing of the cell (or before it) went through the allocator: one word.
-                    parts.keep("allocator unused (0 B)".into());
-                } else {
-                    parts.keep(allocated);
-                    parts.add_forms(vec![
-                        (
-                            Keep::Reserved,
-                            quantity("reserved", a.reserved.after, a.reserved.delta(), Some(a.peak_reserved), peak),
-                        ),
-                        (Keep::ReservedShort, quantity("reserved", a.reserved.after, None, None, peak)),
-                    ]);
-                }
+        // Who holds the memory leads: each owner of the notebook's device with its change, the
+        // one that changed most first (always kept); gpumem-nb's allocator by its own figures
+        // where it holds memory.
+        let allocator_holds = self.allocator.as_ref().is_some_and(|a| !allocator_unused(a));
+        let mut owners = lead_owners(all, allocator_holds);
+        if allocator_holds {
+            let ours = owners.iter().position(|o| o.owner == crate::notebook::protocol::GPUMEM_NB);
+            let change = ours.map_or(0, |i| owners[i].change);
+            let at = owners.iter().position(|o| o.change < change).unwrap_or(owners.len());
+            owners.insert(at.min(ours.unwrap_or(usize::MAX)), LeadOwner::allocator(change));
+            owners.retain(|o| o.allocator || o.owner != crate::notebook::protocol::GPUMEM_NB);
+        }
+        if owners.is_empty() {
+            parts.keep(match (all, self.allocator.as_ref()) {
+                // Tracked, and nothing of the process on the device: one phrase.
+                (Some(_), _) => "no device memory".into(),
+                (None, Some(_)) => "allocator unused (0 B)".into(),
+                (None, None) => match self.nvml.process.after {
+                    Some(p) => format!("process {} (NVML)", iec3(p)),
+                    None => "no device memory seen".into(),
+                },
+            });
+        }
+        for (i, o) in owners.iter().enumerate() {
+            if o.allocator {
+                self.allocator_parts(&mut parts, all, i == 0);
+                continue;
             }
-            // Loaded, but its allocator opened no device: the notebook's code allocates through
-            // cudarc or a framework alone (every allocation says what it holds).
-            None if self.crate_loaded.after && self.all_allocations.as_ref().is_some_and(|a| a.is_tracked()) => {
-                parts.keep("allocator unused (0 B)".into());
-            }
-            None => {
-                let absent = allocator_absent(self.restarted && self.crate_loaded.before, self.crate_declared);
-                // Not in the notebook: the long form goes first when the line is too long.
-                if absent.starts_with("allocator n/a") {
-                    let short = "allocator n/a (no `:dep gpumem-nb`)".to_string();
-                    parts.add_forms(vec![(Keep::Free, absent), (Keep::Always, short)]);
-                } else {
-                    parts.keep(absent);
-                }
-            }
+            let full = quantity(&o.owner, Some(o.after), o.delta, o.peak, "peak");
+            let short = match o.delta {
+                Some(d) if d != 0 => format!("{} {}", o.owner, iec3_delta(d)),
+                _ => format!("{} {}", o.owner, iec3(o.after)),
+            };
+            let keep = if i == 0 { Keep::Always } else { Keep::Owner };
+            parts.add_forms(vec![(keep, full), (keep, short)]);
         }
         // What went wrong comes right after the allocator's numbers.
         if let Some(o) = &self.oom {
@@ -162,9 +146,17 @@ impl CellRecord {
             parts.add_forms(vec![(Keep::Flag, format!("⚠ {w}")), (Keep::FlagShort, format!("⚠ {short}"))]);
         }
         if let Some(all) = all {
+            // Every allocation together, where more than one owner holds them (the allocator's
+            // reserved bytes are its share).
+            let holders = all.place.by_owner.iter().filter(|o| o.after > 0).count();
             let reserved = self.allocator.as_ref().and_then(|a| a.reserved.after);
-            if reserved != all.place.after {
-                parts.add(Keep::All, quantity("all allocations", all.place.after, all.delta(), all.place.peak, "peak"));
+            let beyond_allocator = allocator_holds && reserved != all.place.after;
+            // Beyond the allocator's reserved bytes it says what they leave out; beside several
+            // owners on the line, only their sum (it goes before any of them).
+            let keep = if beyond_allocator || all.place.by_owner.is_empty() { Keep::All } else { Keep::Owner };
+            let unnamed = all.place.by_owner.is_empty() && reserved.unwrap_or(0) != all.place.after.unwrap_or(0);
+            if holders > 1 || beyond_allocator || unnamed {
+                parts.add(keep, quantity("all allocations", all.place.after, all.delta(), all.place.peak, "peak"));
             }
         }
         if let Some(p) = &self.pool
@@ -245,6 +237,36 @@ impl CellRecord {
         parts.fit(width)
     }
 
+    /// gpumem-nb's allocator's figures on the line: allocated (with the component that made the
+    /// cell's peak) and reserved. `first`: it leads the line (always kept).
+    fn allocator_parts(&self, parts: &mut Parts, all: Option<&super::AllAllocations>, first: bool) {
+        let Some(a) = &self.allocator else { return };
+        let peak = if a.peak_is_cell { "peak" } else { "peak since load" };
+        let mut allocated = quantity("allocated", a.allocated.after, a.allocated.delta(), Some(a.peak_allocated), peak);
+        // The component that made the peak, where the line shows one.
+        if let Some(c) = all
+            .filter(|all| {
+                all.place
+                    .by_component
+                    .iter()
+                    .any(|c| c.component.is_classified() && (c.after > 0 || c.peak.unwrap_or(0) > 0))
+            })
+            .and_then(|all| peak_component(&all.place.by_component))
+            && let Some(open) = allocated.strip_suffix(')').filter(|o| o.contains(peak))
+        {
+            allocated = format!("{open} by {c})");
+        }
+        if first {
+            parts.keep(allocated);
+        } else {
+            parts.add(Keep::Owner, allocated);
+        }
+        parts.add_forms(vec![
+            (Keep::Reserved, quantity("reserved", a.reserved.after, a.reserved.delta(), Some(a.peak_reserved), peak)),
+            (Keep::ReservedShort, quantity("reserved", a.reserved.after, None, None, peak)),
+        ]);
+    }
+
     /// The out-of-memory snapshot's page, as a link relative to the working directory (the
     /// notebook's) when it is below it.
     fn oom_link(&self) -> Option<String> {
@@ -274,6 +296,66 @@ impl CellRecord {
         m.insert(CELL_MIME.into(), serde_json::to_value(self).unwrap_or(Value::Null));
         m
     }
+}
+
+/// Whether nothing of the cell (or before it) went through gpumem-nb's allocator.
+fn allocator_unused(a: &super::AllocatorPart) -> bool {
+    [a.allocated.after, a.reserved.after].iter().all(|v| *v == Some(0))
+        && a.peak_allocated == 0
+        && a.peak_reserved == 0
+        && a.reserved.delta().unwrap_or(0) == 0
+}
+
+/// One owner the line leads with.
+struct LeadOwner {
+    owner: String,
+    after: u64,
+    delta: Option<i64>,
+    peak: Option<u64>,
+    /// |change| over the cell: the order (largest first).
+    change: u64,
+    /// gpumem-nb's allocator, shown by its own figures.
+    allocator: bool,
+}
+
+impl LeadOwner {
+    fn allocator(change: u64) -> LeadOwner {
+        LeadOwner {
+            owner: crate::notebook::protocol::GPUMEM_NB.into(),
+            after: 0,
+            delta: None,
+            peak: None,
+            change,
+            allocator: true,
+        }
+    }
+}
+
+/// The owners of the notebook's device the line names: each that holds memory after the cell
+/// or changed in it, the largest change first (then the most held). The rule when several
+/// change and the line is full: the one that changed most is always kept (shortened to its
+/// change), and the others are left out smallest change first, after the device's free
+/// memory, NVML's figures, other devices, the top site, worker processes and the CUDA pool,
+/// before the components; the details table has every owner.
+fn lead_owners(all: Option<&super::AllAllocations>, allocator_holds: bool) -> Vec<LeadOwner> {
+    let Some(all) = all else { return Vec::new() };
+    let mut out: Vec<LeadOwner> = all
+        .place
+        .by_owner
+        .iter()
+        .filter(|o| o.after > 0 || o.delta().is_some_and(|d| d != 0) || o.peak.unwrap_or(0) > o.after)
+        .filter(|o| !(allocator_holds && o.owner == crate::notebook::protocol::GPUMEM_NB && o.after == 0))
+        .map(|o| LeadOwner {
+            owner: o.owner.clone(),
+            after: o.after,
+            delta: o.delta(),
+            peak: o.peak,
+            change: o.delta().unwrap_or(o.after as i64).unsigned_abs(),
+            allocator: false,
+        })
+        .collect();
+    out.sort_by(|a, b| b.change.cmp(&a.change).then(b.after.cmp(&a.after)).then(a.owner.cmp(&b.owner)));
+    out
 }
 
 /// The words of the out-of-memory snapshot's link after the line.
@@ -320,20 +402,20 @@ pub const LINE_WIDTH: usize = 120;
 /// MiB`), or, where it changed no named one, what they hold, largest first. Empty when nothing but
 /// `other` and the allocator's cache holds any (nothing was stamped or matched a rule: the line
 /// stays as it was). The details table has every component.
-fn what_it_is(parts: &[super::record::ComponentDelta]) -> Vec<(Keep, String)> {
-    let classified = |c: &&super::record::ComponentDelta| c.component.is_classified();
+fn what_it_is(parts: &[super::ComponentDelta]) -> Vec<(Keep, String)> {
+    let classified = |c: &&super::ComponentDelta| c.component.is_classified();
     if !parts.iter().filter(classified).any(|c| c.after > 0 || c.delta().is_some_and(|d| d != 0)) {
         return Vec::new();
     }
-    let own: Vec<&super::record::ComponentDelta> = parts.iter().filter(|c| c.component != Held::Cached).collect();
-    let mut changed: Vec<(&super::record::ComponentDelta, i64)> =
+    let own: Vec<&super::ComponentDelta> = parts.iter().filter(|c| c.component != Held::Cached).collect();
+    let mut changed: Vec<(&super::ComponentDelta, i64)> =
         own.iter().filter_map(|c| Some((*c, c.delta().filter(|d| *d != 0)?))).collect();
     changed
         .sort_by(|a, b| b.1.unsigned_abs().cmp(&a.1.unsigned_abs()).then(a.0.component.key().cmp(b.0.component.key())));
     // Where no named component changed (only untagged bytes did, or nothing), what is held says
     // more: largest first, with its change where it made one.
     let items: Vec<String> = if !changed.iter().any(|(c, _)| c.component.is_classified()) {
-        let mut held: Vec<&&super::record::ComponentDelta> = own.iter().filter(|c| c.after > 0).collect();
+        let mut held: Vec<&&super::ComponentDelta> = own.iter().filter(|c| c.after > 0).collect();
         held.sort_by(|a, b| b.after.cmp(&a.after).then(a.component.key().cmp(b.component.key())));
         held.iter()
             .map(|c| match c.delta().filter(|d| *d != 0) {
@@ -356,10 +438,9 @@ fn what_it_is(parts: &[super::record::ComponentDelta]) -> Vec<(Keep, String)> {
 
 /// The component that made the cell's peak: the one that rose most above both its ends (a
 /// MiB at least), e.g. the activations a step freed.
-fn peak_component(parts: &[super::record::ComponentDelta]) -> Option<&'static str> {
-    let rise = |c: &&super::record::ComponentDelta| {
-        c.peak.map_or(0, |p| p.saturating_sub(c.after.max(c.before.unwrap_or(c.after))))
-    };
+fn peak_component(parts: &[super::ComponentDelta]) -> Option<&'static str> {
+    let rise =
+        |c: &&super::ComponentDelta| c.peak.map_or(0, |p| p.saturating_sub(c.after.max(c.before.unwrap_or(c.after))));
     parts
         .iter()
         .filter(|c| c.component != Held::Cached)

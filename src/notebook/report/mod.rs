@@ -10,24 +10,32 @@
 //! - `line`: the one-line report and the `display_data` bundle; `fit`: the line's parts kept by
 //!   importance within its width; `details`: the table under the line, every number with its
 //!   source, per device.
+//! - `deltas`: each component's and owner's bytes over a cell ([`ComponentDelta`],
+//!   [`OwnerDelta`]).
 //! - `framework`: a watched framework's own numbers in the record ([`FrameworkPart`]), and what
 //!   a re-run left behind ([`Growth`]).
+//! - `oom`: an out-of-memory as the cell's error says it ([`oom_message`]): PyTorch's words, who
+//!   asked and where, and what holds the device.
 #![forbid(unsafe_code)]
 
+mod deltas;
 mod details;
 mod fit;
 mod framework;
 mod line;
+mod oom;
 mod record;
 mod top;
 
+pub use deltas::{ComponentDelta, OwnerDelta};
 pub use framework::{FrameworkPart, Growth, PoolKindPart, framework_parts};
 pub use line::{
     LINE_WIDTH, LOST_ASYNC_HINT, allocator_absent, format_ms, line_html, lost_message, other_device, quantity,
     short_device,
 };
+pub use oom::oom_message;
 pub use record::{
-    AllAllocations, AllocatorPart, CELL_MIME, CellRecord, CellStatus, ComponentDelta, CrateReading, LiveCost,
-    LocalMemoryPart, NvmlPart, PlaceAll, PoolPart, Readings, SourceDelta, Sources, Span, TrackedReadings,
-    all_allocations, build_record, device_name,
+    AllAllocations, AllocatorPart, CELL_MIME, CellRecord, CellStatus, CrateReading, LiveCost, LocalMemoryPart,
+    NvmlPart, PlaceAll, PoolPart, Readings, SourceDelta, Sources, Span, TrackedReadings, all_allocations, build_record,
+    device_name,
 };

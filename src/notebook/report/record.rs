@@ -1,9 +1,9 @@
 //! The per-cell record (the `application/vnd.gpumem.cell+json` object) and its parts, and
 //! [`build_record`], which assembles one from the hooks' [`Readings`].
 
+use super::deltas::{ComponentDelta, OwnerDelta, component_deltas, owner_deltas};
 use crate::device::BackendKind;
 use crate::device::nvml::{NvmlDevice, NvmlSnapshot};
-use crate::notebook::protocol::Held;
 use serde::{Deserialize, Serialize};
 
 /// The MIME type of the machine-readable per-cell record.
@@ -86,27 +86,6 @@ pub struct AllAllocations {
     pub devices: Vec<PlaceAll>,
 }
 
-/// One component's bytes over a cell.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ComponentDelta {
-    /// What the bytes are: a component, or the allocator's cached free memory.
-    pub component: Held,
-    /// Live at the start of the cell (`None`: not read then).
-    pub before: Option<u64>,
-    /// Live at the end.
-    pub after: u64,
-    /// Its highest during the cell (start + its rise), when the cell's changes are known.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub peak: Option<u64>,
-}
-
-impl ComponentDelta {
-    /// after − before, when both are known.
-    pub(crate) fn delta(&self) -> Option<i64> {
-        self.before.map(|b| self.after as i64 - b as i64)
-    }
-}
-
 /// One source's change over a cell.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SourceDelta {
@@ -138,6 +117,11 @@ pub struct PlaceAll<N = u64> {
     /// to `after`.
     #[serde(default)]
     pub by_component: Vec<ComponentDelta>,
+    /// Who holds the live bytes, by the framework or library that made them (`candle`,
+    /// `burn/cubecl`, `cudarc`, `cuBLAS`, `NCCL`, `gpumem-nb`, …), each before and after the cell
+    /// and at its highest in it; largest first after the cell; the `after`s add up to `after`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub by_owner: Vec<OwnerDelta>,
     /// Who holds the most of what is live after the cell.
     pub top: Vec<crate::notebook::protocol::OwnerBytes>,
     /// Activations and temporaries live after the cell, by site and the cell that made them.
@@ -187,47 +171,6 @@ impl TrackedReadings {
     }
 }
 
-/// Each component's bytes before and after a cell, in the order the readings list them (the
-/// `after` reading's, then any only the `before` one had). `before` is known where the reading
-/// before the cell classified its bytes, or where the place held nothing then (`known_start`
-/// without a reading).
-fn component_deltas(
-    b: Option<&crate::notebook::protocol::PlaceReading>,
-    a: &crate::notebook::protocol::PlaceReading,
-    known_start: bool,
-) -> Vec<ComponentDelta> {
-    if a.by_component.is_empty() {
-        return Vec::new();
-    }
-    let before_of = |c: Held| -> Option<u64> {
-        match b {
-            Some(b) if !b.by_component.is_empty() || b.live == 0 => {
-                Some(b.by_component.iter().find(|x| x.component == c).map_or(0, |x| x.live))
-            }
-            Some(_) => None,
-            None => known_start.then_some(0),
-        }
-    };
-    // The cell's changes were known where any component carries a rise.
-    let rises_known = a.by_component.iter().any(|x| x.rise.is_some());
-    let mut out: Vec<ComponentDelta> = a
-        .by_component
-        .iter()
-        .map(|x| {
-            let before = before_of(x.component);
-            let peak = before.zip(x.rise).map(|(b, r)| (b + r).max(x.live));
-            ComponentDelta { component: x.component, before, after: x.live, peak }
-        })
-        .collect();
-    for x in b.map(|b| b.by_component.as_slice()).unwrap_or_default() {
-        if !out.iter().any(|o| o.component == x.component) {
-            let peak = (rises_known && x.component != Held::Cached).then_some(x.live);
-            out.push(ComponentDelta { component: x.component, before: Some(x.live), after: 0, peak });
-        }
-    }
-    out
-}
-
 /// The `all_allocations` part from the tracked readings before and after a cell (`before` is
 /// `None` when the crate was not connected before it; `loaded_during` when it loaded in it).
 pub fn all_allocations(
@@ -269,6 +212,7 @@ pub fn all_allocations(
             peak: a.peak,
             by_source: source_deltas(b.as_ref(), a),
             by_component: component_deltas(b.as_ref(), a, start.is_some()),
+            by_owner: owner_deltas(b.as_ref(), a, start.is_some()),
             top: a.top.clone(),
             kept: a.kept.clone(),
         });
@@ -287,6 +231,7 @@ pub fn all_allocations(
             peak: Some(m.peak),
             by_source: m.by_source,
             by_component: m.by_component,
+            by_owner: m.by_owner,
             top: m.top,
             kept: m.kept,
         },
@@ -661,11 +606,12 @@ pub fn build_record(cell: u64, r: &Readings<'_>) -> CellRecord {
         r.crate_before.and_then(|v| v.iter().find(|d| Some(d.device) == after0.map(|a| a.device)))
     };
     if let Some(a) = after0 {
-        // Loaded during this cell: it started from nothing.
-        let start = |f: fn(&CrateReading) -> u64| match (before0, rec.crate_loaded.before) {
-            (Some(b), _) => Some(f(b)),
-            (None, false) if !rec.restarted => Some(0),
-            _ => None,
+        // Opened during this cell (the crate loaded in it, or, loaded before, it opened the device
+        // in it): it started from nothing.
+        let start = |f: fn(&CrateReading) -> u64| match before0 {
+            Some(b) => Some(f(b)),
+            None if !rec.restarted => Some(0),
+            None => None,
         };
         rec.allocator = Some(AllocatorPart {
             device: a.device,
@@ -674,9 +620,9 @@ pub fn build_record(cell: u64, r: &Readings<'_>) -> CellRecord {
             reserved: Span { before: start(|x| x.reserved), after: Some(a.reserved) },
             peak_allocated: a.peak_allocated,
             peak_reserved: a.peak_reserved,
-            // Loaded during this cell (a new child's included): nothing was there before, so the
-            // peaks since it loaded are the cell's.
-            peak_is_cell: (r.slot_opened && before0.is_some()) || !rec.crate_loaded.before || rec.restarted,
+            // Opened during this cell (a new child's included): nothing was there before, so the
+            // peaks since it opened are the cell's.
+            peak_is_cell: r.slot_opened || before0.is_none() || rec.restarted,
             ooms: a.num_ooms.saturating_sub(before0.map_or(0, |b| b.num_ooms)),
             explain: a.explain.clone(),
         });
@@ -735,6 +681,12 @@ pub fn build_record(cell: u64, r: &Readings<'_>) -> CellRecord {
     }
     rec.nvml_devices = nvml_devices(r, rec.restarted, &ordinals, &device_ordinals(r, false));
     rec.local_memory = local_memory(r, rec.restarted);
+    if rec.pool.is_none() {
+        rec.pool = tracked_pool(r, tracked_place, rec.restarted);
+        if rec.pool.is_some() {
+            rec.sources.pool = "CUDA stream-ordered pool, the driver's counters in the primary context (exact)".into();
+        }
+    }
     // A cell that ended without the crate's reading (a new process after an interrupt): the
     // device it had (gpumem-kernel names the one a notebook will use before the crate loads:
     // `registry::device_before_use`).
@@ -756,6 +708,35 @@ pub fn build_record(cell: u64, r: &Readings<'_>) -> CellRecord {
 /// on it, NVML's bytes and none tracked, still gets its ordinal).
 /// With `visible` false, only the devices in use: opened by the crate, with tracked bytes, or
 /// with an active context (its kernel stacks read).
+/// The notebook's device's CUDA pool as the tracker read it in the device's primary context,
+/// where no allocator of gpumem-nb's read it (a notebook of candle or cudarc alone): what the
+/// pool keeps cached, which NVML counts and no allocation does.
+fn tracked_pool(r: &Readings<'_>, place: Option<i32>, restarted: bool) -> Option<PoolPart> {
+    let ordinal = place?;
+    let of = |t: Option<&TrackedReadings>| t?.cuda_devices.iter().find(|d| d.ordinal == ordinal).cloned();
+    let after = of(r.tracked_after)?;
+    after.pool_reserved?;
+    // Before the cell: the reading then, or an empty pool where NVML had nothing of the process
+    // (no context: no pool held anything).
+    let before = if restarted { None } else { of(r.tracked_before) };
+    let fresh = r.tracked_before.is_some() && before.is_none();
+    let at = |d: &Option<crate::notebook::protocol::CudaDevice>,
+              f: fn(&crate::notebook::protocol::CudaDevice) -> Option<u64>| {
+        match d {
+            // A context not active then (no stack read) had no pool in use.
+            Some(d) => f(d).or(d.stack_bytes.is_none().then_some(0)),
+            None if fresh => Some(0),
+            None => None,
+        }
+    };
+    Some(PoolPart {
+        used: Span { before: at(&before, |d| d.pool_used), after: after.pool_used },
+        reserved: Span { before: at(&before, |d| d.pool_reserved), after: after.pool_reserved },
+        used_high: None,
+        reserved_high: None,
+    })
+}
+
 fn device_ordinals(r: &Readings<'_>, visible: bool) -> Vec<(String, i32)> {
     let crate_ = r.crate_after.into_iter().flatten().filter_map(|d| Some((d.uuid.clone()?, d.device)));
     let tracked =

@@ -281,6 +281,7 @@ fn a_contexts_only_cell_gives_each_nvml_device_its_ordinal() {
                 uuid: format!("GPU-{o}"),
                 stack_bytes: stack.filter(|_| o == 1),
                 resident_threads: Some(270_336),
+                ..Default::default()
             })
             .collect()
     };
@@ -350,8 +351,9 @@ fn child_processes_are_named_on_the_line_and_listed_in_the_details() {
         ),
         "{line}"
     );
-    // At 120 characters: the ranks, then nothing of it.
-    assert!(rec.line().ends_with(" · child processes 64.0 MiB (ranks 0, 1)"), "{}", rec.line());
+    // Where the line is full: the ranks, then nothing of it.
+    let line = rec.line_within(80, false);
+    assert!(line.ends_with(" · child processes 64.0 MiB (ranks 0, 1)"), "{line}");
     let details = rec.details().to_text();
     assert!(details.contains("child process gpumem-demo (pid 42, rank 1, local rank 1) on sim-0"), "{details}");
     assert!(details.contains("rank from RANK; peak: the highest of 5 readings (not exact)"), "{details}");
@@ -462,4 +464,97 @@ fn a_line_with_components_stays_within_its_width_and_names_the_peak() {
     let line = oom.line();
     assert!(line.chars().count() <= LINE_WIDTH, "{} characters: {line}", line.chars().count());
     assert!(line.contains("✗ out of memory: asked for 4096.00 GiB"), "the error's own unit: {line}");
+}
+
+/// A record of a cell on a GPU whose memory is held by the owners given (before, after), with
+/// no allocator of gpumem-nb's in use.
+fn owned(owners: &[(&str, u64, u64)]) -> CellRecord {
+    let place = |at: fn(&(&str, u64, u64)) -> u64| owners.iter().map(at).sum::<u64>();
+    CellRecord {
+        cell: 2,
+        device: "cuda:0 NVIDIA H100 80GB HBM3".into(),
+        wall_ms: 715.0,
+        all_allocations: Some(AllAllocations {
+            tracking: "cupti".into(),
+            place: PlaceAll {
+                device: Some(0),
+                before: Some(place(|o| o.1)),
+                after: Some(place(|o| o.2)),
+                peak: Some(place(|o| o.2)),
+                by_owner: owners
+                    .iter()
+                    .map(|(owner, before, after)| super::super::OwnerDelta {
+                        owner: owner.to_string(),
+                        before: Some(*before),
+                        after: *after,
+                        peak: None,
+                    })
+                    .collect(),
+                ..Default::default()
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The line leads with who holds the memory (the framework's word, its change), never with an
+/// allocator the notebook did not use; several owners keep the one that changed most and leave
+/// the others out smallest change first.
+#[test]
+fn the_line_leads_with_the_framework_that_holds_the_memory() {
+    let (gib, mib) = (1u64 << 30, 1u64 << 20);
+    let rec = owned(&[("candle", 0, gib)]);
+    assert_eq!(rec.line(), "[2] cuda:0 · 715 ms · candle 1.00 GiB (+1.00 GiB)");
+    // gpumem-nb loaded (a `:dep` and no call, or a call that allocated nothing): still candle.
+    let mut with_crate = rec.clone();
+    with_crate.allocator = Some(super::super::AllocatorPart {
+        allocated: Span { before: Some(0), after: Some(0) },
+        reserved: Span { before: Some(0), after: Some(0) },
+        ..Default::default()
+    });
+    assert_eq!(with_crate.line(), rec.line(), "no `allocated 0 B` of an allocator the notebook never used");
+    // Three owners, the largest change first; all of them fit.
+    let three = owned(&[("cudarc", 0, 8 * mib), ("candle", 2 * gib, 3 * gib), ("cuBLAS", 0, 32 * mib)]);
+    let line = three.line();
+    assert!(
+        line.starts_with(
+            "[2] cuda:0 · 715 ms · candle 3.00 GiB (+1.00 GiB) · cuBLAS 32.0 MiB (+32.0 MiB) · cudarc 8.00 MiB (+8.00 MiB)"
+        ),
+        "{line}"
+    );
+    let whole = three.line_within(usize::MAX, false);
+    assert!(whole.ends_with(" · all allocations 3.04 GiB (+1.04 GiB)"), "several owners: their sum, {whole}");
+    assert!(!line.contains("all allocations"), "the sum goes before any owner: {line}");
+    // Narrower: the smallest change goes first, the one that changed most stays.
+    let narrow = three.line_within(90, false);
+    assert!(narrow.contains("candle") && narrow.contains("cuBLAS") && !narrow.contains("cudarc"), "{narrow}");
+    let narrowest = three.line_within(40, false);
+    assert!(narrowest.contains("candle") && !narrowest.contains("cuBLAS"), "{narrowest}");
+    // Nothing of the process on the device: said in one phrase.
+    assert_eq!(owned(&[]).line(), "[2] cuda:0 · 715 ms · no device memory");
+}
+
+/// Where gpumem-nb's allocator holds memory its own figures stand for it, in the order of its
+/// change among the owners.
+#[test]
+fn gpumem_nb_s_allocator_is_an_owner_among_the_others() {
+    let mib = 1u64 << 20;
+    let mut rec = owned(&[("gpumem-nb", 0, 64 * mib), ("candle", 0, 512 * mib)]);
+    rec.allocator = Some(super::super::AllocatorPart {
+        allocated: Span { before: Some(0), after: Some(48 * mib) },
+        reserved: Span { before: Some(0), after: Some(64 * mib) },
+        peak_allocated: 48 * mib,
+        peak_reserved: 64 * mib,
+        peak_is_cell: true,
+        ..Default::default()
+    });
+    let line = rec.line_within(usize::MAX, false);
+    assert!(
+        line.starts_with(
+            "[2] cuda:0 · 715 ms · candle 512 MiB (+512 MiB) · allocated 48.0 MiB (+48.0 MiB) · reserved 64.0 MiB (+64.0 MiB)"
+        ),
+        "{line}"
+    );
+    assert!(!line.contains("gpumem-nb 64"), "the allocator's figures stand for its owner: {line}");
 }
