@@ -18,8 +18,11 @@
 //! 3. the cell crate's rustc wrapper (`GPUMEM_KERNEL_CELL_RUSTC`): line tables in the cells'
 //!    own code, the command kept for a build without cargo (`build::cell_lines`);
 //! 4. evcxr's child, the notebook process that loads and runs the cells (`EVCXR_IS_RUNTIME`,
-//!    in `evcxr::runtime_hook`), after two threads of the kernel's are set up in it: the stderr
-//!    barrier (`cell::stderr_sync`) and the mark of a returned `Err` (`cell::user_error`);
+//!    in `evcxr::runtime_hook`), after gpumem-nb starts watching it (every device allocation
+//!    tracked and the kernel's readings served from before the first cell:
+//!    `gpumem_nb::kernel::watch_from_start`) and two threads of the kernel's are set up in it:
+//!    the stderr barrier (`cell::stderr_sync`) and the mark of a returned `Err`
+//!    (`cell::user_error`);
 //! 5. evcxr's own rustc wrapper, its build cache (`EVCXR_RUSTC_WRAPPER`, in
 //!    `evcxr::runtime_hook`);
 //! 6. the kernel: Jupyter's (`--connection-file`), or a command (`install`, `run`, `--help`,
@@ -57,6 +60,10 @@ fn main() {
     gpumem_kernel::build::quick_build::run_if_asked();
     gpumem_kernel::build::timings::link_if_asked();
     gpumem_kernel::build::cell_lines::wrap_if_asked();
+    // As the child: every device allocation of the notebook's process is tracked, and the
+    // kernel's readings served, from before its first cell (no device opened, no CUDA context
+    // made), before any thread of the kernel's is started there.
+    gpumem_nb::kernel::watch_from_start();
     gpumem_kernel::cell::stderr_sync::serve_in_child();
     gpumem_kernel::cell::user_error::watch_in_child();
     evcxr::runtime_hook();

@@ -77,3 +77,29 @@ fn burn_as_its_book_writes_it() {
     assert_eq!(result_text(&out, cell_starting(&out, "let mut optim = AdamConfig::new().init();")), "true");
     assert_eq!(result_text(&out, cell_starting(&out, "model.num_params()")), n);
 }
+
+/// candle's error as its book shows one ("Error management": a `matmul` of two `(1, 784)`
+/// tensors), on the CPU: candle's message is the cell's error value, never a frame of the
+/// backtrace `RUST_BACKTRACE=1` gives it; the backtrace is folded to candle's frame and the
+/// cell's; the session goes on.
+#[test]
+fn candles_error_is_its_message() {
+    let path = repo_root().join("notebooks").join("errors_candle.ipynb");
+    let dir = fresh_dir("corpus-errors_candle");
+    let (status, out, stderr) = run_file(&path, &dir, &[]);
+    assert_eq!(status, 0, "{stderr}");
+    let failing =
+        cell_starting(&out, "let x = Tensor::zeros((1, 784), DType::F32, &device)?;\nlet y = Tensor::zeros((1, 784)");
+    assert_eq!(errors(&out, failing), ["Error: shape mismatch in matmul, lhs: [1, 784], rhs: [1, 784]"]);
+    let error =
+        out["cells"][failing]["outputs"].as_array().unwrap().iter().find(|o| o["output_type"] == "error").unwrap();
+    let tb: Vec<&str> = error["traceback"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    let tb = tb.join("\n");
+    assert!(tb.contains("candle_core::tensor::Tensor::matmul") && tb.contains("line 3"), "{tb}");
+    for hidden in ["_start", "Error::bt", "load_and_run", "<unknown>"] {
+        assert!(!tb.contains(hidden), "{hidden}: {tb}");
+    }
+    let next =
+        cell_starting(&out, "let x = Tensor::zeros((1, 784), DType::F32, &device)?;\nlet y = Tensor::zeros((784, 10)");
+    assert_eq!(result_text(&out, next), "[1, 10]");
+}

@@ -55,7 +55,16 @@ fn every_allocation_is_in_the_cell_record() {
         .iter()
         .find_map(|o| o["data"]["text/plain"].as_str().filter(|t| t.starts_with("[")))
         .unwrap_or_default();
-    assert!(line.contains(" · all allocations 100 MiB (+100 MiB"), "the driver's view differs from reserved: {line}");
+    assert!(line.contains(" · gpumem-nb 100 MiB (+100 MiB)"), "who holds it leads the line: {line}");
+    assert!(!line.contains("allocated"), "no figures of an allocator the cell did not use: {line}");
+    let owners = a["by_owner"].as_array().unwrap();
+    assert_eq!(owners.len(), 1, "{a}");
+    assert_eq!(
+        (owners[0]["owner"].as_str(), n(&owners[0]["after"]) - n(&owners[0]["before"])),
+        (Some("gpumem-nb"), 100 * mib)
+    );
+    // Tracked from the first cell, before the crate was ever used.
+    assert_eq!(all(0)["tracking"], "simulated", "{}", all(0));
     // The export carries it.
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("nb-all");
     let csv = std::fs::read_to_string(dir.join("all.csv")).unwrap();
@@ -63,6 +72,40 @@ fn every_allocation_is_in_the_cell_record() {
     let col = header.iter().position(|h| *h == "all_after").unwrap();
     let row2: Vec<&str> = csv.lines().nth(2).unwrap().split(',').collect();
     assert_eq!(row2[col].parse::<u64>().unwrap(), n(&a["after"]), "{csv}");
+}
+
+/// A notebook that never names gpumem-nb: every cell is tracked from the first (the kernel's own
+/// copy of the crate watches the notebook's process from its start), and the line names no
+/// allocator the notebook did not use.
+#[test]
+fn a_notebook_without_gpumem_nb_is_tracked_from_its_first_cell() {
+    let nb = notebook(&[
+        (
+            "let v = vec![1u8; 1 << 20];
+v.len()",
+            &[],
+        ),
+        ("println!(\"{}\", v.len());", &[]),
+    ]);
+    let (code, out, stderr) = run("nodep", &nb, &[]);
+    assert_eq!(code, 0, "{stderr}");
+    for i in 0..2 {
+        let rec = &records(&out, i)[0];
+        assert_eq!(rec["all_allocations"]["tracking"], "simulated", "cell {i}: {rec}");
+        assert_eq!(rec["crate_loaded"]["before"], true, "cell {i}: the kernel's copy served it before the cell");
+        assert!(rec["allocator"].is_null(), "cell {i}: {rec}");
+        let line = rec_line(&out, i);
+        assert!(line.ends_with(" · no device memory"), "cell {i}: {line}");
+        assert!(!line.contains("allocator") && !line.contains(":dep"), "cell {i}: {line}");
+    }
+}
+
+/// The report line of the code cell at `i`.
+fn rec_line(out: &Value, i: usize) -> String {
+    outputs(out, i)
+        .iter()
+        .find_map(|o| o["data"]["text/plain"].as_str().filter(|t| t.starts_with('[')).map(str::to_string))
+        .unwrap_or_default()
 }
 
 /// One allocator state across cells under real evcxr: each cell is its own shared object with
@@ -998,4 +1041,83 @@ fn ranks_a_cell_starts_are_one_view() {
     let err: String =
         outputs(&out, 1).iter().filter(|o| o["name"] == "stderr").filter_map(|o| o["text"].as_str()).collect();
     assert!(err.lines().any(|l| l == "%gpumem: ranks: no cell [9] in this session's history"), "{err}");
+}
+
+/// An error a framework returns is shown whole, and a panic on another thread while a cell runs
+/// makes the cell an error (issue: a candle error's backtrace frame was the error's value, a
+/// burn device thread's panic let the cell answer `0.0`). anyhow's chain: gpumem-kernel has
+/// evcxr write a `?` error with `{:#}` (anyhow's chain on one line), with `Debug` after `:efmt
+/// {:?}` (the chain and its backtrace, folded). A thread's panic while the cell waits for it (`join`
+/// returns `Err`, the cell goes on) or sleeps: the error names the thread; the value is not the
+/// cell's result. The next cell is clean.
+#[test]
+fn framework_errors_whole_and_panics_on_other_threads() {
+    let load = "use anyhow::Context;\n\
+                fn load() -> anyhow::Result<Vec<u8>> {\n    \
+                    std::fs::read(\"/nonexistent/weights.safetensors\").context(\"reading the weights\")\n\
+                }\n\
+                load().context(\"loading the model\")?;";
+    let join = "let worker = std::thread::Builder::new().name(\"worker-1\".into());\n\
+                worker.spawn(|| panic!(\"boom on worker\")).unwrap().join().is_err()";
+    let sleep = "std::thread::Builder::new().name(\"worker-2\".into()).spawn(|| {\n    \
+                     std::thread::sleep(std::time::Duration::from_millis(100));\n    \
+                     panic!(\"late on worker\")\n\
+                 }).unwrap();\n\
+                 std::thread::sleep(std::time::Duration::from_millis(1000));\n\
+                 0.0";
+    let nb = notebook(&[
+        (":dep anyhow = \"1\"", &[]),
+        (load, &["raises-exception"]),
+        (":efmt {:?}", &[]),
+        (load, &["raises-exception"]),
+        (join, &["raises-exception"]),
+        (sleep, &["raises-exception"]),
+        ("1 + 1", &[]),
+    ]);
+    let (code, out, stderr) = run("framework-errors", &nb, &[]);
+    assert_eq!(code, 0, "{stderr}");
+    let error = |i: usize| -> Value {
+        outputs(&out, i)
+            .iter()
+            .find(|o| o["output_type"] == "error")
+            .cloned()
+            .unwrap_or_else(|| panic!("cell {i}: {:?}", outputs(&out, i)))
+    };
+    let traceback = |e: &Value| -> String {
+        e["traceback"].as_array().unwrap().iter().filter_map(Value::as_str).collect::<Vec<_>>().join("\n")
+    };
+    // The default, `{:#}`: the whole chain, outermost first.
+    assert_eq!(
+        errors(&out, 1),
+        ["Error: loading the model: reading the weights: No such file or directory (os error 2)"]
+    );
+    // `Debug`: the chain, then the backtrace folded to the cell's own frames.
+    let e = error(3);
+    assert_eq!((e["ename"].as_str(), e["evalue"].as_str()), (Some("Error"), Some("loading the model")), "{e}");
+    let tb = traceback(&e);
+    assert!(
+        tb.contains("Caused by:\n    0: reading the weights\n    1: No such file or directory (os error 2)"),
+        "{tb}"
+    );
+    assert!(tb.contains("stack backtrace (innermost first;") && tb.contains("at cell [4] line 3"), "{tb}");
+    for hidden in ["_start", "anyhow::", "load_and_run", "Stack backtrace:"] {
+        assert!(!tb.contains(hidden), "{hidden}: {tb}");
+    }
+    // A thread's panic the cell waited for, and one while it slept: errors naming the thread;
+    // the value is in a note, not the result.
+    for (i, thread, message, value) in
+        [(4, "worker-1", "boom on worker", "true"), (5, "worker-2", "late on worker", "0.0")]
+    {
+        let e = error(i);
+        assert_eq!(e["ename"], "panic", "{e}");
+        assert_eq!(e["evalue"], format!("thread '{thread}' panicked: {message}"), "{e}");
+        let tb = traceback(&e);
+        assert!(tb.contains(&format!("on thread '{thread}'")) && tb.contains("stack backtrace ("), "{tb}");
+        assert!(!tb.contains("rust_begin_unwind"), "{tb}");
+        assert_eq!(result_text(&out, i), "", "cell {i}: {:?}", outputs(&out, i));
+        assert!(notices(&out, i).iter().any(|n| n.ends_with(&format!("It was: {value}"))), "{:?}", notices(&out, i));
+        assert_eq!(records(&out, i)[0]["status"], "panicked");
+    }
+    assert_eq!(result_text(&out, 6), "2");
+    assert!(errors(&out, 6).is_empty(), "{:?}", outputs(&out, 6));
 }

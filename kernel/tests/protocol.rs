@@ -303,7 +303,9 @@ async fn protocol() {
     let reports = e.reports();
     assert_eq!(reports.len(), 1, "{:?}", e.json());
     assert_eq!(reports[0]["cell"], 1);
-    assert_eq!(reports[0]["crate_loaded"]["after"], false);
+    // Served from the first cell by the kernel's own copy of gpumem-nb (no `:dep`): tracked.
+    assert_eq!(reports[0]["crate_loaded"]["after"], true);
+    assert_eq!(reports[0]["all_allocations"]["tracking"], "simulated", "{}", reports[0]);
     let (at, report_msg) = e.report_messages()[0];
     let report_msg = serde_json::to_value(&report_msg.content).unwrap();
     assert!(report_msg["data"]["text/html"].as_str().unwrap().contains("<details>"));

@@ -133,7 +133,13 @@ pub fn line(cell: u64, elapsed: Duration, r: &LiveReading, base: &Baseline, pid:
             None => None,
         }
     };
+    // gpumem-nb's allocator where it holds anything; else every allocation of the process
+    // leads (a notebook of candle or cudarc alone), as on the report line.
+    let unused =
+        |a: &CrateReading| a.allocated == 0 && a.reserved == 0 && a.peak_allocated == 0 && a.peak_reserved == 0;
+    let reading = reading.filter(|a| !unused(a));
     match reading {
+        None if tracked.is_some() => {}
         Some(a) => {
             let b = base.devices.as_deref().and_then(|v| v.iter().find(|d| d.device == a.device));
             let allocated = since(a.allocated, b.map(|b| b.allocated));
@@ -148,7 +154,8 @@ pub fn line(cell: u64, elapsed: Duration, r: &LiveReading, base: &Baseline, pid:
     if let Some(p) = tracked.filter(|p| reading.is_none_or(|a| a.reserved != p.live)) {
         let before =
             base.tracked.as_ref().map(|t| t.places.iter().find(|b| b.device == p.device).map_or(0, |b| b.live));
-        parts.push((2, quantity("all allocations", Some(p.live), since(p.live, before), Some(p.peak), "peak")));
+        let rank = if reading.is_some() { 2 } else { ALWAYS };
+        parts.push((rank, quantity("all allocations", Some(p.live), since(p.live, before), Some(p.peak), "peak")));
     }
     // Every other GPU the process allocates on: what it holds there now, its change and peak
     // (kept longest: a cell on several GPUs is followed on each).

@@ -284,6 +284,12 @@ static ERROR_FORMATS: &[ErrorFormat] = &[
         format_str: "{}",
         format_trait: "std::fmt::Display",
     },
+    // gpumem patch 9: `Display` with its alternate form, which error types with a chain print
+    // whole (anyhow: `outer: inner: root`) and others as `{}`.
+    ErrorFormat {
+        format_str: "{:#}",
+        format_trait: "std::fmt::Display",
+    },
     ErrorFormat {
         format_str: "{:?}",
         format_trait: "std::fmt::Debug",

@@ -7,8 +7,9 @@
 //!
 //! - `magics`: what the `%gpumem` / `%%gpumem` magics do to the engine; `diff`: `%gpumem diff`.
 //! - `errors`: evcxr's errors as [`ErrorInfo`], and the code-derived fields of a record.
-//! - `pump`: the thread forwarding evcxr's stdout/stderr to the sink; `panic`: the cell's panic,
-//!   taken out of stderr, as its error.
+//! - `pump`: the thread forwarding evcxr's stdout/stderr to the sink; `panic`: the cell's panic
+//!   (and another thread's while it runs), taken out of stderr, as its error; `backtrace`: a
+//!   backtrace folded to the notebook's frames, and where one sits in an error's text.
 //!
 //! What Jupyter sees of a cell, in order: its streams, its result or error (a panic and a bad
 //! magic are errors, as a compile error is), what its `%gpumem` output magics show, and last its
@@ -16,6 +17,7 @@
 //! the live line; otherwise the live line is emptied and the report follows the cell's last
 //! output.
 
+mod backtrace;
 mod diff;
 mod errors;
 mod magics;
@@ -139,6 +141,11 @@ pub struct Engine {
     /// (host code works; every device call fails) and an error of theirs says so, until
     /// `%gpumem restart`.
     lost: Option<(u64, gpumem_nb::device::LostContext)>,
+    /// A thread of the notebook's process (not the cells' own) that panicked while a cell ran:
+    /// (that cell, the thread's name, its message's first line). A framework's device thread
+    /// (burn's) does not come back; a later cell that fails is told so, until the process is
+    /// replaced.
+    died: Option<(u64, String, String)>,
     /// Why `%gpumem restart` replaced the child before this cell's code (its record says so).
     restarted_by_magic: Option<String>,
     /// The variables lost with the last process replaced (an interrupt, a crash, a restart): the
@@ -227,14 +234,18 @@ impl Engine {
         // Cells keep line tables for their own code (`crate::build::cell_lines`): sites then name
         // their cell lines. Set as evcxr's `:build_env` does, so `install`'s prebuild and every
         // session build alike.
+        let mut state = eval.state();
         if crate::build::cell_lines::enabled() {
-            let mut state = eval.state();
             for (key, value) in crate::build::cell_lines::build_envs(&std::env::current_exe()?) {
                 state.set_build_env(&key, &value);
             }
-            // No code: evcxr only takes the new state (nothing is compiled).
-            eval.eval_with_state("", state).map_err(|e| anyhow::anyhow!("evcxr refused the build environment: {e}"))?;
         }
+        // An error a cell returns through `?` is written with `{:#}` (vendor/evcxr PATCHES.md
+        // §9): anyhow's whole chain (`outer: inner: root`), any other error as its `Display`.
+        // `:efmt` changes it.
+        state.set_error_format("{:#}").map_err(|e| anyhow::anyhow!("evcxr refused the error format: {e}"))?;
+        // No code: evcxr only takes the new state (nothing is compiled).
+        eval.eval_with_state("", state).map_err(|e| anyhow::anyhow!("evcxr refused the build environment: {e}"))?;
         let mut ctx = evcxr::CommandContext::with_eval_context(eval);
         let child = ctx.process_handle();
         let pump = StreamPump::start(outputs, sink.clone());
@@ -284,6 +295,7 @@ impl Engine {
             deps: SessionDeps::new(deps_root),
             display: Display::new(evcxr::config_dir().as_deref()),
             lost: None,
+            died: None,
             restarted_by_magic: None,
             gone: None,
             ready: Instant::now(),

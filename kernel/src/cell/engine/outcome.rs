@@ -31,10 +31,11 @@ impl Ending {
         let ename = self.error.as_ref().map(|e| e.ename.as_str());
         if ename.is_some_and(|n| gpumem_nb::device::Fault::from_code(n).is_some()) {
             CellStatus::Lost
+        } else if ename == Some("OutOfMemoryError") {
+            // Also where a thread panicked of it (cubecl's device thread).
+            CellStatus::Oom
         } else if self.panicked {
             CellStatus::Panicked
-        } else if ename == Some("OutOfMemoryError") {
-            CellStatus::Oom
         } else if ename.is_some() {
             CellStatus::Error
         } else {
@@ -55,9 +56,13 @@ impl Engine {
     ) -> Ending {
         let interrupted = self.interrupted.swap(false, Ordering::SeqCst);
         let panicked = self.pump.panics().pop();
-        // A panic's places in evcxr's generated code, as cell lines: the generated `lib.rs` is
-        // still the panicking cell's (read only when there is a panic).
-        let lines = panicked.as_ref().and_then(|_| {
+        // Panics on other threads of the notebook's process while the cell ran.
+        let threads = self.pump.thread_panics();
+        // A panic's or a returned error's places in evcxr's generated code, as cell lines: the
+        // generated `lib.rs` is still the failing cell's (read only when there is a backtrace
+        // to place).
+        let placed = panicked.is_some() || !threads.is_empty() || self.pump.returned_error().is_some();
+        let lines = placed.then_some(()).and_then(|_| {
             let lib = std::env::var_os("EVCXR_TMPDIR").map(|d| PathBuf::from(d).join("src").join("lib.rs"))?;
             let text = std::fs::read_to_string(lib).ok()?;
             let codes: Vec<(u64, &str)> = self.hooks.codes().iter().map(|(c, s)| (*c, s.as_str())).collect();
@@ -85,7 +90,7 @@ impl Engine {
                     }
                     Some(info)
                 }
-                None => self.show_value(count, out, before, after, lost_here.as_ref()),
+                None => self.show_value(count, out, (before, after), lost_here.as_ref(), (&locate, &threads)),
             },
             Err(e) => {
                 if let evcxr::Error::SubprocessTerminated(msg) = &e {
@@ -107,37 +112,100 @@ impl Engine {
                 Some(info)
             }
         };
+        // Other threads' panics while the cell ran: the cell's error when it has none, else
+        // told after it (a thread's panic is often why the cell's own code failed).
+        for p in &threads {
+            let info = panic::thread_error_info(p, count, &locate);
+            match error.as_mut() {
+                None => {
+                    let mut info = info;
+                    info.traceback.push(
+                        "The cell's own code went on after this panic (its variables are kept), but what it \
+                         computed may be wrong."
+                            .into(),
+                    );
+                    error = Some(info);
+                }
+                Some(e) => {
+                    e.traceback.push(String::new());
+                    e.traceback.extend(info.traceback);
+                }
+            }
+        }
+        // A later cell that failed after a thread of the process died (a framework's device
+        // thread: burn's does not come back): its error says so, and the way out.
+        if let (Some(info), Some((cell, thread, message))) = (error.as_mut(), &self.died) {
+            info.traceback.push(format!(
+                "Thread '{thread}' of this notebook's process panicked in cell {cell} ({message}): a framework's                  device thread does not come back from that, and work on its device fails. `%gpumem restart` starts                  a fresh notebook process (variables are lost, the history is kept)."
+            ));
+        }
+        if let Some(p) = threads.iter().find(|p| !p.thread.starts_with("gpumem-")).filter(|_| self.died.is_none()) {
+            let first = p.message.iter().find(|l| !l.trim().is_empty()).map_or("", |l| l.trim());
+            let first = if first.chars().count() > 160 {
+                format!("{}…", first.chars().take(159).collect::<String>())
+            } else {
+                first.to_string()
+            };
+            self.died = Some((count, p.thread.clone(), first));
+        }
         // A cell after the loss that failed: its error (the named one a device call returned,
         // or what the code made of it) says why every device call fails, and the way out.
         if let (Some(info), Some((cell, lost))) = (error.as_mut(), &self.lost) {
             info.traceback.push(errors::after_loss_note(lost, *cell));
         }
+        // Out of memory in the cell (a framework's, seen where the driver refused it, or
+        // gpumem-nb's allocator's): a failed cell's error says so as PyTorch does, with who asked
+        // and what holds the device, the framework's own words after it.
+        if let (Some(info), Some(oom)) = (error.as_mut(), after.oom.as_ref()) {
+            name_oom(info, oom, after);
+        }
         if let Some(info) = &error {
             self.sink.emit(Output::Error(info.clone()));
         }
-        Ending { error, panicked: panicked.is_some(), terminated, interrupted, lost_here }
+        Ending { error, panicked: panicked.is_some() || !threads.is_empty(), terminated, interrupted, lost_here }
     }
 
-    /// A cell that ran to its end without a panic: its value shown, and its error when it
-    /// returned an `Err` (through `?` or as its value), ran out of memory or lost the context.
+    /// A cell that ran to its end without a panic of its own: its value shown, and its error when
+    /// it returned an `Err` (through `?` or as its value), ran out of memory or lost the context.
+    /// `threads`: other threads' panics while it ran (the caller makes them its error).
     fn show_value(
         &self,
         count: u64,
         out: evcxr::EvalOutputs,
-        before: &Before,
-        after: &After,
+        (before, after): (&Before, &After),
         lost_here: Option<&LostContext>,
+        (locate, threads): (panic::Locate<'_>, &[panic::PanicText]),
     ) -> Option<ErrorInfo> {
         let data = mime_map(out.content_by_mime_type);
-        let returned = self.pump.returned_error().map(|lines| {
+        let returned = self.pump.returned_error().map(|text| {
             let ooms =
                 |r: &Option<Vec<CrateReading>>| r.as_ref().map_or(0, |r| r.iter().map(|d| d.num_ooms).sum::<u64>());
             let oom = after.oom.is_some() || ooms(&after.crate_readings) > ooms(&before.crate_readings);
-            errors::returned_error(&lines, oom)
+            errors::returned_error(&text, oom, count, locate)
         });
         let value = errors::value_error(data.get("text/plain").and_then(Value::as_str));
+        // After another thread's panic the value is not shown as the cell's result: it looks
+        // right and may not be (a device thread that died leaves zeros behind: `0.0`, the
+        // measured case). Its first line goes in a note before the cell's error, which names
+        // the thread, for whoever wants it, rather than as `Out[n]`.
         if !data.is_empty() && !is_unit(&data) {
-            self.sink.emit(Output::ExecuteResult { count, data });
+            match threads.first() {
+                None => self.sink.emit(Output::ExecuteResult { count, data }),
+                Some(p) => {
+                    let text = data.get("text/plain").and_then(Value::as_str).unwrap_or("(no text form)");
+                    let first = text.lines().next().unwrap_or("");
+                    let first = if first.chars().count() > 200 {
+                        format!("{}…", first.chars().take(199).collect::<String>())
+                    } else {
+                        first.to_string()
+                    };
+                    self.show_notice(&format!(
+                        "The cell's value is not shown as its result: thread '{}' panicked while the cell ran, so \
+                         it may be wrong. It was: {first}",
+                        p.thread
+                    ));
+                }
+            }
         }
         // The cell's variables kept for this cell only (one that borrows another, a type that
         // cannot be named), one line each: the cell ran, its other variables are kept.
@@ -164,6 +232,19 @@ impl Engine {
         rec.source_hash = errors::source_hash(run.code);
         rec.wall_ms = run.started.elapsed().as_secs_f64() * 1000.0;
         rec.crate_declared = self.own_declared;
+        // An allocation the driver refused in a cell that ended well: its code recovered (a
+        // framework that gave back its cache and asked again): a warning, not the cell's
+        // out-of-memory.
+        if end.error.is_none()
+            && let Some(o) = rec.oom.take_if(|o| o.api.is_some())
+        {
+            rec.warnings.push(format!(
+                "out of memory, recovered: {} refused {} to {}; the code went on",
+                o.api.as_deref().unwrap_or("the driver"),
+                gpumem_nb::units::format_size(o.requested),
+                o.owner.as_deref().unwrap_or("unknown")
+            ));
+        }
         if let Some(why) = self.restarted_by_magic.take() {
             // `%gpumem restart` replaced the child before the cell's readings began.
             rec.restarted = true;
@@ -186,6 +267,10 @@ impl Engine {
     /// the history; a long session keeps its last cells and summarises the rest
     /// (`crate::session::retention`).
     pub(super) fn keep(&mut self, rec: &mut CellRecord, end: &Ending) {
+        if rec.restarted {
+            // A new process: the threads that died were the old one's.
+            self.died = None;
+        }
         if let Some(l) = &end.lost_here {
             self.lost = Some((rec.cell, l.clone()));
         }
@@ -249,6 +334,34 @@ pub(super) struct RanCode<'a> {
     pub(super) started: std::time::Instant,
     /// A `:restart` line restarted the child.
     pub(super) restarted: bool,
+}
+
+/// A failed cell's error when the cell ran out of memory: `OutOfMemoryError`, its value
+/// PyTorch's first sentence (`CUDA out of memory. Tried to allocate 96.00 GiB. GPU 0 has a total
+/// capacity of …`), then who asked and what holds the device (`oom_message`), then the error as
+/// the cell's code or the framework said it, kept whole.
+fn name_oom(info: &mut ErrorInfo, oom: &gpumem_nb::kernel::protocol::OomEvent, after: &After) {
+    // gpumem-nb's allocator's own error already says it in PyTorch's words, with its blocks.
+    if oom.api.is_none() && info.ename == "OutOfMemoryError" {
+        return;
+    }
+    let uuid = after
+        .tracked
+        .as_ref()
+        .and_then(|t| t.places.iter().find(|p| p.device == Some(oom.device)))
+        .and_then(|p| p.uuid.as_deref());
+    let nvml = after.nvml.device_of(after.pid, uuid).zip(after.pid);
+    let simulated = after.tracked.as_ref().is_some_and(|t| t.status == "simulated");
+    let message = gpumem_nb::kernel::report::oom_message(oom, nvml, simulated);
+    let own: Vec<String> = std::mem::take(&mut info.traceback);
+    let said = format!("{}: {}", info.ename, info.evalue);
+    info.ename = "OutOfMemoryError".into();
+    info.evalue = message[0].clone();
+    info.traceback = vec![format!("\x1b[1;31mOutOfMemoryError\x1b[0m: {}", message[0])];
+    info.traceback.extend(message[1..].iter().cloned());
+    info.traceback.push(String::new());
+    info.traceback.push(format!("What the code was told: {said}"));
+    info.traceback.extend(own.into_iter().skip(1));
 }
 
 /// What the stopped process held on its devices at the cell's start (NVML's process memory,

@@ -1,7 +1,8 @@
-//! evcxr's stdout/stderr, forwarded to the sink in order; the cell's panic taken out of stderr
-//! (`panic::Capture`) to become the cell's error.
+//! evcxr's stdout/stderr, forwarded to the sink in order; the cell's panic, another thread's
+//! panic while the cell runs and the text of an error the cell's code returned taken out of
+//! stderr (`panic::Capture`) to become the cell's error.
 
-use super::panic::{Capture, PanicText};
+use super::panic::{Capture, PanicText, ReturnedText};
 use crate::cell::stderr_sync::MARK;
 use crate::output::{Output, Sink};
 use std::sync::{Arc, Mutex};
@@ -152,7 +153,7 @@ impl Forward {
 impl StreamPump {
     pub(super) fn start(outputs: evcxr::EvalContextOutputs, sink: Arc<dyn Sink>) -> StreamPump {
         let (flush_tx, flush_rx) = crossbeam_channel::unbounded::<Flush>();
-        let capture = Arc::new(Mutex::new(Capture::new(None)));
+        let capture = Arc::new(Mutex::new(Capture::between_cells()));
         let fwd = Forward { sink, capture: capture.clone(), early: Default::default() };
         std::thread::Builder::new()
             .name("gpumem-streams".into())
@@ -184,6 +185,7 @@ impl StreamPump {
     }
 
     /// A new cell runs on the thread `tid` (the child's main thread: its id is the child's pid).
+    /// Until its [`flush`](Self::flush) other threads' panics are the cell's too.
     pub(super) fn begin_cell(&self, tid: Option<u32>) {
         if let Ok(mut c) = self.capture.lock() {
             *c = Capture::new(tid);
@@ -196,16 +198,23 @@ impl StreamPump {
         self.capture.lock().map(|c| c.panics.clone()).unwrap_or_default()
     }
 
-    /// The text of the error the cell's code returned (`?`), when it returned one: the stderr
-    /// lines before the child's mark.
-    pub(super) fn returned_error(&self) -> Option<Vec<String>> {
+    /// Panics on other threads of the notebook's process from
+    /// [`begin_cell`](Self::begin_cell) to the cell's [`flush`](Self::flush), taken out of stderr.
+    pub(super) fn thread_panics(&self) -> Vec<PanicText> {
+        self.capture.lock().map(|c| c.others.clone()).unwrap_or_default()
+    }
+
+    /// The text of the error the cell's code returned (`?`), when it returned one.
+    pub(super) fn returned_error(&self) -> Option<ReturnedText> {
         self.capture.lock().ok().and_then(|c| c.returned_error.clone())
     }
 
     /// Waits until every line received so far has been emitted, and stderr up to `marker` (the
     /// child's answer to a stderr sync request) when there is one; without a marker stderr
     /// comes through a pipe of its own and its last lines may trail stdout: give them a moment.
-    /// False when the marker did not come (the barrier fell back to its timeout).
+    /// False when the marker did not come (the barrier fell back to its timeout). The cell's end:
+    /// from here until the next [`begin_cell`](Self::begin_cell), another thread's panic is
+    /// ordinary stderr.
     pub(super) fn flush(&self, marker: Option<String>) -> bool {
         if marker.is_none() {
             std::thread::sleep(Duration::from_millis(20));
@@ -268,5 +277,42 @@ mod tests {
         });
         assert!(pump.flush(Some(m3)));
         t.join().unwrap();
+    }
+
+    #[test]
+    fn another_threads_panic_is_the_cells_until_the_cells_flush() {
+        let (_out_tx, out_rx) = crossbeam_channel::unbounded::<String>();
+        let (err_tx, err_rx) = crossbeam_channel::unbounded();
+        let sink = Arc::new(Collect::default());
+        let pump = StreamPump::start(evcxr::EvalContextOutputs { stdout: out_rx, stderr: err_rx }, sink.clone());
+        let block = [
+            "thread 'gpumem-sampler' (8901) panicked at src/notebook/control.rs:10:5:",
+            "lost",
+            "note: run with `RUST_BACKTRACE=1` environment variable to display a backtrace",
+        ];
+        let send = |lines: &[&str]| {
+            for l in lines {
+                err_tx.send(l.to_string()).unwrap();
+            }
+        };
+        // While the cell runs (the child's pid is 8848): the cell's, off stderr.
+        pump.begin_cell(Some(8848));
+        send(&block);
+        pump.flush(None);
+        let taken = pump.thread_panics();
+        assert_eq!(
+            (taken.len(), taken[0].thread.as_str(), &taken[0].message[..]),
+            (1, "gpumem-sampler", &["lost".to_string()][..])
+        );
+        assert!(sink.0.lock().unwrap().is_empty(), "{:?}", sink.0.lock().unwrap());
+        // After the cell's end: ordinary stderr, and not the cell's.
+        send(&block);
+        pump.flush(None);
+        let got: String = sink.0.lock().unwrap().iter().map(|(_, t)| t.as_str()).collect();
+        assert_eq!(got, block.join("\n") + "\n");
+        assert_eq!(pump.thread_panics().len(), 1);
+        // The next cell starts clean.
+        pump.begin_cell(Some(8848));
+        assert!(pump.thread_panics().is_empty());
     }
 }
