@@ -27,7 +27,26 @@ What it checks, each against what the kernel itself wrote into the notebook:
   kernel is not gpumem-kernel and shows no figure; the status item hides.
 - The page sends each kernel only JupyterLab's own requests (execute, kernel_info): the panel
   opens no comm and asks nothing; each cell's report line stays under it.
-- Reopened, a notebook's panel shows its history from the records in its saved outputs.
+- Reopened, a notebook's panel shows its history from the records in its saved outputs (the
+  live kernel's kernel_info says its notebook process is theirs).
+- The "now" figures lead with who holds the memory (the record's `all_allocations.by_owner`);
+  gpumem-nb's allocated and reserved show only where that allocator holds memory.
+- An out-of-memory cell (200 GiB on the 8 GiB device): its bar outlined with a ✗, its tooltip,
+  the panel's list of failed cells and its "now" line say `out of memory: asked for 200.00 GiB`.
+- Kernel > Restart: the chart keeps the old process's bars apart, labelled "previous process",
+  none in the new session; the panel and the status bar say the new process holds nothing;
+  the new process's cells [1] and [2] are the only bars of the new session (not keyed into the
+  old ones), and the panel's pid is the one their records name.
+- A page reload after the restart, the notebook's saved outputs holding records of both
+  processes: the panel's figures and the status bar are the live process's (the kernel_info
+  reply's newest record), not the newest saved record of the old process; the old process's
+  records are "previous process". Checked against the live kernel's own answer: the next cell's
+  record's before-values (what the process held when it started) are the figures the panel
+  showed, in bytes and in its text.
+- `%gpumem restart`: the panel and the status bar say the fresh process holds nothing at once
+  (its note, `application/vnd.gpumem.session+json`), the earlier processes' bars apart.
+- With its kernel shut down, the notebook's panel shows the saved records labelled as saved
+  outputs, no figure of now, and the status item hides.
 - No error in the browser's console.
 - Screenshots of the panel, light and dark, at 1400 px (and of the live panel and the python
   notebook) in OUT_DIR.
@@ -82,8 +101,13 @@ CELLS = [
     "steps.len()",
     FILLER,
     "grads.len()",
+    # Out of memory on the 8 GiB simulated device: an error, expected (nothing after it runs).
+    "let huge = gpumem_nb::DeviceBuffer::<u8>::zeros(&alloc, 200 << 30, gpumem_nb::StreamId::DEFAULT)?;",
+    # Allocates nothing: what the process holds when it starts is its before-values.
+    "params.len()",
+    "%gpumem restart",
 ]
-DEP, ALLOC, FREE, BUDGET, LONG, FILL, LAST = range(7)
+DEP, ALLOC, FREE, BUDGET, LONG, FILL, LAST, OOM, QUIET, RESTART = range(10)
 
 CELLS2 = [
     ":dep gpumem-nb",
@@ -135,21 +159,44 @@ window.gpumemPanelTest = {
     if (!p) return null;
     const now = p.querySelector('.gpumem-panel-now');
     const figs = {};
+    const order = [];
     for (const tr of p.querySelectorAll('.gpumem-fig')) {
+      order.push(tr.dataset.key);
       figs[tr.dataset.key] = {bytes: tr.dataset.bytes === '' ? null : Number(tr.dataset.bytes),
                                peak: tr.dataset.peak === '' ? null : Number(tr.dataset.peak),
+                               label: (tr.querySelector('.gpumem-fig-label') || {}).textContent,
                                text: tr.querySelector('.gpumem-fig-value').textContent,
                                source: tr.querySelector('.gpumem-fig-source').textContent};
     }
-    const bars = [...p.querySelectorAll('g.gpumem-bar')].map(g => ({cell: Number(g.dataset.cell),
-      after: Number(g.dataset.after), peak: Number(g.dataset.peak), selected: g.classList.contains('gpumem-bar-selected'),
-      parts: [...g.querySelectorAll('.gpumem-part')].map(r => [r.dataset.part, Number(r.dataset.bytes)])}));
+    // Each bar as drawn: its group, its status, its tooltip, the failed mark's outline and ✗.
+    const allBars = [...p.querySelectorAll('g.gpumem-bar')].map(g => {
+      const outline = g.querySelector('.gpumem-fail-outline');
+      const box = outline ? outline.getBBox() : null;
+      const mark = g.querySelector('.gpumem-fail-mark');
+      return {cell: Number(g.dataset.cell), key: g.dataset.key || null, group: g.dataset.group || 'current',
+        status: g.dataset.status || null, after: Number(g.dataset.after), peak: Number(g.dataset.peak),
+        selected: g.classList.contains('gpumem-bar-selected'),
+        title: (g.querySelector('title') || {}).textContent || '',
+        outline: box && box.width > 0 && box.height > 0 && getComputedStyle(outline).stroke !== 'none'
+          ? {w: box.width, h: box.height, stroke: getComputedStyle(outline).stroke} : null,
+        mark: mark ? mark.textContent : null,
+        parts: [...g.querySelectorAll('.gpumem-part')].map(r => [r.dataset.part, Number(r.dataset.bytes)])};
+    });
+    const bars = allBars.filter(b => b.group === 'current');
     const msg = p.querySelector('.gpumem-panel-message');
+    const text = sel => [...p.querySelectorAll(sel)].filter(e => e.getClientRects().length > 0).map(e => e.textContent);
     return {
       visible: p.offsetWidth > 0 && p.offsetHeight > 0,
       state: p.dataset.state, notebook: p.dataset.notebook || null, kernelId: p.dataset.kernelId || null,
       mode: now ? now.dataset.mode : null, cell: now && now.dataset.cell ? Number(now.dataset.cell) : null,
-      figs, bars,
+      pid: now && now.dataset.pid ? Number(now.dataset.pid) : null,
+      source: now ? now.dataset.source || null : null,
+      figs, order, bars, previous: allBars.filter(b => b.group !== 'current'),
+      process: text('.gpumem-now-process').join(' '),
+      statusLine: text('.gpumem-now-status').join(' '),
+      notes: text('.gpumem-now-note'),
+      groups: text('.gpumem-group-label'),
+      failed: text('.gpumem-failed-item'),
       budgets: [...p.querySelectorAll('.gpumem-budget')].map(l => Number(l.dataset.bytes)),
       message: msg && msg.style.display !== 'none' ? msg.textContent : null,
       nowShown: !!now && now.style.display !== 'none' && now.offsetHeight > 0,
@@ -206,9 +253,11 @@ def expected(rec):
         free, total = nvml["device_free"], nvml["device_total"]
     else:
         free, total = rec.get("crate_device_free"), rec.get("crate_device_total")
+    # gpumem-nb's allocator shows only where it holds memory.
+    holds = bool((a.get("reserved") or {}).get("after"))
     return {
-        "allocated": (a.get("allocated") or {}).get("after"),
-        "reserved": (a.get("reserved") or {}).get("after"),
+        "allocated": (a.get("allocated") or {}).get("after") if holds else None,
+        "reserved": (a.get("reserved") or {}).get("after") if holds else None,
         "all_allocations": all_.get("after"),
         "process": (nvml.get("process") or {}).get("after"),
         "device_free": free,
@@ -223,6 +272,29 @@ def held(rec):
     if e["all_allocations"] is not None:
         return e["all_allocations"]
     return e["reserved"]
+
+
+def owners(rec, at="after"):
+    """Who holds the memory, largest first: the record's `all_allocations.by_owner` with bytes."""
+    got = [(o["owner"], o.get(at)) for o in (rec.get("all_allocations") or {}).get("by_owner") or [] if o.get(at)]
+    return sorted(got, key=lambda o: -o[1])
+
+
+UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+
+
+def text_bytes(text):
+    """A figure's text as the user reads it (`352 MiB`, `0 B`) in bytes."""
+    num, unit = text.replace("\u00a0", " ").split()[:2]
+    return float(num) * UNITS[unit]
+
+
+def reads_as(text, b):
+    """Whether a figure's text reads as `b` bytes (three significant digits)."""
+    try:
+        return b is not None and abs(text_bytes(text) - b) <= max(0.006 * b, 1)
+    except (ValueError, KeyError):
+        return False
 
 
 def bar_after(rec):
@@ -242,13 +314,31 @@ def check_figures(js, rec, where):
     got = {k: (p["figs"].get(k) or {}).get("bytes") for k in want}
     check(got == want, f"{where}: the panel's figures are cell [{rec['cell']}]'s record's", {"panel": got, "record": want})
     a = rec.get("allocator") or {}
-    check((p["figs"].get("allocated") or {}).get("peak") == a.get("peak_allocated"),
-          f"{where}: the allocated peak is the record's", (p["figs"].get("allocated"), a.get("peak_allocated")))
+    if want["allocated"] is not None:
+        check((p["figs"].get("allocated") or {}).get("peak") == a.get("peak_allocated"),
+              f"{where}: the allocated peak is the record's", (p["figs"].get("allocated"), a.get("peak_allocated")))
+    own = owners(rec)
+    shown = [(k[len("owner:"):], p["figs"][k]["bytes"]) for k in p["order"] if k.startswith("owner:")]
+    check(shown == own and (not own or p["order"][0].startswith("owner:")),
+          f"{where}: the figures lead with who holds the memory, the record's owners {own}", (p["order"], shown))
+    check(all(reads_as(f["text"], f["bytes"]) for f in p["figs"].values() if f["bytes"] is not None),
+          f"{where}: each figure's text reads as its bytes", {k: (f["text"], f["bytes"]) for k, f in p["figs"].items()})
     st = js("return gpumemPanelTest.status()")
     check(st and st["shown"] and st["bytes"] == held(rec) and st["total"] == want["device_total"]
           and st["text"].startswith("GPU ") and st["text"].endswith(" GiB"),
           f"{where}: the status bar reads the record ({st and st['text']})", (st, held(rec)))
     return p
+
+
+def settle(fn, cond, timeout, every=0.2):
+    """Polls fn() until cond(value) holds or `timeout` seconds pass; returns the last value (the
+    checks after it say what is wrong, rather than a time-out)."""
+    end = time.monotonic() + timeout
+    while True:
+        v = fn()
+        if (v and cond(v)) or time.monotonic() > end:
+            return v
+        time.sleep(every)
 
 
 def main():
@@ -469,6 +559,158 @@ def main():
               "reopened, the panel shows the history from the notebook's saved outputs", (p["bars"], saved))
         check({k: (p["figs"].get(k) or {}).get("bytes") for k in expected(last_rec)} == expected(last_rec),
               "reopened, its figures are the last saved record's")
+
+        # ---- An out-of-memory cell: marked in the chart, in the list of failed cells, on its line.
+        t_sessions = time.monotonic()
+        js("gpumemPanelTest.run(arguments[0])", OOM)
+        oom_rec = wait("the out-of-memory cell's record", lambda: js("return gpumemPanelTest.record(arguments[0])", OOM),
+                       120, every=0.3)
+        wait("the kernel to be idle", lambda: js("return gpumemPanelTest.kernelStatus()") == "idle", 60)
+        asked = "out of memory: asked for 200.00 GiB"
+        check(oom_rec.get("status") == "oom" and (oom_rec.get("oom") or {}).get("requested") == 200 << 30,
+              "the out-of-memory cell's record: status oom, 200 GiB asked for",
+              {k: oom_rec.get(k) for k in ("status", "oom")})
+        p = settle(lambda: js("return gpumemPanelTest.panel()"), lambda p: p["cell"] == oom_rec["cell"], 15)
+        bar = next((b for b in p["bars"] if b["cell"] == oom_rec["cell"]), None)
+        check(bar is not None and bar["status"] == "oom" and bar["outline"] and bar["mark"] == "✗"
+              and asked in bar["title"].replace("\u00a0", " "),
+              f"its bar [{oom_rec['cell']}]: outlined in the error colour, a ✗ above it, its tooltip says `{asked}`", bar)
+        check(all(not b["outline"] and not b["mark"] for b in p["bars"] if b["cell"] != oom_rec["cell"]),
+              "no other bar is marked failed", [(b["cell"], b["status"]) for b in p["bars"]])
+        check(any(f"[{oom_rec['cell']}]" in t and asked in t.replace("\u00a0", " ") for t in p["failed"]),
+              "the panel's list of failed cells names it and what it asked for", p["failed"])
+        check(asked in p["statusLine"].replace("\u00a0", " "), "the panel's line of the last cell says it", p["statusLine"])
+        shot("06_oom.png")
+
+        # ---- Kernel > Restart: a new notebook process; the old one's bars apart, labelled.
+        old_recs = list(records.values()) + [oom_rec]
+        old_cells = sorted(r["cell"] for r in old_recs)
+        old_pid = oom_rec.get("child_pid")
+        check(old_pid and all(r.get("child_pid") == old_pid for r in old_recs) and p["pid"] == old_pid,
+              "before the restart: every record and the panel name one notebook process", (p["pid"], old_pid))
+        t_restart = time.monotonic()
+        js("const k = gpumemPanelTest.nb().sessionContext.session.kernel; gpumemPanelTest.statuses = [];"
+           "k.statusChanged.connect((_, s) => gpumemPanelTest.statuses.push(s));")
+        js("window.jupyterapp.commands.execute('kernelmenu:restart')")
+        accept = wait("Kernel > Restart's dialog", lambda: driver.find_elements(
+            By.CSS_SELECTOR, ".jp-Dialog .jp-Dialog-button.jp-mod-accept"), 20)
+        accept[0].click()
+        wait("the kernel to restart and be idle", lambda: js(
+            "const s = gpumemPanelTest.statuses; return s.includes('restarting') && s[s.length - 1] === 'idle'"), 120)
+        p = settle(lambda: js("return gpumemPanelTest.panel()"), lambda p: p["mode"] == "none", 15)
+        print(f"  restarted in {time.monotonic() - t_restart:.1f} s: {p['process']!r} / {p['statusLine']!r}")
+        check(not p["bars"] and sorted(b["cell"] for b in p["previous"]) == old_cells and "previous process" in p["groups"],
+              "after Kernel > Restart: no bar of the new process yet; the old process's bars apart, labelled previous process",
+              (p["bars"], [b["cell"] for b in p["previous"]], p["groups"]))
+        check(p["mode"] == "none" and "Nothing held" in p["statusLine"] and not p["figs"],
+              "the panel says the new process holds nothing (no figure of the old one)", (p["mode"], p["statusLine"], p["figs"]))
+        st = js("return gpumemPanelTest.status()")
+        check(st and st["shown"] and st["text"] == "GPU: nothing held", "the status bar says the new process holds nothing", st)
+        shot("07_restarted.png")
+        new = {}
+        for i, what in ((DEP, "the :dep cell"), (ALLOC, "the allocating cell")):
+            js("gpumemPanelTest.run(arguments[0])", i)
+            new[i] = wait(f"{what}'s record from the new process", lambda: (lambda r: r if r and r.get("child_pid") != old_pid else None)(
+                js("return gpumemPanelTest.record(arguments[0])", i)), 600, every=0.3)
+            wait("the kernel to be idle", lambda: js("return gpumemPanelTest.kernelStatus()") == "idle", 60)
+        new_pid = new[ALLOC].get("child_pid")
+        check(new[DEP]["cell"] == 1 and new[ALLOC]["cell"] == 2 and new_pid and new[DEP].get("child_pid") == new_pid,
+              "the new process numbers its cells from [1] again", {i: (r["cell"], r.get("child_pid")) for i, r in new.items()})
+        p = check_figures(js, new[ALLOC], "after the restart, the allocating cell")
+        check({b["cell"]: b["after"] for b in p["bars"]} == {r["cell"]: bar_after(r) for r in new.values()},
+              "the new session's bars are its own two cells [1] and [2], at their records' bytes",
+              (p["bars"], {r["cell"]: bar_after(r) for r in new.values()}))
+        check(sorted(b["cell"] for b in p["previous"]) == old_cells and {b["key"] for b in p["previous"]}.isdisjoint(b["key"] for b in p["bars"]),
+              "the old process's [1] and [2] stay apart, not replaced by the new ones", p["previous"])
+        check(p["pid"] == new_pid, "the panel names the process the new records name", (p["pid"], new_pid))
+        shot("08_new_process.png")
+
+        # ---- A page reload: the live kernel's figures, not the saved outputs' newest record.
+        js("return window.jupyterapp.commands.execute('docmanager:save-all')")
+        wait("every notebook saved", lambda: js(
+            "return gpumemPanelTest.notebooks().every(w => !w.context || !w.context.model || !w.context.model.dirty)"), 30)
+        t_reload = time.monotonic()
+        driver.refresh()
+        wait("the notebook after the reload", lambda: js(
+            "const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
+            "return !!(w && w.content && w.context.path === 'panel.ipynb' && w.content.widgets.length >= arguments[0])", len(CELLS)), 180)
+        js(JS)
+        wait("the kernel to be idle", lambda: js("return gpumemPanelTest.kernelStatus()") == "idle", 60)
+        if not js("const p = gpumemPanelTest.panel(); return p && p.visible"):
+            wait("the panel's tab", lambda: driver.find_elements(
+                By.CSS_SELECTOR, ".jp-SideBar.jp-mod-right .lm-TabBar-tab[data-id='gpumem-lab-panel']"), 60)[0].click()
+        p = settle(lambda: js("return gpumemPanelTest.panel()"),
+                   lambda p: p["state"] == "gpumem" and p["cell"] == new[ALLOC]["cell"] and p["previous"], 30)
+        print(f"  reloaded in {time.monotonic() - t_reload:.1f} s: the panel shows {p['mode']} [{p['cell']}], "
+              f"{len(p['bars'])} bars of this process, {len(p['previous'])} of the previous one")
+        want = expected(new[ALLOC])
+        got = {k: (p["figs"].get(k) or {}).get("bytes") for k in want}
+        check(p["mode"] == "record" and p["cell"] == new[ALLOC]["cell"] and got == want,
+              f"after the reload the panel shows the live process's newest record [{new[ALLOC]['cell']}], "
+              f"not the saved outputs' newest ([{oom_rec['cell']}], the old process's)", {"panel": got, "live": want, "cell": p["cell"]})
+        check(sorted(b["cell"] for b in p["bars"]) == [1, 2]
+              and sorted(b["cell"] for b in p["previous"]) == sorted(r["cell"] for r in old_recs if r["cell"] > 2)
+              and "previous process" in p["groups"] and p["pid"] == new_pid,
+              "after the reload: this process's bars [1] and [2]; the old process's saved records apart, labelled previous process",
+              (p["bars"], p["previous"], p["groups"], p["pid"]))
+        st = js("return gpumemPanelTest.status()")
+        check(st and st["shown"] and st["bytes"] == held(new[ALLOC]), "after the reload the status bar reads the live process",
+              (st, held(new[ALLOC])))
+        shot("09_reloaded.png")
+        shown_figs, shown_status = p["figs"], st
+        # The live kernel's own answer: what the process held when the next cell started.
+        js("gpumemPanelTest.run(arguments[0])", QUIET)
+        q = wait("the next cell's record", lambda: js("return gpumemPanelTest.record(arguments[0])", QUIET), 120, every=0.3)
+        wait("the kernel to be idle", lambda: js("return gpumemPanelTest.kernelStatus()") == "idle", 60)
+        qa, qall, qnv = q.get("allocator") or {}, q.get("all_allocations") or {}, q.get("nvml") or {}
+        before = {"all_allocations": qall.get("before"), "process": (qnv.get("process") or {}).get("before")}
+        if "allocated" in shown_figs:
+            before["allocated"] = (qa.get("allocated") or {}).get("before")
+            before["reserved"] = (qa.get("reserved") or {}).get("before")
+        for k, v in owners(q, "before"):
+            before[f"owner:{k}"] = v
+        shown = {k: (shown_figs.get(k) or {}).get("bytes") for k in before}
+        print(f"  after the reload the panel showed {shown}; the next cell started with {before}")
+        check(q.get("child_pid") == new_pid and shown == before and before["all_allocations"] is not None,
+              "the figures the panel showed after the reload are what the live process held when the next cell started "
+              "(its record's before-values)", {"panel": shown, "kernel": before})
+        check(all(reads_as(shown_figs[k]["text"], v) for k, v in before.items() if v is not None),
+              "and so is their text", {k: (shown_figs.get(k) or {}).get("text") for k in before})
+        held_before = before["process"] if before["process"] else before["all_allocations"]
+        st = js("return gpumemPanelTest.status()")
+        check(shown_status["bytes"] == held_before and shown_status["text"] == st["text"],
+              f"the status bar after the reload read what the process held then ({shown_status['text']}, "
+              f"as after the next cell: {st['text']})", (shown_status, held_before, st))
+
+        # ---- `%gpumem restart`: a fresh notebook process in the same kernel, no record of its own.
+        js("gpumemPanelTest.run(arguments[0])", RESTART)
+        p = settle(lambda: js("return gpumemPanelTest.panel()"), lambda p: p["mode"] == "none" and p["pid"] not in (None, new_pid), 60)
+        wait("the kernel to be idle", lambda: js("return gpumemPanelTest.kernelStatus()") == "idle", 60)
+        st = js("return gpumemPanelTest.status()")
+        check(p["mode"] == "none" and p["pid"] and p["pid"] != new_pid and "Nothing held" in p["statusLine"] and not p["bars"]
+              and st["text"] == "GPU: nothing held",
+              "after `%gpumem restart` the panel and the status bar say the fresh process holds nothing, before any record",
+              (p["mode"], p["pid"], p["statusLine"], st["text"]))
+        check(sorted(b["cell"] for b in p["previous"]) == sorted([r["cell"] for r in old_recs if r["cell"] > 2] + [1, 2, q["cell"]])
+              and "previous processes" in p["groups"],
+              "the two earlier processes' bars are apart, labelled previous processes", (p["previous"], p["groups"]))
+        shot("10_gpumem_restart.png")
+
+        # ---- No live kernel: the saved records, labelled as saved.
+        js("return window.jupyterapp.commands.execute('docmanager:save')")
+        wait("panel.ipynb saved", lambda: not js("return gpumemPanelTest.nb().context.model.dirty"), 20)
+        js("return gpumemPanelTest.nb().sessionContext.shutdown()")
+        p = settle(lambda: js("return gpumemPanelTest.panel()"), lambda p: p["state"] == "none" and p["mode"] == "saved", 30)
+        saved_cells = sorted(r["cell"] for r in js("return gpumemPanelTest.nb().content.widgets.map((w, i) => w.model.type === 'code' ? gpumemPanelTest.record(i) : null)"
+                                                   ".filter(r => r)"))
+        check(p["state"] == "none" and p["mode"] == "saved" and "Saved outputs" in p["process"] and not p["bars"]
+              and "saved outputs" in p["groups"] and set(saved_cells) <= {b["cell"] for b in p["previous"]},
+              "with its kernel shut down, the panel shows the saved records labelled as saved outputs, not as figures of now",
+              (p["state"], p["mode"], p["process"], p["groups"], saved_cells, [b["cell"] for b in p["previous"]]))
+        st = js("return gpumemPanelTest.status()")
+        check(st is None or not st["shown"], "and the status item hides", st)
+        shot("11_no_kernel.png")
+        print(f"  out of memory, restarts, reload, no kernel: {time.monotonic() - t_sessions:.0f} s")
 
         # ---- A notebook on another kernel: the panel says so, the status item hides.
         js("window.jupyterapp.commands.execute('docmanager:open', {path: 'python.ipynb'})")

@@ -1,8 +1,10 @@
 // The session's per-cell history as an inline SVG: one bar per recorded cell, its bytes after
 // the cell stacked by component, its peak as the taller outlined bar behind, the budget as a
-// dashed line. Colours are CSS classes (style/base.css) over JupyterLab's theme variables.
+// dashed line; a failed cell (error, panic, out of memory, lost context) outlined in the error
+// colour with a ✗ above it; an earlier notebook process's bars apart, on the left, faded and
+// labelled. Colours are CSS classes (style/base.css) over JupyterLab's theme variables.
 
-import { Bar, Site } from './records';
+import { Bar, BarGroup, Site } from './records';
 import { iec, unitOf } from './units';
 
 const SVG = 'http://www.w3.org/2000/svg';
@@ -31,8 +33,10 @@ export interface ChartOptions {
   /** The running cell's reading so far, drawn after the records (dashed, not clickable). */
   live?: { cell: number; now: number; peak: number } | null;
   height: number;
-  /** The cell number of the notebook's active cell, drawn selected. */
-  selected: number | null;
+  /** The key of the bar whose cell is the notebook's active cell, drawn selected. */
+  selected: string | null;
+  /** How many processes the previous bars come from (their label). */
+  previousProcesses?: number;
   onClick: (bar: Bar) => void;
   onHover: (bar: Bar | null) => void;
 }
@@ -87,9 +91,28 @@ export function quantityText(b: Bar): string {
   return `${b.quantity}: peak ${iec(b.peak)}, after ${iec(b.after)}${b.budget !== null ? `, budget ${iec(b.budget)}` : ''}`;
 }
 
-/** The bar's tooltip: the cell, its first line, peak and after, its parts and its top sites. */
+/** The words a group of bars is labelled with. */
+export function groupLabel(g: BarGroup, processes = 1): string {
+  switch (g) {
+    case 'previous':
+      return processes > 1 ? 'previous processes' : 'previous process';
+    case 'saved':
+      return 'saved outputs';
+    default:
+      return 'this process';
+  }
+}
+
+/** The bar's tooltip: the cell, its failure, peak and after, its parts and its top sites. */
 export function barTitle(b: Bar): string {
-  const lines = [`[${b.cell}] ${b.firstLine}`.trim(), quantityText(b)];
+  const lines = [`[${b.cell}] ${b.firstLine}`.trim()];
+  if (b.failure) {
+    lines.push(`✗ ${b.failure}`);
+  }
+  if (b.group !== 'current') {
+    lines.push(`(${groupLabel(b.group)})`);
+  }
+  lines.push(quantityText(b));
   for (const p of b.parts) {
     lines.push(`  ${partLabel(p.name)} ${iec(p.bytes)}`);
   }
@@ -113,7 +136,9 @@ export function drawChart(bars: Bar[], o: ChartOptions): SVGSVGElement {
   const H = o.height;
   const left = 58;
   const right = 8;
-  const top = 10;
+  // Room for the groups' labels when bars of another process are shown.
+  const grouped = bars.some(b => b.group !== 'current');
+  const top = grouped ? 24 : 14;
   const bottom = 22;
   const svg = el('svg', { class: 'gpumem-history', width: W, height: H, viewBox: `0 0 ${W} ${H}`, role: 'img' });
   el('rect', { class: 'gpumem-chart-bg', x: 0, y: 0, width: W, height: H }, svg);
@@ -133,13 +158,55 @@ export function drawChart(bars: Bar[], o: ChartOptions): SVGSVGElement {
   const slot = (W - left - right) / n;
   const bw = Math.max(3, Math.min(30, slot * 0.78));
   const every = Math.max(1, Math.ceil(26 / slot));
+  // Each run of bars of one group: a label over it, a line between runs.
+  let r = 0;
+  while (r < bars.length) {
+    let e = r;
+    while (e + 1 < bars.length && bars[e + 1].group === bars[r].group) {
+      e++;
+    }
+    if (grouped) {
+      const x1 = left + slot * r;
+      const x2 = left + slot * (e + 1);
+      const t = el(
+        'text',
+        { class: `gpumem-group-label gpumem-group-${bars[r].group}`, x: (x1 + x2) / 2, y: 10, 'text-anchor': 'middle', 'data-group': bars[r].group },
+        svg
+      );
+      t.textContent = groupLabel(bars[r].group, o.previousProcesses ?? 1);
+      if (r > 0) {
+        el('line', { class: 'gpumem-group-sep', x1, x2: x1, y1: 2, y2: top + plotH }, svg);
+      }
+    }
+    r = e + 1;
+  }
+  // Two earlier processes side by side: a fainter line between them.
+  for (let i = 1; i < bars.length; i++) {
+    if (bars[i].group === bars[i - 1].group && bars[i].process !== bars[i - 1].process) {
+      const x = left + slot * i;
+      el('line', { class: 'gpumem-process-sep', x1: x, x2: x, y1: top, y2: top + plotH }, svg);
+    }
+  }
   bars.forEach((b, i) => {
     const cx = left + slot * (i + 0.5);
+    const cls = ['gpumem-bar'];
+    if (o.selected === b.key) {
+      cls.push('gpumem-bar-selected');
+    }
+    if (b.group !== 'current') {
+      cls.push('gpumem-bar-previous');
+    }
+    if (b.failure) {
+      cls.push('gpumem-bar-failed', `gpumem-bar-status-${b.status.replace(/[^a-z]/gi, '_')}`);
+    }
     const g = el(
       'g',
       {
-        class: `gpumem-bar${o.selected === b.cell ? ' gpumem-bar-selected' : ''}`,
+        class: cls.join(' '),
         'data-cell': b.cell,
+        'data-key': b.key,
+        'data-group': b.group,
+        'data-status': b.status,
         'data-after': b.after,
         'data-peak': b.peak,
         tabindex: 0
@@ -168,6 +235,14 @@ export function drawChart(bars: Bar[], o: ChartOptions): SVGSVGElement {
         g
       );
       acc += p.bytes;
+    }
+    if (b.failure) {
+      // Outlined in the error colour, at least a few pixels tall (an OOM may leave nothing),
+      // with a ✗ above.
+      const h = Math.max(6, y(0) - y(Math.max(b.peak, b.after)));
+      el('rect', { class: 'gpumem-fail-outline', x: cx - bw / 2 - 1.5, y: y(0) - h - 1.5, width: bw + 3, height: h + 1.5 }, g);
+      const m = el('text', { class: 'gpumem-fail-mark', x: cx, y: Math.max(top - 2, y(0) - h - 4), 'text-anchor': 'middle' }, g);
+      m.textContent = '✗';
     }
     if (i % every === 0) {
       const t = el('text', { class: 'gpumem-axis gpumem-cell-label', x: cx, y: H - 7, 'text-anchor': 'middle' }, g);
@@ -199,7 +274,7 @@ export function drawChart(bars: Bar[], o: ChartOptions): SVGSVGElement {
   while (i < bars.length) {
     const budget = bars[i].budget;
     let j = i;
-    while (j + 1 < bars.length && bars[j + 1].budget === budget) {
+    while (j + 1 < bars.length && bars[j + 1].budget === budget && bars[j + 1].group === bars[i].group) {
       j++;
     }
     if (budget !== null) {

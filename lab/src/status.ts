@@ -1,6 +1,8 @@
-// The status bar's `GPU 3.2 / 80 GiB` for the active notebook's kernel: what its process holds
-// on the device (NVML's bytes of the process, else every tracked allocation, else the
-// allocator's reserved bytes) over the device's total, from the same readings as the panel.
+// The status bar's `GPU 3.2 / 80 GiB` for the active notebook's kernel: what its live notebook
+// process holds on the device (NVML's bytes of the process, else every tracked allocation, else
+// the allocator's reserved bytes) over the device's total, from the same readings as the panel:
+// the live process's own (a fresh process that has run no cell: `GPU: nothing held`), never the
+// saved outputs of another.
 
 import { Widget } from '@lumino/widgets';
 import { ISignal, Signal } from '@lumino/signaling';
@@ -48,14 +50,27 @@ export class GpuStatus extends Widget {
       return;
     }
     const last = s.last?.record ?? null;
+    const proc = s.process;
     const figs = s.live && !s.live.building ? liveFiguresOf(s.live, last) : last ? recordFigures(last) : [];
     const h = held(figs);
-    this.node.textContent = figs.length ? statusText(h.bytes, h.total) : 'GPU –';
-    this.node.dataset.bytes = h.bytes === null ? '' : String(h.bytes);
-    this.node.dataset.total = h.total === null ? '' : String(h.total);
-    this.node.title = figs.length
-      ? `GPU memory of ${s.panel.context.path}'s kernel: ${iec(h.bytes)} ${h.what}, of ${iec(h.total)} on the device`
-      : 'gpumem-kernel: no cell has reported yet';
+    const pid = proc.pid === null ? 'its new notebook process' : `its notebook process (pid ${proc.pid})`;
+    if (figs.length) {
+      this.node.textContent = statusText(h.bytes, h.total);
+      this.node.dataset.bytes = h.bytes === null ? '' : String(h.bytes);
+      this.node.dataset.total = h.total === null ? '' : String(h.total);
+      this.node.title = `GPU memory of ${s.panel.context.path}'s kernel, ${pid}: ${iec(h.bytes)} ${h.what}, of ${iec(h.total)} on the device`;
+    } else if (proc.known) {
+      // The live process has run no cell: it holds no device memory.
+      this.node.textContent = 'GPU: nothing held';
+      this.node.dataset.bytes = '0';
+      this.node.dataset.total = '';
+      this.node.title = `GPU memory of ${s.panel.context.path}'s kernel: ${pid} has run no cell, and holds no device memory`;
+    } else {
+      this.node.textContent = 'GPU –';
+      this.node.dataset.bytes = '';
+      this.node.dataset.total = '';
+      this.node.title = 'gpumem-kernel: no reading of the live notebook process yet';
+    }
   }
 
   private _state: NotebookGpu | null = null;

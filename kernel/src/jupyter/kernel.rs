@@ -5,6 +5,10 @@
 //!   `iopub_welcome`, JEP 65).
 //! - The shell task wraps every request in `busy`/`idle` and answers in the order
 //!   "outputs → reply → idle": execute requests go to the engine thread and the task waits.
+//! - `kernel_info` (shell and control) carries, beside the standard fields, a `gpumem` object:
+//!   the notebook process's pid now and the newest record of a cell that ran in it (`null`
+//!   when it has run none), so a frontend that reconnects (a page reload, a restart) reads what
+//!   the live process holds, not what the notebook's saved outputs say ([`live_process`]).
 //! - The control task answers `kernel_info`, `interrupt_request` (kills the evcxr child, which
 //!   evcxr restarts; the cell gets an error and its report), `shutdown_request` and
 //!   `usage_request` (`crate::jupyter::usage`), also while a cell runs. Busy/idle describe execute
@@ -16,6 +20,7 @@ use crate::cell::engine::{Engine, Outcome};
 use crate::cell::hooks::SharedControl;
 use crate::jupyter::usage::Usage;
 use crate::output::{ErrorInfo, Output, Sink};
+use gpumem_nb::kernel::report::CellRecord;
 use jupyter_protocol::{CodeMirrorMode, DisplayData, HelpLink, Media, Transient, UpdateDisplayData};
 use jupyter_zmq_client::{
     CommInfoReply, CompleteReply, CompleteRequest, ConnectionInfo, ErrorOutput, ExecuteInput, ExecuteReply,
@@ -38,6 +43,9 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 type ChildHandle = Arc<Mutex<Option<Arc<Mutex<Child>>>>>;
+
+/// The newest cell record of the session (any notebook process), for `kernel_info`.
+type LastRecord = Arc<Mutex<Option<CellRecord>>>;
 
 /// The engine's control channel to the crate, once the engine is up (for `usage_request`).
 type ControlHandle = Arc<Mutex<Option<SharedControl>>>;
@@ -164,6 +172,33 @@ fn kernel_info() -> KernelInfoReply {
         debugger: false,
         error: None,
     }
+}
+
+/// The `gpumem` object of `kernel_info_reply`: the notebook process's pid now (`null` before
+/// evcxr started it) and the newest record of a cell that ran in that process (`null` when it
+/// has run none: a fresh process holds no device memory). A frontend that connects reads what
+/// the live process holds from here, not from the notebook's saved outputs (the JupyterLab
+/// panel, lab/src/model.ts). Read on each request: a lock and a clone, no reading of the device.
+fn live_process(child: &ChildHandle, last: &LastRecord) -> Value {
+    let pid = child_pid(child);
+    let record = last
+        .lock()
+        .ok()
+        .and_then(|r| r.clone())
+        .filter(|r| pid.is_some() && r.child_pid == pid)
+        .and_then(|r| serde_json::to_value(r).ok())
+        .unwrap_or(Value::Null);
+    serde_json::json!({ "child_pid": pid, "record": record })
+}
+
+/// `kernel_info_reply` as a child of `msg`, with the [`live_process`] object as `gpumem`.
+fn kernel_info_message(msg: &JupyterMessage, child: &ChildHandle, last: &LastRecord) -> JupyterMessage {
+    let mut content = serde_json::to_value(kernel_info()).unwrap_or_else(|_| Value::Object(Map::new()));
+    if let Value::Object(m) = &mut content {
+        m.insert("gpumem".into(), live_process(child, last));
+    }
+    let reply = jupyter_protocol::UnknownMessage { msg_type: "kernel_info_reply".into(), content };
+    JupyterMessage::new(JupyterMessageContent::UnknownMessage(reply), Some(msg))
 }
 
 fn reply_error(e: &ErrorInfo) -> Box<ReplyError> {
@@ -301,9 +336,11 @@ async fn serve(info: ConnectionInfo) -> anyhow::Result<()> {
     let _ = iopub_tx.send(Status::idle().into());
 
     let (shutdown_tx, mut shutdown_rx) = mpsc::unbounded_channel::<bool>();
-    let interrupt = Interrupt { running, interrupted, child: child.clone() };
+    let last: LastRecord = Arc::new(Mutex::new(None));
+    let interrupt = Interrupt { running, interrupted, child: child.clone(), last: last.clone() };
     tokio::spawn(control_task(control, iopub_tx.clone(), shutdown_tx.clone(), interrupt, crate_control));
-    tokio::spawn(shell_task(shell_tx, shell_rx, engine.clone(), iopub_tx.clone(), shutdown_tx.clone()));
+    let live = (child.clone(), last);
+    tokio::spawn(shell_task(shell_tx, shell_rx, engine.clone(), iopub_tx.clone(), shutdown_tx.clone(), live));
 
     // Wait for a shutdown request, then stop the engine (kills the child) and leave.
     let _restart = shutdown_rx.recv().await;
@@ -369,6 +406,8 @@ struct Interrupt {
     interrupted: Arc<AtomicBool>,
     /// The evcxr child.
     child: ChildHandle,
+    /// The newest record, for `kernel_info`.
+    last: LastRecord,
 }
 
 /// The current evcxr child's pid.
@@ -401,7 +440,7 @@ async fn control_task(
         }
         match &msg.content {
             JupyterMessageContent::KernelInfoRequest(_) => {
-                let _ = control.send(kernel_info().as_child_of(&msg)).await;
+                let _ = control.send(kernel_info_message(&msg, &interrupt.child, &interrupt.last)).await;
             }
             JupyterMessageContent::InterruptRequest(_) => {
                 // Only a running cell is stopped: killing an idle child would only make
@@ -445,6 +484,7 @@ async fn shell_task(
     engine: std::sync::mpsc::Sender<EngineReq>,
     iopub: mpsc::UnboundedSender<JupyterMessage>,
     shutdown: mpsc::UnboundedSender<bool>,
+    (child, last): (ChildHandle, LastRecord),
 ) {
     // After a failed cell with `stop_on_error`, execute requests already queued behind it
     // (a "run all") are answered `aborted` instead of run, as ipykernel does.
@@ -468,6 +508,11 @@ async fn shell_task(
             }
             JupyterMessageContent::ExecuteRequest(req) => {
                 let outcome = execute(&engine, &msg, req).await;
+                if let Some(rec) = outcome.as_ref().and_then(|o| o.record.clone())
+                    && let Ok(mut l) = last.lock()
+                {
+                    *l = Some(rec);
+                }
                 if req.stop_on_error && outcome.as_ref().is_some_and(|o| o.error.is_some()) {
                     // What is queued now (nothing more arrives within a few ms of asking).
                     while let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(5), shell_rx.read()).await {
@@ -478,6 +523,7 @@ async fn shell_task(
                 Some(outcome_reply(outcome).as_child_of(&msg))
             }
             JupyterMessageContent::CompleteRequest(req) => Some(complete(&engine, req).await.as_child_of(&msg)),
+            JupyterMessageContent::KernelInfoRequest(_) => Some(kernel_info_message(&msg, &child, &last)),
             JupyterMessageContent::ShutdownRequest(req) => {
                 let _ = shutdown.send(req.restart);
                 Some(ShutdownReply { restart: req.restart, status: ReplyStatus::Ok, error: None }.as_child_of(&msg))
@@ -555,7 +601,6 @@ async fn complete(engine: &std::sync::mpsc::Sender<EngineReq>, req: &CompleteReq
 /// The replies that need neither the engine nor the shell's state; `None`: no reply.
 fn quick_reply(msg: &JupyterMessage) -> Option<JupyterMessage> {
     match &msg.content {
-        JupyterMessageContent::KernelInfoRequest(_) => Some(kernel_info().as_child_of(msg)),
         JupyterMessageContent::IsCompleteRequest(req) => {
             let r = match is_complete(&req.code) {
                 Completeness::Complete => IsCompleteReply::new(IsCompleteReplyStatus::Complete, String::new()),
@@ -581,5 +626,34 @@ fn quick_reply(msg: &JupyterMessage) -> Option<JupyterMessage> {
             Some(CommInfoReply { status: ReplyStatus::Ok, comms: Default::default(), error: None }.as_child_of(msg))
         }
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The reply is still a `kernel_info_reply` to a client that knows only the standard
+    /// fields, and carries the live process for one that reads `gpumem`.
+    #[test]
+    fn kernel_info_carries_the_live_process() {
+        let child: ChildHandle = Arc::new(Mutex::new(None));
+        let last: LastRecord = Arc::new(Mutex::new(None));
+        let request = JupyterMessage::new(jupyter_zmq_client::KernelInfoRequest {}, None);
+        let reply = kernel_info_message(&request, &child, &last);
+        assert_eq!(reply.header.msg_type, "kernel_info_reply");
+        let value = serde_json::to_value(&reply.content).unwrap();
+        assert_eq!(value["gpumem"], serde_json::json!({ "child_pid": null, "record": null }), "{value}");
+        match JupyterMessageContent::from_type_and_content("kernel_info_reply", value).unwrap() {
+            JupyterMessageContent::KernelInfoReply(r) => {
+                assert_eq!(r.implementation, "gpumem-kernel");
+                assert_eq!(r.protocol_version, "5.3");
+                assert!(r.error.is_none());
+            }
+            other => panic!("{other:?}"),
+        }
+        // A record of a process that is not the live one (no process yet) is not offered.
+        *last.lock().unwrap() = Some(CellRecord { cell: 3, child_pid: Some(42), ..Default::default() });
+        assert!(live_process(&child, &last)["record"].is_null());
     }
 }

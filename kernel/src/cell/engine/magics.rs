@@ -22,6 +22,11 @@ pub(super) const EXPLAIN_MIME: &str = "application/vnd.gpumem.explain+json";
 /// `%gpumem fit`'s plan for programs, beside its table (see [`EXPLAIN_MIME`]).
 pub(super) const FIT_MIME: &str = "application/vnd.gpumem.fit+json";
 
+/// `%gpumem restart`'s note for programs: the notebook process's pid now and why it changed
+/// (`{"child_pid": 4242, "reason": "%gpumem restart"}`), the only part of its output (JupyterLab
+/// shows nothing for a type it has no renderer for).
+pub(super) const SESSION_MIME: &str = "application/vnd.gpumem.session+json";
+
 /// `%gpumem record` as the session wants it (re-sent to every new child).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(super) struct RecordSetting {
@@ -129,6 +134,12 @@ impl Engine {
                     "stdout",
                     format!("gpumem: a fresh notebook process{was}; variables are lost, the history is kept"),
                 );
+                // For a frontend (the JupyterLab panel): the process is another from here on,
+                // before any record says so. A vendor type only: nothing shows in the notebook.
+                let mut m = Map::new();
+                let note = serde_json::json!({ "child_pid": self.child_pid(), "reason": self.restarted_by_magic });
+                m.insert(SESSION_MIME.into(), note);
+                self.display(m);
             }
             Magic::Reset => {
                 let n = self.history.cells.len();
