@@ -2,6 +2,9 @@
 """Checks an executed notebook's per-cell reports against the crate's own numbers and NVML.
 
     check_notebook.py EXECUTED.ipynb [--require-tracking cupti] [--json OUT.json] [--no-lines] [--stock]
+                      [--corpus] [--oom] [--variant dep] [--summary FILE --label NAME]
+                      [--kernel-exit N] [--seconds S]
+    check_notebook.py --self-test
 
 For every code cell it prints the report line and, where the record has them, the allocator's
 reserved delta, the CUDA pool's reserved delta, the tracked ("all allocations") delta, NVML's
@@ -72,6 +75,23 @@ Assertions (exit 1 when one fails):
   cubecl's in-use bytes changed by SPEC across the cell's `NAME` stamps (its books read at each
   stamp's ends: burn's tensors live inside cubecl's pools, where no stack says what they are).
 
+Issue 54 (`corpus_checks`, `oom_checks` below say each check exactly; each prints a `PASS [check]`
+or `FAIL [check]` line, and a record or field a check needs that is missing is a FAIL):
+- --corpus: a notebook that never calls gpumem-nb (scripts/gpu/corpus54.sh): no cell names it;
+  every cell's `FRAMEWORK_BYTES OWNER ±N` (what the framework says it made, printed by the cell)
+  equals OWNER's tracked change in `all_allocations.by_owner`; the owners add up; no line says
+  `allocated 0 B`; the line leads with the owner that changed most (the framework, where it
+  printed a change); NVML's change of the process = tracked + the CUDA pool's cache + the
+  driver's kernel stacks within 2 MiB, the first cell that touched the GPU naming the rest as the
+  CUDA context; `--variant dep`: the first code cell is exactly `:dep gpumem-nb`;
+- cells tagged `oom=SIZE` (with `oom-line=N`, `oom-owner=WORD`, `oom-api=NAME`, `oom-panics`),
+  `oom-holder`, `after-oom`, `device-fails`, `history-oom`: an out-of-memory cell's error,
+  record and history row; `--oom`: the notebook must have an `oom=` cell;
+- --kernel-exit N: gpumem-kernel's exit status, a FAIL when not 0; --summary FILE --label NAME
+  [--seconds S]: appends one line (code cells, reports, checks passed and failed) to FILE.
+--self-test: synthetic executed notebooks on which every issue-54 check passes when right and
+fails when a figure is wrong or missing; exits 1 when one does not.
+
 --stock (the stock evcxr kernel): a record comes only beside a cell's value, so cells without one
 are listed but not failed (tagged cells end in a value, and must have one), and the warnings
 (re-run leaks) are gpumem-kernel's: growth tags are skipped. Cells tagged `not-stock` are listed
@@ -81,6 +101,7 @@ mixes their gradients up).
 """
 import json
 from html import unescape
+import re
 import sys
 
 MIB = 1 << 20
@@ -102,12 +123,22 @@ def source_delta(all_allocs, key):
 
 def main():
     args = sys.argv[1:]
-    path = args[0]
-    require = args[args.index("--require-tracking") + 1] if "--require-tracking" in args else None
-    out_json = args[args.index("--json") + 1] if "--json" in args else None
-    no_lines = "--no-lines" in args
-    stock = "--stock" in args
-    nb = json.load(open(path))
+    if "--self-test" in args:
+        return self_test()
+    opts = Options(args)
+    try:
+        nb = json.load(open(opts.path))
+    except (OSError, ValueError) as e:
+        # No executed notebook (the kernel died, or the run was cut short): never a pass.
+        print(f"FAIL [notebook] {opts.path}: MISSING executed notebook ({e})")
+        write_summary(opts, None, 0, 0, 1)
+        return 1
+    return check(nb, opts)
+
+
+def check(nb, opts):
+    """Every check on one executed notebook; prints what it found; 0 when nothing failed."""
+    path, require, out_json, no_lines, stock = opts.path, opts.require, opts.out_json, opts.no_lines, opts.stock
     failures, rows = [], []
     for i, cell in enumerate(nb["cells"]):
         if cell["cell_type"] != "code":
@@ -272,12 +303,23 @@ def main():
     history_checks(nb, failures)
     for row in rows:
         print(json.dumps(row))
+    # Issue 54: notebooks with no gpumem-nb call (--corpus) and out-of-memory notebooks (tags).
+    checks = Checks()
+    if opts.corpus:
+        corpus_checks(nb, opts, checks)
+    oom_checks(nb, opts, checks)
+    if opts.kernel_exit not in (None, 0):
+        checks.fail("notebook", "kernel-exit", f"gpumem-kernel run exited {opts.kernel_exit}")
     if out_json:
-        json.dump({"cells": rows, "failures": failures}, open(out_json, "w"), indent=1)
+        json.dump({"cells": rows, "failures": failures, "checks": checks.lines}, open(out_json, "w"), indent=1)
     for f in failures:
         print("FAIL:", f)
-    print(f"{path}: {len(rows)} reports, {len(failures)} failures")
-    return 1 if failures else 0
+    failed = len(failures) + checks.failed
+    print(f"{path}: {len(rows)} reports, {failed} failures")
+    code_cells = sum(1 for c in nb["cells"] if c["cell_type"] == "code")
+    # The checks before issue 54 count as one check, failed once per failure they found.
+    write_summary(opts, code_cells, len(rows), checks.passed + (0 if failures else 1), failed)
+    return 1 if failed else 0
 
 
 def component_checks(i, first, tags, alla, result, failures):
@@ -523,6 +565,898 @@ def queued_checks(i, first, tags, r, alla, cubecl, row, failures):
         shown = "CUDA context and modules (NVML)" in row["line"]
         if shown != (abs(rest) >= MIB):
             failures.append(f"{where}: the line {'names' if shown else 'omits'} a rest of {rest / MIB:+.2f} MiB")
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 54: notebooks that never call gpumem-nb (`--corpus`), and out-of-memory notebooks (tags).
+# Every check here prints one `PASS [check] where: …` or `FAIL [check] where: …` line; a record
+# or field a check needs that is not there is a FAIL that says MISSING, never a pass.
+
+GIB = 1 << 30
+FRAMEWORK_BYTES = re.compile(r"^FRAMEWORK_BYTES (\S+) ([+-]?\d+)\s*$")
+FRAMEWORK_SHAPES = re.compile(r"^FRAMEWORK_SHAPES (\S+) ([+-]?\d+) page=(\d+)\s*$")
+FRAMEWORK_IN_USE = re.compile(r"^FRAMEWORK_IN_USE (\S+) ([+-]?\d+)\s*$")
+# The most a CUDA context (with its default kernel stacks, modules and libraries' images) is
+# taken to cost in the first cell that touches the GPU; more is not "the context".
+CONTEXT_MAX = 4 * GIB
+
+
+class Options:
+    """The command line (see the module's docstring)."""
+
+    def __init__(self, args):
+        def value(flag, default=None):
+            return args[args.index(flag) + 1] if flag in args else default
+
+        self.path = args[0]
+        self.require = value("--require-tracking")
+        self.out_json = value("--json")
+        self.no_lines = "--no-lines" in args
+        self.stock = "--stock" in args
+        self.corpus = "--corpus" in args
+        self.oom = "--oom" in args
+        self.variant = value("--variant")
+        self.summary = value("--summary")
+        self.label = value("--label")
+        exit_code = value("--kernel-exit")
+        self.kernel_exit = None if exit_code is None else int(exit_code)
+        self.seconds = value("--seconds")
+
+
+class Checks:
+    """PASS/FAIL lines, counted."""
+
+    def __init__(self, quiet=False):
+        self.passed = self.failed = 0
+        self.lines = []
+        self.quiet = quiet
+
+    def _say(self, ok, where, check, msg):
+        self.lines.append({"ok": ok, "where": where, "check": check, "message": msg})
+        if not self.quiet:
+            print(f"{'PASS' if ok else 'FAIL'} [{check}] {where}: {msg}")
+
+    def ok(self, where, check, msg):
+        self.passed += 1
+        self._say(True, where, check, msg)
+
+    def fail(self, where, check, msg):
+        self.failed += 1
+        self._say(False, where, check, msg)
+
+    def missing(self, where, check, what):
+        self.fail(where, check, f"MISSING {what}")
+
+    def expect(self, cond, where, check, msg):
+        (self.ok if cond else self.fail)(where, check, msg)
+
+    def failed_checks(self):
+        return {l["check"] for l in self.lines if not l["ok"]}
+
+
+def write_summary(opts, code_cells, reports, passed, failed):
+    """One line per notebook and variant, appended to --summary FILE."""
+    if not opts.summary:
+        return
+    label = opts.label or opts.path
+    if code_cells is None:
+        line = f"{label}: no executed notebook; checks 0 passed, {failed} failed"
+    else:
+        line = f"{label}: {code_cells} code cells, {reports} reports; checks {passed} passed, {failed} failed"
+    if opts.kernel_exit is not None:
+        line += f"; gpumem-kernel exit {opts.kernel_exit}"
+    if opts.seconds is not None:
+        line += f"; {opts.seconds} s"
+    with open(opts.summary, "a") as f:
+        f.write(line + "\n")
+
+
+def text_of(v):
+    """nbformat keeps a multi-line string as a string or a list of lines."""
+    return "".join(v) if isinstance(v, list) else (v or "")
+
+
+def cell_parts(cell):
+    """(source, tags, stdout text, the record or None, the report line, error outputs)."""
+    outs = cell.get("outputs", [])
+    stdout = "".join(text_of(o.get("text")) for o in outs if o.get("output_type") == "stream" and o.get("name") == "stdout")
+    recs = [o["data"][CELL_MIME] for o in outs if CELL_MIME in o.get("data", {})]
+    line = next((text_of(o["data"].get("text/plain")) for o in outs if CELL_MIME in o.get("data", {})), "")
+    errors = [o for o in outs if o.get("output_type") == "error"]
+    return (
+        text_of(cell.get("source")),
+        cell.get("metadata", {}).get("tags", []),
+        stdout,
+        recs[0] if len(recs) == 1 else None,
+        line,
+        errors,
+    )
+
+
+def where_of(i, src, rec):
+    first = next((l for l in src.splitlines() if l.strip()), "")
+    n = f"[{rec['cell']}]" if rec and "cell" in rec else "[?]"
+    return f"cell {i} {n} ({first[:50]})"
+
+
+def printed(stdout, pattern):
+    """{owner: summed bytes} of the cell's lines of one form."""
+    out = {}
+    for l in stdout.splitlines():
+        m = pattern.match(l.strip())
+        if m:
+            out[m.group(1)] = out.get(m.group(1), 0) + int(m.group(2))
+    return out
+
+
+def mib(b):
+    return "n/a" if b is None else f"{b / MIB:+,.2f} MiB"
+
+
+def owner_change(alla, owner):
+    """(change, why not) of one owner over the cell, from `all_allocations.by_owner`. An owner
+    absent from a complete list (its `after`s add up to the tracked total) held nothing at either
+    end; otherwise its absence is a missing figure."""
+    owners = alla.get("by_owner")
+    if owners is None and alla.get("before") == 0 and alla.get("after") == 0:
+        return 0, None  # nothing tracked at either end: the list is empty, and left out
+    if owners is None:
+        return None, "all_allocations.by_owner"
+    entry = next((o for o in owners if o.get("owner") == owner), None)
+    if entry is None:
+        complete = alla.get("after") is not None and sum(o.get("after") or 0 for o in owners) == alla["after"]
+        return (0, None) if complete else (None, f"by_owner entry {owner!r} (the list does not add up to the total)")
+    if entry.get("before") is None or entry.get("after") is None:
+        return None, f"by_owner[{owner!r}].before/after"
+    return entry["after"] - entry["before"], None
+
+
+def lead_of(alla, allocator_holds):
+    """The owner gpumem-nb's line leads with (`report/line.rs`, `lead_owners`): of the owners that
+    hold memory or changed, the largest change, then the most held, then the name."""
+    rows = []
+    for o in alla.get("by_owner") or []:
+        after, before, peak = o.get("after") or 0, o.get("before"), o.get("peak")
+        d = None if before is None else after - before
+        if not (after > 0 or (d or 0) != 0 or (peak or 0) > after):
+            continue
+        if allocator_holds and o.get("owner") == "gpumem-nb" and after == 0:
+            continue
+        rows.append((-(abs(d) if d is not None else after), -after, o.get("owner")))
+    return sorted(rows)[0][2] if rows else None
+
+
+def allocator_holds(rec):
+    a = rec.get("allocator")
+    if not a:
+        return False
+    end = lambda k: (a.get(k) or {}).get("after") or 0
+    moved = delta(a.get("reserved")) or 0
+    return bool(end("allocated") or end("reserved") or a.get("peak_allocated") or a.get("peak_reserved") or moved)
+
+
+def corpus_checks(nb, opts, C):
+    """A notebook written as the framework's docs write it, with no gpumem-nb call (or, for
+    `--variant dep`, a first cell `:dep gpumem-nb` and still no call):
+
+    - `no-call`: no code cell names gpumem-nb (`gpumem_nb`, `:dep gpumem-nb`), but the variant's
+      first cell, which is exactly `:dep gpumem-nb`;
+    - `framework-bytes`: every cell that printed `FRAMEWORK_BYTES OWNER ±N` has a record whose
+      `all_allocations.by_owner` entry for OWNER changed by exactly N (before and after read);
+      `FRAMEWORK_SHAPES OWNER ±N page=P` (what a framework without its own books can say: its
+      tensors' shapes × element size, kept in pages of P bytes): the change is at least N and at
+      most N rounded up to whole pages (a negative N: the same on the magnitudes); and the
+      notebook printed at least one of them;
+    - `tracking`: every record says tracking `--require-tracking` (`cupti` on a GPU);
+    - `owners-add-up`: the owners' `after`s add up to `all_allocations.after`;
+    - `no-allocated-0`: no report line says `allocated 0 B` (no allocator the notebook never used);
+    - `line-lead`: the line's first part after the time names the owner the record says changed
+      most (largest change, then most held); in a cell that printed a non-zero FRAMEWORK_BYTES,
+      that owner is the framework (or the cell's tag `lead=OWNER`);
+    - `nvml-explained`: NVML's change of the process = the tracked change + the CUDA pool's
+      cache change (reserved − used) + the driver's kernel stacks' change (`local_memory`),
+      within 2 MiB; in the first cell that touched the GPU (NVML had no memory of the process
+      before it) the rest is the CUDA context, a named cost: reported, and required to be
+      positive and under 4 GiB.
+    """
+    where_nb = f"notebook {opts.label or opts.path}"
+    # What the notebook says of itself.
+    code = [(i, c) for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code"]
+    named = []
+    for n, (i, c) in enumerate(code):
+        src = text_of(c.get("source"))
+        if opts.variant == "dep" and n == 0:
+            C.expect(src.strip() == ":dep gpumem-nb", where_nb, "no-call",
+                     f"the variant's first code cell is `:dep gpumem-nb`: {src.strip()[:60]!r}")
+            continue
+        if "gpumem_nb" in src or re.search(r"(?m)^\s*:dep\s+gpumem-nb\b", src):
+            named.append(i)
+    C.expect(not named, where_nb, "no-call",
+             "no cell names gpumem-nb" if not named else f"cells {named} name gpumem-nb")
+    total_printed = records = untracked = 0
+    lines_zero = []
+    gpu_seen = False
+    for i, cell in code:
+        src, tags, stdout, rec, line, errors = cell_parts(cell)
+        magic_only = all(l.strip().startswith("%gpumem") or not l.strip() for l in src.splitlines())
+        if magic_only:
+            continue
+        w = where_of(i, src, rec)
+        fb, shapes = printed(stdout, FRAMEWORK_BYTES), printed(stdout, FRAMEWORK_SHAPES)
+        pages = {m.group(1): int(m.group(3)) for m in map(FRAMEWORK_SHAPES.match, stdout.splitlines()) if m}
+        in_use = printed(stdout, FRAMEWORK_IN_USE)
+        total_printed += len(fb) + len(shapes)
+        if rec is None:
+            if fb or shapes:
+                C.missing(w, "framework-bytes", "the cell's record (exactly one report)")
+            continue
+        alla = rec.get("all_allocations")
+        if "allocated 0 B" in line:
+            lines_zero.append(w)
+        # Tracking.
+        records += 1
+        if alla is None:
+            C.missing(w, "tracking", "all_allocations")
+            untracked += 1
+        elif (opts.require and alla.get("tracking") != opts.require) or str(alla.get("tracking")).startswith("unavailable"):
+            C.fail(w, "tracking", f"tracking {alla.get('tracking')!r}, expected {opts.require!r}")
+            untracked += 1
+        alla = alla or {}
+        # The owners add up.
+        if alla.get("after") is not None and (alla.get("by_owner") or alla["after"] > 0):
+            owners = alla.get("by_owner")
+            if owners is None:
+                C.missing(w, "owners-add-up", f"all_allocations.by_owner ({alla['after']:,} B tracked)")
+            else:
+                got = sum(o.get("after") or 0 for o in owners)
+                C.expect(got == alla["after"], w, "owners-add-up",
+                         f"owners' after {got:,} B, tracked {alla['after']:,} B")
+        # What the framework says, against the tracked change of its owner.
+        for owner, want in fb.items():
+            got, why = owner_change(alla, owner)
+            if why:
+                C.missing(w, "framework-bytes", why)
+                continue
+            extra = f" (tensors in use {in_use[owner]:+,} B)" if owner in in_use else ""
+            C.expect(got == want, w, "framework-bytes",
+                     f"{owner}: tracked {got:+,} B, the framework printed {want:+,} B{extra}")
+        for owner, want in shapes.items():
+            got, why = owner_change(alla, owner)
+            if why:
+                C.missing(w, "framework-bytes", why)
+                continue
+            page = pages.get(owner) or 1
+            high = -(-abs(want) // page) * page
+            ok = abs(want) <= abs(got) <= high and (got >= 0) == (want >= 0)
+            C.expect(ok, w, "framework-bytes",
+                     f"{owner}: tracked {got:+,} B, the tensors' shapes {want:+,} B (pages of {page:,} B: "
+                     f"|change| within [{abs(want):,}, {high:,}])")
+        # The line leads with who holds the memory.
+        parts = line.split(" · ")
+        lead_part = parts[2] if len(parts) > 2 else None
+        if not line:
+            C.missing(w, "line-lead", "the report line (text/plain)")
+        elif alla.get("by_owner") is None and alla.get("after"):
+            C.missing(w, "line-lead", "all_allocations.by_owner")
+        elif allocator_holds(rec):
+            C.ok(w, "line-lead", f"gpumem-nb's allocator holds memory: its figures lead ({lead_part!r})")
+        else:
+            expect = lead_of(alla, False)
+            want = f"{expect} " if expect else "no device memory"
+            C.expect(lead_part is not None and (lead_part.startswith(want) or lead_part == want.strip()), w,
+                     "line-lead", f"the line leads with {lead_part!r}, the record's owner that changed most is {expect!r}")
+            framework = next((t.split("=", 1)[1] for t in tags if t.startswith("lead=")), None)
+            nonzero = [o for o, b in {**fb, **shapes}.items() if b != 0]
+            framework = framework or (nonzero[0] if len(nonzero) == 1 else None)
+            if framework:
+                C.expect(lead_part is not None and lead_part.startswith(framework + " "), w, "line-lead",
+                         f"the framework that made the memory, {framework!r}, leads: {lead_part!r}")
+        # NVML against what is named.
+        gpu_seen = nvml_explained(w, rec, alla, gpu_seen, C)
+    if records and not untracked:
+        C.ok(where_nb, "tracking", f"every record ({records}) says tracking {opts.require or 'on'}")
+    elif not records:
+        C.missing(where_nb, "tracking", "every record: no cell has one")
+    C.expect(total_printed > 0, where_nb, "framework-bytes",
+             f"{total_printed} FRAMEWORK_BYTES/SHAPES lines printed" if total_printed else
+             "MISSING: no cell printed FRAMEWORK_BYTES (the notebook states no figure of its own)")
+    C.expect(not lines_zero, where_nb, "no-allocated-0",
+             "no report line says `allocated 0 B`" if not lines_zero else f"`allocated 0 B` in {lines_zero}")
+
+
+def nvml_explained(w, rec, alla, gpu_seen, C):
+    """NVML's change of the process in one cell, explained (see `corpus_checks`); returns whether
+    the GPU has been touched by the end of this cell."""
+    nv = (rec.get("nvml") or {}).get("process") or {}
+    nb_, na = nv.get("before"), nv.get("after")
+    if not gpu_seen and not na:
+        if na is None and (rec.get("nvml") or {}).get("unavailable"):
+            C.missing(w, "nvml-explained", f"NVML ({rec['nvml']['unavailable']})")
+        else:
+            C.ok(w, "nvml-explained", f"no memory of the process on the GPU yet (NVML {na})")
+        return False
+    first = not gpu_seen
+    if nb_ is None or na is None:
+        C.missing(w, "nvml-explained", f"nvml.process before/after ({nb_}, {na})")
+        return True
+    if first and nb_ != 0:
+        # The process held memory before: the context came before any cell (nothing to name).
+        first = False
+    nvml = na - nb_
+    tracked = delta(alla) if alla else None
+    if tracked is None:
+        C.missing(w, "nvml-explained", "all_allocations.before/after")
+        return True
+    pool = rec.get("pool")
+    if pool is None:
+        C.missing(w, "nvml-explained", "pool (the CUDA pool's used and reserved)")
+        return True
+    def cache(end):
+        res, used = (pool.get("reserved") or {}).get(end), (pool.get("used") or {}).get(end)
+        return None if res is None or used is None else res - used
+    c0, c1 = cache("before"), cache("after")
+    if c0 is None and first:
+        c0 = 0  # no context, no pool: nothing cached before the cell
+    if c0 is None or c1 is None:
+        C.missing(w, "nvml-explained", f"pool reserved/used before and after ({c0}, {c1})")
+        return True
+    uuid = (rec.get("nvml") or {}).get("uuid")
+    lm = next((l for l in rec.get("local_memory") or [] if uuid and (l.get("uuid") or "").lower() == uuid.lower()), None)
+    if lm is None:
+        C.missing(w, "nvml-explained", f"local_memory of NVML's device {uuid} (the driver's kernel stacks)")
+        return True
+    sb, sa = (lm.get("stack_bytes") or {}).get("before"), (lm.get("stack_bytes") or {}).get("after")
+    threads = lm.get("resident_threads")
+    if sa is None or threads is None or (sb is None and not first):
+        C.missing(w, "nvml-explained", f"local_memory stack_bytes before/after, resident_threads ({sb}, {sa}, {threads})")
+        return True
+    stacks = 0 if sb is None else (sa - sb) * threads
+    rest = nvml - tracked - (c1 - c0) - stacks
+    said = (f"NVML {mib(nvml)} = tracked {mib(tracked)} + CUDA pool cache {mib(c1 - c0)} + kernel stacks "
+            f"{mib(stacks)} + rest {mib(rest)}")
+    if first:
+        default_stacks = sa * threads
+        C.expect(0 < rest <= CONTEXT_MAX, w, "nvml-explained",
+                 f"{said}: the CUDA context (first use), named: {rest / MIB:,.2f} MiB, of which the default "
+                 f"kernel stacks {default_stacks / MIB:,.2f} MiB ({sa} B × {threads:,} threads)")
+    else:
+        C.expect(abs(rest) <= 2 * MIB, w, "nvml-explained",
+                 said + (": within 2 MiB" if abs(rest) <= 2 * MIB else ": more than 2 MiB no named cost explains "
+                         "(kernels' modules loaded for the first time?)"))
+    return True
+
+
+def size_of(spec):
+    """`96GiB` → bytes."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB)", spec.strip())
+    if not m:
+        raise ValueError(f"not a size: {spec!r}")
+    unit = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}[m.group(2)]
+    return int(float(m.group(1)) * unit)
+
+
+def format_size(size):
+    """PyTorch's `format_size` (gpumem-nb's `units::format_size`)."""
+    if size <= 1024:
+        return f"{size} bytes"
+    if size <= MIB:
+        return f"{size / 1024:.2f} KiB"
+    if size <= GIB:
+        return f"{size / MIB:.2f} MiB"
+    return f"{size / GIB:.2f} GiB"
+
+
+def history_row(text, n):
+    """The row of cell [n] in `%gpumem history`'s text table."""
+    pat = re.compile(r"(^|[\s|│┆])\[" + str(n) + r"\]([\s|│┆]|$)")
+    return next((l for l in text.splitlines() if pat.search(l)), None)
+
+
+def oom_checks(nb, opts, C):
+    """Out-of-memory notebooks, by cell tags (`--oom`: the notebook must have one):
+
+    - `oom=SIZE` (`96GiB`), the cell that asks for too much: an error output; its record's
+      status is `oom`; unless `oom-panics`, the error is `OutOfMemoryError` whose value is
+      `CUDA out of memory. Tried to allocate SIZE. GPU N has a total capacity of … of which … is
+      free.` and whose traceback says `Asked by OWNER through `API``, the cell and line, what the
+      process holds (`its allocations:`), `Holding the most:` and the framework's own
+      `CUDA_ERROR_OUT_OF_MEMORY`; with `oom-panics` (burn: cubecl's device thread panics) any
+      error naming the size (as PyTorch writes it, or in bytes), status `oom` or `panicked`. The
+      record's `oom`: `requested` = SIZE, `device_total` > 0, `device_free` present, `site` in
+      this cell (at line N with `oom-line=N`), `top` non-empty with an entry made in the cell
+      tagged `oom-holder`, `owner` = `oom-owner=WORD`, `api` = `oom-api=NAME` (any, without it);
+    - `after-oom`: the cell ran without an error (status `ok`);
+    - `device-fails`: the cell has an error (the device is gone after the panic);
+    - `history-oom`: the `%gpumem history` table's row of each `oom=` cell marks its status.
+    """
+    cells = [(i, c) for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code"]
+    holders = []
+    ooms = []
+    for i, c in cells:
+        src, tags, stdout, rec, line, errors = cell_parts(c)
+        if "oom-holder" in tags and rec:
+            holders.append(rec.get("cell"))
+    if opts.oom and not any(t.startswith("oom=") for _, c in cells for t in c.get("metadata", {}).get("tags", [])):
+        C.missing(f"notebook {opts.label or opts.path}", "oom", "no cell tagged `oom=SIZE`")
+    for i, c in cells:
+        src, tags, stdout, rec, line, errors = cell_parts(c)
+        w = where_of(i, src, rec)
+        tag = lambda name: next((t.split("=", 1)[1] for t in tags if t.startswith(name + "=")), None)
+        if "after-oom" in tags:
+            C.expect(not errors and rec is not None and rec.get("status") == "ok", w, "after-oom",
+                     "ran after the out-of-memory cell" if not errors else
+                     f"failed: {errors[0].get('ename')}: {errors[0].get('evalue', '')[:160]}")
+        if "device-fails" in tags:
+            C.expect(bool(errors), w, "device-fails",
+                     f"the device call failed: {errors[0].get('ename')}: {errors[0].get('evalue', '')[:160]}"
+                     if errors else "MISSING: no error, though the device thread is gone")
+        size = tag("oom")
+        if size is None:
+            continue
+        want = size_of(size)
+        text = format_size(want)
+        panics = "oom-panics" in tags
+        owner, api, at_line = tag("oom-owner"), tag("oom-api"), tag("oom-line")
+        if rec is None:
+            C.missing(w, "oom-record", "the cell's record (exactly one report)")
+            continue
+        ooms.append((w, rec))
+        e = errors[0] if errors else None
+        tb = "\n".join(e.get("traceback", [])) if e else ""
+        if e is None:
+            C.fail(w, "oom-error", "MISSING: no error output")
+        elif panics:
+            named = text in e.get("evalue", "") + tb or str(want) in e.get("evalue", "") + tb
+            C.expect(named, w, "oom-error",
+                     f"{e.get('ename')}: {e.get('evalue', '')[:200]} (names {text} or {want} B: {named})")
+        else:
+            pat = (r"^CUDA out of memory\. Tried to allocate " + re.escape(text) +
+                   r"\. GPU \d+ has a total capacity of [\d.]+ \w+ of which [\d.]+ \w+ is free\.")
+            C.expect(e.get("ename") == "OutOfMemoryError" and re.match(pat, e.get("evalue", "")), w, "oom-error",
+                     f"{e.get('ename')}: {e.get('evalue', '')[:200]}")
+        status = rec.get("status")
+        C.expect(status == "oom" or (panics and status == "panicked"), w, "oom-status",
+                 f"record status {status!r}" + (" (oom or panicked)" if panics else " (oom)"))
+        o = rec.get("oom")
+        if not isinstance(o, dict):
+            C.missing(w, "oom-record", "record.oom")
+            continue
+        C.expect(o.get("requested") == want, w, "oom-record", f"oom.requested {o.get('requested')!r}, asked {want:,} B")
+        C.expect((o.get("device_total") or 0) > 0 and o.get("device_free") is not None, w, "oom-device",
+                 f"oom.device_total {o.get('device_total')!r}, oom.device_free {o.get('device_free')!r}")
+        site = o.get("site")
+        if not isinstance(site, dict):
+            C.missing(w, "oom-site", "oom.site")
+        else:
+            ok = site.get("cell") == rec.get("cell") and (at_line is None or site.get("line") == int(at_line))
+            C.expect(ok, w, "oom-site",
+                     f"oom.site cell {site.get('cell')!r} line {site.get('line')!r} ({site.get('function')}), "
+                     f"asked at cell {rec.get('cell')!r}" + (f" line {at_line}" if at_line else " (line not known: queued)"))
+        top = o.get("top") or []
+        if not holders:
+            C.missing(w, "oom-top", "a cell tagged `oom-holder` with a record")
+        else:
+            named = [t for t in top if t.get("cell") in holders]
+            C.expect(bool(named), w, "oom-top",
+                     f"oom.top names the kept tensor's cell {holders}: "
+                     f"{[(t.get('owner'), t.get('bytes'), t.get('cell')) for t in top[:3]] or 'MISSING (empty)'}")
+        if owner:
+            held = {r.get("owner"): r.get("live") for r in o.get("by_owner") or []}
+            C.expect(o.get("owner") == owner and owner in held, w, "oom-owner",
+                     f"oom.owner {o.get('owner')!r} (expected {owner!r}); oom.by_owner {held}")
+        C.expect(o.get("api") is not None and (api is None or o.get("api") == api), w, "oom-api",
+                 f"oom.api {o.get('api')!r}" + (f" (expected {api!r})" if api else ""))
+        if e is not None and not panics:
+            site_at = f"cell {rec.get('cell')}:{at_line}" if at_line else f"cell {rec.get('cell')}"
+            wants = [f"Asked by {owner or o.get('owner')} through `{o.get('api')}`", site_at, "its allocations: ",
+                     "Holding the most: ", "CUDA_ERROR_OUT_OF_MEMORY"]
+            lacking = [x for x in wants if x not in tb]
+            C.expect(not lacking, w, "oom-traceback",
+                     "who asked, where, what is held and the framework's error are said" if not lacking else
+                     f"the traceback lacks {lacking}")
+    for i, c in cells:
+        src, tags, stdout, rec, line, errors = cell_parts(c)
+        if "history-oom" not in tags:
+            continue
+        w = where_of(i, src, rec)
+        text = "\n".join(
+            text_of(o.get("data", {}).get("text/plain")) for o in c.get("outputs", []) if o.get("output_type") in ("display_data", "execute_result")
+        )
+        if not ooms:
+            C.missing(w, "history-oom", "an out-of-memory cell (tag `oom=`) with a record")
+        for ow, r in ooms:
+            row = history_row(text, r.get("cell"))
+            word = {"oom": "oom", "panicked": "panicked"}.get(r.get("status"), "oom")
+            C.expect(row is not None and word in row.lower(), w, "history-oom",
+                     f"the history's row [{r.get('cell')}] marks {word}: {row!r}" if row else
+                     f"MISSING: no row [{r.get('cell')}] in the history: {text[:200]!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# --self-test: synthetic executed notebooks, shaped as gpumem-kernel writes them, for which every
+# issue-54 check is shown to pass when its figures are right and to fail when one is wrong or
+# missing.
+
+def _line(rec):
+    alla = rec.get("all_allocations") or {}
+    lead = lead_of(alla, False)
+    head = f"[{rec['cell']}] cuda:0 · 1.00 s"
+    if lead is None:
+        return f"{head} · no device memory"
+    o = next(o for o in alla["by_owner"] if o["owner"] == lead)
+    return f"{head} · {lead} {o['after']} B ({o['after'] - (o['before'] or 0):+} B)"
+
+
+def _rec(cell, owners, nvml, pool=None, stacks=None, status="ok", oom=None):
+    """A record: `owners` [(owner, before, after)], `nvml` (before, after) of the process,
+    `pool` ((used, reserved) before, (used, reserved) after), `stacks` (bytes a thread before,
+    after)."""
+    before = sum(b for _, b, _ in owners)
+    after = sum(a for _, _, a in owners)
+    r = {
+        "cell": cell,
+        "label": f"cell {cell}",
+        "status": status,
+        "device": "cuda:0 NVIDIA H100 80GB HBM3",
+        "crate_loaded": {"before": True, "after": True},
+        "allocator": None,
+        "all_allocations": {
+            "tracking": "cupti", "device": 0, "before": before, "after": after, "peak": max(before, after),
+            "by_source": [], "by_component": [], "top": [], "devices": [],
+            "by_owner": [{"owner": n, "before": b, "after": a} for n, b, a in owners],
+        },
+        "nvml": {"uuid": "GPU-0", "process": {"before": nvml[0], "after": nvml[1]}},
+        "pool": None if pool is None else {
+            "used": {"before": pool[0][0], "after": pool[1][0]},
+            "reserved": {"before": pool[0][1], "after": pool[1][1]},
+        },
+        "local_memory": [] if stacks is None else [
+            {"device": 0, "uuid": "GPU-0", "stack_bytes": {"before": stacks[0], "after": stacks[1]}, "resident_threads": 270_336}
+        ],
+        "warnings": [],
+    }
+    if oom is not None:
+        r["oom"] = oom
+    return r
+
+
+def _cell(src, rec=None, stdout="", tags=(), error=None, display=None):
+    outs = []
+    if stdout:
+        outs.append({"output_type": "stream", "name": "stdout", "text": stdout})
+    if error:
+        outs.append({"output_type": "error", **error})
+    if display is not None:
+        outs.append({"output_type": "display_data", "data": {"text/plain": display}, "metadata": {}})
+    if rec is not None:
+        outs.append({"output_type": "display_data", "data": {CELL_MIME: rec, "text/plain": _line(rec)}, "metadata": {}})
+    return {"cell_type": "code", "metadata": {"tags": list(tags)}, "source": src, "outputs": outs}
+
+
+def _nb(cells):
+    return {"cells": [{"cell_type": "markdown", "metadata": {}, "source": "# synthetic"}] + cells, "nbformat": 4, "nbformat_minor": 5}
+
+
+CUBLAS, CURAND, CONTEXT = 67_239_936, 196_608, 530 * MIB
+
+
+def _candle_corpus():
+    """gpu_nocall_candle's shape: no GPU in two cells, the device and 512 MiB (the first GPU cell:
+    the context), a 256 MiB product (+1 MiB NVML noise), training steps keeping nothing."""
+    no_gpu = lambda n: _rec(n, [], (0, 0))
+    base = [("cuBLAS", 0, CUBLAS), ("cuRAND", 0, CURAND)]
+    held = [("cuBLAS", CUBLAS, CUBLAS), ("cuRAND", CURAND, CURAND)]
+    first_tracked = 512 * MIB + CUBLAS + CURAND
+    r3 = _rec(3, [("candle", 0, 512 * MIB)] + base, (0, first_tracked + 32 * MIB + CONTEXT),
+              pool=((None, None), (512 * MIB, 544 * MIB)), stacks=(None, 1024))
+    n3 = r3["nvml"]["process"]["after"]
+    r4 = _rec(4, [("candle", 512 * MIB, 768 * MIB)] + held, (n3, n3 + 257 * MIB),
+              pool=((512 * MIB, 544 * MIB), (768 * MIB, 800 * MIB)), stacks=(1024, 1024))
+    n4 = r4["nvml"]["process"]["after"]
+    r5 = _rec(5, [("candle", 768 * MIB, 768 * MIB)] + held, (n4, n4),
+              pool=((768 * MIB, 800 * MIB), (768 * MIB, 800 * MIB)), stacks=(1024, 1024))
+    return _nb([
+        _cell(':dep candle-core = { version = "0.11", features = ["cuda"] }', no_gpu(1)),
+        _cell("use candle_core::Tensor;\nfn bytes(t: &[&Tensor]) -> usize { 0 }", no_gpu(2)),
+        _cell("let device = Device::new_cuda(0)?;", r3, "FRAMEWORK_BYTES candle +536870912\n"),
+        _cell("let c = a.matmul(&b)?;", r4, "FRAMEWORK_BYTES candle +268435456\n"),
+        _cell("for _ in 0..5 { opt.backward_step(&loss)?; }", r5, "FRAMEWORK_BYTES candle +0\n"),
+        _cell("%gpumem history", display="cell table"),
+    ])
+
+
+OOM_VALUE = ("CUDA out of memory. Tried to allocate 96.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which "
+             "46.59 GiB is free.")
+
+
+def _oom_nb(burn=False):
+    """gpu_oom_candle's shape (or gpu_oom_burn's, `burn`): the device, 32 GiB kept (cell 3), 96 GiB
+    asked (cell 4), then a cell that runs and the history."""
+    who = "burn/cubecl" if burn else "candle"
+    no_gpu = _rec(1, [], (0, 0))
+    base = [] if burn else [("cuBLAS", 0, CUBLAS)]
+    held = [] if burn else [("cuBLAS", CUBLAS, CUBLAS)]
+    r2 = _rec(2, base, (0, sum(a for _, _, a in base) + CONTEXT), pool=((None, None), (0, 0)), stacks=(None, 1024))
+    n2 = r2["nvml"]["process"]["after"]
+    r3 = _rec(3, [(who, 0, 32 * GIB)] + held, (n2, n2 + 32 * GIB), pool=((0, 0), (32 * GIB, 32 * GIB)), stacks=(1024, 1024))
+    n3 = n2 + 32 * GIB
+    held3 = [(who, 32 * GIB, 32 * GIB)] + held
+    oom = {
+        "device": 0, "count": 1, "requested": 96 * GIB, "device_free": 46 * GIB, "device_total": 79 * GIB,
+        "cached_free": 0, "largest_free_block": 0, "why": "the device has 46.59 GiB free",
+        "top": [{"owner": "candle_core::…", "bytes": 32 * GIB, "function": "candle_core::tensor::Tensor::zeros",
+                 "cell": 3, "line": 1}],
+        "api": "cuMemAllocAsync", "owner": who,
+        "site": {"owner": "candle_core::…", "bytes": 96 * GIB, "function": "candle_core::tensor::Tensor::zeros",
+                 "cell": 4, "line": None if burn else 1, **({"queued": True} if burn else {})},
+        "by_owner": [{"owner": who, "live": 32 * GIB}],
+    }
+    r4 = _rec(4, held3, (n3, n3), pool=((32 * GIB, 32 * GIB), (32 * GIB, 32 * GIB)), stacks=(1024, 1024),
+              status="panicked" if burn else "oom", oom=oom)
+    if burn:
+        err4 = {"ename": "panic", "evalue": "thread 'DSD-0-0' panicked: called `Result::unwrap()` on an `Err` value: "
+                "can't allocate buffer of size: 103079215104", "traceback": ["panicked on thread 'DSD-0-0'"]}
+    else:
+        err4 = {"ename": "OutOfMemoryError", "evalue": OOM_VALUE, "traceback": [
+            f"\x1b[1;31mOutOfMemoryError\x1b[0m: {OOM_VALUE}",
+            "Asked by candle through `cuMemAllocAsync` at candle_core::tensor::Tensor::zeros ← cell 4:1.",
+            "This process has 32.59 GiB in use on GPU 0 (NVML); its allocations: candle 32.00 GiB, cuBLAS 64.1 MiB; "
+            "other processes 0 B.",
+            "Holding the most: candle_core::tensor::Tensor::zeros ← cell 3:1 (32.00 GiB).",
+            "DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")",
+        ]}
+    oom_tags = ["raises-exception", "oom=96GiB", f"oom-owner={who}"] + (
+        ["oom-panics"] if burn else ["oom-line=1", "oom-api=cuMemAllocAsync"])
+    cells = [
+        _cell(":dep candle-core", no_gpu),
+        _cell("let device = Device::new_cuda(0)?;", r2),
+        _cell("let kept = Tensor::zeros((8192, 1 << 20), DType::F32, &device)?;", r3,
+              f"FRAMEWORK_BYTES {who} +34359738368\n", tags=["oom-holder"]),
+        _cell("let big = Tensor::zeros((3 * 8192, 1 << 20), DType::F32, &device)?;", r4, tags=oom_tags, error=err4),
+    ]
+    n = 5
+    if burn:
+        r5 = _rec(5, held3, (n3, n3), pool=((32 * GIB, 32 * GIB), (32 * GIB, 32 * GIB)), stacks=(1024, 1024),
+                  status="panicked")
+        cells.append(_cell("let small = Tensor::<B, 2>::ones([1024, 1024], &device);", r5,
+                           tags=["raises-exception", "device-fails"],
+                           error={"ename": "panic", "evalue": "the device thread is gone", "traceback": []}))
+        n = 6
+        rn = _rec(n, held3, (n3, n3), pool=((32 * GIB, 32 * GIB), (32 * GIB, 32 * GIB)), stacks=(1024, 1024))
+        cells.append(_cell("let host: Vec<f32> = vec![1.0; 1 << 20];", rn, tags=["after-oom"]))
+    else:
+        rn = _rec(n, [(who, 32 * GIB, 32 * GIB + 4 * MIB)] + held, (n3, n3 + 32 * MIB),
+                  pool=((32 * GIB, 32 * GIB), (32 * GIB + 4 * MIB, 32 * GIB + 32 * MIB)), stacks=(1024, 1024))
+        cells.append(_cell("let small = Tensor::ones((1024, 1024), DType::F32, &device)?;", rn,
+                           "FRAMEWORK_BYTES candle +4194304\n", tags=["after-oom"]))
+    mark = "panicked" if burn else "OOM"
+    table = "\n".join([
+        "┌──────┬───────┬──────┐",
+        "│ cell ┆ Δ all ┆ notes │",
+        "╞══════╪═══════╪══════╡",
+        "│ [3]  ┆ 32.0 GiB ┆      │",
+        f"│ [4]  ┆ 0 B   ┆ {mark} │",
+        f"│ [{n}]  ┆ 0 B   ┆      │",
+        "└──────┴───────┴──────┘",
+    ])
+    cells.append(_cell("%gpumem history", tags=["history-oom"], display=table))
+    return _nb(cells)
+
+
+def _code(nb, n):
+    """The notebook's code cell `n` (0-based)."""
+    return [c for c in nb["cells"] if c["cell_type"] == "code"][n]
+
+
+def _record(nb, n):
+    return next(o["data"][CELL_MIME] for o in _code(nb, n)["outputs"] if CELL_MIME in o.get("data", {}))
+
+
+def _set_record(nb, n, f):
+    """Changes cell n's record with f, and its line to match (as the kernel would write it)."""
+    for o in _code(nb, n)["outputs"]:
+        if CELL_MIME in o.get("data", {}):
+            f(o["data"][CELL_MIME])
+            o["data"]["text/plain"] = _line(o["data"][CELL_MIME])
+
+
+def _owner(rec, name):
+    return next(o for o in rec["all_allocations"]["by_owner"] if o["owner"] == name)
+
+
+def _grow(rec, name, by):
+    _owner(rec, name)["after"] += by
+    rec["all_allocations"]["after"] += by
+
+
+def _error(nb, n):
+    return next(o for o in _code(nb, n)["outputs"] if o.get("output_type") == "error")
+
+
+def _drop_outputs(nb, n, kind):
+    c = _code(nb, n)
+    c["outputs"] = [o for o in c["outputs"] if not kind(o)]
+
+
+def self_test():
+    import contextlib
+    import copy
+    import io
+
+    def run(nb, args):
+        opts = Options(["synthetic.ipynb"] + args)
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            global_checks = _Capture()
+            code = _check_capturing(nb, opts, global_checks)
+        return code, global_checks, buf.getvalue()
+
+    corpus = ["--corpus", "--require-tracking", "cupti"]
+    oomargs = corpus + ["--oom"]
+    def mutate(base, f):
+        nb = copy.deepcopy(base)
+        f(nb)
+        return nb
+
+    cand, oomc, oomb = _candle_corpus(), _oom_nb(), _oom_nb(burn=True)
+    cases = [
+        # (what, notebook, args, the check that must fail; None: nothing may fail)
+        ("candle corpus as recorded", cand, corpus, None),
+        ("kernel stacks raised and counted", mutate(cand, lambda nb: _set_record(nb, 3, lambda r: (
+            r["local_memory"][0]["stack_bytes"].update(after=2048),
+            r["nvml"]["process"].update(after=r["nvml"]["process"]["after"] + 264 * MIB)))), corpus, None),
+        ("kernel stacks raised, NVML unchanged", mutate(cand, lambda nb: _set_record(nb, 3, lambda r: (
+            r["local_memory"][0]["stack_bytes"].update(after=2048)))), corpus, "nvml-explained"),
+        ("tracked change one byte off the printed bytes", mutate(cand, lambda nb: _set_record(nb, 2, lambda r: _grow(r, "candle", 1))),
+         corpus, "framework-bytes"),
+        ("by_owner missing", mutate(cand, lambda nb: _set_record(nb, 2, lambda r: r["all_allocations"].pop("by_owner"))),
+         corpus, "framework-bytes"),
+        ("the owner's before not read", mutate(cand, lambda nb: _set_record(nb, 3, lambda r: _owner(r, "candle").update(before=None))),
+         corpus, "framework-bytes"),
+        ("the framework's owner absent, the list incomplete", mutate(cand, lambda nb: _set_record(nb, 3, lambda r: (
+            r["all_allocations"].update(by_owner=[o for o in r["all_allocations"]["by_owner"] if o["owner"] != "candle"])))),
+         corpus, "framework-bytes"),
+        ("the record missing in a cell that printed", mutate(cand, lambda nb: _drop_outputs(nb, 3, lambda o: CELL_MIME in o.get("data", {}))),
+         corpus, "framework-bytes"),
+        ("no FRAMEWORK_BYTES anywhere", mutate(cand, lambda nb: [_drop_outputs(nb, n, lambda o: o.get("output_type") == "stream") for n in range(5)]),
+         corpus, "framework-bytes"),
+        ("`allocated 0 B` in a line", mutate(cand, lambda nb: _code(nb, 3)["outputs"][-1]["data"].update(
+            {"text/plain": _line(_record(nb, 3)) + " · allocated 0 B (±0 B)"})), corpus, "no-allocated-0"),
+        ("the line leads with another owner", mutate(cand, lambda nb: _code(nb, 2)["outputs"][-1]["data"].update(
+            {"text/plain": "[3] cuda:0 · 1.00 s · cuBLAS 64.1 MiB (+64.1 MiB) · candle 512 MiB (+512 MiB)"})),
+         corpus, "line-lead"),
+        ("another owner changed most in a cell that printed", mutate(cand, lambda nb: _set_record(nb, 3, lambda r: (
+            _grow(r, "cuBLAS", 300 * MIB), r["nvml"]["process"].update(after=r["nvml"]["process"]["after"] + 300 * MIB)))),
+         corpus, "line-lead"),
+        ("the owners' after do not add up", mutate(cand, lambda nb: _set_record(nb, 3, lambda r: r["all_allocations"].update(
+            after=r["all_allocations"]["after"] + 4096))), corpus, "owners-add-up"),
+        ("a record without all_allocations", mutate(cand, lambda nb: _set_record(nb, 1, lambda r: r.pop("all_allocations"))),
+         corpus, "tracking"),
+        ("nothing tracked, +0 printed, no owner list", mutate(cand, lambda nb: (
+            _set_record(nb, 1, lambda r: r["all_allocations"].pop("by_owner")),
+            _code(nb, 1)["outputs"].insert(0, {"output_type": "stream", "name": "stdout", "text": "FRAMEWORK_BYTES candle +0\n"}))),
+         corpus, None),
+        ("tracking not CUPTI", mutate(cand, lambda nb: _set_record(nb, 2, lambda r: r["all_allocations"].update(tracking="simulated"))),
+         corpus, "tracking"),
+        ("NVML 3 MiB past what is named", mutate(cand, lambda nb: _set_record(nb, 3, lambda r: r["nvml"]["process"].update(
+            after=r["nvml"]["process"]["after"] + 2 * MIB))), corpus, "nvml-explained"),
+        ("NVML's process figures missing", mutate(cand, lambda nb: _set_record(nb, 3, lambda r: r["nvml"].update(process={}))),
+         corpus, "nvml-explained"),
+        ("the CUDA pool missing", mutate(cand, lambda nb: _set_record(nb, 3, lambda r: r.update(pool=None))), corpus, "nvml-explained"),
+        ("the pool's used missing", mutate(cand, lambda nb: _set_record(nb, 3, lambda r: r["pool"].pop("used"))), corpus, "nvml-explained"),
+        ("the kernel stacks missing", mutate(cand, lambda nb: _set_record(nb, 3, lambda r: r.update(local_memory=[]))),
+         corpus, "nvml-explained"),
+        ("the context's cost negative", mutate(cand, lambda nb: _set_record(nb, 2, lambda r: r["nvml"]["process"].update(
+            after=r["all_allocations"]["after"]))), corpus, "nvml-explained"),
+        ("a cell calls gpumem-nb", mutate(cand, lambda nb: _code(nb, 1).update(source="gpumem_nb::mem::preload()?;")),
+         corpus, "no-call"),
+        ("the dep variant without its first cell", cand, corpus + ["--variant", "dep"], "no-call"),
+        ("the dep variant", mutate(cand, lambda nb: nb["cells"].insert(1, _cell(":dep gpumem-nb", _rec(0, [], (0, 0))))),
+         corpus + ["--variant", "dep"], None),
+        ("shapes within a page", _nb([
+            _cell("let t = x;", _rec(1, [("burn/cubecl", 0, 2 * MIB)], (0, 2 * MIB + CONTEXT), pool=((None, None), (2 * MIB, 2 * MIB)),
+                                     stacks=(None, 1024)), "FRAMEWORK_SHAPES burn/cubecl +1000000 page=2097152\n")]), corpus, None),
+        ("shapes past a page", _nb([
+            _cell("let t = x;", _rec(1, [("burn/cubecl", 0, 4 * MIB)], (0, 4 * MIB + CONTEXT), pool=((None, None), (4 * MIB, 4 * MIB)),
+                                     stacks=(None, 1024)), "FRAMEWORK_SHAPES burn/cubecl +1000000 page=2097152\n")]), corpus, "framework-bytes"),
+        ("the kernel's exit status", cand, corpus + ["--kernel-exit", "1"], "kernel-exit"),
+        # Out of memory.
+        ("candle out of memory as recorded", oomc, oomargs, None),
+        ("burn out of memory as recorded", oomb, oomargs, None),
+        ("--oom without an oom cell", cand, corpus + ["--oom"], "oom"),
+        ("the error names another size", mutate(oomc, lambda nb: _error(nb, 3).update(evalue=OOM_VALUE.replace("96.00", "64.00"))),
+         oomargs, "oom-error"),
+        ("the error is not OutOfMemoryError", mutate(oomc, lambda nb: _error(nb, 3).update(ename="Error")), oomargs, "oom-error"),
+        ("the error's capacity clause missing", mutate(oomc, lambda nb: _error(nb, 3).update(
+            evalue="CUDA out of memory. Tried to allocate 96.00 GiB.")), oomargs, "oom-error"),
+        ("no error output", mutate(oomc, lambda nb: _drop_outputs(nb, 3, lambda o: o.get("output_type") == "error")),
+         oomargs, "oom-error"),
+        ("status not oom", mutate(oomc, lambda nb: _set_record(nb, 3, lambda r: r.update(status="error"))), oomargs, "oom-status"),
+        ("record.oom missing", mutate(oomc, lambda nb: _set_record(nb, 3, lambda r: r.pop("oom"))), oomargs, "oom-record"),
+        ("requested another size", mutate(oomc, lambda nb: _set_record(nb, 3, lambda r: r["oom"].update(requested=GIB))),
+         oomargs, "oom-record"),
+        ("the site's line another", mutate(oomc, lambda nb: _set_record(nb, 3, lambda r: r["oom"]["site"].update(line=2))),
+         oomargs, "oom-site"),
+        ("the site's cell another", mutate(oomc, lambda nb: _set_record(nb, 3, lambda r: r["oom"]["site"].update(cell=3))),
+         oomargs, "oom-site"),
+        ("the site missing", mutate(oomc, lambda nb: _set_record(nb, 3, lambda r: r["oom"].pop("site"))), oomargs, "oom-site"),
+        ("device_total 0", mutate(oomc, lambda nb: _set_record(nb, 3, lambda r: r["oom"].update(device_total=0))),
+         oomargs, "oom-device"),
+        ("device_free missing", mutate(oomc, lambda nb: _set_record(nb, 3, lambda r: r["oom"].pop("device_free"))),
+         oomargs, "oom-device"),
+        ("top empty", mutate(oomc, lambda nb: _set_record(nb, 3, lambda r: r["oom"].update(top=[]))), oomargs, "oom-top"),
+        ("top names another cell", mutate(oomc, lambda nb: _set_record(nb, 3, lambda r: r["oom"]["top"][0].update(cell=2))),
+         oomargs, "oom-top"),
+        ("no holder tagged", mutate(oomc, lambda nb: _code(nb, 2)["metadata"].update(tags=[])), oomargs, "oom-top"),
+        ("owner another", mutate(oomc, lambda nb: _set_record(nb, 3, lambda r: r["oom"].update(owner="cudarc"))),
+         oomargs, "oom-owner"),
+        ("api missing", mutate(oomc, lambda nb: _set_record(nb, 3, lambda r: r["oom"].pop("api"))), oomargs, "oom-api"),
+        ("api another", mutate(oomc, lambda nb: _set_record(nb, 3, lambda r: r["oom"].update(api="cuMemAlloc"))),
+         oomargs, "oom-api"),
+        ("the traceback says not who asked", mutate(oomc, lambda nb: _error(nb, 3).update(
+            traceback=[l for l in _error(nb, 3)["traceback"] if not l.startswith("Asked by")])), oomargs, "oom-traceback"),
+        ("the traceback lacks the framework's error", mutate(oomc, lambda nb: _error(nb, 3).update(
+            traceback=_error(nb, 3)["traceback"][:-1])), oomargs, "oom-traceback"),
+        ("the history does not mark the cell", mutate(oomc, lambda nb: _code(nb, 5)["outputs"][0]["data"].update(
+            {"text/plain": _code(nb, 5)["outputs"][0]["data"]["text/plain"].replace("OOM", "   ")})), oomargs, "history-oom"),
+        ("the history has no row for the cell", mutate(oomc, lambda nb: _code(nb, 5)["outputs"][0]["data"].update(
+            {"text/plain": "no table"})), oomargs, "history-oom"),
+        ("the cell after it failed", mutate(oomc, lambda nb: _code(nb, 4)["outputs"].append(
+            {"output_type": "error", "ename": "Error", "evalue": "DriverError", "traceback": []})), oomargs, "after-oom"),
+        ("burn: the panic names no size", mutate(oomb, lambda nb: _error(nb, 3).update(evalue="thread 'DSD-0-0' panicked")),
+         oomargs, "oom-error"),
+        ("burn: the device cell did not fail", mutate(oomb, lambda nb: _drop_outputs(nb, 4, lambda o: o.get("output_type") == "error")),
+         oomargs, "device-fails"),
+        ("burn: status ok", mutate(oomb, lambda nb: _set_record(nb, 3, lambda r: r.update(status="ok"))), oomargs, "oom-status"),
+    ]
+    bad = 0
+    for what, nb, args, want in cases:
+        code, checks, out = run(nb, args)
+        failed = checks.failed_checks() | ({"legacy"} if checks.legacy else set())
+        if want is None:
+            ok = code == 0 and not failed
+            detail = "every check passed" if ok else f"failed: {sorted(failed)} {checks.legacy[:2]} " + "; ".join(
+                f"{l['check']}: {l['message']}" for l in checks.lines if not l["ok"])[:600]
+        else:
+            ok = code != 0 and want in failed
+            detail = (f"FAIL [{want}] as it should: " + next(l["message"] for l in checks.lines if not l["ok"] and l["check"] == want)
+                      if ok else f"expected FAIL [{want}], got {sorted(failed) or 'no failure'} (exit {code})")
+        bad += not ok
+        print(f"{'PASS' if ok else 'FAIL'} self-test: {what}: {detail[:300]}")
+    print(f"self-test: {len(cases) - bad} of {len(cases)} cases as expected")
+    return 1 if bad else 0
+
+
+class _Capture:
+    """What one check() call found: the issue-54 checks and the earlier ones' failures."""
+
+    def __init__(self):
+        self.lines, self.legacy = [], []
+
+    def failed_checks(self):
+        return {l["check"] for l in self.lines if not l["ok"]}
+
+    @property
+    def failed(self):
+        return sum(not l["ok"] for l in self.lines)
+
+
+def _check_capturing(nb, opts, capture):
+    """check(), keeping its findings in `capture` (read from its JSON output)."""
+    import os
+    import tempfile
+
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        opts.out_json = path
+        code = check(nb, opts)
+        found = json.load(open(path))
+        capture.lines = found.get("checks", [])
+        capture.legacy = found.get("failures", [])
+        return code
+    finally:
+        os.remove(path)
 
 
 if __name__ == "__main__":

@@ -52,6 +52,10 @@
 #                     bash scripts/gpu/notebook.sh jupyter notebooks/gpu_multi.ipynb
 # Small cells against the stock kernel on this host (issue 35):
 #                     bash scripts/gpu/notebook.sh cellbench --rounds 3 --no-candle
+# Notebooks that never call gpumem-nb, as written and with a `:dep gpumem-nb` cell prepended,
+# and out-of-memory notebooks (issue 54; scripts/gpu/corpus54.sh says more), still warm:
+#                     bash scripts/gpu/notebook.sh corpus54 warm    (until it says done)
+#                     bash scripts/gpu/notebook.sh corpus54
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$repo"
@@ -248,6 +252,8 @@ run_nb() {
     # shellcheck disable=SC1091
     . "$root/env.sh"
     mkdir -p "$out"
+    # Every notebook runs; the status says whether a run or a check failed.
+    local status=0
     for nb in "$@"; do
         local name t0=$SECONDS
         name="$(basename "$nb" .ipynb)"
@@ -257,9 +263,14 @@ run_nb() {
         local code=${PIPESTATUS[0]}
         set -e
         echo "$name: exit $code, $((SECONDS - t0)) s" | tee -a "$out/timings.txt"
+        [ "$code" = 0 ] || status=1
+        set +e
         python3 scripts/gpu/check_notebook.py "$out/$name.ipynb" --require-tracking cupti --json "$out/$name.check.json" \
-            | tee "$out/$name.check.txt" | tail -25 || true
+            | tee "$out/$name.check.txt" | tail -25
+        [ "${PIPESTATUS[0]}" = 0 ] || status=1
+        set -e
     done
+    return $status
 }
 
 jupyter_nb() {
@@ -268,6 +279,7 @@ jupyter_nb() {
     mkdir -p "$out"
     export JUPYTER_PATH="$root/jupyter/share/jupyter" JUPYTER_DATA_DIR="$root/jupyter/data"
     gpumem-kernel install --prefix "$root/jupyter"
+    local status=0
     for nb in "$@"; do
         local name t0=$SECONDS
         name="$(basename "$nb" .ipynb)-jupyter"
@@ -281,9 +293,13 @@ nbformat.write(nb, sys.argv[2])
 print("executed", sys.argv[1])
 PY
         echo "$name: $((SECONDS - t0)) s" | tee -a "$out/timings.txt"
+        set +e
         python3 scripts/gpu/check_notebook.py "$out/$name.ipynb" --require-tracking cupti --json "$out/$name.check.json" \
-            | tee "$out/$name.check.txt" | tail -25 || true
+            | tee "$out/$name.check.txt" | tail -25
+        [ "${PIPESTATUS[0]}" = 0 ] || status=1
+        set -e
     done
+    return $status
 }
 
 warm_nb() {
@@ -403,6 +419,26 @@ for c in nb["cells"]:
     outs = c.get("outputs", [])
     text = "".join("".join(o.get("text", "")) if o.get("output_type") == "stream" else "".join(o.get("data", {}).get("text/plain", "")) for o in outs)
     for tag in c.get("metadata", {}).get("tags", []):
+        if tag.startswith("stock-line="):
+            # The cell's report (its last stdout line, `[N] …`) names the owner, with the change the
+            # notebook printed (FRAMEWORK_BYTES, the framework's own count).
+            owner = tag[len("stock-line="):]
+            lines = [l for l in text.splitlines() if l.startswith("[")]
+            said = [l.split()[-1] for l in text.splitlines() if l.startswith("FRAMEWORK_BYTES ")]
+            ok = bool(lines) and owner in lines[-1]
+            if ok and said:
+                import re
+                m = re.search(re.escape(owner) + r" [0-9.]+ [KMGT]?i?B \(([+-][0-9.]+ [KMGT]?i?B|±0 B)", lines[-1])
+                units = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+                if m and m.group(1) != "±0 B":
+                    num, unit = m.group(1).split()
+                    shown = float(num) * units[unit]
+                    want = int(said[-1])
+                    ok = abs(shown - want) <= max(abs(want) * 0.01, 1 << 20)
+                else:
+                    ok = False
+            fails += not ok
+            print(("ok  " if ok else "FAIL"), f"report line names {owner} with its change:", lines[-1] if lines else "no report line", said)
         if tag.startswith("top-names="):
             for name in tag[len("top-names="):].split(","):
                 ok = name in text
@@ -415,6 +451,7 @@ for c in nb["cells"]:
         fails += 1
         print("FAIL", errs[0].get("ename"), errs[0].get("evalue", "")[:200])
 print(f"{sys.argv[1]}: {fails} failures")
+sys.exit(1 if fails else 0)
 PY
     done
 }
@@ -447,5 +484,6 @@ case "${1:-}" in
     stock) shift; stock_nb "$@" ;;
     warm) shift; warm_nb "$@" ;;
     cellbench) shift; cell_bench "$@" ;;
+    corpus54) shift; exec bash "$repo/scripts/gpu/corpus54.sh" "$@" ;;
     *) echo "usage: $0 pack | stash N | setup | run NB... | jupyter NB... | stock NB... | warm NB [gpumem|stock]" >&2; exit 2 ;;
 esac
