@@ -54,6 +54,9 @@ stop_background() {
 }
 trap 'times_at_exit; stop_background' EXIT
 
+step "commit subjects, at most 72 characters since a4b97d8"
+scripts/check_commits.sh
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
