@@ -15,7 +15,7 @@
 # kept: they expect a GPU of less than 128 GiB (an 80 GB H100: the device tool's nvidia-h100-x1).
 #
 # The corpus notebooks (notebooks/gpu_nocall_*.ipynb) run twice: as written (no `:dep gpumem-nb`,
-# no call of it), and as the variant NAME+dep: the same file with a first cell `:dep gpumem-nb`
+# no call of it), and as the variant NAME-dep: the same file with a first cell `:dep gpumem-nb`
 # (still no call), generated here into a temporary directory, never kept as a copy. The OOM
 # notebooks (notebooks/gpu_oom_*.ipynb) run once, as written. Each run is `gpumem-kernel run
 # --allow-errors` (cells tagged `raises-exception` may fail, every cell runs), its exit status
@@ -23,7 +23,7 @@
 # `--variant dep` for the variant), which prints PASS/FAIL lines and exits 1 on any FAIL or
 # MISSING figure.
 #
-# Results in $OUT/corpus54/: each executed notebook (NAME.ipynb, NAME+dep.ipynb), its HTML page,
+# Results in $OUT/corpus54/: each executed notebook (NAME.ipynb, NAME-dep.ipynb), its HTML page,
 # the kernel's log, the check's text and JSON, and summary.txt: one line per notebook and variant
 # (code cells, reports, checks passed and failed, the kernel's exit status, seconds). The exit
 # status is 1 when any check failed, any run failed or any notebook was not run.
@@ -90,9 +90,9 @@ warm() {
     # notebooks declare the same `:dep` lines as the corpus notebook of their framework).
     local state="$root/corpus54-warm" name label nb file t0 code spent total all=1
     mkdir -p "$state"
-    for v in nodep dep; do
+    for v in ${GPUMEM_CORPUS54_VARIANTS:-nodep dep}; do
         for name in "${corpus[@]}"; do
-            label="$name"; [ "$v" = dep ] && label="$name+dep"
+            label="$name"; [ "$v" = dep ] && label="$name-dep"
             if [ -e "$state/$label.done" ]; then
                 echo "warm $label: done before ($(cat "$state/$label.s" 2>/dev/null || echo '?') s in all)"
                 continue
@@ -190,8 +190,8 @@ run_all() {
             gpu_oom_*) ;;
             *)
                 if [[ " ${GPUMEM_CORPUS54_VARIANTS:-nodep dep} " == *" dep "* ]] && [ -f "notebooks/$name.ipynb" ]; then
-                    variant "notebooks/$name.ipynb" "$tmp/$name+dep.ipynb"
-                    run_one "$tmp/$name+dep.ipynb" "$name+dep" --corpus --variant dep
+                    variant "notebooks/$name.ipynb" "$tmp/$name-dep.ipynb"
+                    run_one "$tmp/$name-dep.ipynb" "$name-dep" --corpus --variant dep
                 fi
                 ;;
         esac
