@@ -55,7 +55,7 @@ pub(crate) fn cuda_devices() -> Vec<CudaDevice> {
     {
         // Nothing on any device yet (a notebook that has not touched the GPU): the driver is
         // not started for it.
-        let touched = tracking::touched_a_device();
+        let touched = tracking::touched_a_device() || crate::device::cuda::cupti::context_seen();
         if !matches!(tracking::status(), TrackingStatus::Cupti { .. }) || !touched {
             return Vec::new();
         }

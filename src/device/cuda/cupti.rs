@@ -381,6 +381,24 @@ const MEM_FREE_ASYNC_PTSZ: u32 = Cb::CUPTI_DRIVER_TRACE_CBID_cuMemFreeAsync_ptsz
 const MEM_ALLOC_FROM_POOL_ASYNC: u32 = Cb::CUPTI_DRIVER_TRACE_CBID_cuMemAllocFromPoolAsync as u32; // 611
 const MEM_ALLOC_FROM_POOL_ASYNC_PTSZ: u32 = Cb::CUPTI_DRIVER_TRACE_CBID_cuMemAllocFromPoolAsync_ptsz as u32; // 612
 
+/// Calls that make a CUDA context (or take the primary one): seen, not decoded, so that what
+/// reads a device's context knows there is one to read ([`context_seen`]) without starting CUDA
+/// itself in a process that never touched the GPU.
+const CONTEXT_IDS: [u32; 4] = [
+    Cb::CUPTI_DRIVER_TRACE_CBID_cuCtxCreate_v2 as u32,
+    Cb::CUPTI_DRIVER_TRACE_CBID_cuCtxCreate_v3 as u32,
+    Cb::CUPTI_DRIVER_TRACE_CBID_cuCtxCreate_v4 as u32,
+    Cb::CUPTI_DRIVER_TRACE_CBID_cuDevicePrimaryCtxRetain as u32,
+];
+
+/// Whether a context call succeeded in this process since tracking began.
+static CONTEXT_SEEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether code of this process made (or took) a CUDA context since tracking began.
+pub(crate) fn context_seen() -> bool {
+    CONTEXT_SEEN.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Every id [`start`] enables, with its name (the driver domain; never the whole domain, so
 /// launches, copies and event queries never reach the callback). Address-space reservations
 /// (`cuMemAddressReserve`) are not memory and are left out.
@@ -483,6 +501,10 @@ pub(crate) fn start(sink: DriverSink) -> Result<Started, DeviceError> {
             not_enabled.push(name);
         }
     }
+    for id in CONTEXT_IDS {
+        // SAFETY: as above; an id this libcupti does not know is refused and left out.
+        let _ = unsafe { (cupti.enable_callback)(1, handle, DRIVER_DOMAIN, id) };
+    }
     if not_enabled.len() == CALLBACK_IDS.len() {
         // SAFETY: `handle` is our live subscriber; unsubscribing it once is what the API expects.
         unsafe { (cupti.unsubscribe)(handle) };
@@ -539,6 +561,12 @@ unsafe extern "C" fn on_driver_api(_userdata: *mut c_void, domain: u32, cbid: u3
     // SAFETY: at API exit, for the driver domain, `functionReturnValue` points at the call's
     // CUresult (a C enum: 4 bytes); read as u32, not as cudarc's Rust enum.
     let status = unsafe { ret.cast::<u32>().read() };
+    if CONTEXT_IDS.contains(&cbid) {
+        if status == 0 {
+            CONTEXT_SEEN.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        return;
+    }
     let decoded = match status {
         // SAFETY: `params` is the `<function>_params` struct for `cbid` (CUPTI contract); `decode`
         // only casts it to the struct that matches `cbid`, at exit, after a successful call.

@@ -6,6 +6,7 @@ use super::{Engine, errors, is_unit, mime_map, panic};
 use crate::cell::hooks::{self, After, Before};
 use crate::output::{ErrorInfo, Output};
 use gpumem_nb::device::LostContext;
+use gpumem_nb::kernel::protocol::OomEvent;
 use gpumem_nb::kernel::report::{CellRecord, CellStatus, CrateReading};
 use serde_json::Value;
 use std::path::PathBuf;
@@ -23,6 +24,9 @@ pub(super) struct Ending {
     pub(super) interrupted: bool,
     /// The device's CUDA context was lost in this cell.
     pub(super) lost_here: Option<LostContext>,
+    /// An out-of-memory a framework refused on its own, without asking the driver (cubecl's
+    /// device thread, seen in its panic), for the record.
+    pub(super) refused: Option<OomEvent>,
 }
 
 impl Ending {
@@ -132,11 +136,13 @@ impl Engine {
                 }
             }
         }
-        // A later cell that failed after a thread of the process died (a framework's device
-        // thread: burn's does not come back): its error says so, and the way out.
+        // A later cell that failed after a thread of the process panicked (a framework's device
+        // thread: it may not come back): its error says so, and the way out.
         if let (Some(info), Some((cell, thread, message))) = (error.as_mut(), &self.died) {
             info.traceback.push(format!(
-                "Thread '{thread}' of this notebook's process panicked in cell {cell} ({message}): a framework's                  device thread does not come back from that, and work on its device fails. `%gpumem restart` starts                  a fresh notebook process (variables are lost, the history is kept)."
+                "Thread '{thread}' of this notebook's process panicked in cell {cell} ({message}): where this \
+                 cell's error is its framework's device side failing since, `%gpumem restart` starts a fresh \
+                 notebook process (variables are lost, the history is kept)."
             ));
         }
         if let Some(p) = threads.iter().find(|p| !p.thread.starts_with("gpumem-")).filter(|_| self.died.is_none()) {
@@ -156,13 +162,21 @@ impl Engine {
         // Out of memory in the cell (a framework's, seen where the driver refused it, or
         // gpumem-nb's allocator's): a failed cell's error says so as PyTorch does, with who asked
         // and what holds the device, the framework's own words after it.
-        if let (Some(info), Some(oom)) = (error.as_mut(), after.oom.as_ref()) {
+        let refused = after.oom.is_none().then(|| threads.iter().find_map(|p| refused_by(p, count, after))).flatten();
+        if let (Some(info), Some(oom)) = (error.as_mut(), after.oom.as_ref().or(refused.as_ref())) {
             name_oom(info, oom, after);
         }
         if let Some(info) = &error {
             self.sink.emit(Output::Error(info.clone()));
         }
-        Ending { error, panicked: panicked.is_some() || !threads.is_empty(), terminated, interrupted, lost_here }
+        Ending {
+            error,
+            panicked: panicked.is_some() || !threads.is_empty(),
+            terminated,
+            interrupted,
+            lost_here,
+            refused,
+        }
     }
 
     /// A cell that ran to its end without a panic of its own: its value shown, and its error when
@@ -232,6 +246,9 @@ impl Engine {
         rec.source_hash = errors::source_hash(run.code);
         rec.wall_ms = run.started.elapsed().as_secs_f64() * 1000.0;
         rec.crate_declared = self.own_declared;
+        if rec.oom.is_none() {
+            rec.oom = end.refused.clone();
+        }
         // An allocation the driver refused in a cell that ended well: its code recovered (a
         // framework that gave back its cache and asked again): a warning, not the cell's
         // out-of-memory.
@@ -336,6 +353,45 @@ pub(super) struct RanCode<'a> {
     pub(super) restarted: bool,
 }
 
+/// An allocation a framework refused on its own device thread, from the thread's panic: cubecl
+/// (burn's) checks a buffer against what its memory can hold and panics with `can't allocate
+/// buffer of size: N` without asking the driver, so no refusal of the driver's names it. What
+/// holds the device is the cell's reading after it.
+fn refused_by(p: &panic::PanicText, cell: u64, after: &After) -> Option<OomEvent> {
+    const SAID: &str = "can't allocate buffer of size: ";
+    let text = p.message.join("\n");
+    let at = text.find(SAID)? + SAID.len();
+    let requested: u64 = text[at..].chars().take_while(char::is_ascii_digit).collect::<String>().parse().ok()?;
+    let owner = if p.location.contains("cubecl") || p.location.contains("burn") { "burn/cubecl" } else { "unknown" };
+    let place =
+        after.tracked.as_ref().and_then(|t| t.places.iter().find(|p| p.device.is_some())).cloned().unwrap_or_default();
+    let site = gpumem_nb::kernel::protocol::OwnerBytes {
+        owner: p.thread.clone(),
+        bytes: requested,
+        function: Some(p.location.clone()),
+        cell: Some(cell),
+        queued: true,
+        ..Default::default()
+    };
+    // The device's size and free memory now (NVML; the refusal asked the driver nothing).
+    let nvml = after.nvml.device_of(after.pid, place.uuid.as_deref());
+    Some(OomEvent {
+        device: place.device.unwrap_or(0),
+        count: 1,
+        requested,
+        device_free: nvml.map_or(0, |d| d.free),
+        device_total: nvml.map_or(0, |d| d.total),
+        why: format!("{owner} refused {requested} bytes on its device thread '{}' ({})", p.thread, p.location),
+        api: Some(format!("its own allocator, on thread '{}'", p.thread)),
+        owner: Some(owner.into()),
+        site: Some(site),
+        top: place.top,
+        by_component: place.by_component,
+        by_owner: place.by_owner,
+        ..Default::default()
+    })
+}
+
 /// A failed cell's error when the cell ran out of memory: `OutOfMemoryError`, its value
 /// PyTorch's first sentence (`CUDA out of memory. Tried to allocate 96.00 GiB. GPU 0 has a total
 /// capacity of …`), then who asked and what holds the device (`oom_message`), then the error as
@@ -373,4 +429,51 @@ fn held(before: &Before) -> Option<u64> {
         .filter(|&b| b > 0)
         .or_else(|| before.tracked.as_ref().map(|t| t.places.iter().map(|p| p.live).sum::<u64>()))
         .or_else(|| before.crate_readings.as_ref().map(|r| r.iter().map(|d| d.reserved).sum::<u64>()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpumem_nb::kernel::protocol::{OwnerReading, PlaceReading};
+    use gpumem_nb::kernel::report::TrackedReadings;
+
+    /// cubecl 0.10's device thread refusing a 32 GiB buffer on an H100 (the panic as issue 54
+    /// measured it): an out-of-memory of burn/cubecl's, what holds the device from the cell's
+    /// reading; any other panic is none.
+    #[test]
+    fn a_framework_s_own_refusal_is_an_out_of_memory() {
+        let panic = panic::PanicText {
+            thread: "DSD-0-0".into(),
+            location: "/opt/gpumem/vendor/cubecl-cuda-0.10.0/src/compute/server.rs:124:46".into(),
+            message: vec![
+                "called `Result::unwrap()` on an `Err` value: can't allocate buffer of size: 34359738368".into(),
+            ],
+            backtrace: Vec::new(),
+        };
+        let after = After {
+            pid: Some(7),
+            nvml: Default::default(),
+            crate_readings: None,
+            tracked: Some(TrackedReadings {
+                status: "cupti".into(),
+                places: vec![PlaceReading {
+                    device: Some(0),
+                    live: 20 << 20,
+                    by_owner: vec![OwnerReading { owner: "burn/cubecl".into(), live: 20 << 20, rise: None }],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            frameworks: None,
+            unsettled: Vec::new(),
+            oom: None,
+            us: 0,
+        };
+        let e = refused_by(&panic, 3, &after).expect("an out-of-memory");
+        assert_eq!((e.requested, e.device, e.owner.as_deref()), (32 << 30, 0, Some("burn/cubecl")));
+        assert_eq!(e.site.as_ref().and_then(|s| s.cell), Some(3));
+        assert_eq!(e.by_owner[0].live, 20 << 20);
+        let other = panic::PanicText { message: vec!["index out of bounds".into()], ..panic };
+        assert!(refused_by(&other, 3, &after).is_none());
+    }
 }
