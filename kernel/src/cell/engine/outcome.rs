@@ -365,8 +365,9 @@ fn refused_by(p: &panic::PanicText, cell: u64, after: &After) -> Option<OomEvent
     let owner = if p.location.contains("cubecl") || p.location.contains("burn") { "burn/cubecl" } else { "unknown" };
     let place =
         after.tracked.as_ref().and_then(|t| t.places.iter().find(|p| p.device.is_some())).cloned().unwrap_or_default();
+    // The site reads `cubecl ← cell N`: the framework's thread did what the cell queued.
     let site = gpumem_nb::kernel::protocol::OwnerBytes {
-        owner: p.thread.clone(),
+        owner: if owner == "burn/cubecl" { "cubecl".into() } else { p.thread.clone() },
         bytes: requested,
         function: Some(p.location.clone()),
         cell: Some(cell),
