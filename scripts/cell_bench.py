@@ -1,8 +1,11 @@
 """How long a small cell takes: gpumem-kernel against the stock evcxr kernel, in one run.
 
 Usage (scripts/cell_bench.sh sets it up): python3 scripts/cell_bench.py REPO OUT_JSON [--rounds N] [--no-candle]
+    [--tracking-off]
 
-Both kernels are started through jupyter_client as Jupyter starts them. After the same setup
+Both kernels are started through jupyter_client as Jupyter starts them (with --tracking-off a
+third: gpumem-kernel with GPUMEM_NB_TRACK=off). First plain Rust cells in a notebook with no
+`:dep` (gpumem-kernel tracks it from its first cell all the same); then, after the same setup
 cell in each (`:dep gpumem-nb`; then `:dep candle-core` for the second part), the same small
 cells run interleaved cell by cell (which kernel goes first alternates), each timed from the
 execute request to the kernel's idle status (what a notebook user waits). gpumem-kernel also
@@ -115,6 +118,11 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-candle", action="store_true")
+    ap.add_argument(
+        "--tracking-off",
+        action="store_true",
+        help="a third kernel: gpumem-kernel with GPUMEM_NB_TRACK=off (what tracking from the first cell costs)",
+    )
     a = ap.parse_args()
     times_file = os.path.abspath(a.out) + ".gpumem-times.jsonl"
     if os.path.exists(times_file):
@@ -129,23 +137,37 @@ def main():
         stock_env["EVCXR_TMPDIR"] = os.environ["EVCXR_BENCH_STOCK_TMPDIR"]
     stock = Kernel("stock evcxr", "rust", stock_env)
     kernels = [ours, stock]
+    # The same kernel with every allocation's tracking off: what tracking from the first cell
+    # costs a small cell (its times are not written to the breakdown).
+    off = Kernel("gpumem-kernel, tracking off", "gpumem", dict(sim, GPUMEM_NB_TRACK="off")) if a.tracking_off else None
+    if off:
+        kernels.insert(1, off)
     samples = []  # (part, name, kernel label, ms, gpumem cell number or None)
 
     def timed(part, name, code_for, rnd):
-        order = kernels if rnd % 2 == 0 else kernels[::-1]
+        # Which kernel goes first turns with each round.
+        order = kernels[rnd % len(kernels):] + kernels[: rnd % len(kernels)]
         for k in order:
             ms = k.run(code_for(k))
             cell = k.last_cell if k is ours else None
             samples.append({"part": part, "cell": name, "kernel": k.label, "ms": ms, "n": cell, "round": rnd})
 
     setups = {}
+    parts = []
     try:
-        # Setup: the same crate in both (the kernel's own `:dep gpumem-nb`; the same source
+        # First a notebook with no `:dep` at all (plain Rust): what every notebook pays, tracked
+        # from its first cell in gpumem-kernel.
+        plain = [c for c in SMALL if "gpumem_nb" not in c[1] and not c[1].startswith(("alloc", "drop(buf"))]
+        parts.append(("(none)", plain))
+        for rnd in range(a.rounds):
+            for name, code in plain:
+                timed("(none)", name, lambda k, c=code: c, rnd)
+        # Setup: the same crate in each (the kernel's own `:dep gpumem-nb`; the same source
         # tree by path in the stock kernel).
         for k in kernels:
-            code = ":dep gpumem-nb" if k is ours else f':dep gpumem-nb = {{ path = "{a.repo}" }}'
+            code = f':dep gpumem-nb = {{ path = "{a.repo}" }}' if k is stock else ":dep gpumem-nb"
             setups[(k.label, "gpumem-nb")] = k.run(code)
-        parts = [("gpumem-nb", SMALL)]
+        parts.append(("gpumem-nb", SMALL))
         for rnd in range(a.rounds):
             for name, code in SMALL:
                 timed("gpumem-nb", name, lambda k, c=code: c, rnd)
@@ -172,16 +194,26 @@ def main():
         print(f"- setup `{p}` in {k}: {v / 1e3:.1f} s")
     print()
     for part, cells in parts:
-        print(f"### after `:dep {part}`\n")
-        print("| cell | gpumem-kernel median | p90 | stock evcxr median | p90 | ratio |")
-        print("|---|---:|---:|---:|---:|---:|")
+        print(f"### after `:dep {part}`\n" if part != "(none)" else "### a notebook with no `:dep`\n")
+        off_head = " tracking off median | p90 | on ÷ off |" if off else ""
+        print(f"| cell | gpumem-kernel median | p90 |{off_head} stock evcxr median | p90 | ratio |")
+        print("|---|---:|---:|" + ("---:|---:|---:|" if off else "") + "---:|---:|---:|")
+
+        def row(label, name):
+            of = lambda k: [s["ms"] for s in samples if s["part"] == part and (name is None or s["cell"] == name) and s["kernel"] == k.label]
+            o, t = of(ours), of(stock)
+            b = lambda x: f"**{x}**" if name is None else x
+            cols = [label, b(f"{pct(o, .5):.0f} ms"), b(f"{pct(o, .9):.0f}")]
+            if off:
+                f = of(off)
+                cols += [b(f"{pct(f, .5):.0f} ms"), b(f"{pct(f, .9):.0f}"), b(f"{pct(o, .5) / pct(f, .5):.2f}")]
+            cols += [b(f"{pct(t, .5):.0f} ms"), b(f"{pct(t, .9):.0f}"), b(f"{pct(o, .5) / pct(t, .5):.2f}")]
+            print("| " + " | ".join(cols) + " |")
+
         for name, _ in cells:
-            o = [s["ms"] for s in samples if s["part"] == part and s["cell"] == name and s["kernel"] == ours.label]
-            t = [s["ms"] for s in samples if s["part"] == part and s["cell"] == name and s["kernel"] == stock.label]
-            print(f"| {name} | {pct(o, .5):.0f} ms | {pct(o, .9):.0f} | {pct(t, .5):.0f} ms | {pct(t, .9):.0f} | {pct(o, .5) / pct(t, .5):.2f} |")
-        o = [s["ms"] for s in samples if s["part"] == part and s["kernel"] == ours.label]
-        t = [s["ms"] for s in samples if s["part"] == part and s["kernel"] == stock.label]
-        print(f"| **all** | **{pct(o, .5):.0f} ms** | **{pct(o, .9):.0f}** | **{pct(t, .5):.0f} ms** | **{pct(t, .9):.0f}** | **{pct(o, .5) / pct(t, .5):.2f}** |\n")
+            row(name, name)
+        row("**all**", None)
+        print()
         rows = [s for s in samples if s["part"] == part and s["kernel"] == ours.label and "breakdown" in s]
         if rows:
             def med(f):
