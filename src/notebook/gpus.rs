@@ -6,9 +6,12 @@
 #![forbid(unsafe_code)]
 
 use super::protocol::CudaDevice;
+#[cfg(feature = "cuda")]
 use super::tracking::{self, TrackingStatus};
+#[cfg(feature = "cuda")]
 use crate::sync::lock;
 use crate::track::Place;
+#[cfg(feature = "cuda")]
 use std::collections::BTreeMap;
 
 /// Fills in each tracked place's UUID ([`place_uuid`]).

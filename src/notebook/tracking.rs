@@ -252,6 +252,7 @@ pub(crate) fn set_elsewhere(why: String) -> bool {
 }
 
 /// Whether any allocation was ever tracked on a device (not only pinned host memory).
+#[cfg(feature = "cuda")]
 pub(crate) fn touched_a_device() -> bool {
     lock(&state().tracker).totals().keys().any(Option::is_some)
 }
