@@ -150,8 +150,12 @@ pub(crate) fn exported() -> &'static Exported {
 pub fn hw_id(rec: &CellRecord) -> String {
     let index = rec.allocator.as_ref().map(|a| a.device).or(rec.all_allocations.as_ref().and_then(|a| a.place.device));
     let index = index.unwrap_or(0);
+    // A cell tracked before gpumem-nb's allocator opened a device (every notebook is tracked
+    // from its first cell) says it through its tracking or its device's name.
     let simulated = rec.allocator.as_ref().is_some_and(|a| a.backend == crate::device::BackendKind::Simulated)
-        || rec.sources.device.contains("simulated");
+        || rec.sources.device.contains("simulated")
+        || rec.all_allocations.as_ref().is_some_and(|a| a.tracking == "simulated")
+        || rec.device.ends_with("(simulated)");
     match &rec.nvml.uuid {
         Some(uuid) if !simulated => uuid.clone(),
         _ if simulated => format!("sim-{index}"),
@@ -599,10 +603,23 @@ mod tests {
         let mut r = record();
         assert_eq!(hw_id(&r), "sim-0");
         r.allocator.as_mut().unwrap().backend = crate::device::BackendKind::Cuda;
+        if let Some(a) = r.all_allocations.as_mut() {
+            a.tracking = "cupti".into();
+        }
+        r.device = "cuda:0".into();
         r.nvml.uuid = Some("GPU-abc".into());
         assert_eq!(hw_id(&r), "GPU-abc");
         r.nvml.uuid = None;
         assert_eq!(hw_id(&r), "cuda-0");
+        // Tracked before the allocator opened a device, on the simulated one.
+        let tracked = CellRecord {
+            all_allocations: Some(crate::notebook::report::AllAllocations {
+                tracking: "simulated".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(hw_id(&tracked), "sim-0");
         assert_eq!(parse_addr("").unwrap().to_string(), DEFAULT_ADDR);
         assert_eq!(parse_addr("9000").unwrap().to_string(), "127.0.0.1:9000");
         assert_eq!(parse_addr("0.0.0.0:9000").unwrap().to_string(), "0.0.0.0:9000");
