@@ -541,7 +541,9 @@ def main():
             check(len(reports) == want, f"cell {i + 1}: {want} report(s)", [o["text"] for o in st[i]["outputs"]])
             check(not any(o["live"] for o in st[i]["outputs"]), f"cell {i + 1}: no live line left")
         first = next(o["report"] for o in st[0]["outputs"] if o["report"])
-        check(first.rstrip().endswith("· no device memory") and "allocator" not in first,
+        # (The text is the line, then its details table's.)
+        head = first.split("cell 1 · ")[0]
+        check("· no device memory" in head and "allocator" not in head and "first use" not in first,
               "right after :dep (tracked from the first cell, no device used yet), the line says no device memory", first)
 
         # The live line: updated in place at least twice, then replaced in place by the report.

@@ -362,9 +362,10 @@ fn lead_owners(all: Option<&super::AllAllocations>, allocator_holds: bool) -> Ve
 const OOM_LINK_TEXT: &str = "open the snapshot";
 
 /// What the line's words mean, under every details table.
-pub(crate) const LEGEND: &str = " · allocated: blocks gpumem-nb's allocator handed out; reserved: the segments it holds from \
-     the device (allocated + cached); all allocations: every allocation of the process on the device, whoever made \
-     it (the allocator's segments, the CUDA pool, the driver, libraries), shown on the line when it differs from \
+pub(crate) const LEGEND: &str = " · candle, burn/cubecl, cudarc, cuBLAS, …: what that framework or library holds \
+     on the device (who made each allocation, from its stack); allocated: blocks gpumem-nb's allocator handed out; \
+     reserved: the segments it holds from the device (allocated + cached); all allocations: every allocation of the \
+     process on the device, whoever made it, shown on the line when several hold memory or it differs from \
      reserved; (+x): the change over the cell; peak: the highest in the cell, where above both ends; top: the site \
      holding the most; free: the device's free memory";
 
