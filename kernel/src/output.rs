@@ -89,11 +89,11 @@ pub struct Progress {
     pub built: usize,
     /// Packages to build (the cells' own crate not counted); `None` while unknown.
     pub total: Option<usize>,
-    /// Since the build was first seen.
+    /// Since the user asked: the cell's request (the seconds the user has waited).
     pub elapsed: Duration,
     /// This build has compiled a dependency and has not reached the cells' own crate yet.
     pub dependencies: bool,
-    /// The dependencies cargo compiles now (or last did), by crate name.
+    /// The dependencies cargo compiles now (or last did), in the user's words (package names).
     pub compiling: Vec<String>,
 }
 
@@ -105,7 +105,7 @@ impl Progress {
     }
 
     /// In words: "compiling dependencies: 34 of 63 crates built · 32 s" while some have never
-    /// been built; "recompiling gpumem_nb · 12 s" when all had been (a dependency changed: a
+    /// been built; "recompiling gpumem-nb · 12 s" when all had been (a dependency changed: a
     /// path crate edited or moved, other features); "compiling · 2 s" otherwise.
     pub fn describe(&self) -> String {
         let secs = format!("{} s", self.elapsed.as_secs());

@@ -842,6 +842,10 @@ async fn compile_progress_on_the_live_line() {
     assert!(building.windows(2).all(|w| w[0].0 <= w[1].0), "never backwards: {building:?}");
     let id = lines[0].0;
     assert!(lines.iter().all(|(i, _)| *i == id), "one line, updated in place: {lines:?}");
+    assert!(
+        lines.iter().all(|(_, l)| !l.contains("gpumem_deps_") && !l.contains("ctx")),
+        "no internal crate name on a line the user sees: {lines:?}"
+    );
     // The report comes last: in place of the live line, or after it (the live line emptied) when
     // other output came in between.
     let last = json.iter().rfind(|(t, _)| t == "display_data" || t == "update_display_data").expect("a report");

@@ -40,7 +40,6 @@ pub struct Watch {
 struct Build {
     pid: u32,
     /// When it was first seen.
-    seen: Instant,
     began: SystemTime,
     /// It has compiled a crate other than the cells' own.
     dependency_seen: bool,
@@ -68,13 +67,20 @@ impl Watch {
     }
 
     /// The build's progress while a `cargo build` child of this process runs; `None` otherwise.
-    pub fn poll(&mut self) -> Option<Progress> {
+    /// Its seconds count from `origin`: when the user asked (the cell's request), not when the
+    /// build was first seen, which comes seconds later.
+    pub fn poll(&mut self, origin: Instant) -> Option<Progress> {
         let Some((pid, compiling)) = cargo_build() else {
             if let Some(b) = self.build.take() {
                 self.settle(b.began);
             }
             return None;
         };
+        self.observe(pid, compiling, origin)
+    }
+
+    /// The progress of build `pid`, which compiles `compiling` (crate names) now.
+    fn observe(&mut self, pid: u32, compiling: Vec<String>, origin: Instant) -> Option<Progress> {
         if self.build.as_ref().is_none_or(|b| b.pid != pid) {
             // A new build: the one before it (if this watch missed its end) is over.
             if let Some(b) = self.build.take() {
@@ -82,7 +88,6 @@ impl Watch {
             }
             let build = Build {
                 pid,
-                seen: Instant::now(),
                 began: SystemTime::now(),
                 dependency_seen: false,
                 root_seen: false,
@@ -91,21 +96,23 @@ impl Watch {
             self.build = Some(build);
         }
         let dir = self.crate_dir.clone();
-        let (built, total, root) = match self.graph() {
+        let (built, total, root, packages) = match self.graph() {
             Some(g) => (
                 count_built(&g.packages, &built_libraries(&dir)),
                 Some(g.packages.values().sum::<usize>()),
                 g.root.replace('-', "_"),
+                g.packages.keys().cloned().collect(),
             ),
-            None => (0, None, "ctx".to_string()),
+            None => (0, None, "ctx".to_string(), Vec::new()),
         };
         let build = self.build.as_mut()?;
         let mut dependencies: Vec<String> = Vec::new();
         for name in compiling {
+            let words = user_words(&name, &packages);
             if name == root {
                 build.root_seen = true;
-            } else if !dependencies.contains(&name) {
-                dependencies.push(name);
+            } else if !dependencies.contains(&words) {
+                dependencies.push(words);
             }
         }
         if !dependencies.is_empty() {
@@ -116,7 +123,7 @@ impl Watch {
         Some(Progress {
             built,
             total,
-            elapsed: build.seen.elapsed(),
+            elapsed: origin.elapsed(),
             dependencies: build.dependency_seen && !build.root_seen,
             compiling: build.compiling.clone(),
         })
@@ -161,16 +168,17 @@ pub struct Ticker {
 }
 
 impl Ticker {
-    /// Starts ticking on `watch`.
+    /// Starts ticking on `watch`, the seconds counted from `origin` (the cell's request).
     pub fn start(
         watch: Arc<Mutex<Watch>>,
+        origin: Instant,
         period: Duration,
         each: impl Fn(&Progress) + Send + 'static,
     ) -> std::io::Result<Ticker> {
         let (stop, stopped) = mpsc::channel::<()>();
         let thread = std::thread::Builder::new().name("gpumem-compile".into()).spawn(move || {
             while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(period) {
-                let progress = watch.lock().ok().and_then(|mut w| w.poll());
+                let progress = watch.lock().ok().and_then(|mut w| w.poll(origin));
                 if let Some(p) = progress {
                     each(&p);
                 }
@@ -227,6 +235,17 @@ fn cargo_build() -> Option<(u32, Vec<String>)> {
         })
         .collect();
     Some((cargo, compiling))
+}
+
+/// What a crate being compiled is, in the words a user knows it by: the package's own name
+/// (`candle-core`, not rustc's `candle_core`; `packages` are the graph's), and the kernel's
+/// generated session library (`gpumem_deps_<hash>`, kernel/src/build/session_deps.rs) as what it
+/// is to the user: the notebook's `:dep` crates, linked into one library.
+fn user_words(crate_name: &str, packages: &[String]) -> String {
+    if crate_name.starts_with(super::session_deps::PREFIX) {
+        return "the notebook's :dep crates, into one library".to_string();
+    }
+    packages.iter().find(|p| p.replace('-', "_") == crate_name).cloned().unwrap_or_else(|| crate_name.to_string())
 }
 
 /// The `--crate-name` of a `rustc` command line (NUL-separated, as in `/proc/PID/cmdline`).
@@ -391,13 +410,42 @@ mod tests {
             total: Some(4),
             elapsed: Duration::from_millis(41_500),
             dependencies: true,
-            compiling: vec!["gpumem_nb".into()],
+            compiling: vec!["gpumem-nb".into()],
         };
         assert_eq!(p.describe(), "compiling dependencies: 3 of 4 crates built · 41 s");
         assert!(p.building_dependencies());
         assert!(!Progress { dependencies: false, ..p.clone() }.building_dependencies());
-        assert_eq!(Progress { built: 4, ..p.clone() }.describe(), "recompiling gpumem_nb · 41 s");
+        assert_eq!(Progress { built: 4, ..p.clone() }.describe(), "recompiling gpumem-nb · 41 s");
         assert_eq!(Progress { total: None, compiling: vec![], ..p }.describe(), "compiling · 41 s");
+    }
+
+    #[test]
+    fn seconds_count_from_the_request_and_crates_are_named_as_users_know_them() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("Cargo.toml"), "[package]\nname = \"ctx\"\n").unwrap();
+        let packages: HashMap<String, usize> = [("candle-core".to_string(), 1), ("gpumem-nb".into(), 1)].into();
+        let mut w = Watch {
+            crate_dir: d.path().to_path_buf(),
+            host: None,
+            build: None,
+            graph: Some(Graph { manifest: "[package]\nname = \"ctx\"\n".into(), root: "ctx".into(), packages }),
+        };
+        // The request came 20 s before the build was first seen: the user has waited 20 s.
+        let origin = Instant::now() - Duration::from_secs(20);
+        let deps = format!("{}1a94d4f28b3ab5ee", super::super::session_deps::PREFIX);
+        let p = w.observe(7, vec!["candle_core".into(), deps, "build script".into()], origin).unwrap();
+        assert!(p.elapsed >= Duration::from_secs(20), "{:?}", p.elapsed);
+        assert_eq!(
+            p.compiling,
+            ["build script", "candle-core", "the notebook's :dep crates, into one library"],
+            "package names, never the generated crate's"
+        );
+        assert!(p.describe().ends_with(" · 20 s") || p.describe().ends_with(" · 21 s"), "{}", p.describe());
+        // The same build a minute later, from the same origin; the cells' own crate is not a dependency.
+        let later = w.observe(7, vec!["ctx".into()], origin - Duration::from_secs(60)).unwrap();
+        assert!(later.elapsed >= Duration::from_secs(80));
+        assert!(!later.building_dependencies(), "the cells' crate itself is being built");
+        assert_eq!(user_words("serde_json", &[]), "serde_json", "a crate the graph does not list keeps its name");
     }
 
     #[test]

@@ -308,7 +308,7 @@ impl Sampler {
                 stopped.recv_timeout(next.saturating_duration_since(Instant::now()))
             {
                 let building =
-                    compile.as_ref().and_then(|w| w.lock().ok()?.poll()).filter(Progress::building_dependencies);
+                    compile.as_ref().and_then(|w| w.lock().ok()?.poll(started)).filter(Progress::building_dependencies);
                 let elapsed = started.elapsed();
                 let (text, figures) = match building {
                     Some(p) => (

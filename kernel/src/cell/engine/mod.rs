@@ -506,10 +506,10 @@ impl Engine {
         // The names a replaced process would take with it.
         let names: Vec<String> = self.ctx.variables_and_types().map(|(n, _)| n.to_string()).collect();
         self.interrupted.store(false, Ordering::SeqCst);
-        let t0 = Instant::now();
         let restarted = self.restart_if_asked(run_code);
         let run_code = restarted.as_deref().unwrap_or(run_code);
-        let watchers = self.watch(count, t0, &before, run_code);
+        // The live line's and the build's seconds are the user's wait, as the report's are.
+        let watchers = self.watch(count, started, &before, run_code);
         let mut prelude = self.prelude(run_code);
 
         // ---- the cell's code

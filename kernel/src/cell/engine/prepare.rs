@@ -87,8 +87,9 @@ impl Engine {
     }
 
     /// A long cell's live line, where outputs can be updated in place; without one (`run`),
-    /// the build's progress goes to the sink as it comes.
-    pub(super) fn watch(&mut self, count: u64, t0: Instant, before: &Before, run_code: &str) -> Watchers {
+    /// the build's progress goes to the sink as it comes. Both count seconds from `origin`, the
+    /// cell's request.
+    pub(super) fn watch(&mut self, count: u64, origin: Instant, before: &Before, run_code: &str) -> Watchers {
         // The cell runs on the child's main thread, whose thread id is the child's pid.
         self.pump.begin_cell(self.child_pid());
         let has_code = magic::has_code(run_code);
@@ -96,24 +97,25 @@ impl Engine {
             .then(|| {
                 let base = live::Baseline::of(before, self.own_declared);
                 let control = self.hooks.shared_control();
-                Sampler::start(count, t0, self.child_pid(), base, control, self.compile.clone(), self.sink.clone()).ok()
+                Sampler::start(count, origin, self.child_pid(), base, control, self.compile.clone(), self.sink.clone())
+                    .ok()
             })
             .flatten();
         let ticker = match (&sampler, &self.compile) {
-            (None, Some(watch)) if has_code => self.ticker(count, watch.clone()),
+            (None, Some(watch)) if has_code => self.ticker(count, origin, watch.clone()),
             _ => None,
         };
         Watchers { sampler, ticker }
     }
 
-    fn ticker(&self, count: u64, watch: Arc<Mutex<Watch>>) -> Option<progress::Ticker> {
+    fn ticker(&self, count: u64, origin: Instant, watch: Arc<Mutex<Watch>>) -> Option<progress::Ticker> {
         let sink = self.sink.clone();
         let each = move |p: &Progress| {
             if p.building_dependencies() {
                 sink.compiling(count, p);
             }
         };
-        progress::Ticker::start(watch, live::PERIOD, each).ok()
+        progress::Ticker::start(watch, origin, live::PERIOD, each).ok()
     }
 
     /// Before the cell's code: the trait that shows its value in one compile ((re)defined when
