@@ -85,6 +85,20 @@ fn kernel_requests_get_exact_cell_numbers() {
     let bad = ask(json!({"id": 11, "op": "record", "enabled": "sometimes"}));
     assert_eq!(bad["ok"], false);
 
+    // `%gpumem trim`: the allocator's cache given back (cell 2's freed 64 MiB segment among it),
+    // what is in use untouched; the figures are the allocator's own, before and after.
+    let (reserved, allocated) = (alloc.memory_reserved(), alloc.memory_allocated());
+    assert!(reserved >= allocated + (64 << 20), "cell 2's segment is cached: {reserved}");
+    let trim = ask(json!({"id": 12, "op": "trim"}));
+    assert_eq!(trim["ok"], true, "{trim}");
+    let t = trim["trim"].as_array().unwrap();
+    assert_eq!(t.len(), 1, "one allocator, and no CUDA pool on the simulated device: {trim}");
+    assert_eq!((t[0]["owner"].as_str(), t[0]["device"].as_str()), (Some("gpumem-nb"), Some("simulated:0")));
+    assert_eq!(t[0]["reserved_before"], reserved);
+    assert_eq!(t[0]["reserved_after"], alloc.memory_reserved());
+    assert!(alloc.memory_reserved() <= reserved - (64 << 20), "the freed segment went back: {trim}");
+    assert_eq!((t[0]["in_use"].as_u64(), alloc.memory_allocated()), (Some(allocated), allocated));
+
     // Every copy of the crate in this process reaches the same state: the anchor resolves to it.
     assert!(std::env::var("GPUMEM_NB_ANCHOR").unwrap().contains(&format!("@{}@", std::process::id())));
     let _ = (keep, x);

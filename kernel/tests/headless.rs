@@ -128,6 +128,8 @@ fn one_allocator_state_across_cells_and_exact_reports() {
         // Stack depths set in one cell hold in the next (each cell is its own library).
         ("gpumem_nb::current()?.set_stack_depth(5);\ngpumem_nb::tracking::set_stack_depth(7);", &[]),
         ("(gpumem_nb::current()?.stack_depth(), gpumem_nb::tracking::stack_depth())", &[]),
+        // The freed 64 MiB are cached: a cell of the magic alone gives them back, and is measured.
+        ("%gpumem trim", &[]),
     ]);
     let (code, out, stderr) = run("state", &nb, &[]);
     assert_eq!(result_text(&out, 7), "(5, 7)", "the depths one cell set are the next cell's (defaults: 12, 32)");
@@ -164,6 +166,26 @@ fn one_allocator_state_across_cells_and_exact_reports() {
     assert!(hist.contains("[2]") && hist.contains("+64.00\u{a0}MiB") && hist.contains("-64.00\u{a0}MiB"), "{hist}");
     let csv = std::fs::read_to_string(Path::new(env!("CARGO_TARGET_TMPDIR")).join("nb-state/history.csv")).unwrap();
     assert_eq!(csv.lines().count(), 6, "{csv}");
+
+    // `%gpumem trim`: its figures are the allocator's own before and after, as the cell's
+    // record reads them around it, and the record's line shows what was given back.
+    let trim = records(&out, 8);
+    assert_eq!(trim.len(), 1, "a trim cell is measured\n{stderr}");
+    let figures = outputs(&out, 8)
+        .iter()
+        .find_map(|o| o["data"].get("application/vnd.gpumem.trim+json").cloned())
+        .unwrap_or_else(|| panic!("the trim's figures: {:?}", outputs(&out, 8)));
+    let rows = figures["trimmed"].as_array().unwrap();
+    assert_eq!(rows.len(), 1, "one allocator, no CUDA pool on the simulated device: {figures}");
+    let (row, reserved) = (&rows[0], &trim[0]["allocator"]["reserved"]);
+    assert_eq!((row["owner"].as_str(), row["device"].as_str()), (Some("gpumem-nb"), Some("simulated:0")));
+    assert_eq!(row["reserved_before"], reserved["before"], "{figures}\n{}", trim[0]);
+    assert_eq!(row["reserved_after"], reserved["after"], "{figures}\n{}", trim[0]);
+    let given = reserved["before"].as_u64().unwrap() - reserved["after"].as_u64().unwrap();
+    assert!(given >= 64 << 20, "the freed 64 MiB went back: {figures}");
+    assert_eq!(row["in_use"], 0, "nothing was in use");
+    let line = rec_line(&out, 8);
+    assert!(line.contains("reserved") && line.contains("(-"), "the line shows the change: {line}");
 }
 
 /// Magics that talk to the crate: record, labels, snapshot, the cell magic's timeline, summary,

@@ -431,6 +431,7 @@ impl Session {
                 settle();
                 Ok(Reply { top: Some(tracking::top(*n)), ..Reply::ok(id) })
             }
+            Op::Trim => Ok(Reply { trim: Some(super::trim::trim()), ..Reply::ok(id) }),
         }
     }
 }

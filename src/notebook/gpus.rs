@@ -83,6 +83,46 @@ pub(crate) fn cuda_devices() -> Vec<CudaDevice> {
     }
 }
 
+/// Trims the stream-ordered pool of every CUDA device whose primary context is active
+/// (`crate::device::cuda::trim_primary_pool`), while CUPTI tracks and the process has touched a
+/// device (nothing here starts CUDA in a simulated session or makes a context): what each pool
+/// reserved before and after, by the driver's counters.
+pub(crate) fn trim_pools() -> Vec<super::protocol::Trimmed> {
+    #[cfg(feature = "cuda")]
+    {
+        let touched = tracking::touched_a_device() || crate::device::cuda::cupti::context_seen();
+        if !matches!(tracking::status(), TrackingStatus::Cupti { .. }) || !touched {
+            return Vec::new();
+        }
+        let count = crate::device::cuda::probe().unwrap_or(0);
+        (0..count)
+            .filter_map(|ordinal| {
+                let source = "the driver's pool counters (CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, USED_MEM_CURRENT)";
+                let t = super::protocol::Trimmed {
+                    owner: "CUDA pool".into(),
+                    device: format!("cuda:{ordinal}"),
+                    source: source.into(),
+                    ..Default::default()
+                };
+                match crate::device::cuda::trim_primary_pool(ordinal) {
+                    Ok(None) => None,
+                    Ok(Some(p)) => Some(super::protocol::Trimmed {
+                        reserved_before: p.before.1,
+                        reserved_after: p.after.1,
+                        in_use: p.after.0,
+                        ..t
+                    }),
+                    Err(e) => Some(super::protocol::Trimmed { error: Some(format!("not trimmed: {e}")), ..t }),
+                }
+            })
+            .collect()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Vec::new()
+    }
+}
+
 /// A device's free and total memory now: gpumem-nb's allocator's reading where one is open on
 /// it, else the driver's in the device's primary context (where one is active: none is made).
 pub(crate) fn device_memory(place: Place) -> Option<(u64, u64)> {

@@ -55,6 +55,7 @@ pub mod tracking;
 
 pub(crate) mod gpus;
 pub mod oom;
+pub(crate) mod trim;
 
 pub mod control;
 

@@ -127,6 +127,10 @@ pub enum Op {
         #[serde(default = "five")]
         n: usize,
     },
+    /// Gives back what the process holds cached and unused (`%gpumem trim`): gpumem-nb's
+    /// allocator's cache on each open device, each CUDA device's stream-ordered pool; answered
+    /// with what each held before and after ([`Trimmed`]).
+    Trim,
 }
 
 fn five() -> usize {
@@ -149,6 +153,7 @@ impl Op {
             Op::CellCode { .. } => "cell_code",
             Op::CellCodes { .. } => "cell_codes",
             Op::Top { .. } => "top",
+            Op::Trim => "trim",
         }
     }
 }
@@ -254,6 +259,34 @@ impl DeviceReading {
     /// Whether the numbers come from the simulated device.
     pub fn is_simulated(&self) -> bool {
         self.backend != BackendKind::Cuda
+    }
+}
+
+/// What `trim` gave back of one owner's cache on one device, by the owner's own counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Trimmed {
+    /// Whose cache: `gpumem-nb` (its caching allocator) or `CUDA pool` (the device's
+    /// stream-ordered pool, where candle and cudarc allocate).
+    pub owner: String,
+    /// The device (`cuda:0`, `simulated:0`).
+    pub device: String,
+    /// Where the figures come from, in words.
+    pub source: String,
+    /// Bytes reserved (in use and cached) before the trim.
+    pub reserved_before: u64,
+    /// Bytes reserved after it.
+    pub reserved_after: u64,
+    /// Bytes in use after it (the trim never touches them).
+    pub in_use: u64,
+    /// Why this owner's cache was not trimmed (the figures are then its own, untouched).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl Trimmed {
+    /// What the trim gave back (0 where it failed or reserved grew meanwhile).
+    pub fn given_back(&self) -> u64 {
+        self.reserved_before.saturating_sub(self.reserved_after)
     }
 }
 
@@ -751,6 +784,9 @@ pub struct Reply {
     /// The top sites (`top`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top: Option<TopReport>,
+    /// What `trim` gave back, per owner and device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trim: Option<Vec<Trimmed>>,
     /// The frameworks a notebook watches (`gpumem_nb::frameworks`), their own numbers: what
     /// `pre`, `post` and `read` answer (not `live`, which must not wait on a framework's
     /// queue), absent when none is watched.

@@ -88,6 +88,9 @@ pub enum Magic {
     Fit(u64),
     /// `%gpumem explain`: every reserved byte of device 0, in parts that add up.
     Explain,
+    /// `%gpumem trim`: the process's caches given back (gpumem-nb's allocator's, the CUDA
+    /// stream-ordered pools), inside the cell's measured time.
+    Trim,
     /// `%gpumem export FILE.csv|FILE.json`.
     Export(PathBuf, ExportFormat),
     /// `%gpumem metrics on [ADDR]` (`Some`, the address as written, may be empty) or
@@ -135,6 +138,7 @@ impl Magic {
             Magic::Budget(_) => ("budget", false),
             Magic::Fit(_) => ("fit", false),
             Magic::Explain => ("explain", false),
+            Magic::Trim => ("trim", false),
             Magic::Export(..) => ("export", false),
             Magic::Metrics(_) => ("metrics", false),
             Magic::Reset => ("reset", false),
@@ -248,6 +252,14 @@ pub static COMMANDS: &[Command] = &[
         args: "",
         what: "every reserved byte of device 0: requested, rounding, pending frees, cached free blocks by pool and \
                size class, what empty_cache() returns, the largest free blocks, the CUDA pool beside it",
+        when: When::AfterCode,
+    },
+    Command {
+        verb: "trim",
+        args: "",
+        what: "give back what the process holds cached and unused: gpumem-nb's allocator's cache (empty_cache) and each \
+               CUDA device's stream-ordered pool (candle, cudarc); what each held before and after, and NVML's figure \
+               of the process; the cell's report shows the change",
         when: When::AfterCode,
     },
     Command {
@@ -478,6 +490,7 @@ fn parse_line_magic(args: &str) -> Result<Magic, String> {
         "off" => no_args(Magic::Off),
         "history" => no_args(Magic::History),
         "explain" => no_args(Magic::Explain),
+        "trim" => no_args(Magic::Trim),
         "fit" => match rest {
             [] => Err("`fit` needs a device size (e.g. 24GiB, 80GiB, 16000000000)".into()),
             words => {

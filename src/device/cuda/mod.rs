@@ -764,7 +764,7 @@ mod stacks;
 mod view;
 
 pub use host::PinnedHostMemory;
-pub use stacks::{LocalMemory, primary_local_memory};
+pub use stacks::{LocalMemory, PoolTrim, primary_local_memory, trim_primary_pool};
 
 /// Device memory straight from the driver (`cuMemAlloc`), past any caching allocator: what a
 /// foreign library does, for demos and tests of tracking. Freed (`cuMemFree`) on drop.

@@ -1,6 +1,7 @@
 //! Kernels' stacks: the local memory the driver reserves for them in a context, read without
 //! making a context (NVML counts it; no allocation tracker sees it); with them, in the same
-//! visit to the context, its stream-ordered pool and the device's free memory.
+//! visit to the context, its stream-ordered pool and the device's free memory. The same visit
+//! trims the pool ([`trim_primary_pool`]: `%gpumem trim`).
 
 use super::{device_handle, driver};
 use crate::device::DeviceError;
@@ -17,6 +18,66 @@ use cudarc::driver::{result, sys};
 pub fn primary_local_memory(ordinal: usize) -> Result<Option<LocalMemory>, DeviceError> {
     let dev = device_handle(ordinal)?;
     let unavailable = DeviceError::Unavailable;
+    let attribute = |a: sys::CUdevice_attribute, name: &str| {
+        // SAFETY: `dev` comes from cuDeviceGet (above).
+        unsafe { result::device::get_attribute(dev, a) }.map_err(|e| driver(name, e))
+    };
+    let visit = in_primary(dev, || {
+        let limit = result::ctx::get_limit(sys::CUlimit::CU_LIMIT_STACK_SIZE);
+        let pool = pool_in_use(dev);
+        let free_total = result::mem_get_info().ok().map(|(f, t)| (f as u64, t as u64));
+        limit.map(|l| (l, pool, free_total)).map_err(|e| driver("cuCtxGetLimit(STACK_SIZE)", e))
+    })?;
+    let Some((stack, pool, free_total)) = visit.transpose()? else { return Ok(None) };
+    let sms = attribute(
+        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)",
+    )?;
+    let per_sm = attribute(
+        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR,
+        "cuDeviceGetAttribute(MAX_THREADS_PER_MULTIPROCESSOR)",
+    )?;
+    let count = |v: i32, what: &str| {
+        u64::try_from(v).ok().filter(|&n| n > 0).ok_or_else(|| unavailable(format!("the driver gave {what} = {v}")))
+    };
+    Ok(Some(LocalMemory {
+        stack_bytes: stack as u64,
+        resident_threads: count(sms, "MULTIPROCESSOR_COUNT")? * count(per_sm, "MAX_THREADS_PER_MULTIPROCESSOR")?,
+        pool,
+        free_total,
+    }))
+}
+
+/// Gives back what device `ordinal`'s current stream-ordered pool holds unused (where
+/// `cuMemAllocAsync` allocates: cudarc's `CudaSlice`, candle): the context's work is waited for
+/// first (`cuCtxSynchronize`: a stream-ordered free returns its memory to the pool only when the
+/// stream reaches it), then `cuMemPoolTrimTo(pool, 0)`, which keeps what is in use. The pool's
+/// bytes in use and reserved before and after, by the driver's own counters. `Ok(None)` where the
+/// primary context is not active (nothing to trim: none is made) or the device has no pool.
+pub fn trim_primary_pool(ordinal: usize) -> Result<Option<PoolTrim>, DeviceError> {
+    let dev = device_handle(ordinal)?;
+    let visit = in_primary(dev, || {
+        // SAFETY: `dev` comes from cuDeviceGet after a successful probe; the call only writes
+        // the pool handle.
+        let Ok(pool) = (unsafe { result::device::get_mem_pool(dev) }) else { return Ok(None) };
+        let Some(before) = pool_in_use(dev) else { return Ok(None) };
+        result::ctx::synchronize().map_err(|e| driver("cuCtxSynchronize", e))?;
+        // SAFETY: `pool` is the device's live current pool (read above, in this context); the
+        // driver keeps every byte in use and releases only unused reserved memory.
+        unsafe { result::mem_pool::trim_to(pool, 0) }.map_err(|e| driver("cuMemPoolTrimTo", e))?;
+        let after =
+            pool_in_use(dev).ok_or_else(|| DeviceError::Unavailable("the pool's counters after the trim".into()))?;
+        Ok(Some(PoolTrim { before, after }))
+    })?;
+    Ok(visit.transpose()?.flatten())
+}
+
+/// Runs `f` with device `dev`'s primary context current on this thread, if that context is
+/// active; `Ok(None)` where it is not (none is made to run `f`: but for one race no caller can
+/// close, another thread releasing the context's last reference between the state query and the
+/// retain below, which then makes a context and destroys it again at the release). The thread's
+/// current context is what it was before on return.
+fn in_primary<T>(dev: sys::CUdevice, f: impl FnOnce() -> T) -> Result<Option<T>, DeviceError> {
     let (mut flags, mut active) = (0u32, 0i32);
     // SAFETY: `dev` comes from cuDeviceGet after a successful probe (cuInit); both out-pointers
     // are locals of the types the driver writes.
@@ -26,39 +87,22 @@ pub fn primary_local_memory(ordinal: usize) -> Result<Option<LocalMemory>, Devic
     if active == 0 {
         return Ok(None);
     }
-    let attribute = |a: sys::CUdevice_attribute, name: &str| {
-        // SAFETY: `dev` comes from cuDeviceGet (above).
-        unsafe { result::device::get_attribute(dev, a) }.map_err(|e| driver(name, e))
-    };
-    let sms = attribute(
-        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-        "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)",
-    )?;
-    let per_sm = attribute(
-        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR,
-        "cuDeviceGetAttribute(MAX_THREADS_PER_MULTIPROCESSOR)",
-    )?;
     // SAFETY: `dev` is valid; the reference this takes on the (active) primary context is
     // given back by the release below on every path after it.
     let ctx = unsafe { result::primary_ctx::retain(dev) }.map_err(|e| driver("cuDevicePrimaryCtxRetain", e))?;
     // SAFETY: `ctx` is a live context (retained above); pushing it makes it current on this
     // thread only, and the pop below restores the thread's previous current context.
-    let pushed = unsafe { sys::cuCtxPushCurrent_v2(ctx) }.result();
-    let stack = match pushed {
+    let ran = match unsafe { sys::cuCtxPushCurrent_v2(ctx) }.result() {
         Ok(()) => {
-            let limit = result::ctx::get_limit(sys::CUlimit::CU_LIMIT_STACK_SIZE);
-            let pool = pool_in_use(dev);
-            let free_total = result::mem_get_info().ok().map(|(f, t)| (f as u64, t as u64));
+            let out = f();
             let mut popped: sys::CUcontext = std::ptr::null_mut();
-            // SAFETY: this thread pushed `ctx` just above and nothing between pushed another;
-            // `popped` is a local out-pointer.
-            let pop = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) }.result();
-            match pop {
-                // The thread's current context is what it was before the push.
-                Ok(()) if popped == ctx => {
-                    limit.map(|l| (l, pool, free_total)).map_err(|e| driver("cuCtxGetLimit(STACK_SIZE)", e))
+            // SAFETY: this thread pushed `ctx` just above and `f` pushes nothing it does not
+            // pop; `popped` is a local out-pointer.
+            match unsafe { sys::cuCtxPopCurrent_v2(&mut popped) }.result() {
+                Ok(()) if popped == ctx => Ok(out),
+                Ok(()) => {
+                    Err(DeviceError::Unavailable("cuCtxPopCurrent gave back another context than was pushed".into()))
                 }
-                Ok(()) => Err(unavailable("cuCtxPopCurrent gave back another context than was pushed".into())),
                 Err(e) => Err(driver("cuCtxPopCurrent", e)),
             }
         }
@@ -66,16 +110,7 @@ pub fn primary_local_memory(ordinal: usize) -> Result<Option<LocalMemory>, Devic
     };
     // SAFETY: releases the reference retained above, exactly once.
     let _ = unsafe { result::primary_ctx::release(dev) };
-    let count = |v: i32, what: &str| {
-        u64::try_from(v).ok().filter(|&n| n > 0).ok_or_else(|| unavailable(format!("the driver gave {what} = {v}")))
-    };
-    let (stack, pool, free_total) = stack?;
-    Ok(Some(LocalMemory {
-        stack_bytes: stack as u64,
-        resident_threads: count(sms, "MULTIPROCESSOR_COUNT")? * count(per_sm, "MAX_THREADS_PER_MULTIPROCESSOR")?,
-        pool,
-        free_total,
-    }))
+    ran.map(Some)
 }
 
 /// The device's current stream-ordered pool (where `cuMemAllocAsync` allocates: cudarc's
@@ -95,6 +130,16 @@ fn pool_in_use(dev: sys::CUdevice) -> Option<(u64, u64)> {
     };
     use sys::CUmemPool_attribute as A;
     Some((get(A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?, get(A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?))
+}
+
+/// What [`trim_primary_pool`] did to a device's stream-ordered pool: (bytes in use, bytes
+/// reserved) by the driver's counters, before and after.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolTrim {
+    /// In use and reserved before the trim (pending frees still in use).
+    pub before: (u64, u64),
+    /// In use and reserved after it.
+    pub after: (u64, u64),
 }
 
 /// A context's local memory for kernels' stacks ([`primary_local_memory`]).

@@ -264,6 +264,8 @@ impl Engine {
             }
             Magic::Snapshot(dir) => self.snapshot(count, dir.as_deref()),
             Magic::Explain => self.explain(count),
+            // Ran inside the cell's measured time (`run_cell`), so that its report shows it.
+            Magic::Trim => {}
             Magic::Fit(size) => self.fit(count, *size),
             Magic::Diff(a, b) => self.diff(count, a, b),
             Magic::Export(path, format) => {

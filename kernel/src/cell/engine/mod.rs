@@ -25,6 +25,7 @@ mod outcome;
 mod panic;
 mod prepare;
 mod pump;
+mod trim;
 
 use crate::build::dep;
 use crate::build::display::Display;
@@ -441,10 +442,14 @@ impl Engine {
         }
         let mut outcome = Outcome { count, error: None, record: None };
         let mut live = None;
+        // `%gpumem trim` runs inside the cell's measured time (after its code), so that the
+        // cell's report shows what it gave back; a cell of the magic alone is measured too.
+        let trim = magics.contains(&Magic::Trim);
         // After a lost CUDA context the cell runs all the same: host code works (results can be
         // saved), and each call on the device fails with the named error (`show_result`).
-        if magic::has_code(&run_code) {
-            let ran = self.run_cell(count, queued, &run_code, (&shown, allow_stdin), cell_magic.as_ref());
+        if magic::has_code(&run_code) || trim {
+            let how = (shown.as_str(), allow_stdin, trim);
+            let ran = self.run_cell(count, queued, &run_code, how, cell_magic.as_ref());
             outcome.error = ran.error;
             outcome.record = Some(ran.record);
             live = ran.live;
@@ -489,7 +494,7 @@ impl Engine {
         count: u64,
         queued: Option<Instant>,
         run_code: &str,
-        (shown, allow_stdin): (&str, bool),
+        (shown, allow_stdin, trim): (&str, bool, bool),
         cell_magic: Option<&(bool, Option<PathBuf>)>,
     ) -> Ran {
         // The cell's time is what its user waits for: from its request to its report (a wait
@@ -543,6 +548,9 @@ impl Engine {
         // Everything the cell wrote, stderr included, before its result and report.
         let marker = self.sync.as_mut().and_then(StderrSync::request);
         self.pump.flush(marker);
+        if trim {
+            self.trim();
+        }
 
         // ---- the readings after, the outcome, the record
         let after = self.hooks.after(count, self.child_pid());

@@ -1,0 +1,58 @@
+//! `%gpumem trim`: what the notebook's process holds cached and unused, given back without
+//! touching live data, each cache by its owner's own means and counters:
+//! - gpumem-nb's caching allocator on each device it opened: `empty_cache()`, as
+//!   `torch.cuda.empty_cache()` (its `memory_reserved()` before and after);
+//! - each CUDA device's stream-ordered pool, where candle and cudarc allocate
+//!   (`cuMemAllocAsync`): the context's work waited for, then `cuMemPoolTrimTo(pool, 0)` (the
+//!   driver's pool counters before and after), where the device's primary context is active.
+//!
+//! cubecl's pools (burn) are given back only by cubecl's own cleanup, which needs code compiled
+//! against the notebook's cubecl: not done here.
+#![forbid(unsafe_code)]
+
+use super::protocol::Trimmed;
+
+/// Trims every cache this process holds and says what each held before and after.
+pub(crate) fn trim() -> Vec<Trimmed> {
+    let mut out: Vec<Trimmed> = super::registry::opened()
+        .iter()
+        .map(|a| {
+            let device = format!("{}:{}", a.backend_kind().name(), a.device());
+            let before = a.memory_reserved();
+            let mut t = Trimmed {
+                owner: "gpumem-nb".into(),
+                device,
+                source: "gpumem-nb's allocator: memory_reserved(), memory_allocated()".into(),
+                reserved_before: before,
+                reserved_after: before,
+                in_use: a.memory_allocated(),
+                error: None,
+            };
+            if let Some(lost) = a.lost() {
+                t.error = Some(format!("not trimmed: the CUDA context was lost ({lost})"));
+                return t;
+            }
+            if let Err(e) = a.empty_cache() {
+                t.error = Some(format!("empty_cache failed: {e}"));
+            }
+            t.reserved_after = a.memory_reserved();
+            t.in_use = a.memory_allocated();
+            t
+        })
+        .collect();
+    out.extend(super::gpus::trim_pools());
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_was_given_back_is_before_less_after() {
+        let t = Trimmed { reserved_before: 96, reserved_after: 32, ..Default::default() };
+        assert_eq!(t.given_back(), 64);
+        let grew = Trimmed { reserved_before: 32, reserved_after: 96, ..Default::default() };
+        assert_eq!(grew.given_back(), 0, "a reservation that grew meanwhile gave nothing back");
+    }
+}
