@@ -1,4 +1,4 @@
-//! Every `gpumem_nb::…` path a user reads resolves: in the READMEs (the Slurm recipe's too),
+//! Every `gpumem_nb::…` path a user reads resolves: in the READMEs and GUIDE.md (the Slurm recipe's too),
 //! HOW_IT_WORKS.md, the notebooks, the examples, and the sources of both crates (their messages,
 //! help texts and docs). The paths are written as intra-doc links into a small crate that depends
 //! on gpumem-nb, and rustdoc, with broken links denied, resolves them as a user's code would: a
@@ -55,7 +55,11 @@ fn paths_in(text: &str) -> Vec<String> {
 
 #[test]
 fn every_gpumem_nb_path_users_read_resolves() {
-    let mut sources = vec![repo().join("README.md"), repo().join("kernel/README.md"), repo().join("HOW_IT_WORKS.md")];
+    let mut sources: Vec<PathBuf> =
+        ["README.md", "GUIDE.md", "kernel/README.md", "python/README.md", "lab/README.md", "HOW_IT_WORKS.md"]
+            .iter()
+            .map(|f| repo().join(f))
+            .collect();
     sources.push(repo().join("deploy/slurm/README.md"));
     files_below(&repo().join("examples"), "rs", &mut sources);
     files_below(&repo().join("notebooks"), "ipynb", &mut sources);
