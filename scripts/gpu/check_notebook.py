@@ -576,6 +576,7 @@ GIB = 1 << 30
 FRAMEWORK_BYTES = re.compile(r"^FRAMEWORK_BYTES (\S+) ([+-]?\d+)\s*$")
 FRAMEWORK_SHAPES = re.compile(r"^FRAMEWORK_SHAPES (\S+) ([+-]?\d+) page=(\d+)\s*$")
 FRAMEWORK_IN_USE = re.compile(r"^FRAMEWORK_IN_USE (\S+) ([+-]?\d+)\s*$")
+FRAMEWORK_COMPONENT = re.compile(r"^FRAMEWORK_COMPONENT (\S+) ([+-]?\d+)\s*$")
 # The most a CUDA context (with its default kernel stacks, modules and libraries' images) is
 # taken to cost in the first cell that touches the GPU; more is not "the context".
 CONTEXT_MAX = 4 * GIB
@@ -747,6 +748,9 @@ def corpus_checks(nb, opts, C):
       tensors' shapes × element size, kept in pages of P bytes): the change is at least N and at
       most N rounded up to whole pages (a negative N: the same on the magnitudes); and the
       notebook printed at least one of them;
+    - `framework-component`: every cell that printed `FRAMEWORK_COMPONENT NAME ±N` (what the
+      model says a component is: its parameters' bytes, its optimizer's two moments) has a record
+      whose `all_allocations.by_component` entry NAME changed by exactly N;
     - `tracking`: every record says tracking `--require-tracking` (`cupti` on a GPU);
     - `owners-add-up`: the owners' `after`s add up to `all_allocations.after`;
     - `no-allocated-0`: no report line says `allocated 0 B` (no allocator the notebook never used);
@@ -831,6 +835,17 @@ def corpus_checks(nb, opts, C):
             C.expect(ok, w, "framework-bytes",
                      f"{owner}: tracked {got:+,} B, the tensors' shapes {want:+,} B (pages of {page:,} B: "
                      f"|change| within [{abs(want):,}, {high:,}])")
+        # What the model says a component is, against the record's component.
+        for name, want in printed(stdout, FRAMEWORK_COMPONENT).items():
+            parts_by = {c["component"]: c for c in alla.get("by_component") or []}
+            if name not in parts_by:
+                C.fail(w, "framework-component", f"{name}: the record has no such component "
+                       f"({sorted(parts_by)}), the model printed {want:+,} B")
+                continue
+            c = parts_by[name]
+            got = (c.get("after") or 0) - (c.get("before") or 0)
+            C.expect(got == want, w, "framework-component",
+                     f"{name}: tracked {got:+,} B, the model printed {want:+,} B")
         # The line leads with who holds the memory.
         parts = line.split(" · ")
         lead_part = parts[2] if len(parts) > 2 else None

@@ -56,6 +56,11 @@
 # and out-of-memory notebooks (issue 54; scripts/gpu/corpus54.sh says more), still warm:
 #                     bash scripts/gpu/notebook.sh corpus54 warm    (until it says done)
 #                     bash scripts/gpu/notebook.sh corpus54
+# What tracking costs candle code allocating thousands of tensors (issue 54; after corpus54's warm
+# has built candle), tracked against GPUMEM_NB_TRACK=off, alternating:
+#                     bash scripts/gpu/notebook.sh allocbench 3
+# `%gpumem trim` after candle (issue 57), the same build:
+#                     bash scripts/gpu/notebook.sh trim
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$repo"
@@ -368,7 +373,7 @@ stock_nb() {
     evcxr_jupyter --install > /dev/null
     stock_build_dir
     # The build directory and the toolchain share /opt/gpumem: evcxr's relative rpath to libstd
-    # climbs one level too far (README, the stock kernel's known limits).
+    # climbs one level too far (kernel/README.md, the stock kernel's known limits).
     local std_dir
     std_dir="$(rustc --print sysroot)/lib/rustlib/x86_64-unknown-linux-gnu/lib"
     export LD_LIBRARY_PATH="$std_dir:$LD_LIBRARY_PATH"
@@ -456,6 +461,16 @@ PY
     done
 }
 
+trim_nb() {
+    # `%gpumem trim` after candle (issue 57): the notebook run and checked as `run` does, then
+    # held to the pool's and NVML's figures by scripts/gpu/trim_check.py.
+    local status=0
+    run_nb notebooks/gpu_trim_candle.ipynb || status=1
+    python3 scripts/gpu/trim_check.py "$out/gpu_trim_candle.ipynb" | tee "$out/gpu_trim_candle.trim.txt"
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+    return $status
+}
+
 cell_bench() {
     # The small-cell benchmark (scripts/cell_bench.py, issue 35) on this host: gpumem-kernel and
     # the stock evcxr kernel, interleaved, on the simulated device (the cells' compile time is
@@ -485,5 +500,7 @@ case "${1:-}" in
     warm) shift; warm_nb "$@" ;;
     cellbench) shift; cell_bench "$@" ;;
     corpus54) shift; exec bash "$repo/scripts/gpu/corpus54.sh" "$@" ;;
+    allocbench) shift; exec bash "$repo/scripts/gpu/alloc_bench.sh" "$@" ;;
+    trim) shift; trim_nb ;;
     *) echo "usage: $0 pack | stash N | setup | run NB... | jupyter NB... | stock NB... | warm NB [gpumem|stock]" >&2; exit 2 ;;
 esac

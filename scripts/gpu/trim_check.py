@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""Holds an executed notebooks/gpu_trim_candle.ipynb to what the CUDA pool and NVML say
+(issue 57's trim criterion): in the cell tagged `trim`, the CUDA pool of cuda:0 gave back at least
+95 % of what it reserved beyond what is in use, and NVML's figure of the process fell by what was
+given back within 2 MiB (NVML's granularity); the trim cell has a record (it is measured) whose
+line shows a change; the cell after it runs. Prints PASS/FAIL lines; exits 1 on any FAIL.
+
+    trim_check.py EXECUTED.ipynb
+"""
+import json
+import sys
+
+TRIM = "application/vnd.gpumem.trim+json"
+CELL = "application/vnd.gpumem.cell+json"
+MIB = 1 << 20
+
+
+def text(v):
+    return "".join(v) if isinstance(v, list) else (v or "")
+
+
+def main():
+    nb = json.load(open(sys.argv[1]))
+    fails = 0
+
+    def check(ok, what):
+        nonlocal fails
+        print(("PASS " if ok else "FAIL ") + what)
+        fails += not ok
+
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    i = next((n for n, c in enumerate(code) if "trim" in c.get("metadata", {}).get("tags", [])), None)
+    if i is None:
+        check(False, "a cell tagged `trim`")
+        return 1
+    cell = code[i]
+    figures = next((o["data"][TRIM] for o in cell.get("outputs", []) if TRIM in o.get("data", {})), None)
+    record = next((o["data"][CELL] for o in cell.get("outputs", []) if CELL in o.get("data", {})), None)
+    errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+    check(not errors, f"the trim cell ran without an error {[e.get('evalue') for e in errors]}")
+    check(figures is not None, "the trim cell shows its figures")
+    check(record is not None, "the trim cell has a record (it is measured)")
+    if figures is None:
+        return 1
+    pool = [r for r in figures["trimmed"] if r["owner"] == "CUDA pool" and r["device"] == "cuda:0"]
+    check(len(pool) == 1 and not pool[0].get("error"), f"cuda:0's CUDA pool was trimmed: {pool}")
+    if not pool:
+        return 1
+    p = pool[0]
+    given = p["reserved_before"] - p["reserved_after"]
+    cached = p["reserved_before"] - p["in_use"]
+    check(cached >= 1 << 30, f"the pool held the dropped 1 GiB cached: reserved {p['reserved_before']:,} B, "
+          f"in use {p['in_use']:,} B")
+    check(given >= 0.95 * cached, f"given back {given:,} B >= 95 % of the {cached:,} B reserved beyond use")
+    nvml = figures.get("process") or []
+    check(len(nvml) >= 1, f"NVML's figure of the process before and after: {nvml}")
+    if nvml:
+        fell = nvml[0]["before"] - nvml[0]["after"]
+        check(abs(fell - given) <= 2 * MIB, f"NVML fell {fell:,} B, the pool gave back {given:,} B (within 2 MiB)")
+    if record:
+        line = next((text(o["data"].get("text/plain")) for o in cell["outputs"] if CELL in o.get("data", {})), "")
+        check("(-" in line, f"the line shows the change: {line}")
+    after = code[i + 1] if i + 1 < len(code) else None
+    check(after is not None and not any(o.get("output_type") == "error" for o in after.get("outputs", [])),
+          "the cell after the trim runs")
+    print(f"{sys.argv[1]}: {fails} failures")
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
