@@ -10,10 +10,13 @@ For every code cell it prints the report line and, where the record has them, th
 reserved delta, the CUDA pool's reserved delta, the tracked ("all allocations") delta, NVML's
 per-process delta, and what of NVML's delta the tracked allocations do not explain.
 
-Assertions (exit 1 when one fails):
+Assertions (exit 1 when one fails). A figure a tag's check reads that the record lacks is a
+failure that says MISSING, never a pass; so is a tag naming nothing (`top-names=`, `site=`,
+`line-has=` with an empty value), and a notebook with no report at all:
 - every code cell that ran code has exactly one report, and no cell errored (unless tagged
   `raises-exception`);
-- with --require-tracking, every report after the crate loaded says that tracking mode;
+- with --require-tracking, every report after the crate loaded says that tracking mode, and at
+  least one report says the crate loaded (else no report's tracking was checked);
 - cells tagged `returns-allocated` / `returns-reserved` / `returns-pool-used` / `returns-ooms`:
   the value the cell returned (the crate asked directly) equals the report's number;
 - cells tagged `site=FUNCTION[@LINE]` (issue 19): the record's `top` has an entry whose
@@ -89,11 +92,13 @@ or `FAIL [check]` line, and a record or field a check needs that is missing is a
   record and history row; `--oom`: the notebook must have an `oom=` cell;
 - --kernel-exit N: gpumem-kernel's exit status, a FAIL when not 0; --summary FILE --label NAME
   [--seconds S]: appends one line (code cells, reports, checks passed and failed) to FILE.
---self-test: synthetic executed notebooks on which every issue-54 check passes when right and
-fails when a figure is wrong or missing; exits 1 when one does not.
+--self-test: synthetic executed notebooks on which every issue-54 check, and the earlier checks
+on figures (`nvml-matches` among them), passes when right and fails when a figure is wrong or
+missing; exits 1 when one does not.
 
 --stock (the stock evcxr kernel): a record comes only beside a cell's value, so cells without one
-are listed but not failed (tagged cells end in a value, and must have one), and the warnings
+are listed but not failed, unless a tag of theirs needs the record (`RECORD_TAGS`: tagged cells
+end in a value, and must have one; without it their checks would not run), and the warnings
 (re-run leaks) are gpumem-kernel's: growth tags are skipped. Cells tagged `not-stock` are listed
 as skipped, with the reason: their computation is wrong in the stock kernel (candle's tensor ids
 come from a static counter, one per cell there, so a `backward` over tensors from several cells
@@ -140,6 +145,7 @@ def check(nb, opts):
     """Every check on one executed notebook; prints what it found; 0 when nothing failed."""
     path, require, out_json, no_lines, stock = opts.path, opts.require, opts.out_json, opts.no_lines, opts.stock
     failures, rows = [], []
+    tracked_records = 0  # records after the crate loaded: where --require-tracking is checked
     for i, cell in enumerate(nb["cells"]):
         if cell["cell_type"] != "code":
             continue
@@ -161,7 +167,10 @@ def check(nb, opts):
             failures.append(f"cell {i} ({first}): error {errors[0].get('ename')}: {errors[0].get('evalue', '')[:200]}")
         for tag in (t for t in tags if t.startswith("top-names=")):
             for name in tag[len("top-names="):].split(","):
-                if name not in (result or ""):
+                # An empty name is in every text: a tag that names nothing checks nothing.
+                if not name.strip():
+                    failures.append(f"cell {i} ({first}): {tag!r} names an empty site: nothing to check")
+                elif name not in (result or ""):
                     failures.append(f"cell {i} ({first}): {name!r} not in the top table: {(result or '')[:300]}")
         if "top-cells-cubecl" in tags:
             text = "".join(
@@ -172,8 +181,7 @@ def check(nb, opts):
                 failures.append(f"cell {i} ({first}): cubecl rows of %gpumem top without their cell: {cub or text[:400]}")
         if magic_only:
             continue
-        checked = {"nvml-matches", "cubecl-pools", "cubecl-matches-tracked", "returns-allocated", "returns-reserved"}
-        if stock and not recs and not checked & set(tags):
+        if stock and not recs and not record_tags(tags):
             print(json.dumps({"cell": i, "code": first[:60], "record": None}))
             continue
         if len(recs) != 1:
@@ -213,7 +221,9 @@ def check(nb, opts):
         row["crate_reserved_delta"] = reserved
         row["unexplained_by_tracking"] = None if nv is None or reserved is None else nv - reserved
         rows.append(row)
-        if require and r.get("crate_loaded", {}).get("after") and alla.get("tracking") != require:
+        if require and (r.get("crate_loaded") or {}).get("after"):
+            tracked_records += 1
+        if require and (r.get("crate_loaded") or {}).get("after") and alla.get("tracking") != require:
             failures.append(f"cell {i} ({first}): tracking {alla.get('tracking')!r}, expected {require!r}")
         checks = {
             "returns-allocated": (a.get("allocated") or {}).get("after"),
@@ -228,6 +238,10 @@ def check(nb, opts):
                 # The cell returns the total; the report counts this cell's.
                 if a.get("ooms", 0) < 1:
                     failures.append(f"cell {i}: the report counts no OOM")
+                continue
+            if value is None:
+                # A cell returning `None` would otherwise equal the missing figure ("None").
+                failures.append(f"cell {i} ({first}): MISSING the report's figure for {tag}: {a or pool}")
                 continue
             got = (result or "").strip().removeprefix("Some(").removesuffix(")")
             if str(value) != got:
@@ -247,6 +261,10 @@ def check(nb, opts):
         for tag in (t for t in tags if t.startswith("site=")):
             spec = tag[len("site="):]
             func, _, line = spec.partition("@")
+            if not func.strip():
+                # `f == ""` would match an entry with no function.
+                failures.append(f"cell {i} ({first}): {tag!r} names no function: nothing to check")
+                continue
             def matches(e):
                 # A trait method is named `<candle_core::…::CudaStorage as …>::matmul`.
                 f = (e.get("function") or "").lstrip("<")
@@ -259,15 +277,18 @@ def check(nb, opts):
             if not any(matches(e) for e in top):
                 failures.append(f"cell {i} ({first}): no site {spec!r} in the record's top: {top}")
         if "cubecl-pools" in tags:
-            if not cubecl or cubecl.get("error") or (cubecl.get("reserved") or {}).get("after") is None:
-                failures.append(f"cell {i} ({first}): no cubecl numbers in the record: {cubecl}")
+            parts = ("in_use", "padding", "cached", "reserved")
+            after = lambda k: ((cubecl or {}).get(k) or {}).get("after")
+            if not cubecl or cubecl.get("error") or any(after(k) is None for k in parts):
+                failures.append(f"cell {i} ({first}): MISSING cubecl numbers in the record: {cubecl}")
             else:
-                after = lambda k: (cubecl.get(k) or {}).get("after") or 0
                 if after("in_use") + after("padding") + after("cached") != after("reserved"):
                     failures.append(f"cell {i} ({first}): cubecl's in use + padding + cached != reserved: {cubecl}")
         if "cubecl-matches-tracked" in tags:
             got, want = source_delta(alla, "driver") + source_delta(alla, "pool"), row.get("cubecl_reserved_delta")
-            if want is None or abs(got - want) > 2 * MIB:
+            if alla.get("by_source") is None:
+                failures.append(f"cell {i} ({first}): MISSING all_allocations.by_source (tracked by source)")
+            elif want is None or abs(got - want) > 2 * MIB:
                 failures.append(f"cell {i} ({first}): tracked driver + pool Δ {got} vs cubecl's reserved Δ {want}")
         for tag in (t for t in tags if t.startswith("child-process=")):
             name = tag[len("child-process="):]
@@ -290,8 +311,14 @@ def check(nb, opts):
                     failures.append(f"cell {i} ({first}): no re-run leak with cubecl's {word!r}: {warnings}")
             if "no-growth" in tags and leak:
                 failures.append(f"cell {i} ({first}): a re-run leak was flagged: {leak}")
-        if "nvml-matches" in tags and row["unexplained_by_tracking"] is not None:
-            if abs(row["unexplained_by_tracking"]) > 2 * MIB:
+        if "nvml-matches" in tags:
+            if row["unexplained_by_tracking"] is None:
+                # No NVML figure, or no reserved delta of the crate's to hold it to: never a pass.
+                failures.append(
+                    f"cell {i} ({first}): MISSING figures for nvml-matches: NVML Δ {nv}, allocator reserved Δ "
+                    f"{row['allocator_reserved_delta']}, CUDA pool reserved Δ {row['pool_reserved_delta']}"
+                )
+            elif abs(row["unexplained_by_tracking"]) > 2 * MIB:
                 failures.append(
                     f"cell {i} ({first}): NVML Δ {nv} vs the crate's reserved Δ {reserved} "
                     f"({row['unexplained_by_tracking'] / MIB:+.2f} MiB unexplained)"
@@ -301,6 +328,13 @@ def check(nb, opts):
         html = "".join(next((o["data"].get("text/html", "") for o in outs if CELL_MIME in o.get("data", {})), ""))
         device_checks(i, first, tags, r, alla, row, html, failures)
     history_checks(nb, failures)
+    # Checks that ran on nothing are not passes: a notebook with no report, or --require-tracking
+    # with no record after the crate loaded (each record's tracking unread).
+    if not rows:
+        failures.append("no cell has a report: no record was checked")
+    elif require and not tracked_records:
+        failures.append(f"--require-tracking {require}: no record says the crate loaded (crate_loaded.after), "
+                        "so no record's tracking was checked")
     for row in rows:
         print(json.dumps(row))
     # Issue 54: notebooks with no gpumem-nb call (--corpus) and out-of-memory notebooks (tags).
@@ -322,9 +356,32 @@ def check(nb, opts):
     return 1 if failed else 0
 
 
+# The checks that read a cell's record (every tag name `check` reads after it found the record).
+# In the stock kernel a cell without a record is listed, not failed, unless it carries one of these:
+# its checks would otherwise be skipped unseen. The growth tags are skipped there anyway.
+RECORD_TAGS = {
+    "nvml-matches", "cubecl-pools", "cubecl-matches-tracked", "returns-allocated", "returns-reserved",
+    "returns-pool-used", "returns-ooms", "returns", "components-add-up", "component-delta", "component-after",
+    "component-peak", "component-rise", "cubecl-phase", "cubecl-in-use-falls", "site", "child-process",
+    "no-children", "context-lost", "after-loss", "host-after-loss", "restarted", "queued-lands", "parts-add-up",
+    "first-launches", "line-has", "devices-nvml", "nvml-explained-each", "nvml-explained", "stacks-named",
+    "nvml-named-each", "nccl-named",
+}
+
+
+def record_tags(tags):
+    """The cell's tags whose checks need its record."""
+    return [t for t in tags if t.partition("=")[0] in RECORD_TAGS]
+
+
 def component_checks(i, first, tags, alla, result, failures):
     """Issue 33: what the memory is, against the model's own counts (the cell's value)."""
     parts = {c["component"]: c for c in alla.get("by_component") or []}
+    kinds = ("component-delta=", "component-after=", "component-peak=", "component-rise=")
+    if alla.get("by_component") is None and ("components-add-up" in tags or any(t.startswith(kinds) for t in tags)):
+        # A component absent from the list held nothing; no list at all is no figure.
+        failures.append(f"cell {i} ({first}): MISSING all_allocations.by_component")
+        return
     if "components-add-up" in tags:
         after = sum(c["after"] for c in parts.values())
         if not parts or after != alla.get("after"):
@@ -332,7 +389,6 @@ def component_checks(i, first, tags, alla, result, failures):
         befores = [c.get("before") for c in parts.values()]
         if None not in befores and alla.get("before") is not None and sum(befores) != alla["before"]:
             failures.append(f"cell {i} ({first}): components before add up to {sum(befores)}, tracked {alla['before']}")
-    kinds = ("component-delta=", "component-after=", "component-peak=", "component-rise=")
     for tag in (t for t in tags if t.startswith(kinds)):
         kind, _, spec = tag.partition("=")
         name, _, want = spec.partition(":")
@@ -420,7 +476,9 @@ def device_checks(i, first, tags, r, alla, row, html, failures):
         {"device": p.get("device"), "uuid": p.get("uuid"), "process_delta": delta(p.get("process"))} for p in parts
     ]
     for tag in (t for t in tags if t.startswith("line-has=")):
-        if tag[len("line-has="):] not in row["line"]:
+        if not tag[len("line-has="):].strip():
+            failures.append(f"{where}: {tag!r} names no text: nothing to check")
+        elif tag[len("line-has="):] not in row["line"]:
             failures.append(f"{where}: the line lacks {tag[len('line-has='):]!r}: {row['line']}")
     for tag in (t for t in tags if t.startswith("devices-nvml=")):
         want = int(tag.split("=")[1])
@@ -476,6 +534,10 @@ def device_checks(i, first, tags, r, alla, row, html, failures):
                             f"{(cache[1] - cache[0]) / MIB:+.2f} + kernel stacks {local / MIB:+.2f} + "
                             f"{rest / MIB:+.2f} MiB unexplained (more than {pct} %)")
     if "nvml-named-each" in tags:
+        others = [d for d in explained if d != alla.get("device")]
+        if not others:
+            failures.append(f"{where}: MISSING NVML's change on another device: nothing for the details to explain "
+                            f"({len(explained)} devices read)")
         for d, e in explained.items():
             if d != alla.get("device") and f"NVML's change on device {d}, explained" not in unescape(html):
                 failures.append(f"{where}: device {d}'s NVML change ({e['nvml'] / MIB:+.2f} MiB) not explained in the details")
@@ -540,10 +602,14 @@ def queued_checks(i, first, tags, r, alla, cubecl, row, failures):
     where = f"cell {i} ({first})"
     if "queued-lands" in tags:
         got = source_delta(alla, "driver") + source_delta(alla, "pool")
-        after = lambda k: ((cubecl or {}).get(k) or {}).get("after") or 0
-        held = after("in_use") + after("cached")
-        if not cubecl or got + 2 * MIB < held:
-            failures.append(f"{where}: tracked driver + pool Δ {got} < cubecl's in use + cached after {held}")
+        after = lambda k: ((cubecl or {}).get(k) or {}).get("after")
+        if not cubecl or after("in_use") is None or after("cached") is None:
+            failures.append(f"{where}: MISSING cubecl's in use and cached after the cell: {cubecl}")
+        elif alla.get("by_source") is None:
+            failures.append(f"{where}: MISSING all_allocations.by_source (tracked by source)")
+        elif got + 2 * MIB < after("in_use") + after("cached"):
+            failures.append(f"{where}: tracked driver + pool Δ {got} < cubecl's in use + cached after "
+                            f"{after('in_use') + after('cached')}")
         if r.get("unsettled"):
             failures.append(f"{where}: not settled: {r['unsettled']}")
     if "parts-add-up" in tags or "first-launches" in tags:
@@ -1258,6 +1324,43 @@ def _oom_nb(burn=False):
     return _nb(cells)
 
 
+def _checks_nb():
+    """The checks before issue 54 (`failures`), each on a cell of its own with the figures it reads:
+    cuBLAS's 256 MiB workspace from the CUDA pool, matched by NVML (`nvml-matches`), the cell's value
+    naming its sites (`top-names`, `site`), the allocator's count returned (`returns-allocated`), the
+    line's text (`line-has`), cubecl's books (`cubecl-pools`, `cubecl-matches-tracked`,
+    `queued-lands`) and the components (`components-add-up`, `component-delta`)."""
+    def rec(cell):
+        r = _rec(cell, [("cuBLAS", 0, 256 * MIB)], (0, 256 * MIB), pool=((0, 0), (256 * MIB, 256 * MIB)))
+        r["allocator"] = {"allocated": {"before": 0, "after": 0}, "reserved": {"before": 0, "after": 0}}
+        r["all_allocations"].update(
+            by_source=[{"source": "pool", "delta": 256 * MIB}],
+            by_component=[{"component": "workspace", "before": 0, "after": 256 * MIB, "peak": 256 * MIB}],
+            top=[{"owner": "cuBLAS", "bytes": 256 * MIB, "function": "cublasCreate_v2", "cell": cell, "line": 1}],
+        )
+        span = lambda b, a: {"before": b, "after": a}
+        r["frameworks"] = [{"framework": "cubecl", "in_use": span(0, 200 * MIB), "padding": span(0, 0),
+                            "cached": span(0, 56 * MIB), "reserved": span(0, 256 * MIB)}]
+        return r
+
+    def cell(n, tags, result=None):
+        c = _cell(f"let x{n} = workspace();", rec(n), tags=tags)
+        if result is not None:
+            c["outputs"].append({"output_type": "execute_result", "data": {"text/plain": result}, "metadata": {},
+                                 "execution_count": n})
+        return c
+
+    return _nb([
+        cell(1, ["nvml-matches"]),
+        cell(2, ["top-names=cuBLAS"], result="cuBLAS 256 MiB cublasCreate_v2 ← cell 2"),
+        cell(3, ["site=cublasCreate_v2@1"]),
+        cell(4, ["returns-allocated"], result="0"),
+        cell(5, ["line-has=cuda:0"]),
+        cell(6, ["cubecl-pools", "cubecl-matches-tracked", "queued-lands"]),
+        cell(7, ["components-add-up", "component-delta=workspace:268435456"]),
+    ])
+
+
 def _code(nb, n):
     """The notebook's code cell `n` (0-based)."""
     return [c for c in nb["cells"] if c["cell_type"] == "code"][n]
@@ -1313,8 +1416,53 @@ def self_test():
         f(nb)
         return nb
 
-    cand, oomc, oomb = _candle_corpus(), _oom_nb(), _oom_nb(burn=True)
+    cand, oomc, oomb, legacy = _candle_corpus(), _oom_nb(), _oom_nb(burn=True), _checks_nb()
+    cupti = ["--require-tracking", "cupti"]
+    tag = lambda n, *tags: (lambda nb: _code(nb, n)["metadata"].update(tags=list(tags)))
     cases = [
+        # The checks before issue 54: a figure a tag needs that is missing fails ("legacy:" and
+        # the failure's words), never a pass.
+        ("the checks before issue 54 as recorded", legacy, cupti, None),
+        ("nvml-matches: NVML's process figures missing", mutate(legacy, lambda nb: _set_record(
+            nb, 0, lambda r: r["nvml"].update(process={}))), cupti, "legacy:MISSING figures for nvml-matches"),
+        ("nvml-matches: no NVML in the record", mutate(legacy, lambda nb: _set_record(nb, 0, lambda r: r.pop("nvml"))),
+         cupti, "legacy:MISSING figures for nvml-matches"),
+        ("nvml-matches: the CUDA pool's reserved missing", mutate(legacy, lambda nb: _set_record(
+            nb, 0, lambda r: r["pool"].pop("reserved"))), cupti, "legacy:MISSING figures for nvml-matches"),
+        ("nvml-matches: NVML 3 MiB past the crate's reserved", mutate(legacy, lambda nb: _set_record(
+            nb, 0, lambda r: r["nvml"]["process"].update(after=259 * MIB))), cupti, "legacy:unexplained"),
+        ("top-names: an empty name", mutate(legacy, tag(1, "top-names=")), cupti, "legacy:names an empty site"),
+        ("top-names: a name the value lacks", mutate(legacy, tag(1, "top-names=cuBLAS,candle")), cupti,
+         "legacy:'candle' not in the top table"),
+        ("site: no function", mutate(legacy, tag(2, "site=@1")), cupti, "legacy:names no function"),
+        ("site: not in the top", mutate(legacy, tag(2, "site=cublasCreate_v2@2")), cupti, "legacy:no site"),
+        ("returns-allocated: the report's figure missing, the cell returned None", mutate(legacy, lambda nb: (
+            _set_record(nb, 3, lambda r: r["allocator"].pop("allocated")),
+            _code(nb, 3)["outputs"][-1]["data"].update({"text/plain": "None"}))), cupti,
+         "legacy:MISSING the report's figure for returns-allocated"),
+        ("line-has: no text", mutate(legacy, tag(4, "line-has=")), cupti, "legacy:names no text"),
+        ("nvml-named-each: one device", mutate(legacy, tag(4, "nvml-named-each")), cupti,
+         "legacy:MISSING NVML's change on another device"),
+        ("cubecl-pools: padding missing", mutate(legacy, lambda nb: _set_record(
+            nb, 5, lambda r: r["frameworks"][0].pop("padding"))), cupti, "legacy:MISSING cubecl numbers"),
+        ("queued-lands: cubecl's in use missing", mutate(legacy, lambda nb: _set_record(
+            nb, 5, lambda r: r["frameworks"][0].pop("in_use"))), cupti, "legacy:MISSING cubecl's in use"),
+        ("cubecl-matches-tracked: by_source missing", mutate(legacy, lambda nb: _set_record(
+            nb, 5, lambda r: r["all_allocations"].pop("by_source"))), cupti, "legacy:MISSING all_allocations.by_source"),
+        ("components: by_component missing", mutate(legacy, lambda nb: _set_record(
+            nb, 6, lambda r: r["all_allocations"].pop("by_component"))), cupti,
+         "legacy:MISSING all_allocations.by_component"),
+        ("--require-tracking, the crate never loaded", mutate(legacy, lambda nb: [_set_record(
+            nb, n, lambda r: r.update(crate_loaded={"before": False, "after": False})) for n in range(7)]), cupti,
+         "legacy:no record says the crate loaded"),
+        ("no report in any cell", mutate(legacy, lambda nb: [_drop_outputs(
+            nb, n, lambda o: CELL_MIME in o.get("data", {})) for n in range(7)]), cupti + ["--stock"],
+         "legacy:no cell has a report"),
+        ("--stock: a tagged cell without its record", mutate(legacy, lambda nb: _drop_outputs(
+            nb, 2, lambda o: CELL_MIME in o.get("data", {}))), cupti + ["--stock", "--no-lines"], "legacy:0 reports"),
+        ("--stock: an untagged cell without its record", mutate(legacy, lambda nb: (tag(2)(nb), _drop_outputs(
+            nb, 2, lambda o: CELL_MIME in o.get("data", {})))), cupti + ["--stock", "--no-lines"], None),
+        # Issue 54.
         # (what, notebook, args, the check that must fail; None: nothing may fail)
         ("candle corpus as recorded", cand, corpus, None),
         ("kernel stacks raised and counted", mutate(cand, lambda nb: _set_record(nb, 3, lambda r: (
@@ -1432,6 +1580,12 @@ def self_test():
             ok = code == 0 and not failed
             detail = "every check passed" if ok else f"failed: {sorted(failed)} {checks.legacy[:2]} " + "; ".join(
                 f"{l['check']}: {l['message']}" for l in checks.lines if not l["ok"])[:600]
+        elif want.startswith("legacy:"):
+            words = want[len("legacy:"):]
+            hit = next((f for f in checks.legacy if words in f), None)
+            ok = code != 0 and hit is not None
+            detail = (f"FAIL as it should: {hit}" if ok
+                      else f"expected a failure saying {words!r}, got {checks.legacy or 'no failure'} (exit {code})")
         else:
             ok = code != 0 and want in failed
             detail = (f"FAIL [{want}] as it should: " + next(l["message"] for l in checks.lines if not l["ok"] and l["check"] == want)
