@@ -187,6 +187,7 @@ split_parts() {
     [ "$part" -gt 40 ] && part=40
     [ "$part" -lt 8 ] && { echo "the working tree ($((tree / 1048576)) MiB) leaves no room for a part"; return 1; }
     split -b "${part}M" -d -a 1 "$work/payload.tar.xz" "$work/part"
+    # shellcheck disable=SC2012  # the parts are named part0, part1, …: nothing for ls to mangle
     n=$(ls "$work"/part* | wc -l)
     for i in $(seq 1 "$n"); do
         mkdir -p ".gpu-nb$i"
@@ -207,6 +208,7 @@ setup() {
     local t0=$SECONDS
     rm -rf "$root" && mkdir -p "$root"
     # The parts in order (part1, part2, …, part10 after part9).
+    # shellcheck disable=SC2012  # part1, part2, …: nothing for ls to mangle
     ls "$stage"/part* | sort -V | xargs cat | xz -d -T0 | tar xf - -C "$root"
     mkdir -p "$root/cargo-home"
     cat > "$root/cargo-home/config.toml" <<EOF
@@ -235,6 +237,7 @@ EOF
 
 env_file() {
     local cuda
+    # shellcheck disable=SC2012  # cuda-X.Y: nothing for ls to mangle
     cuda="$(ls -d /usr/local/cuda-* 2>/dev/null | sort -V | tail -1)"
     cat > "$root/env.sh" <<EOF
 export PATH="$root/rust/bin:$root/bin:$cuda/bin:\$PATH"
@@ -263,6 +266,8 @@ run_nb() {
         local name t0=$SECONDS
         name="$(basename "$nb" .ipynb)"
         step "gpumem-kernel run $nb"
+        # A run that writes nothing leaves nothing of an earlier run to be checked in its place.
+        rm -f "$out/$name.ipynb"
         set +e
         gpumem-kernel run "$nb" --output "$out/$name.ipynb" --html "$out/$name.html" 2>&1 | tee "$out/$name.log" | tail -40
         local code=${PIPESTATUS[0]}
@@ -289,15 +294,23 @@ jupyter_nb() {
         local name t0=$SECONDS
         name="$(basename "$nb" .ipynb)-jupyter"
         step "jupyter_client/nbclient, kernel gpumem: $nb"
+        rm -f "$out/$name.ipynb"
+        set +e
         python3 - "$nb" "$out/$name.ipynb" <<'PY'
 import sys, nbformat
 from nbclient import NotebookClient
 nb = nbformat.read(sys.argv[1], as_version=4)
-NotebookClient(nb, kernel_name="gpumem", timeout=900, resources={"metadata": {"path": "notebooks"}}).execute()
-nbformat.write(nb, sys.argv[2])
+try:
+    NotebookClient(nb, kernel_name="gpumem", timeout=900, resources={"metadata": {"path": "notebooks"}}).execute()
+finally:
+    # Written also when a cell failed: the checker names it, and the cells never reached.
+    nbformat.write(nb, sys.argv[2])
 print("executed", sys.argv[1])
 PY
-        echo "$name: $((SECONDS - t0)) s" | tee -a "$out/timings.txt"
+        local code=$?
+        set -e
+        echo "$name: exit $code, $((SECONDS - t0)) s" | tee -a "$out/timings.txt"
+        [ "$code" = 0 ] || status=1
         set +e
         python3 scripts/gpu/check_notebook.py "$out/$name.ipynb" --require-tracking cupti --json "$out/$name.check.json" \
             | tee "$out/$name.check.txt" | tail -25
@@ -347,9 +360,16 @@ PY
     local spent=$((SECONDS - t0)) total
     total=$(( $(cat "$root/warm-$name-$kernel.s" 2>/dev/null || echo 0) + spent ))
     echo "$total" > "$root/warm-$name-$kernel.s"
+    # Not done is no success (exit 3, as `corpus54 warm`): `warm … && run …` runs only on a build
+    # that finished, and a build that failed is told from one that ran out of time.
     local state="done"
-    [ "$code" = 0 ] || state="not done (exit $code): call warm again"
+    case "$code" in
+        0) ;;
+        124) state="not done (out of time): call warm again" ;;
+        *) state="FAILED (exit $code): the build did not run out of time, it failed" ;;
+    esac
     echo "$name ($kernel kernel): first :dep build $spent s this call, $total s in all, $state" | tee -a "$out/timings.txt"
+    [ "$code" = 0 ] || return 3
 }
 
 stock_build_dir() {
@@ -365,7 +385,8 @@ stock_build_dir() {
 stock_nb() {
     # The same notebooks in the stock evcxr kernel ("Rust"), gpumem-nb hooking itself into the
     # child: sites name functions and cells there, not lines (the child never sees a cell's
-    # text), hence --no-lines.
+    # text), hence --no-lines. Each is checked by scripts/gpu/check_stock.py (the report lines
+    # the stock kernel prints); check_notebook.py --stock reads the records beside cells' values.
     # shellcheck disable=SC1091
     . "$root/env.sh"
     mkdir -p "$out"
@@ -377,11 +398,15 @@ stock_nb() {
     local std_dir
     std_dir="$(rustc --print sysroot)/lib/rustlib/x86_64-unknown-linux-gnu/lib"
     export LD_LIBRARY_PATH="$std_dir:$LD_LIBRARY_PATH"
+    # Every notebook runs; the status says whether a run or a check failed.
+    local status=0
     for nb in "$@"; do
-        local name t0=$SECONDS
+        local name t0=$SECONDS code
         name="$(basename "$nb" .ipynb)-stock"
         [ "${GPUMEM_STOCK_LINES:-}" = 1 ] && name="$name-lines"
         step "jupyter_client/nbclient, stock kernel rust: $nb"
+        rm -f "$out/$name.ipynb"
+        set +e
         python3 - "$nb" "$out/$name.ipynb" <<'PY'
 import sys, nbformat
 from nbclient import NotebookClient
@@ -409,56 +434,23 @@ repo = os.path.abspath(os.path.join(os.path.dirname(sys.argv[1]), ".."))
 for c in nb.cells:
     if c.cell_type == "code":
         c.source = re.sub(r"(?m)^(\s*):dep gpumem-nb\s*$", lambda m: f'{m.group(1)}:dep gpumem-nb = {{ path = "{repo}" }}', c.source)
-NotebookClient(nb, kernel_name="rust", timeout=900, resources={"metadata": {"path": "notebooks"}}).execute()
-nbformat.write(nb, sys.argv[2])
+try:
+    NotebookClient(nb, kernel_name="rust", timeout=900, resources={"metadata": {"path": "notebooks"}}).execute()
+finally:
+    # Written also when a cell failed: the checker names it, and the cells never reached.
+    nbformat.write(nb, sys.argv[2])
 print("executed", sys.argv[1])
 PY
-        echo "$name: $((SECONDS - t0)) s" | tee -a "$out/timings.txt"
-        python3 - "$out/$name.ipynb" <<'PY' | tee "$out/$name.check.txt"
-import json, sys
-nb = json.load(open(sys.argv[1]))
-fails = 0
-for c in nb["cells"]:
-    if c["cell_type"] != "code":
-        continue
-    outs = c.get("outputs", [])
-    text = "".join("".join(o.get("text", "")) if o.get("output_type") == "stream" else "".join(o.get("data", {}).get("text/plain", "")) for o in outs)
-    for tag in c.get("metadata", {}).get("tags", []):
-        if tag.startswith("stock-line="):
-            # The cell's report (its last stdout line, `[N] …`) names the owner, with the change the
-            # notebook printed (FRAMEWORK_BYTES, the framework's own count).
-            owner = tag[len("stock-line="):]
-            lines = [l for l in text.splitlines() if l.startswith("[")]
-            said = [l.split()[-1] for l in text.splitlines() if l.startswith("FRAMEWORK_BYTES ")]
-            ok = bool(lines) and owner in lines[-1]
-            if ok and said:
-                import re
-                m = re.search(re.escape(owner) + r" [0-9.]+ [KMGT]?i?B \(([+-][0-9.]+ [KMGT]?i?B|±0 B)", lines[-1])
-                units = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
-                if m and m.group(1) != "±0 B":
-                    num, unit = m.group(1).split()
-                    shown = float(num) * units[unit]
-                    want = int(said[-1])
-                    ok = abs(shown - want) <= max(abs(want) * 0.01, 1 << 20)
-                else:
-                    ok = False
-            fails += not ok
-            print(("ok  " if ok else "FAIL"), f"report line names {owner} with its change:", lines[-1] if lines else "no report line", said)
-        if tag.startswith("top-names="):
-            for name in tag[len("top-names="):].split(","):
-                ok = name in text
-                fails += not ok
-                print(("ok  " if ok else "FAIL"), repr(name), "in the cell's top table")
-    errs = [o for o in outs if o.get("output_type") == "error"]
-    if errs and "not-stock" in c.get("metadata", {}).get("tags", []):
-        print("skipped (not-stock):", errs[0].get("ename"), errs[0].get("evalue", "")[:200])
-    elif errs:
-        fails += 1
-        print("FAIL", errs[0].get("ename"), errs[0].get("evalue", "")[:200])
-print(f"{sys.argv[1]}: {fails} failures")
-sys.exit(1 if fails else 0)
-PY
+        code=$?
+        set -e
+        echo "$name: exit $code, $((SECONDS - t0)) s" | tee -a "$out/timings.txt"
+        [ "$code" = 0 ] || status=1
+        set +e
+        python3 scripts/gpu/check_stock.py "$out/$name.ipynb" | tee "$out/$name.check.txt"
+        [ "${PIPESTATUS[0]}" = 0 ] || status=1
+        set -e
     done
+    return $status
 }
 
 trim_nb() {
