@@ -9,7 +9,9 @@ no other lane names) and one environment assignment for its binaries (`VAR=value
 none). A lane runs its binaries one after another, as `cargo test` would: from the package's
 directory, with TEST-ARGS, stopping at the first that fails; the lanes run at once. Each
 binary's output is printed whole when it ends, under the line cargo would print before it.
-Exit status: 0 when every binary of every lane passed, 1 otherwise (the failing ones named).
+Exit status: 0 when every binary of every lane ran and passed, 1 otherwise (the failing ones
+named; a lane that died of an exception is named with it, and its binaries left unrun count as
+not passed).
 """
 
 import json
@@ -18,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 
 
 def parse(argv):
@@ -79,9 +82,21 @@ def main():
         plan.append((env, chosen))
     out_lock = threading.Lock()
     failed = []
+    passed = [0]  # binaries that ran and passed, all lanes
     start = time.monotonic()
 
     def run_lane(k, env, chosen):
+        # An exception ends a thread with a traceback on stderr and nothing else: the lane is
+        # failed here, by name, or the run would say its binaries passed.
+        try:
+            lane(k, env, chosen)
+        except BaseException as e:
+            with out_lock:
+                traceback.print_exc(file=sys.stdout)
+                print(f"error: lane {k} died: {type(e).__name__}: {e}", flush=True)
+                failed.append(f"lane {k} died ({type(e).__name__}: {e})")
+
+    def lane(k, env, chosen):
         environ = dict(os.environ)
         if env:
             var, value = env.split("=", 1)
@@ -97,6 +112,8 @@ def main():
                 if p.returncode != 0:
                     print(f"error: test failed, to rerun pass `--test {name}` (lane {k}, exit {p.returncode})", flush=True)
                     failed.append(f"{name} (lane {k})")
+                else:
+                    passed[0] += 1
                 sys.stdout.flush()
             if p.returncode != 0:
                 return
@@ -109,10 +126,15 @@ def main():
     for t in threads:
         t.join()
     took = time.monotonic() - start
+    planned = sum(len(c) for _, c in plan)
     if failed:
-        print(f"FAIL after {took:.0f} s: {', '.join(failed)}")
+        print(f"FAIL after {took:.0f} s: {', '.join(failed)} ({passed[0]} of {planned} test binaries passed)")
         return 1
-    print(f"{sum(len(c) for _, c in plan)} test binaries passed in {len(plan)} lanes in {took:.0f} s")
+    if passed[0] != planned:
+        # Every way out of a lane is above; this only says so if one is ever missed.
+        print(f"FAIL after {took:.0f} s: {passed[0]} of {planned} test binaries ran and passed")
+        return 1
+    print(f"{planned} test binaries passed in {len(plan)} lanes in {took:.0f} s")
     return 0
 
 
