@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 base="${1:-a4b97d8}" tip="${2:-HEAD}" limit=72
 
 if ! git rev-parse --git-dir >/dev/null 2>&1; then
-    echo "check_commits: not a git checkout, commit subjects not checked"
+    echo "SKIPPED: not a git checkout, commit subjects not checked"
     exit 0
 fi
 range="$base..$tip"

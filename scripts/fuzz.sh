@@ -6,7 +6,10 @@
 # Build outputs go to $CARGO_TARGET_DIR/fuzz (a build directory of its own: the sanitizer's flags
 # share no unit with the workspace's, and `build` runs beside other builds in scripts/test.sh).
 # The corpus grows in the target directory between runs; the committed seeds and dictionaries
-# start it. A crash stops the script with the failing input written under fuzz/artifacts/.
+# start it. A crash stops the script with the failing input written under fuzz/artifacts/; a
+# target that fuzzed no input fails too. Without a nightly toolchain it prints `SKIPPED: reason`
+# and exits 0: scripts/test.sh names the skip on its last line (and fails under
+# GPUMEM_REQUIRE_ALL_CHECKS=1, as CI runs it).
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 target="${CARGO_TARGET_DIR:-$repo/target}"
@@ -47,7 +50,18 @@ run)
             fi
             return 1
         fi
-        echo "$t: $(grep -E '^Done' "$log" | tail -1)"
+        # libFuzzer ends a timed run with `Done N runs in S second(s)`: without it, or with no run,
+        # nothing was fuzzed, and that is no pass.
+        local done_line
+        done_line="$(awk '/^Done [0-9]+ runs/ { d = $0 } END { print d }' "$log")"
+        case "$done_line" in
+            "" | "Done 0 runs"*)
+                tail -20 "$log"
+                echo "fuzz target $t ran no input (libFuzzer's last line: ${done_line:-no \"Done N runs\" line})"
+                return 1
+                ;;
+        esac
+        echo "$t: $done_line"
     }
     running=0 failed=0
     for t in "${targets[@]}"; do
