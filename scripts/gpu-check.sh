@@ -38,6 +38,11 @@ rm -rf .gpu-bundle/snapshots && mkdir -p .gpu-bundle/snapshots
 GPUMEM_NB_DEVICE=sim "$CARGO_TARGET_DIR/release/examples/snapshot_demo" .gpu-bundle/snapshots/sim >/dev/null
 "$CARGO_TARGET_DIR/release/gpumem-replay" tests/fixtures/traces/gpt2_train.trace.tsv.gz --snapshot .gpu-bundle/snapshots/gpt2 >/dev/null
 cp "$(executable gpumem_nb test -p gpumem-nb --lib --release --features cublas,nvrtc)" .gpu-bundle/gpumem-nb-lib-tests
+# The integration tests with GPU-only tests (`#[ignore]`d by a plain `cargo test`, so that a CPU
+# host reports them ignored; run.sh runs them with --include-ignored).
+for t in mem pinned; do
+  cp "$(executable "$t" test -p gpumem-nb --release --features cublas,nvrtc --test "$t")" ".gpu-bundle/gpumem-nb-test-$t"
+done
 # The per-cell hook path (kernel side + notebook child in one binary) and the hook overhead.
 cp "$(executable hook_path test --release -p gpumem-kernel --test hook_path)" .gpu-bundle/hook_path
 cp "$(executable overhead test --release -p gpumem-kernel --test overhead)" .gpu-bundle/kernel-overhead
@@ -49,7 +54,7 @@ rm -f .gpu-bundle/gpumem-nb-lib-tests-probe
 strip .gpu-bundle/hook_path .gpu-bundle/kernel-overhead .gpu-bundle/inferno-flamegraph 2>/dev/null || true
 strip .gpu-bundle/alloc-bench .gpu-bundle/history-bench .gpu-bundle/alloc_pairs .gpu-bundle/gpumem-replay 2>/dev/null || true  # the tests and snapshot_demo keep their symbols (frame names)
 # Those keep their line tables too (stacks show file:line), compressed: 30 MB binaries become 8.
-for f in gpu_check gpu_probe gpumem-nb-lib-tests snapshot_demo track_check; do
+for f in gpu_check gpu_probe gpumem-nb-lib-tests gpumem-nb-test-mem gpumem-nb-test-pinned snapshot_demo track_check; do
   objcopy --compress-debug-sections=zlib ".gpu-bundle/$f"
 done
 du -sh .gpu-bundle

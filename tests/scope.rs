@@ -169,7 +169,10 @@ fn report_renders_for_notebooks() {
 #[test]
 fn measure_on_the_current_device() {
     // The process-wide device (whatever GPUMEM_NB_DEVICE says): a scope that allocates nothing.
-    let Ok(s) = measure("global") else { return };
+    // Only a malformed value, or `cuda` without a GPU, fails to open, and that is a failure here.
+    let s = measure("global").unwrap_or_else(|e| {
+        panic!("the current device (GPUMEM_NB_DEVICE={:?}) did not open: {e}", std::env::var("GPUMEM_NB_DEVICE"))
+    });
     let r = s.quiet().finish();
     assert_eq!(r.name, "global");
     assert!(r.peak_allocated >= r.end_allocated);
