@@ -5,22 +5,31 @@ Usage: python kernel/tests/lab_panel.py OUT_DIR
 kernelspec and the prebuilt extension in a private prefix on JUPYTER_PATH, a simulated 8 GiB
 device.)
 
-What it checks, each against what the kernel itself wrote into the notebook:
+What it checks, each against what the kernel itself wrote into the notebook (the record, the
+`application/vnd.gpumem.cell+json` of a cell's output; the live line's figures): what a user sees,
+the texts as rendered and the chart's rendered boxes, compared with the record's numbers written
+as the panel writes them (lab/src/units.ts and chart.ts, written again here: `iec`, `statusText`,
+`siteText`), never with another attribute of the page read at the same moment.
 
 - The extension is loaded as a prebuilt extension, and the panel opens from its right-sidebar tab.
 - After each of four cells run one at a time (a first buffer stamped as parameters and
   activations, a cell that frees the activations, one under `%gpumem budget 1GiB` that makes
-  gradients, and a long one): the panel's figures (allocated, reserved, all allocations, process,
-  device free and total, each as exact bytes in `data-bytes`) are the record in that cell's
-  output; the status bar's item reads `GPU x / 8 GiB` from the same record; the chart has one bar
-  per record, the cell's bar its after and peak; after the budget cell the budget line is at the
-  record's budget.
+  gradients, and a long one): the panel's figures as they read on screen (`320 MiB`, `128 MiB
+  peak 320 MiB`, `7.69 GiB`, `n/a`: every row shown and no other) are the record in that cell's
+  output, and so are their exact bytes (`data-bytes`); the status bar's item reads the text the
+  record gives (`GPU 0.3 / 8 GiB`); the chart has one bar per record, each drawn (its rendered
+  boxes) standing on the axis's 0 and as tall as the record's after, its peak's bar as its peak,
+  each component's block as that component's bytes, read on the chart's own axis (its labels'
+  text and its grid lines' rendered y), within a pixel; after the budget cell the budget line is
+  drawn at the record's budget and labelled so.
 - During a cell that runs about 5 s and grows memory in steps: the panel is live and its
-  allocated figure changes at least twice, every figure it shows being one the live line's
-  figures (in the cell's output) held; the chart has a bar for the running cell at the live
-  reading's every-allocation figure.
-- Hovering a bar names its cell and its top site; clicking the bar of a cell scrolled out of view
-  selects that cell (the active cell changes) and brings it into view.
+  allocated figure changes at least twice, every figure it shows (its bytes, and its text) being
+  one the live line's figures (in the cell's output) held; the chart has a bar for the running
+  cell at the live reading's every-allocation figure, drawn that tall on the axis.
+- Hovering a bar shows its cell and first line, what it measures, and its top sites, the
+  record's (a record with no top site fails), in the panel's hover box and in the bar's tooltip;
+  clicking the bar of a cell scrolled out of view selects that cell (the active cell changes)
+  and brings it into view.
 - A second notebook on a second kernel: the panel shows its own figures (its records', different
   from the first's) while it is active, and the first's again when the first is.
 - A notebook on the venv's python3 kernel (ipykernel): the panel says, in one line, that the
@@ -42,7 +51,7 @@ What it checks, each against what the kernel itself wrote into the notebook:
   reply's newest record), not the newest saved record of the old process; the old process's
   records are "previous process". Checked against the live kernel's own answer: the next cell's
   record's before-values (what the process held when it started) are the figures the panel
-  showed, in bytes and in its text.
+  showed, in bytes and in its text, and the status bar's text.
 - `%gpumem restart`: the panel and the status bar say the fresh process holds nothing at once
   (its note, `application/vnd.gpumem.session+json`), the earlier processes' bars apart.
 - With its kernel shut down, the notebook's panel shows the saved records labelled as saved
@@ -52,6 +61,7 @@ What it checks, each against what the kernel itself wrote into the notebook:
   notebook) in OUT_DIR.
 """
 
+import decimal
 import json
 import os
 import shutil
@@ -162,12 +172,25 @@ window.gpumemPanelTest = {
     const order = [];
     for (const tr of p.querySelectorAll('.gpumem-fig')) {
       order.push(tr.dataset.key);
+      const value = tr.querySelector('.gpumem-fig-value');
+      // `text`: the value as rendered (innerText, its peak included), `shown`: it has a box.
       figs[tr.dataset.key] = {bytes: tr.dataset.bytes === '' ? null : Number(tr.dataset.bytes),
                                peak: tr.dataset.peak === '' ? null : Number(tr.dataset.peak),
-                               label: (tr.querySelector('.gpumem-fig-label') || {}).textContent,
-                               text: tr.querySelector('.gpumem-fig-value').textContent,
+                               label: (tr.querySelector('.gpumem-fig-label') || {}).innerText,
+                               text: value.innerText,
+                               shown: value.getClientRects().length > 0 && value.getBoundingClientRect().height > 0,
                                source: tr.querySelector('.gpumem-fig-source').textContent};
     }
+    // The chart as rendered (client pixels): each grid line's y and its axis label's text, the
+    // budget lines' y. Read with the bars' boxes below, so that a height reads in bytes through
+    // the axis a user reads.
+    const mid = e => { const r = e.getBoundingClientRect(); return (r.top + r.bottom) / 2; };
+    const rectOf = e => { if (!e) return null; const r = e.getBoundingClientRect(); return {top: r.top, bottom: r.bottom, height: r.height, width: r.width}; };
+    const gridLines = [...p.querySelectorAll('svg.gpumem-history line.gpumem-grid')];
+    const gridLabels = [...p.querySelectorAll('svg.gpumem-history text.gpumem-axis:not(.gpumem-cell-label)')];
+    const axis = gridLines.map((l, i) => ({y: mid(l), text: gridLabels[i] ? gridLabels[i].textContent : null}));
+    const budgetLines = [...p.querySelectorAll('svg.gpumem-history line.gpumem-budget')].map(l => ({y: mid(l)}));
+    const budgetLabels = [...p.querySelectorAll('svg.gpumem-history text.gpumem-budget-label')].map(t => t.textContent);
     // Each bar as drawn: its group, its status, its tooltip, the failed mark's outline and ✗.
     const allBars = [...p.querySelectorAll('g.gpumem-bar')].map(g => {
       const outline = g.querySelector('.gpumem-fail-outline');
@@ -180,7 +203,13 @@ window.gpumemPanelTest = {
         outline: box && box.width > 0 && box.height > 0 && getComputedStyle(outline).stroke !== 'none'
           ? {w: box.width, h: box.height, stroke: getComputedStyle(outline).stroke} : null,
         mark: mark ? mark.textContent : null,
-        parts: [...g.querySelectorAll('.gpumem-part')].map(r => [r.dataset.part, Number(r.dataset.bytes)])};
+        parts: [...g.querySelectorAll('.gpumem-part')].map(r => [r.dataset.part, Number(r.dataset.bytes)]),
+        // As drawn: each component's rectangle (its part's name, its box), the stack's extent, the peak's box.
+        drawn: (() => {
+          const rects = [...g.querySelectorAll('.gpumem-part')].map(r => ({part: r.dataset.part, box: rectOf(r)}));
+          const stack = rects.length ? {top: Math.min(...rects.map(r => r.box.top)), bottom: Math.max(...rects.map(r => r.box.bottom))} : null;
+          return {parts: rects, stack, peak: rectOf(g.querySelector('.gpumem-peak'))};
+        })()};
     });
     const bars = allBars.filter(b => b.group === 'current');
     const msg = p.querySelector('.gpumem-panel-message');
@@ -198,17 +227,24 @@ window.gpumemPanelTest = {
       groups: text('.gpumem-group-label'),
       failed: text('.gpumem-failed-item'),
       budgets: [...p.querySelectorAll('.gpumem-budget')].map(l => Number(l.dataset.bytes)),
+      axis, budgetLines, budgetLabels,
       message: msg && msg.style.display !== 'none' ? msg.textContent : null,
       nowShown: !!now && now.style.display !== 'none' && now.offsetHeight > 0,
       historyShown: !!p.querySelector('.gpumem-panel-history') && p.querySelector('.gpumem-panel-history').offsetHeight > 0,
-      hover: (() => { const h = p.querySelector('.gpumem-hover'); return h ? {cell: h.dataset.cell, text: h.innerText} : null; })(),
+      hover: (() => {
+        const h = p.querySelector('.gpumem-hover');
+        const lines = sel => [...h.querySelectorAll(sel)].filter(e => e.getClientRects().length > 0).map(e => e.innerText);
+        return h ? {cell: h.dataset.cell, text: h.innerText, shown: h.getClientRects().length > 0 && h.offsetHeight > 0,
+                    head: lines('.gpumem-hover-head'), lines: lines('.gpumem-hover-line'), sites: lines('.gpumem-hover-site')} : null;
+      })(),
     };
   },
   status() {
     const s = document.querySelector('.gpumem-status');
     if (!s) return null;
     // The status bar hides an inactive item (its wrapper is not displayed).
-    return {text: s.textContent, bytes: s.dataset.bytes === '' ? null : Number(s.dataset.bytes),
+    // `text`: as rendered (innerText; an item not rendered reads its textContent).
+    return {text: s.innerText, bytes: s.dataset.bytes === '' ? null : Number(s.dataset.bytes),
             total: s.dataset.total === '' ? null : Number(s.dataset.total), shown: s.offsetWidth > 0 && s.getClientRects().length > 0};
   },
   // Whether cell i lies inside the notebook's scrolled view.
@@ -231,7 +267,16 @@ window.gpumemPanelTest = {
   reports(i) { return this.nb().content.widgets[i].node.querySelectorAll('.jp-OutputArea .gpumem-report').length; },
   liveBar() {
     const g = document.querySelector('#gpumem-lab-panel g.gpumem-livebar');
-    return g ? {cell: Number(g.dataset.cell), now: Number(g.dataset.now), peak: Number(g.dataset.peak)} : null;
+    if (!g) return null;
+    // Its "now" rectangle's rendered height, and the axis it is read against (as panel() reads it).
+    const r = g.querySelector('.gpumem-livebar-now');
+    const mid = e => { const b = e.getBoundingClientRect(); return (b.top + b.bottom) / 2; };
+    const p = document.getElementById('gpumem-lab-panel');
+    const gridLabels = [...p.querySelectorAll('svg.gpumem-history text.gpumem-axis:not(.gpumem-cell-label)')];
+    const axis = [...p.querySelectorAll('svg.gpumem-history line.gpumem-grid')].map((l, i) => ({y: mid(l), text: gridLabels[i] ? gridLabels[i].textContent : null}));
+    const b = r ? r.getBoundingClientRect() : null;
+    return {cell: Number(g.dataset.cell), now: Number(g.dataset.now), peak: Number(g.dataset.peak),
+            drawn: b ? {top: b.top, bottom: b.bottom, height: b.height} : null, axis};
   },
   run(i) {
     const p = this.nb();
@@ -289,12 +334,213 @@ def text_bytes(text):
     return float(num) * UNITS[unit]
 
 
-def reads_as(text, b):
-    """Whether a figure's text reads as `b` bytes (three significant digits)."""
-    try:
-        return b is not None and abs(text_bytes(text) - b) <= max(0.006 * b, 1)
-    except (ValueError, KeyError):
-        return False
+# ---- What a user reads, from a record: the panel's formatting (lab/src/units.ts, chart.ts), written
+# again here so that the texts on the page are compared with the record's numbers, not with the
+# page's own attributes.
+
+IEC_UNITS = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"]
+
+
+def to_fixed(v, digits):
+    """JavaScript's Number.prototype.toFixed: the exact binary value, a tie rounded away from 0."""
+    return str(decimal.Decimal(v).quantize(decimal.Decimal(1).scaleb(-digits), rounding=decimal.ROUND_HALF_UP))
+
+
+def unit_of(b):
+    i = 0
+    while i < len(IEC_UNITS) - 1 and abs(b) >= 1024 ** (i + 1):
+        i += 1
+    return IEC_UNITS[i], i
+
+
+def iec(b):
+    """units.ts `iec`: `160 MiB`, `64.0 MiB`, `8.00 GiB`, `512 B`, `n/a`."""
+    if b is None:
+        return "n/a"
+    unit, p = unit_of(b)
+    if p == 0:
+        return f"{b} B"
+    v = b / 1024 ** p
+    a = abs(v)
+    return f"{to_fixed(v, 0 if a >= 99.95 else 1 if a >= 9.995 else 2)}\u00a0{unit}"
+
+
+def short(b, p):
+    """units.ts `short`: one decimal below 10, none from 10, a whole number without `.0`."""
+    v = b / 1024 ** p
+    s = to_fixed(v, 1) if v < 10 else to_fixed(v, 0)
+    return s[:-2] if s.endswith(".0") else s
+
+
+def status_text(held_bytes, total):
+    """units.ts `statusText`: the status bar's `GPU 3.2 / 8 GiB`."""
+    if held_bytes is None and total is None:
+        return "GPU n/a"
+    if total is None:
+        return f"GPU {iec(held_bytes)}"
+    unit, p = unit_of(total)
+    if held_bytes is None:
+        return f"GPU n/a / {short(total, p)} {unit}"
+    if 0 < held_bytes < 0.05 * 1024 ** p and p > 0:
+        hu, hp = unit_of(held_bytes)
+        return f"GPU {short(held_bytes, hp)} {hu} / {short(total, p)} {unit}"
+    return f"GPU {short(held_bytes, p)} / {short(total, p)} {unit}"
+
+
+def seen(text):
+    """Text as a person reads it: a no-break space is a space, runs of white space one."""
+    return " ".join((text or "").replace("\u00a0", " ").split()) if text is not None else None
+
+
+def value_text(b, peak=None):
+    """A figure's value as the panel writes it: its bytes, and its peak where above them."""
+    t = iec(b)
+    if peak is not None and b is not None and peak > b:
+        t += f" peak {iec(peak)}"
+    return seen(t)
+
+
+def num(v):
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def record_texts(rec):
+    """The panel's "now" rows for a record, as a user reads them: {row: value text}, every row
+    the panel shows and no other (owners with bytes, every allocation, gpumem-nb's allocator
+    where it holds memory, the CUDA pool where the record has one, NVML's process, the device)."""
+    a = rec.get("allocator") or {}
+    all_ = rec.get("all_allocations") or {}
+    nvml = rec.get("nvml") or {}
+    if num(nvml.get("device_free")) is not None and num(nvml.get("device_total")) is not None:
+        free, total = nvml["device_free"], nvml["device_total"]
+    else:
+        free, total = num(rec.get("crate_device_free")), num(rec.get("crate_device_total"))
+    out = {}
+    for o in all_.get("by_owner") or []:
+        if num(o.get("after")) and o["after"] > 0:
+            out[f"owner:{o['owner']}"] = value_text(o["after"], num(o.get("peak")))
+    out["all_allocations"] = value_text(num(all_.get("after")), num(all_.get("peak")))
+    reserved = num((a.get("reserved") or {}).get("after"))
+    if reserved:
+        out["allocated"] = value_text(num((a.get("allocated") or {}).get("after")), num(a.get("peak_allocated")))
+        out["reserved"] = value_text(reserved, num(a.get("peak_reserved")))
+    if rec.get("pool"):
+        pool = rec["pool"]
+        out["pool"] = value_text(num((pool.get("used") or {}).get("after")), num(pool.get("used_high")))
+    out["process"] = value_text(num((nvml.get("process") or {}).get("after")))
+    out["device_free"] = value_text(free)
+    out["device_total"] = value_text(total)
+    return out
+
+
+def record_status(rec):
+    """The status bar's text for a record: what the process holds (NVML's bytes of it where more
+    than 0, else every allocation, else gpumem-nb's reserved) over the device's total."""
+    nvml = rec.get("nvml") or {}
+    process = num((nvml.get("process") or {}).get("after"))
+    all_after = num((rec.get("all_allocations") or {}).get("after"))
+    reserved = num((((rec.get("allocator") or {}).get("reserved")) or {}).get("after"))
+    if num(nvml.get("device_free")) is not None and num(nvml.get("device_total")) is not None:
+        total = nvml["device_total"]
+    else:
+        total = num(rec.get("crate_device_total"))
+    h = process if process else all_after if all_after is not None else reserved
+    return status_text(h, total)
+
+
+def site_text(site):
+    """chart.ts `siteText`: `64.0 MiB  function (cell 3, line 4)`."""
+    where = ""
+    if site.get("cell") is not None:
+        line = f", line {site['line']}" if site.get("line") else ""
+        where = f" (cell {site['cell']}{line})"
+    return seen(f"{iec(num(site.get('bytes')))}  {site.get('function') or site.get('owner') or 'unknown'}{where}")
+
+
+def bar_of(rec):
+    """A record's bar as a user reads it: (what it measures, after, peak, {component: bytes})."""
+    all_ = rec.get("all_allocations") or {}
+    after = num(all_.get("after"))
+    if after is not None:
+        parts = {c["component"]: c["after"] for c in all_.get("by_component") or [] if num(c.get("after")) and c["after"] > 0}
+        return "all allocations", after, max(num(all_.get("peak")) or after, after), parts
+    r = (rec.get("allocator") or {}).get("reserved") or {}
+    if num(r.get("after")) is not None:
+        return "reserved", r["after"], max(num((rec.get("allocator") or {}).get("peak_reserved")) or r["after"], r["after"]), {}
+    return "no reading", 0, 0, {}
+
+
+def axis_scale(axis):
+    """The chart's scale as a user reads it off its axis: (the 0 line's y, pixels per byte), from
+    the grid lines' rendered y and their labels' text (`512 MiB`, `1 GiB`); None when unreadable."""
+    ticks = []
+    for t in axis:
+        label = seen(t.get("text"))
+        if label is None:
+            return None
+        try:
+            ticks.append((0 if label == "0" else text_bytes(label), t["y"]))
+        except (ValueError, KeyError):
+            return None
+    zero = [y for v, y in ticks if v == 0]
+    top = max(ticks, default=(0, 0))
+    if not zero or top[0] <= 0:
+        return None
+    return zero[0], (zero[0] - top[1]) / top[0]
+
+
+PX = 1.0  # how far (client pixels) a drawn edge may lie from where the record puts it
+
+
+def check_bars(p, recs, where):
+    """Each of this process's bars as drawn: its stack stands on the axis's 0 and is as tall as
+    the record's bytes after the cell read on the axis, each component's block as tall as the
+    record's bytes of that component, the peak's bar as tall as the record's peak; the budget
+    line where the axis puts the record's budget. Bytes from the records, heights from the
+    rendered boxes."""
+    sc = axis_scale(p["axis"])
+    check(sc is not None and sc[1] > 0, f"{where}: the chart's axis reads (its labels and grid lines)", p["axis"])
+    if sc is None or sc[1] <= 0:
+        return
+    y0, k = sc
+    # The axis itself: every labelled grid line where its label puts it.
+    check(all(abs((y0 - t["y"]) - (0 if seen(t["text"]) == "0" else text_bytes(t["text"])) * k) <= PX for t in p["axis"]),
+          f"{where}: the axis's grid lines are evenly spaced as labelled", p["axis"])
+    by_cell = {r["cell"]: r for r in recs}
+    bad = []
+    for b in p["bars"]:
+        rec = by_cell.get(b["cell"])
+        if rec is None:
+            bad.append((b["cell"], "no record"))
+            continue
+        _, after, peak, comps = bar_of(rec)
+        d = b["drawn"]
+        stack = d["stack"] or {"top": y0, "bottom": y0}
+        got = {"stack": y0 - stack["top"], "base": stack["bottom"] - y0,
+               "peak": (y0 - d["peak"]["top"]) if d["peak"] else 0.0}
+        want = {"stack": after * k, "base": 0.0, "peak": peak * k}
+        for part in d["parts"]:
+            if part["part"] in comps:
+                got[part["part"]] = part["box"]["height"]
+                want[part["part"]] = comps[part["part"]] * k
+        for c, v in comps.items():
+            if c not in got:
+                got[c], want[c] = None, v * k
+        off = {x: (round(got[x], 2) if got[x] is not None else None, round(want[x], 2)) for x in want
+               if got[x] is None or abs(got[x] - want[x]) > PX}
+        if off:
+            bad.append((b["cell"], off))
+    check(not bad and sorted(by_cell) == sorted(b["cell"] for b in p["bars"]),
+          f"{where}: each bar is drawn as tall as its record's bytes (after, peak, each component) on the chart's axis "
+          f"({k * (1 << 20):.4f} px per MiB)", {"off (px drawn, px from the record)": bad,
+                                                 "bars": [b["cell"] for b in p["bars"]], "records": sorted(by_cell)})
+    budgets = [r.get("budget") for r in recs if num(r.get("budget"))]
+    if budgets:
+        b = budgets[-1]
+        ys = [l["y"] for l in p["budgetLines"]]
+        check(ys and abs((y0 - ys[-1]) - b * k) <= PX and seen(f"budget {iec(b)}") in [seen(t) for t in p["budgetLabels"]],
+              f"{where}: the budget line is drawn at the record's budget ({seen(iec(b))}) on the axis, labelled so",
+              {"line px above 0": [round(y0 - y, 2) for y in ys], "record px": round(b * k, 2), "labels": p["budgetLabels"]})
 
 
 def bar_after(rec):
@@ -321,12 +567,17 @@ def check_figures(js, rec, where):
     shown = [(k[len("owner:"):], p["figs"][k]["bytes"]) for k in p["order"] if k.startswith("owner:")]
     check(shown == own and (not own or p["order"][0].startswith("owner:")),
           f"{where}: the figures lead with who holds the memory, the record's owners {own}", (p["order"], shown))
-    check(all(reads_as(f["text"], f["bytes"]) for f in p["figs"].values() if f["bytes"] is not None),
-          f"{where}: each figure's text reads as its bytes", {k: (f["text"], f["bytes"]) for k, f in p["figs"].items()})
+    texts = record_texts(rec)
+    shown_texts = {k: seen(f["text"]) for k, f in p["figs"].items()}
+    check(shown_texts == texts and all(f["shown"] for f in p["figs"].values()),
+          f"{where}: the figures as the panel shows them read the record's, formatted as the panel formats them "
+          f"({', '.join(f'{k} {v}' for k, v in texts.items())})",
+          {"panel": shown_texts, "record": texts, "hidden": [k for k, f in p["figs"].items() if not f["shown"]]})
     st = js("return gpumemPanelTest.status()")
-    check(st and st["shown"] and st["bytes"] == held(rec) and st["total"] == want["device_total"]
-          and st["text"].startswith("GPU ") and st["text"].endswith(" GiB"),
-          f"{where}: the status bar reads the record ({st and st['text']})", (st, held(rec)))
+    check(st and st["bytes"] == held(rec) and st["total"] == want["device_total"],
+          f"{where}: the status bar's bytes are the record's", (st, held(rec)))
+    check(st and st["shown"] and seen(st["text"]) == seen(record_status(rec)),
+          f"{where}: the status bar shows the record as `{record_status(rec)}`", (st and st["text"], record_status(rec)))
     return p
 
 
@@ -416,6 +667,7 @@ def main():
             bar = next((b for b in p["bars"] if b["cell"] == rec["cell"]), None)
             check(bar is not None and bar["after"] == bar_after(rec) and sum(x[1] for x in bar["parts"]) == bar_after(rec),
                   f"{what}: its bar's parts add up to the record's bytes after it", (bar, bar_after(rec)))
+            check_bars(p, list(records.values()), what)
         alloc_rec, free_rec, budget_rec = records[ALLOC], records[FREE], records[BUDGET]
         comps = {c["component"]: c for c in (alloc_rec.get("all_allocations") or {}).get("by_component", [])}
         bar = next(b for b in js("return gpumemPanelTest.panel()")["bars"] if b["cell"] == alloc_rec["cell"])
@@ -434,18 +686,36 @@ def main():
         # ---- The long cell: the live figure moves.
         js("gpumemPanelTest.run(arguments[0])", LONG)
         panel_live, output_live, live_bars = [], set(), []
+        panel_live_text, output_live_text, live_drawn = [], set(), []
 
         def poll():
             s = js("return {p: gpumemPanelTest.panel(), o: gpumemPanelTest.liveInOutput(arguments[0]), "
                    "r: gpumemPanelTest.record(arguments[0])}", LONG)
             if s["o"]:
-                output_live.add(json.dumps({k: s["o"].get(k) for k in ("allocated", "reserved", "all_allocations")}))
+                o = s["o"]
+                output_live.add(json.dumps({k: o.get(k) for k in ("allocated", "reserved", "all_allocations")}))
+                # The live line's figures as the panel would write them (gpumem-nb's rows only
+                # where it holds memory).
+                output_live_text.add(json.dumps({
+                    "all_allocations": value_text(num(o.get("all_allocations")), num(o.get("all_allocations_peak"))),
+                    "allocated": value_text(num(o.get("allocated")), num(o.get("peak_allocated"))) if o.get("reserved") else None,
+                    "reserved": value_text(num(o.get("reserved")), num(o.get("peak_reserved"))) if o.get("reserved") else None}))
             p = s["p"]
             if p["mode"] == "live":
                 v = {k: (p["figs"].get(k) or {}).get("bytes") for k in ("allocated", "reserved", "all_allocations")}
+                vt = {k: seen((p["figs"].get(k) or {}).get("text")) for k in ("all_allocations", "allocated", "reserved")}
+                if not panel_live_text or panel_live_text[-1] != vt:
+                    panel_live_text.append(vt)
                 bar = js("return gpumemPanelTest.liveBar()")
                 if bar and s["o"] and bar["cell"] == s["o"].get("cell"):
                     live_bars.append((bar["now"], s["o"].get("all_allocations")))
+                    sc = axis_scale(bar["axis"])
+                    if sc and bar["drawn"]:
+                        # The running bar's height read on the axis, in bytes; and how far it is
+                        # (pixels) from the live line's figure.
+                        live_drawn.append((round(bar["drawn"]["height"] / sc[1]), s["o"].get("all_allocations"),
+                                           abs(bar["drawn"]["height"] - s["o"]["all_allocations"] * sc[1])
+                                           + abs(bar["drawn"]["bottom"] - sc[0])))
                 if not panel_live or panel_live[-1] != v:
                     panel_live.append(v)
                     if len(panel_live) == 3:
@@ -463,8 +733,16 @@ def main():
         check(live_bars and any(now == held for now, held in live_bars) and len({now for now, _ in live_bars}) >= 2,
               "while it runs, the chart has a bar for the cell that grows, at the live reading's every allocation",
               live_bars[-5:])
+        print(f"  live: the panel read {[t['all_allocations'] for t in panel_live_text]}")
+        check(len(panel_live_text) >= 3 and all(json.dumps(t) in output_live_text for t in panel_live_text),
+              "every live figure the panel showed reads as one the live line held, formatted as the panel formats it",
+              (panel_live_text, output_live_text))
+        check(live_drawn and any(off <= PX for _, _, off in live_drawn) and len({b for b, _, _ in live_drawn}) >= 2,
+              "the running bar is drawn, on the chart's axis, as tall as the live reading's every allocation, and grows",
+              live_drawn[-6:])
         check(js("return gpumemPanelTest.liveBar()") is None, "the running bar is gone once the cell's record came")
-        check_figures(js, long_rec, "the long cell")
+        p = check_figures(js, long_rec, "the long cell")
+        check_bars(p, list(records.values()), "the long cell")
         check(all(js("return gpumemPanelTest.reports(arguments[0])", i) == 1 for i in (ALLOC, FREE, BUDGET, LONG)),
               "each cell's own report line is still under it (the panel adds, it does not replace)")
 
@@ -477,11 +755,29 @@ def main():
         bar_el = driver.find_element(By.CSS_SELECTOR, f"#gpumem-lab-panel g.gpumem-bar[data-cell='{alloc_rec['cell']}'] .gpumem-bar-hit")
         ActionChains(driver).move_to_element(bar_el).perform()
         time.sleep(0.5)
-        hover = js("return gpumemPanelTest.panel().hover")
-        top = ((alloc_rec.get("all_allocations") or {}).get("top") or [{}])[0]
-        check(hover and hover["cell"] == str(alloc_rec["cell"]) and (top.get("function") or top.get("owner") or "") in hover["text"]
-              and f"[{alloc_rec['cell']}]" in hover["text"],
-              "hovering the allocating cell's bar names its cell and its top site", (hover, top))
+        hp = js("return gpumemPanelTest.panel()")
+        hover = hp["hover"]
+        # What the record says the hover shows: its cell and first line, what the bar measures,
+        # its top sites (bytes, function or owner, cell and line), written as the panel writes them.
+        top_sites = (alloc_rec.get("all_allocations") or {}).get("top") or []
+        top_name = (top_sites[0].get("function") or top_sites[0].get("owner") or "") if top_sites else ""
+        want_sites = [site_text(t) for t in top_sites[:3]]
+        quantity, after, peak, _ = bar_of(alloc_rec)
+        budget = num(alloc_rec.get("budget"))
+        want_head = seen(f"[{alloc_rec['cell']}] {alloc_rec.get('first_line') or ''}")
+        want_q = seen(f"{quantity}: peak {iec(peak)}, after {iec(after)}" + (f", budget {iec(budget)}" if budget is not None else ""))
+        check(top_sites and top_name, "the allocating cell's record names a top site (a function or an owner)", top_sites)
+        check(hover and hover["shown"] and hover["cell"] == str(alloc_rec["cell"]) and [seen(h) for h in hover["head"]] == [want_head]
+              and want_q in [seen(x) for x in hover["lines"]],
+              f"hovering the allocating cell's bar shows its cell `{want_head}` and `{want_q}`", (hover, want_head, want_q))
+        check(hover and want_sites and [seen(x) for x in hover["sites"]] == want_sites and top_name and top_name in hover["sites"][0],
+              f"and its top sites, the record's, the first `{want_sites[0] if want_sites else None}`",
+              {"hover": hover and hover["sites"], "record": want_sites})
+        title = next((b["title"] for b in hp["bars"] if b["cell"] == alloc_rec["cell"]), "")
+        title_lines = [seen(x) for x in title.split("\n")]
+        title_sites = title_lines[title_lines.index("top sites:") + 1:][:len(want_sites)] if "top sites:" in title_lines else []
+        check(title_lines[0] == want_head and want_q in title_lines and want_sites and title_sites == want_sites,
+              "its tooltip (the bar's title) says the same: cell, measure, the record's top sites", (title_lines, want_sites))
         shot("03_hover.png")
         bar_el.click()
         wait("the allocating cell to be active", lambda: js("return gpumemPanelTest.nb().content.activeCellIndex") == ALLOC, 10)
@@ -507,6 +803,9 @@ def main():
             check((lum > 0.7) if name == "light" else (lum < 0.3), f"{name}: the panel's background follows the theme ({bg})")
             check(expected(last_rec) == {k: (p["figs"].get(k) or {}).get("bytes") for k in expected(last_rec)},
                   f"{name}: the figures unchanged by the theme")
+            check({k: seen(f["text"]) for k, f in p["figs"].items()} == record_texts(last_rec) and all(f["shown"] for f in p["figs"].values()),
+                  f"{name}: the figures as shown still read the last record's",
+                  ({k: f["text"] for k, f in p["figs"].items()}, record_texts(last_rec)))
         set_theme(js, "JupyterLab Light")
         first_figs = {k: (p["figs"].get(k) or {}).get("bytes") for k in expected(last_rec)}
 
@@ -521,6 +820,7 @@ def main():
         rec2 = wait("the second notebook's last record", lambda: js("return gpumemPanelTest.record(1)"), 900, every=0.5)
         wait("the second kernel to be idle", lambda: js("return gpumemPanelTest.kernelStatus()") == "idle", 60)
         p2 = check_figures(js, rec2, "the second notebook")
+        check_bars(p2, [js("return gpumemPanelTest.record(0)"), rec2], "the second notebook")
         p1k = p["kernelId"]
         check(p2["notebook"] == "second.ipynb" and p2["kernelId"] and p2["kernelId"] != p1k,
               "the panel follows the second notebook and its own kernel", (p2["notebook"], p2["kernelId"], p1k))
@@ -559,6 +859,10 @@ def main():
               "reopened, the panel shows the history from the notebook's saved outputs", (p["bars"], saved))
         check({k: (p["figs"].get(k) or {}).get("bytes") for k in expected(last_rec)} == expected(last_rec),
               "reopened, its figures are the last saved record's")
+        check({k: seen(f["text"]) for k, f in p["figs"].items()} == record_texts(last_rec),
+              "reopened, its figures as shown read the last saved record's",
+              ({k: f["text"] for k, f in p["figs"].items()}, record_texts(last_rec)))
+        check_bars(p, list(records.values()), "reopened")
 
         # ---- An out-of-memory cell: marked in the chart, in the list of failed cells, on its line.
         t_sessions = time.monotonic()
@@ -617,6 +921,7 @@ def main():
         check(new[DEP]["cell"] == 1 and new[ALLOC]["cell"] == 2 and new_pid and new[DEP].get("child_pid") == new_pid,
               "the new process numbers its cells from [1] again", {i: (r["cell"], r.get("child_pid")) for i, r in new.items()})
         p = check_figures(js, new[ALLOC], "after the restart, the allocating cell")
+        check_bars(p, list(new.values()), "after the restart")
         check({b["cell"]: b["after"] for b in p["bars"]} == {r["cell"]: bar_after(r) for r in new.values()},
               "the new session's bars are its own two cells [1] and [2], at their records' bytes",
               (p["bars"], {r["cell"]: bar_after(r) for r in new.values()}))
@@ -653,9 +958,14 @@ def main():
               and "previous process" in p["groups"] and p["pid"] == new_pid,
               "after the reload: this process's bars [1] and [2]; the old process's saved records apart, labelled previous process",
               (p["bars"], p["previous"], p["groups"], p["pid"]))
+        check({k: seen(f["text"]) for k, f in p["figs"].items()} == record_texts(new[ALLOC]),
+              "after the reload the figures as shown read the live process's newest record",
+              ({k: f["text"] for k, f in p["figs"].items()}, record_texts(new[ALLOC])))
         st = js("return gpumemPanelTest.status()")
         check(st and st["shown"] and st["bytes"] == held(new[ALLOC]), "after the reload the status bar reads the live process",
               (st, held(new[ALLOC])))
+        check(st and seen(st["text"]) == seen(record_status(new[ALLOC])),
+              f"after the reload the status bar shows `{record_status(new[ALLOC])}`", (st and st["text"], record_status(new[ALLOC])))
         shot("09_reloaded.png")
         shown_figs, shown_status = p["figs"], st
         # The live kernel's own answer: what the process held when the next cell started.
@@ -674,13 +984,15 @@ def main():
         check(q.get("child_pid") == new_pid and shown == before and before["all_allocations"] is not None,
               "the figures the panel showed after the reload are what the live process held when the next cell started "
               "(its record's before-values)", {"panel": shown, "kernel": before})
-        check(all(reads_as(shown_figs[k]["text"], v) for k, v in before.items() if v is not None),
-              "and so is their text", {k: (shown_figs.get(k) or {}).get("text") for k in before})
+        shown_text = {k: seen((shown_figs.get(k) or {}).get("text") or "").split(" peak ")[0] for k in before}
+        want_text = {k: seen(iec(v)) for k, v in before.items()}
+        check(shown_text == want_text, f"and so is their text ({want_text})", {"panel": shown_text, "kernel": want_text})
         held_before = before["process"] if before["process"] else before["all_allocations"]
+        want_status = status_text(held_before, expected(q)["device_total"])
         st = js("return gpumemPanelTest.status()")
-        check(shown_status["bytes"] == held_before and shown_status["text"] == st["text"],
-              f"the status bar after the reload read what the process held then ({shown_status['text']}, "
-              f"as after the next cell: {st['text']})", (shown_status, held_before, st))
+        check(shown_status["bytes"] == held_before and seen(shown_status["text"]) == seen(want_status),
+              f"the status bar after the reload read what the process held then, `{want_status}` "
+              f"(after the next cell: {st['text']})", (shown_status, held_before, want_status))
 
         # ---- `%gpumem restart`: a fresh notebook process in the same kernel, no record of its own.
         js("gpumemPanelTest.run(arguments[0])", RESTART)
