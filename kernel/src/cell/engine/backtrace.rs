@@ -3,8 +3,6 @@
 //! kernel and the error's own making add folded away; and where a backtrace sits in an error's
 //! text (std's format, anyhow's `Stack backtrace:`, candle's `WithBacktrace`).
 
-use super::panic::Locate;
-
 /// Whose a backtrace frame is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Owner {
@@ -114,6 +112,9 @@ fn owner(f: &Frame) -> Owner {
     }
     Owner::Dep
 }
+
+/// Maps a line of evcxr's generated `src/lib.rs` to (cell, line in the cell), when known.
+pub(super) type Locate<'a> = &'a dyn Fn(u32) -> Option<(u64, u32)>;
 
 /// A location for people: the notebook's as `cell [N] line L` (or the cell alone), a
 /// dependency's from its crate directory on (`ndarray-0.16.1/src/lib.rs:10:5`).

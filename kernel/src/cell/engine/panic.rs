@@ -34,12 +34,10 @@
 //! error), and [`folded`] folds it as a panic's own, its first frames (where anyhow or candle
 //! made the error) with std's.
 
+pub(super) use super::backtrace::Locate;
 use super::backtrace::{folded, place, split_backtrace};
 use crate::cell::user_error;
 use crate::output::ErrorInfo;
-
-/// Maps a line of evcxr's generated `src/lib.rs` to (cell, line in the cell), when known.
-pub(super) type Locate<'a> = &'a dyn Fn(u32) -> Option<(u64, u32)>;
 
 /// One panic, as std's hook wrote it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
