@@ -49,6 +49,18 @@ pub(crate) fn place_uuid(place: Place) -> Option<String> {
     }
 }
 
+/// How many CUDA devices the process sees, read only while CUPTI tracks and the process has
+/// touched a device; 0 before (a notebook that has not touched the GPU, a simulated session):
+/// the driver is not started for it.
+#[cfg(feature = "cuda")]
+fn devices_in_use() -> usize {
+    let touched = tracking::touched_a_device() || crate::device::cuda::cupti::context_seen();
+    if !matches!(tracking::status(), TrackingStatus::Cupti { .. }) || !touched {
+        return 0;
+    }
+    crate::device::cuda::probe().unwrap_or(0)
+}
+
 /// Every CUDA device the process sees, with its UUID (read once: [`place_uuid`]) and, where its primary context
 /// is active, the local memory the driver holds for kernels' stacks there (read each time),
 /// while CUPTI tracks (the driver is then loaded: nothing here starts CUDA in a simulated
@@ -56,13 +68,7 @@ pub(crate) fn place_uuid(place: Place) -> Option<String> {
 pub(crate) fn cuda_devices() -> Vec<CudaDevice> {
     #[cfg(feature = "cuda")]
     {
-        // Nothing on any device yet (a notebook that has not touched the GPU): the driver is
-        // not started for it.
-        let touched = tracking::touched_a_device() || crate::device::cuda::cupti::context_seen();
-        if !matches!(tracking::status(), TrackingStatus::Cupti { .. }) || !touched {
-            return Vec::new();
-        }
-        let count = i32::try_from(crate::device::cuda::probe().unwrap_or(0)).unwrap_or(0);
+        let count = i32::try_from(devices_in_use()).unwrap_or(0);
         (0..count)
             .filter_map(|ordinal| {
                 let l = crate::device::cuda::primary_local_memory(ordinal as usize).ok().flatten();
@@ -90,12 +96,7 @@ pub(crate) fn cuda_devices() -> Vec<CudaDevice> {
 pub(crate) fn trim_pools() -> Vec<super::protocol::Trimmed> {
     #[cfg(feature = "cuda")]
     {
-        let touched = tracking::touched_a_device() || crate::device::cuda::cupti::context_seen();
-        if !matches!(tracking::status(), TrackingStatus::Cupti { .. }) || !touched {
-            return Vec::new();
-        }
-        let count = crate::device::cuda::probe().unwrap_or(0);
-        (0..count)
+        (0..devices_in_use())
             .filter_map(|ordinal| {
                 let source = "the driver's pool counters (CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, USED_MEM_CURRENT)";
                 let t = super::protocol::Trimmed {
