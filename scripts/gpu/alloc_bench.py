@@ -17,11 +17,9 @@ import re
 import statistics
 import sys
 
+from check_notebook import text_of
+
 RECORD = "application/vnd.gpumem.cell+json"
-
-
-def text(v):
-    return "".join(v) if isinstance(v, list) else (v or "")
 
 
 def read_run(path):
@@ -31,11 +29,11 @@ def read_run(path):
     for cell in nb["cells"]:
         if cell["cell_type"] != "code":
             continue
-        src = text(cell["source"])
+        src = text_of(cell["source"])
         record = None
         for o in cell.get("outputs", []):
             if o.get("output_type") == "stream":
-                for line in text(o.get("text")).splitlines():
+                for line in text_of(o.get("text")).splitlines():
                     m = re.match(r"ALLOC_BENCH (make|drop) ([\d ]+)$", line.strip())
                     if m:
                         run[m.group(1) + "_ns"] = [int(x) for x in m.group(2).split()]

@@ -21,12 +21,7 @@ import json
 import re
 import sys
 
-UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
-
-
-def text_of(v):
-    """nbformat keeps a multi-line string as a string or a list of lines."""
-    return "".join(v) if isinstance(v, list) else (v or "")
+from check_notebook import size_of, text_of
 
 
 def cell_text(outs):
@@ -50,11 +45,8 @@ def stock_line(owner, text):
     m = re.search(re.escape(owner) + r" [0-9.]+ [KMGT]?i?B \(([+-][0-9.]+ [KMGT]?i?B|±0 B)", lines[-1])
     if not m:
         return False, f"the report line does not name {owner} with a change: {lines[-1]}"
-    if m.group(1) == "±0 B":
-        shown = 0
-    else:
-        num, unit = m.group(1).split()
-        shown = float(num) * UNITS[unit]
+    change = m.group(1)
+    shown = 0 if change == "±0 B" else (-1 if change[0] == "-" else 1) * size_of(change[1:])
     want = int(said[-1])
     ok = abs(shown - want) <= max(abs(want) * 0.01, 1 << 20)
     return ok, f"{lines[-1]} {said}"

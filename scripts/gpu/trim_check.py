@@ -10,13 +10,11 @@ line shows a change; the cell after it runs. Prints PASS/FAIL lines; exits 1 on 
 import json
 import sys
 
+from check_notebook import text_of
+
 TRIM = "application/vnd.gpumem.trim+json"
 CELL = "application/vnd.gpumem.cell+json"
 MIB = 1 << 20
-
-
-def text(v):
-    return "".join(v) if isinstance(v, list) else (v or "")
 
 
 def main():
@@ -58,7 +56,7 @@ def main():
         fell = nvml[0]["before"] - nvml[0]["after"]
         check(abs(fell - given) <= 2 * MIB, f"NVML fell {fell:,} B, the pool gave back {given:,} B (within 2 MiB)")
     if record:
-        line = next((text(o["data"].get("text/plain")) for o in cell["outputs"] if CELL in o.get("data", {})), "")
+        line = next((text_of(o["data"].get("text/plain")) for o in cell["outputs"] if CELL in o.get("data", {})), "")
         check("(-" in line, f"the line shows the change: {line}")
     after = code[i + 1] if i + 1 < len(code) else None
     check(after is not None and not any(o.get("output_type") == "error" for o in after.get("outputs", [])),
