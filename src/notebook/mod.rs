@@ -25,8 +25,9 @@
 //! 5. `gpus` — the CUDA devices the process sees: their UUIDs, and what no tracker sees there
 //!    (kernels' stacks, the stream-ordered pool's cache, free memory), read without making a
 //!    context.
-//! 6. `oom` — out-of-memory failures caught as they happen: gpumem-nb's allocator's (a snapshot
-//!    then, and why) and any allocation the driver refused.
+//! 6. `oom`, `trim` — out-of-memory failures caught as they happen: gpumem-nb's allocator's (a
+//!    snapshot then, and why) and any allocation the driver refused; cached memory given back
+//!    (`%gpumem trim`).
 //! 7. `control` — the child end of gpumem-kernel's control channel (serves its per-cell
 //!    readings).
 //! 8. `steps` — a cell's record around each step a program marks (a training loop), served by

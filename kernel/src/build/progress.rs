@@ -242,7 +242,7 @@ fn cargo_build() -> Option<(u32, Vec<String>)> {
 /// generated session library (`gpumem_deps_<hash>`, kernel/src/build/session_deps.rs) as what it
 /// is to the user: the notebook's `:dep` crates, linked into one library.
 fn user_words(crate_name: &str, packages: &[String]) -> String {
-    if crate_name.starts_with(super::session_deps::PREFIX) {
+    if crate_name.starts_with(gpumem_nb::kernel::cells::SESSION_DEPS_PREFIX) {
         return "the notebook's :dep crates, into one library".to_string();
     }
     packages.iter().find(|p| p.replace('-', "_") == crate_name).cloned().unwrap_or_else(|| crate_name.to_string())
@@ -432,7 +432,7 @@ mod tests {
         };
         // The request came 20 s before the build was first seen: the user has waited 20 s.
         let origin = Instant::now() - Duration::from_secs(20);
-        let deps = format!("{}1a94d4f28b3ab5ee", super::super::session_deps::PREFIX);
+        let deps = format!("{}1a94d4f28b3ab5ee", gpumem_nb::kernel::cells::SESSION_DEPS_PREFIX);
         let p = w.observe(7, vec!["candle_core".into(), deps, "build script".into()], origin).unwrap();
         assert!(p.elapsed >= Duration::from_secs(20), "{:?}", p.elapsed);
         assert_eq!(
