@@ -1,7 +1,7 @@
 //! What a record shows: the one-line report, its details table, the `display_data` bundle.
 
 use super::fit::{Keep, Parts};
-use super::{CELL_MIME, CellRecord, CellStatus};
+use super::{AllAllocations, CELL_MIME, CellRecord, CellStatus, PoolPart, Span};
 use crate::notebook::protocol::Held;
 use crate::render::{TEXT2, escape, nowrap_units};
 use crate::units::{iec3, iec3_delta};
@@ -159,20 +159,8 @@ impl CellRecord {
                 parts.add(keep, quantity("all allocations", all.place.after, all.delta(), all.place.peak, "peak"));
             }
         }
-        if let Some(p) = &self.pool
-            && (p.used.after.unwrap_or(0) > 0 || p.used_high.unwrap_or(0) > 0)
-        {
-            let mut q = quantity("CUDA pool", p.used.after, p.used.delta(), p.used_high, "peak");
-            // What the pool keeps reserved beyond what is in use: the driver (and NVML) still
-            // count it, whatever the allocations freed.
-            let cached = p.reserved.after.zip(p.used.after).map_or(0, |(r, u)| r.saturating_sub(u));
-            if cached >= 1 << 20 {
-                q = match q.strip_suffix(')') {
-                    Some(open) => format!("{open}, cached {})", iec3(cached)),
-                    None => format!("{q} (cached {})", iec3(cached)),
-                };
-            }
-            parts.add(Keep::Pool, q);
+        if let Some(p) = &self.pool {
+            parts.add_forms(pool_forms(p, all.and_then(AllAllocations::delta)));
         }
         for f in &self.frameworks {
             parts.add_forms(vec![(Keep::Framework, f.line()), (Keep::FrameworkShort, f.short_line())]);
@@ -448,6 +436,37 @@ fn peak_component(parts: &[super::ComponentDelta]) -> Option<&'static str> {
         .filter(|c| rise(c) >= 1 << 20)
         .max_by_key(|c| rise(c))
         .map(|c| c.component.label())
+}
+
+/// The CUDA pool on the line: what is in use, with what it keeps cached beyond (the driver and
+/// NVML count that, whatever was freed). Where the cache itself changed by 1 MiB or more (a
+/// dropped tensor kept, or `%gpumem trim` giving it back) the change is said, kept as long as
+/// every allocation's where it is the larger of the two (`tracked`: every allocation's change).
+fn pool_forms(p: &PoolPart, tracked: Option<i64>) -> Vec<(Keep, String)> {
+    let cache = |at: fn(&Span) -> Option<u64>| Some(at(&p.reserved)?.saturating_sub(at(&p.used)?));
+    let cached = cache(|s| s.after).unwrap_or(0);
+    let change = cache(|s| s.after)
+        .zip(cache(|s| s.before))
+        .map(|(a, b)| a as i64 - b as i64)
+        .filter(|c| c.unsigned_abs() >= 1 << 20);
+    let used = p.used.after.unwrap_or(0) > 0 || p.used_high.unwrap_or(0) > 0;
+    if !used && change.is_none() {
+        return Vec::new();
+    }
+    let q = quantity("CUDA pool", p.used.after, p.used.delta(), p.used_high, "peak");
+    let Some(change) = change else {
+        if cached < 1 << 20 {
+            return vec![(Keep::Pool, q)];
+        }
+        let q = match q.strip_suffix(')') {
+            Some(open) => format!("{open}, cached {})", iec3(cached)),
+            None => format!("{q} (cached {})", iec3(cached)),
+        };
+        return vec![(Keep::Pool, q)];
+    };
+    let cache_part = format!("cached {} ({})", iec3(cached), iec3_delta(change));
+    let keep = if change.unsigned_abs() > tracked.unwrap_or(0).unsigned_abs() { Keep::All } else { Keep::Pool };
+    vec![(keep, format!("{q}, {cache_part}")), (keep, format!("CUDA pool {cache_part}"))]
 }
 
 /// One quantity as the report line and the live line show it: `allocated 64.00 MiB (+16.00 MiB)`:

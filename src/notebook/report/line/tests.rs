@@ -43,7 +43,8 @@ fn nvml_s_change_is_explained_and_its_rest_named_only_when_not_nothing() {
     let whole = loaded.line_within(usize::MAX, false);
     assert!(whole.contains(" · +9.38 MiB CUDA context and modules (NVML)"), "{whole}");
     // The pool's cache is on the line: the driver counts it, whatever was freed.
-    assert!(whole.contains(" · CUDA pool 240 MiB (+140 MiB, cached 88.2 MiB) · "), "{whole}");
+    // The pool reused 11.8 MiB of its cache: the change is said.
+    assert!(whole.contains(" · CUDA pool 240 MiB (+140 MiB), cached 88.2 MiB (-11.8 MiB) · "), "{whole}");
     assert!(loaded.line().chars().count() <= LINE_WIDTH, "{}", loaded.line());
     let details = loaded.details().to_text();
     assert!(details.contains("= all allocations +139.80 MiB + CUDA pool cache -11.80 MiB"), "{details}");
@@ -557,4 +558,34 @@ fn gpumem_nb_s_allocator_is_an_owner_among_the_others() {
         "{line}"
     );
     assert!(!line.contains("gpumem-nb 64"), "the allocator's figures stand for its owner: {line}");
+}
+
+/// `%gpumem trim` after a dropped 1 GiB tensor: nothing tracked changed, the CUDA pool's cache
+/// fell by 1 GiB (NVML with it). The line says so within its width; a cell whose cache did not
+/// change keeps the pool's usual form.
+#[test]
+fn a_change_of_the_pool_s_cache_is_on_the_line_when_nothing_else_changed() {
+    let mib = 1u64 << 20;
+    let rec = |reserved_before: u64| CellRecord {
+        cell: 5,
+        device: "cuda:0 NVIDIA H100 80GB HBM3".into(),
+        all_allocations: Some(AllAllocations {
+            tracking: "cupti".into(),
+            place: PlaceAll { before: Some(72 * mib), after: Some(72 * mib), ..Default::default() },
+            ..Default::default()
+        }),
+        pool: Some(PoolPart {
+            used: Span { before: Some(4 * mib), after: Some(4 * mib) },
+            reserved: Span { before: Some(reserved_before), after: Some(32 * mib) },
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let whole = rec(1056 * mib).line_within(usize::MAX, false);
+    assert!(whole.contains(" · CUDA pool 4.00 MiB (±0 B), cached 28.0 MiB (-1.00 GiB)"), "{whole}");
+    let trimmed = rec(1056 * mib).line();
+    assert!(trimmed.contains("cached 28.0 MiB (-1.00 GiB)"), "{trimmed}");
+    assert!(trimmed.chars().count() <= LINE_WIDTH, "{trimmed}");
+    let same = rec(32 * mib).line_within(usize::MAX, false);
+    assert!(same.contains("CUDA pool 4.00 MiB (±0 B, cached 28.0 MiB)"), "{same}");
 }
