@@ -11,7 +11,7 @@ use cudarc::driver::PushKernelArg;
 #[test]
 fn probe_without_driver_is_an_error_value() {
     let probed = probe();
-    // On a GPU machine, `GPUMEM_NB_EXPECT_GPU=1` makes sure the GPU tests below really ran.
+    // On a GPU machine, `GPUMEM_NB_EXPECT_GPU=1` makes sure the probe finds the GPU.
     if std::env::var_os("GPUMEM_NB_EXPECT_GPU").is_some() {
         assert!(probed.is_ok(), "GPUMEM_NB_EXPECT_GPU is set, but: {probed:?}");
     }
@@ -41,23 +41,27 @@ fn probe_without_driver_is_an_error_value() {
 /// GPU tests run one at a time: some of them fill the device on purpose.
 static GPU_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// `None` when there is no usable GPU: the GPU tests below then do nothing. Holds the GPU
-/// lock while the test runs.
-fn gpu() -> Option<(std::sync::MutexGuard<'static, ()>, CudaBackend)> {
-    probe().ok()?;
+/// Device 0, holding the GPU lock while the test runs. The GPU tests below are ignored on a
+/// host without one (`cargo test --lib -- --include-ignored` runs them); run there without a
+/// usable GPU, they fail naming why.
+fn gpu() -> (std::sync::MutexGuard<'static, ()>, CudaBackend) {
+    if let Err(why) = probe() {
+        panic!("this GPU test needs an NVIDIA GPU (CUDA device 0), and none is usable here: {why}");
+    }
     let guard = crate::sync::lock(&GPU_LOCK);
-    Some((guard, CudaBackend::new(0).expect("probe found a device, so it opens")))
+    (guard, CudaBackend::new(0).expect("probe found a device, so it opens"))
 }
 
-fn gpu_allocator(conf: &str) -> Option<(std::sync::MutexGuard<'static, ()>, Arc<crate::allocator::Allocator>)> {
-    let (guard, b) = gpu()?;
+fn gpu_allocator(conf: &str) -> (std::sync::MutexGuard<'static, ()>, Arc<crate::allocator::Allocator>) {
+    let (guard, b) = gpu();
     let config = crate::policy::config::AllocatorConfig::parse(conf).unwrap();
-    Some((guard, Arc::new(crate::allocator::CachingAllocator::new(AnyBackend::Cuda(b), config))))
+    (guard, Arc::new(crate::allocator::CachingAllocator::new(AnyBackend::Cuda(b), config)))
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: cargo test --lib -- --include-ignored, on a GPU machine"]
 fn gpu_reserve_release_and_oom() {
-    let Some((_gpu, mut b)) = gpu() else { return };
+    let (_gpu, mut b) = gpu();
     let (free, total) = b.mem_get_info().unwrap();
     assert_eq!(total, b.total_memory());
     assert!(free <= total);
@@ -74,8 +78,9 @@ fn gpu_reserve_release_and_oom() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: cargo test --lib -- --include-ignored, on a GPU machine"]
 fn gpu_vmm_map_unmap() {
-    let Some((_gpu, mut b)) = gpu() else { return };
+    let (_gpu, mut b) = gpu();
     let page = 2u64 << 20;
     let va = b.reserve_address_range(64 * page).unwrap();
     b.map_pages(va, page, 3).unwrap();
@@ -94,8 +99,9 @@ fn gpu_vmm_map_unmap() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: cargo test --lib -- --include-ignored, on a GPU machine"]
 fn gpu_streams_and_events() {
-    let Some((_gpu, mut b)) = gpu() else { return };
+    let (_gpu, mut b) = gpu();
     let s = b.new_stream().unwrap();
     assert_ne!(s, StreamId::DEFAULT);
     assert!(b.stream(s).is_some());
@@ -120,8 +126,9 @@ fn gpu_streams_and_events() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: cargo test --lib -- --include-ignored, on a GPU machine"]
 fn gpu_sleep_keeps_a_stream_busy() {
-    let Some((_gpu, mut b)) = gpu() else { return };
+    let (_gpu, mut b) = gpu();
     let s = b.new_stream().unwrap();
     b.sleep_on_stream(s, std::time::Duration::from_millis(300)).unwrap();
     let e = b.record_event(s).unwrap();
@@ -131,10 +138,9 @@ fn gpu_sleep_keeps_a_stream_busy() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: cargo test --lib -- --include-ignored, on a GPU machine"]
 fn gpu_buffers_round_trip_zero_and_return_memory() {
-    let Some((_gpu, a)) = gpu_allocator("") else {
-        return;
-    };
+    let (_gpu, a) = gpu_allocator("");
     let data: Vec<f32> = (0..100_000).map(|i| i as f32).collect();
     let b = DeviceBuffer::from_host(&a, &data, StreamId::DEFAULT).unwrap();
     assert_eq!(b.to_host().unwrap(), data);
@@ -165,10 +171,9 @@ fn gpu_buffers_round_trip_zero_and_return_memory() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: cargo test --lib -- --include-ignored, on a GPU machine"]
 fn gpu_out_of_memory_is_a_value() {
-    let Some((_gpu, a)) = gpu_allocator("") else {
-        return;
-    };
+    let (_gpu, a) = gpu_allocator("");
     let total = a.with_state(|_, b| b.total_memory()) as usize;
     let err = DeviceBuffer::<u8>::alloc(&a, total * 2, StreamId::DEFAULT).unwrap_err();
     assert!(matches!(err, Error::Alloc(AllocError::OutOfMemory(_))), "{err}");
@@ -179,10 +184,9 @@ fn gpu_out_of_memory_is_a_value() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: cargo test --lib -- --include-ignored, on a GPU machine"]
 fn gpu_expandable_segments() {
-    let Some((_gpu, a)) = gpu_allocator("expandable_segments:True") else {
-        return;
-    };
+    let (_gpu, a) = gpu_allocator("expandable_segments:True");
     let mut bufs = Vec::new();
     for i in 0..20u32 {
         let n = ((i as usize % 5) + 1) * (3 << 20);
@@ -204,10 +208,9 @@ fn gpu_expandable_segments() {
 /// move, a block pending on a busy stream left alone, the memory fraction and out-of-memory
 /// as values, `empty_cache` back to zero.
 #[test]
+#[ignore = "needs an NVIDIA GPU: cargo test --lib -- --include-ignored, on a GPU machine"]
 fn gpu_compact_policy() {
-    let Some((_gpu, a)) = gpu_allocator("compact:True") else {
-        return;
-    };
+    let (_gpu, a) = gpu_allocator("compact:True");
     let sleep =
         |s| a.with_state(|_, b| b.as_cuda_mut().unwrap().sleep_on_stream(s, std::time::Duration::from_millis(300)));
     let sync = |s| a.with_state(|_, b| b.as_cuda().unwrap().stream(s).unwrap().synchronize());
@@ -293,10 +296,9 @@ fn compact_scenario(a: &Arc<crate::allocator::Allocator>, hold: &dyn Fn(StreamId
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: cargo test --lib -- --include-ignored, on a GPU machine"]
 fn gpu_record_stream_defers_reuse() {
-    let Some((_gpu, a)) = gpu_allocator("") else {
-        return;
-    };
+    let (_gpu, a) = gpu_allocator("");
     let side = a.with_state(|_, b| Backend::new_stream(b)).unwrap();
     let b = DeviceBuffer::<u8>::zeros(&a, 1 << 20, StreamId::DEFAULT).unwrap();
     b.record_stream(side).unwrap();
@@ -310,10 +312,9 @@ fn gpu_record_stream_defers_reuse() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: cargo test --lib -- --include-ignored, on a GPU machine"]
 fn gpu_cudarc_copies_through_views() {
-    let Some((_gpu, a)) = gpu_allocator("") else {
-        return;
-    };
+    let (_gpu, a) = gpu_allocator("");
     let host: Vec<f64> = (0..5000).map(|i| i as f64 / 3.0).collect();
     let mut x = DeviceBuffer::<f64>::alloc(&a, host.len(), StreamId::DEFAULT).unwrap();
     let mut y = DeviceBuffer::<f64>::alloc(&a, host.len(), StreamId::DEFAULT).unwrap();
@@ -369,11 +370,10 @@ ret;
 
 #[cfg(feature = "nvrtc")]
 #[test]
+#[ignore = "needs an NVIDIA GPU: cargo test --lib -- --include-ignored, on a GPU machine"]
 fn gpu_kernel_launch_on_views() {
     use cudarc::driver::LaunchConfig;
-    let Some((_gpu, a)) = gpu_allocator("expandable_segments:True") else {
-        return;
-    };
+    let (_gpu, a) = gpu_allocator("expandable_segments:True");
     let ctx = a.with_state(|_, b| Arc::clone(b.as_cuda().unwrap().context()));
     let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(AXPB_PTX)).unwrap();
     let f = module.load_function("axpb").unwrap();
@@ -396,11 +396,10 @@ fn gpu_kernel_launch_on_views() {
 
 #[cfg(feature = "cublas")]
 #[test]
+#[ignore = "needs an NVIDIA GPU: cargo test --lib -- --include-ignored, on a GPU machine"]
 fn gpu_cublas_gemm_on_views() {
     use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t};
-    let Some((_gpu, a)) = gpu_allocator("") else {
-        return;
-    };
+    let (_gpu, a) = gpu_allocator("");
     // SAFETY: only tries to dlopen the cuBLAS library (no cudarc symbol is resolved).
     if !unsafe { cudarc::cublas::sys::is_culib_present() } {
         eprintln!("skipped: no libcublas");
