@@ -237,6 +237,12 @@ Panic detected. Here's some useful information if you're filing a bug report.
         self.eval_context.set_opt_level(level)
     }
 
+    /// Gives back what type inference no longer needs (gpumem-kernel's patch, PATCHES.md §10):
+    /// for an idle moment after a cell.
+    pub fn release_analysis_memory(&mut self) {
+        self.eval_context.release_analysis_memory();
+    }
+
     pub fn last_source(&self) -> std::io::Result<String> {
         self.eval_context.last_source()
     }

@@ -640,6 +640,12 @@ impl EvalContext {
         }
     }
 
+    /// Gives back what type inference no longer needs (gpumem-kernel's patch, PATCHES.md §10):
+    /// for an idle moment after a cell.
+    pub fn release_analysis_memory(&mut self) {
+        self.analyzer.release_memory();
+    }
+
     pub fn last_source(&self) -> Result<String, std::io::Error> {
         std::fs::read_to_string(self.state().config.src_dir().join("lib.rs"))
     }

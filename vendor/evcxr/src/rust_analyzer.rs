@@ -65,6 +65,9 @@ pub(crate) struct RustAnalyzer {
     proc_macro_server: Option<Result<ProcMacroClient, String>>,
     /// The built proc macros (`PROC_MACROS_FILE`) the crate graph was last built with.
     last_proc_macros: Option<Vec<u8>>,
+    /// The crate graph changed since the crates were last read: the next source change reads
+    /// them one by one (gpumem-kernel's patch, PATCHES.md §10).
+    graph_changed: bool,
 }
 
 /// Where evcxr's build records the proc-macro libraries cargo built for the cells' crate: one
@@ -180,6 +183,7 @@ impl RustAnalyzer {
             workspace: None,
             proc_macro_server: None,
             last_proc_macros: None,
+            graph_changed: false,
         })
     }
 
@@ -214,7 +218,44 @@ impl RustAnalyzer {
         }
 
         self.analysis_host.apply_change(change);
+        if std::mem::take(&mut self.graph_changed) {
+            self.read_crates_one_by_one();
+        }
         Ok(())
+    }
+
+    /// Each crate's definitions and trait impls, dependencies first, with a new revision after
+    /// each, so that salsa's LRU caches let go of the syntax trees one crate needed before the
+    /// next parses its own: type inference finds them computed, and the memory it needs at its
+    /// peak is about one crate's trees, not every crate's at once (gpumem-kernel's patch,
+    /// PATCHES.md §10).
+    fn read_crates_one_by_one(&mut self) {
+        use ra_ap_base_db::salsa::Database;
+        let crates = ra_ap_base_db::all_crates(self.analysis_host.raw_database()).to_vec();
+        for krate in crates {
+            let db = self.analysis_host.raw_database();
+            ra_hir::attach_db(db, || {
+                let _ = ra_hir::crate_def_map(db, krate);
+                let _ = ra_hir::TraitImpls::for_crate(db, krate);
+            });
+            self.analysis_host
+                .raw_database_mut()
+                .synthetic_write(ra_ap_base_db::salsa::Durability::LOW);
+        }
+        self.release_memory();
+    }
+
+    /// What type inference no longer needs dropped (salsa's unused memos, interned types no
+    /// query holds), and the heap's free pages given back to the system (gpumem-kernel's patch,
+    /// PATCHES.md §10).
+    pub(crate) fn release_memory(&mut self) {
+        self.analysis_host.trigger_garbage_collection();
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        // SAFETY: malloc_trim takes no pointer and frees nothing in use: it returns glibc's
+        // free heap pages to the kernel.
+        unsafe {
+            libc::malloc_trim(0);
+        }
     }
 
     /// Returns top-level variable names and their types in the specified function.
@@ -430,6 +471,7 @@ impl RustAnalyzer {
             .collect();
         change.set_crate_graph(crate_graph);
         change.set_proc_macros(proc_macros);
+        self.graph_changed = true;
     }
 
     fn cargo_toml_filename(&self) -> AbsPathBuf {

@@ -653,13 +653,16 @@ impl Engine {
     }
 
     /// What the session does while Jupyter shows the kernel idle: type inference reads the
-    /// crates a cell added ([`WARM_UP`]). A request that comes meanwhile waits, and its cell
-    /// says so ([`Engine::waited_for_idle_work`]).
+    /// crates a cell added ([`WARM_UP`]), then gives back the memory it no longer needs (its
+    /// databases' unused entries, the heap's free pages: the kernel's own memory stays near what
+    /// the notebook's crates need). A request that comes meanwhile waits, and its cell says so
+    /// ([`Engine::waited_for_idle_work`]).
     pub fn idle_work(&mut self) {
         if let Some(cell) = self.warm_up.take() {
             let _ = self.ctx.execute(WARM_UP);
             self.warmed = Some((cell, Instant::now()));
         }
+        self.ctx.release_analysis_memory();
     }
 
     /// The line said when the cell whose request arrived at `queued` waited more than a second
