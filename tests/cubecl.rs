@@ -203,15 +203,33 @@ fn cubecls_books_sit_beside_its_pages_cell_by_cell() {
     println!("{}", g.warning(5));
     assert!(readme.contains(&g.warning(5)), "README lacks {:?}", g.warning(5));
 
-    // Everything dropped, then cubecl's cleanup: its pages go back to the driver.
+    // Everything dropped: cubecl keeps the pages cached.
     let rec = run(&mut cells, 7, "drop", &mut || {
         weights.clear();
         kept.clear();
-        mem.lock().unwrap().cleanup(true);
     });
     let f = &rec.frameworks[0];
     assert_eq!(f.in_use.after, Some(0));
-    assert!(f.reserved.delta().unwrap() < 0 && driver_delta(&rec) < 0, "cleanup returned pages: {f:?}");
+    let (asked, driver) = pages(&mem);
+    assert!(asked > 0 && f.cached.after.unwrap() > 0, "the dropped tensors' pages are cached: {f:?}");
+
+    // `%gpumem trim`: cubecl's own cleanup gives its pages back to the driver, and the trim
+    // says so in cubecl's own numbers, read before and after.
+    let m = Arc::clone(&mem);
+    assert!(cubecl010::trim_with("sim stream 0", move || {
+        m.lock().unwrap().cleanup(true);
+        Ok(())
+    }));
+    assert!(!cubecl010::trim_with("sim stream 9", || Ok(())), "no watch of that device to give it to");
+    let trimmed = cells.ask(Op::Trim).trim.expect("the trim's figures");
+    let t = trimmed.iter().find(|t| t.owner == "cubecl").expect("cubecl trimmed");
+    let (asked_after, driver_after) = pages(&mem);
+    assert_eq!(t.device, "sim stream 0");
+    assert_eq!((t.reserved_before, t.reserved_after, t.in_use, &t.error), (asked, asked_after, 0, &None), "{t:?}");
+    assert!(t.given_back() > 0 && driver_after < driver, "pages went back: {t:?}, driver {driver} -> {driver_after}");
+    let read = cells.ask(Op::Read).frameworks.unwrap();
+    assert_eq!(read[0].pools.iter().map(|p| p.reserved).sum::<u64>(), asked_after, "its books agree");
+    tracking::check().unwrap();
 
     assert!(cubecl010::unwatch("sim stream 0"));
     assert_eq!(cells.ask(Op::Read).frameworks, None, "nothing watched: no numbers, no field");

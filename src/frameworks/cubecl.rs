@@ -42,8 +42,10 @@ pub fn device_label(client: &Client) -> String {
 /// (`cuda:0`).
 pub fn watch(client: &Client) -> crate::error::Result<String> {
     let device = device_label(client);
-    let client = client.clone();
-    watch_report(&device, move || client.memory_report(MemoryScope::Device))?;
+    let (c, cleaner) = (client.clone(), client.clone());
+    watch_report(&device, move || c.memory_report(MemoryScope::Device))?;
+    // `%gpumem trim`: cubecl's own cleanup, every stream of the device.
+    watched::set_trim(&key(&device), Arc::new(move || cleaner.memory_cleanup().map_err(|e| format!("{e:?}"))));
     Ok(device)
 }
 

@@ -46,7 +46,7 @@ pub const KIND: &str = "all pools";
 pub fn watch<R: Runtime>(client: &ComputeClient<R>) -> crate::error::Result<String> {
     let stream = StreamId::current();
     let device = format!("{} stream {}", R::name(client), stream.value);
-    let (c, flusher) = (client.clone(), client.clone());
+    let (c, flusher, cleaner) = (client.clone(), client.clone(), client.clone());
     // Before every reading: what the notebook queued runs first. cubecl keeps up to 32 tasks
     // (a model's creation, its first launches) in its device queue until something blocks; a
     // flush runs them all (every stream's: one queue per device), on the notebook's stream id.
@@ -56,7 +56,19 @@ pub fn watch<R: Runtime>(client: &ComputeClient<R>) -> crate::error::Result<Stri
         move || stream.executes(|| c.memory_usage()).map_err(|e| format!("{e:?}")),
         Some(Arc::new(settle)),
     )?;
+    // `%gpumem trim`: cubecl's own cleanup, on the notebook's stream.
+    trim_with(&device, move || {
+        stream.executes(|| cleaner.memory_cleanup());
+        Ok(())
+    });
     Ok(device)
+}
+
+/// Gives the watch of `device` (see [`watch_usage`]) a cleanup that `%gpumem trim` calls to give
+/// back what the pools keep cached (cubecl: `memory_cleanup`); false when `device` is not
+/// watched.
+pub fn trim_with(device: &str, cleanup: impl Fn() -> Result<(), String> + Send + Sync + 'static) -> bool {
+    watched::set_trim(&key(device), Arc::new(cleanup))
 }
 
 /// Watches cubecl 0.10 memory usage from any source (another client, a memory manager of one's

@@ -4,13 +4,19 @@
 //!   `torch.cuda.empty_cache()` (its `memory_reserved()` before and after);
 //! - each CUDA device's stream-ordered pool, where candle and cudarc allocate
 //!   (`cuMemAllocAsync`): the context's work waited for, then `cuMemPoolTrimTo(pool, 0)` (the
-//!   driver's pool counters before and after), where the device's primary context is active.
+//!   driver's pool counters before and after), where the device's primary context is active;
+//! - each watched framework with a cleanup of its own (cubecl's pools, which burn allocates
+//!   from, once `gpumem_nb::frameworks::cubecl::watch` watches them): `client.memory_cleanup()`,
+//!   its own books read before and after.
 //!
-//! cubecl's pools (burn) are given back only by cubecl's own cleanup, which needs code compiled
-//! against the notebook's cubecl: not done here.
+//! A burn notebook that does not watch cubecl keeps cubecl's pools: their cleanup needs code
+//! compiled against the notebook's own cubecl.
 #![forbid(unsafe_code)]
 
 use super::protocol::Trimmed;
+
+/// How long a framework's cleanup may take before its trim is said to have no answer.
+const FRAMEWORK_TRIM_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Trims every cache this process holds and says what each held before and after.
 pub(crate) fn trim() -> Vec<Trimmed> {
@@ -41,6 +47,7 @@ pub(crate) fn trim() -> Vec<Trimmed> {
         })
         .collect();
     out.extend(super::gpus::trim_pools());
+    out.extend(super::watched::trim_all(FRAMEWORK_TRIM_TIMEOUT));
     out
 }
 

@@ -20,7 +20,7 @@
 //! framework keeping tensors in pools of its own (cubecl) lets one know of what its memory is.
 #![forbid(unsafe_code)]
 
-use super::protocol::{FrameworkPhase, FrameworkReading, Settled};
+use super::protocol::{FrameworkPhase, FrameworkReading, Settled, Trimmed};
 use crate::record::component::Component;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -38,6 +38,10 @@ pub(crate) type Reader = Arc<dyn Fn() -> FrameworkReading + Send + Sync>;
 /// `client.flush()`), so that what a cell queued is allocated before its reading; `Err` says
 /// why it could not.
 pub(crate) type Settler = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+
+/// Gives back what a framework keeps cached and unused, by its own means (cubecl:
+/// `client.memory_cleanup()`), for `%gpumem trim`; `Err` says why it could not.
+pub(crate) type Trimmer = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 
 /// How long a reading waits, in all, for the devices and the watched frameworks to run what was
 /// queued before it; what does not answer by then is read as it is, and the reply says so. One
@@ -69,6 +73,7 @@ struct Watch {
     key: String,
     reader: Reader,
     settle: Option<Settler>,
+    trim: Option<Trimmer>,
     /// A reading that has not answered yet (no second one is started meanwhile).
     busy: Arc<AtomicBool>,
 }
@@ -100,7 +105,75 @@ fn watched() -> &'static Watched {
 pub(crate) fn watch(key: &str, reader: Reader, settle: Option<Settler>) {
     let mut list = crate::sync::lock(&watched().list);
     list.retain(|w| w.key != key);
-    list.push(Watch { key: key.to_string(), reader, settle, busy: Arc::new(AtomicBool::new(false)) });
+    list.push(Watch { key: key.to_string(), reader, settle, trim: None, busy: Arc::new(AtomicBool::new(false)) });
+}
+
+/// Gives the framework watched as `key` a way to give back its cache (`%gpumem trim`); false
+/// when nothing is watched as `key`. (Only cubecl's watches have one: without its features
+/// nothing calls this outside the tests.)
+#[cfg_attr(not(any(feature = "cubecl", feature = "cubecl010")), allow(dead_code))]
+pub(crate) fn set_trim(key: &str, trim: Trimmer) -> bool {
+    let mut list = crate::sync::lock(&watched().list);
+    list.iter_mut().find(|w| w.key == key).map(|w| w.trim = Some(trim)).is_some()
+}
+
+/// Each watched framework that can give back its cache, read (settled) before and after doing
+/// so, in its own numbers: reserved (every pool's) before and after, in use after. A trim that
+/// fails or does not answer in `timeout` is that framework's error; a reading that fails is too.
+pub(crate) fn trim_all(timeout: Duration) -> Vec<Trimmed> {
+    let list: Vec<(String, Reader, Trimmer, Arc<AtomicBool>)> = {
+        let list = crate::sync::lock(&watched().list);
+        list.iter()
+            .filter_map(|w| {
+                Some((w.key.clone(), Arc::clone(&w.reader), Arc::clone(w.trim.as_ref()?), Arc::clone(&w.busy)))
+            })
+            .collect()
+    };
+    if list.is_empty() {
+        return Vec::new();
+    }
+    settle(settle_timeout());
+    let reserved = |r: &FrameworkReading| r.pools.iter().map(|p| p.reserved).sum::<u64>();
+    list.into_iter()
+        .map(|(key, reader, trim, busy)| {
+            let before = read_one(&key, Arc::clone(&reader), Arc::clone(&busy));
+            let trimmed = match &before.error {
+                Some(why) => Err(format!("not trimmed: its reading failed ({why})")),
+                None => on_thread("gpumem-trim", timeout, move || trim()),
+            };
+            let after = read_one(&key, reader, busy);
+            Trimmed {
+                owner: before.framework.clone(),
+                device: before.device.clone(),
+                source: format!("{}; given back by its own cleanup", before.source),
+                reserved_before: reserved(&before),
+                reserved_after: if after.error.is_none() { reserved(&after) } else { reserved(&before) },
+                in_use: after.pools.iter().map(|p| p.in_use).sum(),
+                error: trimmed.err().or(after.error),
+            }
+        })
+        .collect()
+}
+
+/// `f` on a thread of its own, waited for at most `timeout`: its result, or why there is none
+/// (it panicked, it did not answer, no thread).
+fn on_thread(
+    name: &str,
+    timeout: Duration,
+    f: impl FnOnce() -> Result<(), String> + Send + 'static,
+) -> Result<(), String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)));
+        })
+        .map_err(|e| format!("no thread to run it on ({e})"))?;
+    match rx.recv_timeout(timeout) {
+        Ok(Ok(r)) => r,
+        Ok(Err(_)) => Err("it panicked".into()),
+        Err(_) => Err(format!("no answer in {:.1} s", timeout.as_secs_f64())),
+    }
 }
 
 /// Stops watching what `key` names; false when it was not watched.
@@ -334,6 +407,53 @@ mod tests {
             device: "sim:9".into(),
             pools: vec![FrameworkPool { kind: "sliced".into(), in_use, reserved: 4 << 20, ..Default::default() }],
             ..Default::default()
+        }
+    }
+
+    /// `%gpumem trim` of watched frameworks: one whose cleanup gives pages back is read before
+    /// and after in its own numbers; one whose cleanup fails says why, its figures untouched;
+    /// one with no cleanup is not in the list.
+    #[test]
+    fn a_watched_framework_s_cleanup_is_its_trim() {
+        use std::sync::atomic::AtomicU64;
+        let _one = crate::sync::lock(&ONE_AT_A_TIME);
+        let reserved = Arc::new(AtomicU64::new(96 << 20));
+        let r = Arc::clone(&reserved);
+        let at = |r: &AtomicU64| FrameworkReading {
+            framework: "test".into(),
+            device: "sim:7".into(),
+            pools: vec![FrameworkPool {
+                kind: "sliced".into(),
+                in_use: 8 << 20,
+                reserved: r.load(Ordering::SeqCst),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        watch("test sim:7", Arc::new(move || at(&r)), None);
+        watch("test sim:8", Arc::new(|| reading(1)), None);
+        watch("test sim:9", Arc::new(|| reading(2)), None);
+        assert!(!set_trim("test sim:6", Arc::new(|| Ok(()))), "nothing watched as that key");
+        let r = Arc::clone(&reserved);
+        let cleanup = move || {
+            r.store(8 << 20, Ordering::SeqCst);
+            Ok(())
+        };
+        assert!(set_trim("test sim:7", Arc::new(cleanup)));
+        assert!(set_trim("test sim:8", Arc::new(|| Err("the server is gone".into()))));
+        let t = trim_all(Duration::from_secs(5));
+        assert_eq!(t.len(), 2, "{t:?}");
+        assert_eq!(
+            (t[0].device.as_str(), t[0].reserved_before, t[0].reserved_after, t[0].in_use),
+            ("sim:7", 96 << 20, 8 << 20, 8 << 20)
+        );
+        assert_eq!((t[0].given_back(), &t[0].error), (88 << 20, &None));
+        assert_eq!(
+            (t[1].device.as_str(), t[1].given_back(), t[1].error.as_deref()),
+            ("sim:9", 0, Some("the server is gone"))
+        );
+        for key in ["test sim:7", "test sim:8", "test sim:9"] {
+            unwatch(key);
         }
     }
 

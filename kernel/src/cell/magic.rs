@@ -89,7 +89,7 @@ pub enum Magic {
     /// `%gpumem explain`: every reserved byte of device 0, in parts that add up.
     Explain,
     /// `%gpumem trim`: the process's caches given back (gpumem-nb's allocator's, the CUDA
-    /// stream-ordered pools), inside the cell's measured time.
+    /// stream-ordered pools, watched frameworks' pools), inside the cell's measured time.
     Trim,
     /// `%gpumem export FILE.csv|FILE.json`.
     Export(PathBuf, ExportFormat),
