@@ -68,6 +68,9 @@ pub(crate) struct RustAnalyzer {
     /// The crate graph changed since the crates were last read: the next source change reads
     /// them one by one (gpumem-kernel's patch, PATCHES.md §10).
     graph_changed: bool,
+    /// Library files whose text type inference was given as empty: no crate of the graph has
+    /// them as a module (PATCHES.md §10). Their text is given back when the graph changes.
+    blanked: Vec<FileId>,
 }
 
 /// Where evcxr's build records the proc-macro libraries cargo built for the cells' crate: one
@@ -184,6 +187,7 @@ impl RustAnalyzer {
             proc_macro_server: None,
             last_proc_macros: None,
             graph_changed: false,
+            blanked: Vec::new(),
         })
     }
 
@@ -217,11 +221,72 @@ impl RustAnalyzer {
             self.last_proc_macros = proc_macros;
         }
 
+        if self.graph_changed {
+            // A new graph may make a module of a file it had no use for (a feature turned on).
+            for id in std::mem::take(&mut self.blanked) {
+                let text = self
+                    .vfs
+                    .file_path(id)
+                    .as_path()
+                    .and_then(|p| std::fs::read_to_string(p).ok());
+                change.change_file(id, Some(text.unwrap_or_default()));
+            }
+        }
         self.analysis_host.apply_change(change);
         if std::mem::take(&mut self.graph_changed) {
             self.read_crates_one_by_one();
+            self.blank_unused_files();
+            self.release_memory();
         }
         Ok(())
+    }
+
+    /// Gives type inference an empty text for each library file that no crate of the graph has
+    /// as a module (another platform's modules, a feature's that is off, tests): read once by the
+    /// loader, never parsed, their text would stay in the database. Only files of the registry's
+    /// crates and of the standard library's sources are emptied, and none in the folder of a
+    /// module that `include!`s a file (a build script's output lives elsewhere and is kept).
+    fn blank_unused_files(&mut self) {
+        use ra_ap_base_db::SourceDatabase;
+        let db = self.analysis_host.raw_database();
+        let mut modules = std::collections::HashSet::new();
+        ra_hir::attach_db(db, || {
+            for krate in ra_ap_base_db::all_crates(db).iter() {
+                for m in ra_hir::Crate::from(*krate).modules(db) {
+                    modules.insert(
+                        m.definition_source_file_id(db)
+                            .original_file(db)
+                            .file_id(db),
+                    );
+                }
+            }
+        });
+        let mut including = Vec::new();
+        for (id, path) in self.vfs.iter() {
+            if modules.contains(&id) && db.file_text(id).text(db).contains("include!") {
+                let path = path.to_string();
+                if let Some((dir, _)) = path.rsplit_once('/') {
+                    including.push(format!("{dir}/"));
+                }
+            }
+        }
+        let mut change = ra_hir::ChangeWithProcMacros::default();
+        for (id, path) in self.vfs.iter() {
+            let path = path.to_string();
+            let library =
+                path.contains("/registry/src/") || path.contains("/lib/rustlib/src/rust/library/");
+            if !library
+                || modules.contains(&id)
+                || including.iter().any(|d| path.starts_with(d.as_str()))
+            {
+                continue;
+            }
+            if !db.file_text(id).text(db).is_empty() {
+                change.change_file(id, Some(String::new()));
+                self.blanked.push(id);
+            }
+        }
+        self.analysis_host.apply_change(change);
     }
 
     /// Each crate's definitions and trait impls, dependencies first, with a new revision after
@@ -242,7 +307,6 @@ impl RustAnalyzer {
                 .raw_database_mut()
                 .synthetic_write(ra_ap_base_db::salsa::Durability::LOW);
         }
-        self.release_memory();
     }
 
     /// What type inference no longer needs dropped (salsa's unused memos, interned types no
