@@ -139,7 +139,13 @@ pub(crate) fn trim_all(timeout: Duration) -> Vec<Trimmed> {
             let before = read_one(&key, Arc::clone(&reader), Arc::clone(&busy));
             let trimmed = match &before.error {
                 Some(why) => Err(format!("not trimmed: its reading failed ({why})")),
-                None => on_thread("gpumem-trim", timeout, move || trim()),
+                None => on_thread("gpumem-trim", timeout, move || trim()).unwrap_or_else(|f| {
+                    Err(match f {
+                        Failure::NoThread(e) => format!("no thread to run it on ({e})"),
+                        Failure::Panicked(why) => format!("it panicked: {why}"),
+                        Failure::NoAnswer => format!("no answer in {:.1} s", timeout.as_secs_f64()),
+                    })
+                }),
             };
             let after = read_one(&key, reader, busy);
             Trimmed {
@@ -155,24 +161,38 @@ pub(crate) fn trim_all(timeout: Duration) -> Vec<Trimmed> {
         .collect()
 }
 
-/// `f` on a thread of its own, waited for at most `timeout`: its result, or why there is none
-/// (it panicked, it did not answer, no thread).
-fn on_thread(
+/// Why [`on_thread`] has no result.
+enum Failure {
+    NoThread(std::io::Error),
+    /// The panic's message, its first line.
+    Panicked(String),
+    NoAnswer,
+}
+
+/// `f` on a thread of its own, waited for at most `timeout`: its result, or why there is none.
+fn on_thread<T: Send + 'static>(
     name: &str,
     timeout: Duration,
-    f: impl FnOnce() -> Result<(), String> + Send + 'static,
-) -> Result<(), String> {
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, Failure> {
     let (tx, rx) = mpsc::channel();
     std::thread::Builder::new()
         .name(name.into())
         .spawn(move || {
             let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)));
         })
-        .map_err(|e| format!("no thread to run it on ({e})"))?;
+        .map_err(Failure::NoThread)?;
     match rx.recv_timeout(timeout) {
-        Ok(Ok(r)) => r,
-        Ok(Err(_)) => Err("it panicked".into()),
-        Err(_) => Err(format!("no answer in {:.1} s", timeout.as_secs_f64())),
+        Ok(Ok(r)) => Ok(r),
+        Ok(Err(panic)) => {
+            let why = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into());
+            Err(Failure::Panicked(why.lines().next().unwrap_or("").to_string()))
+        }
+        Err(_) => Err(Failure::NoAnswer),
     }
 }
 
@@ -353,28 +373,23 @@ fn read_one(key: &str, reader: Reader, busy: Arc<AtomicBool>) -> FrameworkReadin
     if busy.swap(true, Ordering::SeqCst) {
         return failed("its previous reading has not answered yet".into());
     }
-    let (tx, rx) = mpsc::channel();
-    let flag = Arc::clone(&busy);
-    let spawned = std::thread::Builder::new().name("gpumem-framework".into()).spawn(move || {
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| reader()));
-        flag.store(false, Ordering::SeqCst);
-        let _ = tx.send(r);
-    });
-    if let Err(e) = spawned {
-        busy.store(false, Ordering::SeqCst);
-        return failed(format!("no thread to read it on ({e})"));
-    }
-    match rx.recv_timeout(READ_TIMEOUT) {
-        Ok(Ok(reading)) => reading,
-        Ok(Err(panic)) => {
-            let why = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic".into());
-            failed(format!("its reader panicked: {}", why.lines().next().unwrap_or("")))
+    /// Marks the reading answered when the reader returns or panics (or never runs).
+    struct Answered(Arc<AtomicBool>);
+    impl Drop for Answered {
+        fn drop(&mut self) {
+            self.0.store(false, Ordering::SeqCst);
         }
-        Err(_) => failed(format!("no answer in {} s", READ_TIMEOUT.as_secs())),
+    }
+    let answered = Answered(Arc::clone(&busy));
+    match on_thread("gpumem-framework", READ_TIMEOUT, move || {
+        let _answered = answered;
+        reader()
+    }) {
+        Ok(reading) => reading,
+        // The closure, and with it `answered`, was dropped: the flag is down again.
+        Err(Failure::NoThread(e)) => failed(format!("no thread to read it on ({e})")),
+        Err(Failure::Panicked(why)) => failed(format!("its reader panicked: {why}")),
+        Err(Failure::NoAnswer) => failed(format!("no answer in {} s", READ_TIMEOUT.as_secs())),
     }
 }
 
