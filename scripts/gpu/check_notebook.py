@@ -642,6 +642,8 @@ GIB = 1 << 30
 FRAMEWORK_BYTES = re.compile(r"^FRAMEWORK_BYTES (\S+) ([+-]?\d+)\s*$")
 FRAMEWORK_SHAPES = re.compile(r"^FRAMEWORK_SHAPES (\S+) ([+-]?\d+) page=(\d+)\s*$")
 FRAMEWORK_IN_USE = re.compile(r"^FRAMEWORK_IN_USE (\S+) ([+-]?\d+)\s*$")
+# The owner word whose framework keeps books the kernel reads (`frameworks[].framework`).
+BOOKS_OF = {"burn/cubecl": "cubecl"}
 FRAMEWORK_COMPONENT = re.compile(r"^FRAMEWORK_COMPONENT (\S+) ([+-]?\d+)\s*$")
 # The most a CUDA context (with its default kernel stacks, modules and libraries' images) is
 # taken to cost in the first cell that touches the GPU; more is not "the context".
@@ -814,6 +816,10 @@ def corpus_checks(nb, opts, C):
       tensors' shapes × element size, kept in pages of P bytes): the change is at least N and at
       most N rounded up to whole pages (a negative N: the same on the magnitudes); and the
       notebook printed at least one of them;
+    - `framework-books`: every cell that printed `FRAMEWORK_IN_USE burn/cubecl ±N` (cubecl's own
+      in-use change, from its `memory_usage`) has a record whose `frameworks` entry `cubecl`
+      (read by the kernel with no call of the notebook's) changed its in use by exactly N, and a
+      line that shows `cubecl in use`;
     - `framework-component`: every cell that printed `FRAMEWORK_COMPONENT NAME ±N` (what the
       model says a component is: its parameters' bytes, its optimizer's two moments) has a record
       whose `all_allocations.by_component` entry NAME changed by exactly N;
@@ -901,6 +907,25 @@ def corpus_checks(nb, opts, C):
             C.expect(ok, w, "framework-bytes",
                      f"{owner}: tracked {got:+,} B, the tensors' shapes {want:+,} B (pages of {page:,} B: "
                      f"|change| within [{abs(want):,}, {high:,}])")
+        # What the framework's own books say (cubecl's in-use bytes, printed by the notebook from
+        # `memory_usage`), against the record's reading of those books, which the kernel takes
+        # with no call of the notebook's (the session library's reader), and the line showing it.
+        for owner, want in in_use.items():
+            fw = BOOKS_OF.get(owner)
+            if fw is None:
+                continue
+            part = next((f for f in rec.get("frameworks") or [] if f.get("framework") == fw), None)
+            if part is None:
+                C.missing(w, "framework-books", f"the record's `frameworks` entry {fw!r} ({owner}'s own books)")
+                continue
+            iu = part.get("in_use") or {}
+            if part.get("error") or iu.get("before") is None or iu.get("after") is None:
+                C.missing(w, "framework-books", f"{fw}'s in use before and after ({iu}, error {part.get('error')!r})")
+                continue
+            got = iu["after"] - iu["before"]
+            C.expect(got == want, w, "framework-books",
+                     f"{fw}: in use {got:+,} B by the record's reading of its books, {want:+,} B printed by the notebook")
+            C.expect(f"{fw} in use " in line, w, "framework-books", f"the line shows {fw}'s books: {line!r}")
         # What the model says a component is, against the record's component.
         for name, want in printed(stdout, FRAMEWORK_COMPONENT).items():
             parts_by = {c["component"]: c for c in alla.get("by_component") or []}
@@ -1417,6 +1442,21 @@ def self_test():
         return nb
 
     cand, oomc, oomb, legacy = _candle_corpus(), _oom_nb(), _oom_nb(burn=True), _checks_nb()
+
+    def books(before, after, on_line=True, part=True):
+        """A burn cell that printed cubecl's books (+3 MiB in use) and the record's reading."""
+        r = _rec(1, [("burn/cubecl", 0, 4 * MIB)], (0, 4 * MIB + CONTEXT), pool=((None, None), (4 * MIB, 4 * MIB)),
+                 stacks=(None, 1024))
+        if part:
+            r["frameworks"] = [{"framework": "cubecl", "device": "cuda:0 stream 0", "in_use": {"before": before, "after": after},
+                                "padding": {"before": 0, "after": 0}, "reserved": {"before": 0, "after": 4 * MIB}}]
+        c = _cell("let t = x;", r, f"FRAMEWORK_BYTES burn/cubecl +{4 * MIB}\nFRAMEWORK_IN_USE burn/cubecl +{3 * MIB}\n")
+        if on_line:
+            for o in c["outputs"]:
+                if "text/plain" in o.get("data", {}):
+                    o["data"]["text/plain"] += " · cubecl in use 3.00 MiB (+3.00 MiB, cached 1.00 MiB)"
+        return _nb([c])
+
     cupti = ["--require-tracking", "cupti"]
     tag = lambda n, *tags: (lambda nb: _code(nb, n)["metadata"].update(tags=list(tags)))
     cases = [
@@ -1522,6 +1562,11 @@ def self_test():
         ("shapes past a page", _nb([
             _cell("let t = x;", _rec(1, [("burn/cubecl", 0, 4 * MIB)], (0, 4 * MIB + CONTEXT), pool=((None, None), (4 * MIB, 4 * MIB)),
                                      stacks=(None, 1024)), "FRAMEWORK_SHAPES burn/cubecl +1000000 page=2097152\n")]), corpus, "framework-bytes"),
+        ("cubecl's books as printed", books(0, 3 * MIB), corpus, None),
+        ("cubecl's books differ from what it printed", books(0, 3 * MIB - 4096), corpus, "framework-books"),
+        ("cubecl's books without a before", books(None, 3 * MIB), corpus, "framework-books"),
+        ("cubecl's books not on the line", books(0, 3 * MIB, on_line=False), corpus, "framework-books"),
+        ("cubecl's books missing", books(0, 3 * MIB, part=False), corpus, "framework-books"),
         ("the kernel's exit status", cand, corpus + ["--kernel-exit", "1"], "kernel-exit"),
         # Out of memory.
         ("candle out of memory as recorded", oomc, oomargs, None),

@@ -59,8 +59,9 @@
 # What tracking costs candle code allocating thousands of tensors (issue 54; after corpus54's warm
 # has built candle), tracked against GPUMEM_NB_TRACK=off, alternating:
 #                     bash scripts/gpu/notebook.sh allocbench 3
-# `%gpumem trim` after candle (issue 57), the same build:
-#                     bash scripts/gpu/notebook.sh trim
+# `%gpumem trim` after candle and after burn with no call of gpumem-nb (issue 57; the builds of
+# corpus54's warm):
+#                     bash scripts/gpu/notebook.sh trim candle burn
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$repo"
@@ -454,12 +455,21 @@ PY
 }
 
 trim_nb() {
-    # `%gpumem trim` after candle (issue 57): the notebook run and checked as `run` does, then
-    # held to the pool's and NVML's figures by scripts/gpu/trim_check.py.
-    local status=0
-    run_nb notebooks/gpu_trim_candle.ipynb || status=1
-    python3 scripts/gpu/trim_check.py "$out/gpu_trim_candle.ipynb" | tee "$out/gpu_trim_candle.trim.txt"
-    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+    # `%gpumem trim` (issue 57) after candle, burn or both (`trim [candle] [burn]`, default
+    # candle): each notebook run and checked as `run` does, then held to its cache owner's and
+    # NVML's figures by scripts/gpu/trim_check.py (the CUDA pool for candle, cubecl for burn:
+    # read with no call of the notebook's). burn's build is gpu_nocall_burn's (corpus54's warm).
+    local status=0 which owner
+    for which in "${@:-candle}"; do
+        case "$which" in
+            candle) owner="CUDA pool" ;;
+            burn) owner="cubecl" ;;
+            *) echo "trim: candle or burn, not $which" >&2; return 2 ;;
+        esac
+        run_nb "notebooks/gpu_trim_$which.ipynb" || status=1
+        python3 scripts/gpu/trim_check.py "$out/gpu_trim_$which.ipynb" --owner "$owner" | tee "$out/gpu_trim_$which.trim.txt"
+        [ "${PIPESTATUS[0]}" = 0 ] || status=1
+    done
     return $status
 }
 
@@ -493,6 +503,6 @@ case "${1:-}" in
     cellbench) shift; cell_bench "$@" ;;
     corpus54) shift; exec bash "$repo/scripts/gpu/corpus54.sh" "$@" ;;
     allocbench) shift; exec bash "$repo/scripts/gpu/alloc_bench.sh" "$@" ;;
-    trim) shift; trim_nb ;;
+    trim) shift; trim_nb "$@" ;;
     *) echo "usage: $0 pack | stash N | setup | run NB... | jupyter NB... | stock NB... | warm NB [gpumem|stock]" >&2; exit 2 ;;
 esac

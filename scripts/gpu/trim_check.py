@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""Holds an executed notebooks/gpu_trim_candle.ipynb to what the CUDA pool and NVML say
-(issue 57's trim criterion): in the cell tagged `trim`, the CUDA pool of cuda:0 gave back at least
-95 % of what it reserved beyond what is in use, and NVML's figure of the process fell by what was
-given back within 2 MiB (NVML's granularity); the trim cell has a record (it is measured) whose
+"""Holds an executed notebooks/gpu_trim_candle.ipynb (or gpu_trim_burn.ipynb) to what the
+cache's owner and NVML say (issue 57's trim criterion): in the cell tagged `trim`, OWNER's row for
+cuda:0 (the CUDA pool, where candle allocates; `cubecl` for burn: cubecl's own books, which the
+kernel read with no call of the notebook's) held the dropped 1 GiB cached and gave back at least
+95 % of what it reserved beyond what is in use, and NVML's figure of the process fell by what it
+gave back within 2 MiB (NVML's granularity); the trim cell has a record (it is measured) whose
 line shows a change; the cell after it runs. Prints PASS/FAIL lines; exits 1 on any FAIL.
 
-    trim_check.py EXECUTED.ipynb
+    trim_check.py EXECUTED.ipynb [--owner OWNER]      (OWNER: `CUDA pool`, the default, or `cubecl`)
 """
 import json
 import sys
@@ -18,7 +20,14 @@ MIB = 1 << 20
 
 
 def main():
-    nb = json.load(open(sys.argv[1]))
+    args = sys.argv[1:]
+    owner = "CUDA pool"
+    if "--owner" in args:
+        i = args.index("--owner")
+        owner = args[i + 1]
+        del args[i:i + 2]
+    path = args[0]
+    nb = json.load(open(path))
     fails = 0
 
     def check(ok, what):
@@ -40,8 +49,9 @@ def main():
     check(record is not None, "the trim cell has a record (it is measured)")
     if figures is None:
         return 1
-    pool = [r for r in figures["trimmed"] if r["owner"] == "CUDA pool" and r["device"] == "cuda:0"]
-    check(len(pool) == 1 and not pool[0].get("error"), f"cuda:0's CUDA pool was trimmed: {pool}")
+    # cubecl names its device in its words (`cuda:0 stream 0`).
+    pool = [r for r in figures["trimmed"] if r["owner"] == owner and r["device"].split(" ")[0] == "cuda:0"]
+    check(len(pool) == 1 and not pool[0].get("error"), f"cuda:0's {owner} was trimmed: {pool}")
     if not pool:
         return 1
     p = pool[0]
@@ -54,14 +64,14 @@ def main():
     check(len(nvml) >= 1, f"NVML's figure of the process before and after: {nvml}")
     if nvml:
         fell = nvml[0]["before"] - nvml[0]["after"]
-        check(abs(fell - given) <= 2 * MIB, f"NVML fell {fell:,} B, the pool gave back {given:,} B (within 2 MiB)")
+        check(abs(fell - given) <= 2 * MIB, f"NVML fell {fell:,} B, the {owner} gave back {given:,} B (within 2 MiB)")
     if record:
         line = next((text_of(o["data"].get("text/plain")) for o in cell["outputs"] if CELL in o.get("data", {})), "")
         check("(-" in line, f"the line shows the change: {line}")
     after = code[i + 1] if i + 1 < len(code) else None
     check(after is not None and not any(o.get("output_type") == "error" for o in after.get("outputs", [])),
           "the cell after the trim runs")
-    print(f"{sys.argv[1]}: {fails} failures")
+    print(f"{path}: {fails} failures")
     return 1 if fails else 0
 
 

@@ -37,7 +37,7 @@ pub const SOURCE: &str =
     "cubecl 0.10's own books: ComputeClient::memory_usage, the notebook thread's stream (totals of its pools)";
 
 /// The kind of the one pool entry a reading has: cubecl 0.10 reports totals only.
-pub const KIND: &str = "all pools";
+pub const KIND: &str = watched::TOTALS;
 
 /// Watches `client`'s pools for the calling thread's stream from now on: every cell's record
 /// and line carry them. Also opens gpumem-nb's device 0, which starts the per-cell readings and
@@ -119,21 +119,14 @@ fn first_line(s: &str) -> String {
 
 /// cubecl 0.10's memory usage as gpumem-nb's reading: one entry, kind [`KIND`].
 pub fn reading(device: &str, u: &MemoryUsage) -> FrameworkReading {
-    FrameworkReading {
-        framework: "cubecl".into(),
-        device: device.to_string(),
-        source: SOURCE.into(),
-        error: None,
-        pools: vec![FrameworkPool {
-            kind: KIND.into(),
-            allocations: u.number_allocs,
-            in_use: u.bytes_in_use,
-            padding: u.bytes_padding,
-            reserved: u.bytes_reserved,
-            ..Default::default()
-        }],
+    let pool = FrameworkPool {
+        allocations: u.number_allocs,
+        in_use: u.bytes_in_use,
+        padding: u.bytes_padding,
+        reserved: u.bytes_reserved,
         ..Default::default()
-    }
+    };
+    watched::totals("cubecl", device, SOURCE, pool)
 }
 
 #[cfg(test)]

@@ -307,6 +307,11 @@ impl Session {
             places
         });
         let t2 = std::time::Instant::now();
+        // cubecl's own books, once it holds memory and the session library can read them: this
+        // reading carries them, settled first.
+        if full.frameworks && full.owners && tracked.as_deref().is_some_and(super::shims::attach) {
+            super::watched::settle(settle_timeout());
+        }
         let frameworks = if full.frameworks { super::watched::readings() } else { None };
         if times_wanted() {
             // Where a reading's time goes (BENCHMARKS.md, "Sites"): on stderr, one line a reading.

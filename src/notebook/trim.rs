@@ -2,15 +2,18 @@
 //! touching live data, each cache by its owner's own means and counters:
 //! - gpumem-nb's caching allocator on each device it opened: `empty_cache()`, as
 //!   `torch.cuda.empty_cache()` (its `memory_reserved()` before and after);
-//! - each CUDA device's stream-ordered pool, where candle and cudarc allocate
-//!   (`cuMemAllocAsync`): the context's work waited for, then `cuMemPoolTrimTo(pool, 0)` (the
-//!   driver's pool counters before and after), where the device's primary context is active;
 //! - each watched framework with a cleanup of its own (cubecl's pools, which burn allocates
-//!   from, once `gpumem_nb::frameworks::cubecl::watch` watches them): `client.memory_cleanup()`,
-//!   its own books read before and after.
+//!   from: watched by `gpumem_nb::frameworks::cubecl::watch`, or in gpumem-kernel with no call
+//!   through the session library's reader, `notebook::shims`): `client.memory_cleanup()`, its
+//!   own books read before and after;
+//! - then each CUDA device's stream-ordered pool, where candle, cudarc and cubecl 0.10 allocate
+//!   (`cuMemAllocAsync`; what a framework's cleanup just freed lands there): the context's work
+//!   waited for, then `cuMemPoolTrimTo(pool, 0)` (the driver's pool counters before and after),
+//!   where the device's primary context is active.
 //!
-//! A burn notebook that does not watch cubecl keeps cubecl's pools: their cleanup needs code
-//! compiled against the notebook's own cubecl.
+//! A burn notebook whose cubecl nobody reads (the stock kernel without a watch, a burn the
+//! kernel's reader does not know) keeps cubecl's pools: their cleanup needs code compiled
+//! against the notebook's own cubecl.
 #![forbid(unsafe_code)]
 
 use super::protocol::Trimmed;
@@ -46,8 +49,10 @@ pub(crate) fn trim() -> Vec<Trimmed> {
             t
         })
         .collect();
-    out.extend(super::gpus::trim_pools());
+    // Frameworks first: what their cleanup frees with `cuMemFreeAsync` goes to the CUDA pool,
+    // which is trimmed after them.
     out.extend(super::watched::trim_all(FRAMEWORK_TRIM_TIMEOUT));
+    out.extend(super::gpus::trim_pools());
     out
 }
 

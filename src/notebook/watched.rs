@@ -20,7 +20,7 @@
 //! framework keeping tensors in pools of its own (cubecl) lets one know of what its memory is.
 #![forbid(unsafe_code)]
 
-use super::protocol::{FrameworkPhase, FrameworkReading, Settled, Trimmed};
+use super::protocol::{FrameworkPhase, FrameworkPool, FrameworkReading, Settled, Trimmed};
 use crate::record::component::Component;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -193,6 +193,29 @@ fn on_thread<T: Send + 'static>(
             Err(Failure::Panicked(why.lines().next().unwrap_or("").to_string()))
         }
         Err(_) => Err(Failure::NoAnswer),
+    }
+}
+
+/// Whether a framework is watched under a key that starts with `prefix` (`cubecl `).
+pub(crate) fn watching(prefix: &str) -> bool {
+    crate::sync::lock(&watched().list).iter().any(|w| w.key.starts_with(prefix))
+}
+
+/// The kind of a framework's one pool entry when it reports totals only (cubecl 0.10). (Without
+/// the features that read cubecl nothing uses it.)
+#[cfg_attr(not(any(feature = "cuda", feature = "cubecl010")), allow(dead_code))]
+pub(crate) const TOTALS: &str = "all pools";
+
+/// A reading of a framework that reports totals only: one pool entry of kind [`TOTALS`].
+#[cfg_attr(not(any(feature = "cuda", feature = "cubecl010")), allow(dead_code))]
+pub(crate) fn totals(framework: &str, device: &str, source: &str, totals: FrameworkPool) -> FrameworkReading {
+    FrameworkReading {
+        framework: framework.into(),
+        device: device.into(),
+        source: source.into(),
+        error: None,
+        pools: vec![FrameworkPool { kind: TOTALS.into(), ..totals }],
+        ..Default::default()
     }
 }
 

@@ -6,17 +6,19 @@
 //! side (`crate::cell`) uses this room, never the other way round.
 //!
 //! ## Layers
-//! 1. `build_dir`, `toolchain`, `timings`, `dep`, `display`, `progress`, `stable_hash` — where
-//!    evcxr compiles the cells (outside any cargo workspace); what the kernel needs from the
-//!    Rust toolchain; where a cell's time goes (for the cell benchmark); `:dep gpumem-nb` is the
-//!    crate the kernel was built with; a cell's value shown in one compile; how far a cell's
-//!    build has come; the one stable hash of what the kernel keeps on disk.
+//! 1. `build_dir`, `toolchain`, `timings`, `dep`, `display`, `progress`, `stable_hash`,
+//!    `books_shim` — where evcxr compiles the cells (outside any cargo workspace); what the
+//!    kernel needs from the Rust toolchain; where a cell's time goes (for the cell benchmark);
+//!    `:dep gpumem-nb` is the crate the kernel was built with; a cell's value shown in one
+//!    compile; how far a cell's build has come; the one stable hash of what the kernel keeps on
+//!    disk; a reader of cubecl's own books for the session library.
 //! 2. `quick_build` — a cell built without cargo when only the cell changed (evcxr's cargo
 //!    wrapper).
 //! 3. `cell_lines`, `session_deps` — line tables in the cells' own code (the cell crate's rustc,
 //!    timed when asked, its command kept for a build without cargo); one copy of every `:dep`
 //!    crate for the session, beside the build directory.
 
+pub mod books_shim;
 pub mod build_dir;
 pub mod dep;
 pub mod display;

@@ -274,6 +274,13 @@ fn write_generation(
         manifest.push_str(&format!("{key} = {spec}\n"));
         lib.push_str(&format!("pub extern crate {};\n", key.replace('-', "_")));
     }
+    // A reader of cubecl's own books, built against the session's cubecl (`books_shim`).
+    if let Some((dep, code)) = super::books_shim::for_deps(deps) {
+        if let Some(dep) = dep {
+            manifest.push_str(&format!("{dep}\n"));
+        }
+        lib.push_str(&code);
+    }
     if std::fs::read_to_string(dir.join("Cargo.toml")).is_ok_and(|m| m == manifest)
         && std::fs::read_to_string(dir.join("lib.rs")).is_ok_and(|l| l == lib)
     {
@@ -472,6 +479,31 @@ mod tests {
         assert_eq!(s.plan(":dep rand = \"0.8\"", cwd.path()).unwrap(), None);
         let msg = fallback_message(&second, "\nerror[E0463]: can't find crate for `libc`\n");
         assert!(msg.starts_with("gpumem-kernel: libc cannot be loaded once for the session (error[E0463]"), "{msg}");
+    }
+
+    /// burn 0.21 with CUDA: its generation also reads cubecl's books (`books_shim`), with cubecl
+    /// under a name of its own; a generation of other crates gets nothing of it.
+    #[test]
+    fn a_burn_generation_carries_the_reader_of_cubecl_s_books() {
+        let root = tempfile::tempdir().unwrap();
+        let mut s = SessionDeps::new(root.path().to_path_buf());
+        let burn = ":dep burn = { version = \"0.21\", default-features = false, features = [\"std\", \"cuda\"] }";
+        let load = s.plan(burn, root.path()).unwrap().unwrap();
+        let dir = root.path().join(&load.name);
+        let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
+        assert!(
+            manifest.contains("\ngpumem_books_cubecl = { package = \"cubecl\", version = \"0.10.0\""),
+            "{manifest}"
+        );
+        let lib = std::fs::read_to_string(dir.join("lib.rs")).unwrap();
+        assert!(lib.contains("pub extern crate burn;\n") && lib.contains("pub mod __gpumem_books {"), "{lib}");
+        assert!(lib.contains("pub extern \"C\" fn gpumem_books_cubecl_usage_v1("), "{lib}");
+        assert_eq!(load.adds, ["burn"], "the reader is no dependency of the notebook's");
+        s.loaded(&load);
+        let other = s.plan(":dep cfg-if = \"1\"", root.path()).unwrap().unwrap();
+        let dir = root.path().join(&other.name);
+        assert!(!std::fs::read_to_string(dir.join("Cargo.toml")).unwrap().contains("gpumem_books"));
+        assert!(!std::fs::read_to_string(dir.join("lib.rs")).unwrap().contains("__gpumem_books"));
     }
 
     /// A generation nobody planned for longer than the limit goes, with its build outputs in

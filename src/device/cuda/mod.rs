@@ -758,6 +758,7 @@ impl Drop for CudaBackend {
     }
 }
 
+pub(crate) mod books;
 pub(crate) mod cupti;
 mod host;
 mod stacks;

@@ -401,6 +401,10 @@ pub struct FrameworkReading {
     /// (`gpumem_nb::component`), per component in the order first seen.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub phases: Vec<FrameworkPhase>,
+    /// The watch began with this reading, and at the reading before it the framework held no
+    /// device memory (tracking saw none of its allocations live): a cell's change counts from 0.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub from_empty: bool,
 }
 
 /// The stamped phases of one component, on one watched framework: how its in-use bytes changed

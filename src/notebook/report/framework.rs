@@ -97,7 +97,8 @@ fn span(before: Option<Sums>, after: Option<Sums>, f: fn(&Sums) -> u64) -> Span 
 
 /// The record's `frameworks` from the readings before and after a cell (`before` is `None`
 /// when the crate was not connected before it). A framework first watched during the cell has
-/// no `before`; one whose reader failed after the cell has its error and no `after`.
+/// no `before`, unless its first reading says it held nothing before (`from_empty`: zeros then);
+/// one whose reader failed after the cell has its error and no `after`.
 pub fn framework_parts(before: Option<&[FrameworkReading]>, after: Option<&[FrameworkReading]>) -> Vec<FrameworkPart> {
     let Some(after) = after else { return Vec::new() };
     after
@@ -106,7 +107,9 @@ pub fn framework_parts(before: Option<&[FrameworkReading]>, after: Option<&[Fram
             let b = before.and_then(|v| v.iter().find(|b| b.framework == a.framework && b.device == a.device));
             let b = b.filter(|b| b.error.is_none());
             let ok = a.error.is_none();
-            let total_b = b.map(|b| sums(&b.pools));
+            // A watch that began at this reading with nothing held before counts from zero.
+            let empty = || a.from_empty.then(Sums::default);
+            let total_b = b.map(|b| sums(&b.pools)).or_else(empty);
             let total_a = ok.then(|| sums(&a.pools));
             let mut kinds: Vec<String> = Vec::new();
             for p in a.pools.iter().chain(b.map_or(&[][..], |b| &b.pools)) {
@@ -120,7 +123,7 @@ pub fn framework_parts(before: Option<&[FrameworkReading]>, after: Option<&[Fram
                     let of =
                         |r: &FrameworkReading| r.pools.iter().filter(|p| p.kind == kind).cloned().collect::<Vec<_>>();
                     let pa = of(a);
-                    let (sb, sa) = (b.map(|b| sums(&of(b))), ok.then(|| sums(&pa)));
+                    let (sb, sa) = (b.map(|b| sums(&of(b))).or_else(empty), ok.then(|| sums(&pa)));
                     let sizes: Vec<Option<u64>> = pa.iter().map(|p| p.page_size).collect();
                     PoolKindPart {
                         pools: pa.len() as u64,
@@ -443,6 +446,19 @@ mod tests {
 
     /// Watched during the cell: no `before`, absolute numbers in the line; a reader that failed
     /// after the cell: its error, no numbers; nothing watched: no parts.
+    #[test]
+    fn a_watch_that_began_with_nothing_held_counts_the_cell_from_zero() {
+        let after = FrameworkReading { from_empty: true, ..reading(vec![pool("all pools", 0, 3000, 72, 2 << 20, 0)]) };
+        let part = &framework_parts(Some(&[]), Some(std::slice::from_ref(&after)))[0];
+        assert_eq!((part.in_use.before, part.in_use.after, part.in_use.delta()), (Some(0), Some(3000), Some(3000)));
+        assert_eq!((part.reserved.before, part.kinds[0].reserved.before), (Some(0), Some(0)));
+        assert_eq!(part.short_line(), "cubecl in use 2.93 KiB (+2.93 KiB, cached 2.00 MiB)");
+        // Without the mark, a first watch has no before and no change.
+        let plain = FrameworkReading { from_empty: false, ..after };
+        let part = &framework_parts(Some(&[]), Some(&[plain]))[0];
+        assert_eq!((part.in_use.before, part.in_use.delta()), (None, None));
+    }
+
     #[test]
     fn first_watch_failed_reading_and_nothing_watched() {
         let after = [reading(vec![pool("sliced", 0, 3 * MIB, 0, 8 * MIB, 1)])];
