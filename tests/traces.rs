@@ -377,3 +377,17 @@ fn empty_cache_at_the_end_is_replayed() {
     assert_eq!((r.divergences, r.num_device_free, r.stats["reserved_bytes.all.current"]), (0, 1, 0));
     assert_eq!(r.stats["num_sync_all_streams"], 1);
 }
+
+/// A trace the fuzzer found (fuzz/seeds/trace/huge_segment): a 15 PB allocation, then more
+/// segments; the replay placed each next segment 2 MiB at a time past the huge one and ran for
+/// over ten minutes (before the fix this test does not end).
+#[test]
+fn a_trace_with_a_petabyte_segment_ends() {
+    let data = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz/seeds/trace/huge_segment")).unwrap();
+    let events = parse_trace(data.as_slice(), "huge_segment").expect("the fuzzer's input parses");
+    let opts = ReplayOptions { device_total: 1 << 36, ..ReplayOptions::default() };
+    match replay(&events, &opts, "huge_segment") {
+        Ok(report) => report.check_invariants().expect("invariants after the replay"),
+        Err(e) => assert!(!e.to_string().contains('\n'), "{e}"),
+    }
+}

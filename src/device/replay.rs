@@ -89,8 +89,12 @@ impl ReplayBackend {
         self.used = self.used.saturating_sub(bytes);
     }
     fn overlaps_live(&self, a: u64, size: u64) -> bool {
+        self.live_end_over(a, size).is_some()
+    }
+    /// The end of the live segment `[a, a + size)` overlaps, if any.
+    fn live_end_over(&self, a: u64, size: u64) -> Option<u64> {
         let end = a.saturating_add(size);
-        self.live.range(..end).next_back().is_some_and(|(&b, &s)| b.saturating_add(s) > a)
+        self.live.range(..end).next_back().map(|(&b, &s)| b.saturating_add(s)).filter(|&e| e > a)
     }
     fn has_room(&self, bytes: u64) -> Result<(), DeviceError> {
         if self.used.saturating_add(bytes) > self.capacity { Err(DeviceError::OutOfMemory) } else { Ok(()) }
@@ -128,23 +132,33 @@ impl ReplayBackend {
             *done = true;
         }
     }
-    fn next_address(&mut self, queue_is_ranges: bool, size: u64) -> u64 {
+    /// The address the next reservation of `size` bytes returns: the trace's, else the next
+    /// free one in the fallback region; `None` when the address space is spent (a garbled
+    /// trace's sizes can be near 2^64).
+    fn next_address(&mut self, queue_is_ranges: bool, size: u64) -> Option<u64> {
+        const GRAIN: u64 = 1 << 21;
         let q = if queue_is_ranges { &mut self.range_bases } else { &mut self.addresses };
         if let Some(a) = q.pop_front() {
-            return a;
+            return Some(a);
         }
         if !queue_is_ranges {
             while let Some(a) = self.by_size.get_mut(&size).and_then(VecDeque::pop_front) {
                 if !self.overlaps_live(a, size) {
-                    return a;
+                    return Some(a);
                 }
             }
         }
         loop {
             let a = self.fallback_next;
-            self.fallback_next += size.div_ceil(1 << 21) * (1 << 21) + (1 << 21);
-            if queue_is_ranges || !self.overlaps_live(a, size) {
-                return a;
+            let over = if queue_is_ranges { None } else { self.live_end_over(a, size) };
+            self.fallback_next = match over {
+                // Past the live segment in one step, however large it is: every pass leaves
+                // one behind, so the search ends.
+                Some(end) => end.checked_next_multiple_of(GRAIN)?,
+                None => a.checked_add(size.checked_next_multiple_of(GRAIN)?.checked_add(GRAIN)?)?,
+            };
+            if over.is_none() {
+                return Some(a);
             }
         }
     }
@@ -173,7 +187,9 @@ impl Backend for ReplayBackend {
     fn reserve(&mut self, size: u64, _stream: StreamId) -> Result<u64, DeviceError> {
         self.check_fail()?;
         self.has_room(size)?;
-        let a = self.next_address(false, size);
+        let a = self
+            .next_address(false, size)
+            .ok_or_else(|| DeviceError::Driver(format!("replay: no address is left for a segment of {size} bytes")))?;
         // A garbled trace can name an address inside a live segment: refuse it rather than
         // let two segments overlap.
         let end = a.saturating_add(size);
@@ -208,6 +224,7 @@ impl Backend for ReplayBackend {
             self.lookahead_range_bases.remove(i)
         } else {
             self.next_address(true, size)
+                .ok_or_else(|| DeviceError::Driver(format!("replay: no address is left for a range of {size} bytes")))?
         };
         self.ranges.push((base, size));
         Ok(base)
@@ -246,5 +263,30 @@ impl Backend for ReplayBackend {
     fn synchronize_event(&mut self, event: EventId) -> Result<(), DeviceError> {
         self.events.remove(&event.0);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A garbled trace's segment can cover nearly all of the address space: the next segment's
+    /// address is found past it in one step, or refused when none is left, never searched for
+    /// 2 MiB at a time (the trace fuzz target hung there for minutes).
+    #[test]
+    fn a_huge_live_segment_is_stepped_over_at_once_and_the_end_of_the_space_refused() {
+        let mut d = ReplayBackend::new(u64::MAX);
+        d.push_segment_address(1 << 44);
+        let huge = 1_795_238_599_375_623u64;
+        assert_eq!(d.reserve(huge, StreamId(0)), Ok(1 << 44));
+        let next = d.reserve(155_189_248, StreamId(0)).unwrap();
+        assert!(next >= (1 << 44) + huge && next.is_multiple_of(1 << 21), "{next:#x}");
+        // A segment that reaches the end of the address space leaves nothing after it.
+        d.push_segment_address(next + (1 << 30));
+        assert!(d.reserve(u64::MAX - next - (1 << 30), StreamId(0)).is_ok());
+        assert!(d.reserve(1 << 21, StreamId(0)).is_ok(), "the gap before it is still used");
+        let refused = d.reserve(1 << 30, StreamId(0)).unwrap_err();
+        assert!(refused.to_string().contains("no address is left"), "{refused}");
+        assert!(d.reserve_address_range(u64::MAX).is_err(), "a range past the end is refused too");
     }
 }
