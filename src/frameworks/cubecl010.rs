@@ -89,16 +89,7 @@ fn watch_usage_settled(
     let label = device.to_string();
     watched::watch(
         &key(device),
-        Arc::new(move || match usage() {
-            Ok(u) => reading(&label, &u),
-            Err(e) => FrameworkReading {
-                framework: "cubecl".into(),
-                device: label.clone(),
-                source: SOURCE.into(),
-                error: Some(first_line(&e)),
-                ..Default::default()
-            },
-        }),
+        Arc::new(move || watched::totals("cubecl", &label, SOURCE, usage().map(|u| pool(&u)))),
         settle,
     );
     Ok(())
@@ -113,20 +104,20 @@ fn key(device: &str) -> String {
     format!("cubecl {device}")
 }
 
-fn first_line(s: &str) -> String {
-    s.lines().next().unwrap_or("").to_string()
-}
-
 /// cubecl 0.10's memory usage as gpumem-nb's reading: one entry, kind [`KIND`].
 pub fn reading(device: &str, u: &MemoryUsage) -> FrameworkReading {
-    let pool = FrameworkPool {
+    watched::totals("cubecl", device, SOURCE, Ok(pool(u)))
+}
+
+/// cubecl 0.10's totals as one pool entry.
+fn pool(u: &MemoryUsage) -> FrameworkPool {
+    FrameworkPool {
         allocations: u.number_allocs,
         in_use: u.bytes_in_use,
         padding: u.bytes_padding,
         reserved: u.bytes_reserved,
         ..Default::default()
-    };
-    watched::totals("cubecl", device, SOURCE, pool)
+    }
 }
 
 #[cfg(test)]

@@ -61,25 +61,16 @@ fn attach_on(devices: &[u32]) -> bool {
         let first = AtomicBool::new(true);
         watched::watch(
             &key,
-            Arc::new(move || match r.usage(d) {
-                Ok(u) => {
-                    let pool = FrameworkPool {
-                        allocations: u.allocations,
-                        in_use: u.in_use,
-                        padding: u.padding,
-                        reserved: u.reserved,
-                        ..Default::default()
-                    };
-                    let from_empty = first.swap(false, Ordering::SeqCst);
-                    FrameworkReading { from_empty, ..watched::totals("cubecl", &label, SOURCE, pool) }
-                }
-                Err(e) => FrameworkReading {
-                    framework: "cubecl".into(),
-                    device: label.clone(),
-                    source: SOURCE.into(),
-                    error: Some(e),
+            Arc::new(move || {
+                let read = r.usage(d).map(|u| FrameworkPool {
+                    allocations: u.allocations,
+                    in_use: u.in_use,
+                    padding: u.padding,
+                    reserved: u.reserved,
                     ..Default::default()
-                },
+                });
+                let from_empty = read.is_ok() && first.swap(false, Ordering::SeqCst);
+                FrameworkReading { from_empty, ..watched::totals("cubecl", &label, SOURCE, read) }
             }),
             Some(Arc::new(move || s.flush(d))),
         );

@@ -206,15 +206,25 @@ pub(crate) fn watching(prefix: &str) -> bool {
 #[cfg_attr(not(any(feature = "cuda", feature = "cubecl010")), allow(dead_code))]
 pub(crate) const TOTALS: &str = "all pools";
 
-/// A reading of a framework that reports totals only: one pool entry of kind [`TOTALS`].
+/// A reading of a framework that reports totals only: one pool entry of kind [`TOTALS`], or,
+/// when its reader failed, the error's first line and no pools.
 #[cfg_attr(not(any(feature = "cuda", feature = "cubecl010")), allow(dead_code))]
-pub(crate) fn totals(framework: &str, device: &str, source: &str, totals: FrameworkPool) -> FrameworkReading {
+pub(crate) fn totals(
+    framework: &str,
+    device: &str,
+    source: &str,
+    read: Result<FrameworkPool, String>,
+) -> FrameworkReading {
+    let (pools, error) = match read {
+        Ok(totals) => (vec![FrameworkPool { kind: TOTALS.into(), ..totals }], None),
+        Err(e) => (Vec::new(), Some(e.lines().next().unwrap_or("").to_string())),
+    };
     FrameworkReading {
         framework: framework.into(),
         device: device.into(),
         source: source.into(),
-        error: None,
-        pools: vec![FrameworkPool { kind: TOTALS.into(), ..totals }],
+        error,
+        pools,
         ..Default::default()
     }
 }
