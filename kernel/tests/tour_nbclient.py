@@ -109,6 +109,31 @@ def main():
     assert any(l.startswith("cell ") for l in labels), labels
     assert "<svg" in open(os.path.join(snap_dir, "trace_plot.html")).read()
     print(f"OK: {n_reports} per-cell reports, history table, SVG chart, timeline, snapshot read back")
+    fit_from_any_session(out_dir)
+
+
+def fit_from_any_session(out_dir):
+    """`%gpumem fit` in a session that never asked to record (issue 57): driver allocations past
+    the allocator (what candle's are on a GPU), one kept and one made and dropped in a block, then
+    two fits, held by scripts/gpu/fit_session_check.py to the records' tracked peak of device 0."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "gpu"))
+    import fit_session_check as fit_check
+
+    cells = [
+        ":dep gpumem-nb",
+        "let keep = gpumem_nb::mem::driver_alloc_mib(100)?;",
+        "{\n    let step = gpumem_nb::mem::driver_alloc_mib(300)?;\n    drop(step);\n}",
+        "%gpumem fit 24GiB",
+        "%gpumem fit 256MiB",
+    ]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    NotebookClient(nb, kernel_name="gpumem", timeout=900, startup_timeout=600).execute()
+    nbformat.write(nb, os.path.join(out_dir, "fit_any_session.executed.ipynb"))
+    lines = fit_check.check(nb)
+    print("\n".join(lines))
+    if any(l.startswith("FAIL") for l in lines):
+        fail("fit from a session that never asked to record")
+    print("OK: %gpumem fit from a session that never asked to record")
 
 
 if __name__ == "__main__":

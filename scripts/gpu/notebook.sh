@@ -62,6 +62,9 @@
 # `%gpumem trim` after candle and after burn with no call of gpumem-nb (issue 57; the builds of
 # corpus54's warm):
 #                     bash scripts/gpu/notebook.sh trim candle burn
+# `%gpumem fit` in a candle notebook that never called gpumem-nb nor asked to record (issue 57;
+# the same build):
+#                     bash scripts/gpu/notebook.sh fit
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$repo"
@@ -473,6 +476,18 @@ trim_nb() {
     return $status
 }
 
+fit_nb() {
+    # `%gpumem fit` from what already ran (issue 57, item 4): candle with no call of gpumem-nb and
+    # no `record on`, through jupyter_client/nbclient as `jupyter` runs it, then each verdict held
+    # to the session's tracked peak by scripts/gpu/fit_session_check.py. candle's build is
+    # gpu_trim_candle's (corpus54's warm).
+    local status=0
+    jupyter_nb notebooks/gpu_fit_nocall.ipynb || status=1
+    python3 scripts/gpu/fit_session_check.py "$out/gpu_fit_nocall-jupyter.ipynb" | tee "$out/gpu_fit_nocall.fit.txt"
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+    return $status
+}
+
 cell_bench() {
     # The small-cell benchmark (scripts/cell_bench.py, issue 35) on this host: gpumem-kernel and
     # the stock evcxr kernel, interleaved, on the simulated device (the cells' compile time is
@@ -504,5 +519,6 @@ case "${1:-}" in
     corpus54) shift; exec bash "$repo/scripts/gpu/corpus54.sh" "$@" ;;
     allocbench) shift; exec bash "$repo/scripts/gpu/alloc_bench.sh" "$@" ;;
     trim) shift; trim_nb "$@" ;;
+    fit) fit_nb ;;
     *) echo "usage: $0 pack | stash N | setup | run NB... | jupyter NB... | stock NB... | warm NB [gpumem|stock]" >&2; exit 2 ;;
 esac

@@ -182,6 +182,15 @@ fn device0() -> Result<Arc<Allocator>, String> {
     super::registry::opened().into_iter().find(|a| a.device() == 0).ok_or_else(|| "no device is open".to_string())
 }
 
+/// Device 0's snapshot: its allocator's with every other tracked allocation there, or, where
+/// the notebook's code never opened the crate's allocator (candle, burn, cudarc), tracking's alone.
+fn snapshot0() -> Result<crate::snapshot::Snapshot, String> {
+    match device0() {
+        Ok(a) => Ok(tracking::snapshot(&a)),
+        Err(e) => tracking::tracked_snapshot(0).ok_or(e),
+    }
+}
+
 /// What a reading includes beyond the devices' numbers: each is work a live line must not do.
 #[derive(Clone, Copy)]
 struct Full {
@@ -405,8 +414,7 @@ impl Session {
             }
             Op::Snapshot { dir } => {
                 settle();
-                let files =
-                    tracking::snapshot(&*device0()?).save(std::path::Path::new(dir)).map_err(|e| e.to_string())?;
+                let files = snapshot0()?.save(std::path::Path::new(dir)).map_err(|e| e.to_string())?;
                 Ok(Reply { files: Some(SnapshotPaths::from(&files)), ..Reply::ok(id) })
             }
             Op::OnOom { dir } => {
@@ -414,11 +422,10 @@ impl Session {
                 Ok(Reply::ok(id))
             }
             Op::HistorySvg => {
-                let a = device0()?;
                 let timeline = if tracking::status().is_on() {
-                    crate::snapshot::MemoryTimeline::from_snapshot(&tracking::snapshot(&a))
+                    crate::snapshot::MemoryTimeline::from_snapshot(&snapshot0()?)
                 } else {
-                    crate::snapshot::MemoryTimeline::of(&*a)
+                    crate::snapshot::MemoryTimeline::of(&*device0()?)
                 };
                 let chart = timeline.chart(&Default::default());
                 Ok(Reply { svg: Some(chart.svg), text: Some(chart.text), ..Reply::ok(id) })

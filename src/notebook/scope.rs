@@ -334,7 +334,7 @@ pub struct SnapshotScope {
     dir: PathBuf,
     previous: HistoryOptions,
     /// The tracker's recording before, when the scope switched it on (the process's device).
-    tracked_previous: Option<Option<usize>>,
+    tracked_previous: Option<crate::track::Recording>,
     sink: Option<Sink>,
     closed: bool,
 }
@@ -397,7 +397,7 @@ impl SnapshotScope {
         };
         self.alloc.record_memory_history_with(self.previous);
         if let Some(prev) = self.tracked_previous {
-            super::tracking::set_recording(prev);
+            super::tracking::restore_recording(prev);
         }
         Ok(snap.save(&self.dir)?)
     }

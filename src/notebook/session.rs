@@ -70,6 +70,7 @@ pub fn watch_from_start() {
     publish_tracker();
     crate::record::frames::set_home_thread();
     tracking::start(simulated_without_probe());
+    tracking::keep_by_default();
     control::start_if_requested();
 }
 
@@ -82,6 +83,7 @@ pub fn watch_from_start() {
 pub fn watch() -> tracking::TrackingStatus {
     crate::record::frames::set_home_thread();
     start_or_join(simulated_without_probe());
+    tracking::keep_by_default();
     control::start_if_requested();
     stock::start_if_evcxr();
     tracking::status()

@@ -21,7 +21,7 @@ use crate::record::frames::{self, Frames};
 use crate::snapshot::{BlockSnap, Segment, Snapshot, TraceSnap};
 use crate::sync::lock;
 use crate::track::owner::{Owners, Site};
-use crate::track::{Place, PlaceTotals, Source, TrackSlot, TrackedAlloc, Tracker};
+use crate::track::{Place, PlaceTotals, Recording, Source, TrackSlot, TrackedAlloc, Tracker};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -352,9 +352,25 @@ pub(crate) fn set_recording(max_entries: Option<usize>) {
     lock(&state().tracker).set_recording(max_entries);
 }
 
-/// How many tracked events are kept for snapshots (`None`: not recording).
-pub(crate) fn recording() -> Option<usize> {
+/// Which tracked events are kept for snapshots now.
+pub(crate) fn recording() -> Recording {
     lock(&state().tracker).recording()
+}
+
+/// Puts back what [`recording`] said was kept.
+pub(crate) fn restore_recording(before: Recording) {
+    lock(&state().tracker).restore_recording(before);
+}
+
+/// Tracked events a notebook keeps without being asked to record: what `%gpumem fit` plans from
+/// in any session, the oldest dropped first. Each costs `size_of::<TrackEvent>()` (88 bytes on
+/// x86-64, its stack shared with the books), so 100,000 hold under 9 MB (BENCHMARKS.md).
+pub const DEFAULT_EVENTS: usize = 100_000;
+
+/// Keeps the last [`DEFAULT_EVENTS`] tracked events unless a recording was asked for (the
+/// notebook's process, from its start).
+pub(crate) fn keep_by_default() {
+    lock(&state().tracker).keep_by_default(DEFAULT_EVENTS);
 }
 
 /// Whether `alloc` is the process's allocator of its device (the one tracking's books cover),
@@ -794,14 +810,36 @@ fn snapshot_frames(
 /// device's trace: what PyTorch's viewer and the offline page then show side by side.
 pub fn snapshot(alloc: &crate::allocator::Allocator) -> Snapshot {
     let t = state();
-    let mut snap = {
+    let snap = {
         let mut owners = owners_for_report(t);
         let owners = owners.get();
         super::components::with_rules(|rules, generation| {
             alloc.snapshot_with(&mut |f| snapshot_frames(owners, f, rules, generation))
         })
     };
-    let device = alloc.device();
+    with_tracked(t, snap, alloc.device())
+}
+
+/// A snapshot of device `device` from tracking alone, for a notebook whose code never opened the
+/// crate's allocator there (candle, burn, cudarc): every live tracked allocation as a segment and
+/// the kept events as its trace, under the default configuration. `None` when tracking is not on.
+pub(crate) fn tracked_snapshot(device: i32) -> Option<Snapshot> {
+    let backend = match status() {
+        TrackingStatus::Cupti { .. } => crate::device::BackendKind::Cuda,
+        TrackingStatus::Simulated => crate::device::BackendKind::Simulated,
+        _ => return None,
+    };
+    Some(tracked_only(state(), device, backend))
+}
+
+fn tracked_only(t: &Tracking, device: i32, backend: crate::device::BackendKind) -> Snapshot {
+    let empty = Snapshot::empty(&crate::policy::config::AllocatorConfig::default(), backend);
+    with_tracked(t, empty, device)
+}
+
+/// `snap` with every tracked allocation of `device` not made by the crate's allocator added: its
+/// live ones as segments, the kept events in its trace.
+fn with_tracked(t: &Tracking, mut snap: Snapshot, device: i32) -> Snapshot {
     let (foreign, events, labels) = {
         let tr = lock(&t.tracker);
         let foreign: Vec<TrackedAlloc> =
@@ -897,4 +935,48 @@ pub fn snapshot(alloc: &crate::allocator::Allocator) -> Snapshot {
 /// disagrees.
 pub fn check() -> Result<(), crate::policy::InvariantViolation> {
     lock(&state().tracker).check().map_err(crate::policy::InvariantViolation)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::{DriverCall, DriverKind};
+
+    fn call(t: &Tracking, call: DriverCall) {
+        let ev = DriverEvent { call, device: Some(0), api: "cuMemAllocAsync", ours: false };
+        let mut tracker = lock(&t.tracker);
+        let time = tracker.events_seen as i64;
+        tracker.record(&ev, None, time);
+    }
+
+    /// A session whose code never opened the crate's allocator (candle on a GPU): its snapshot is
+    /// tracking's alone, and `fit` plans from the default ring with the session's tracked peak.
+    #[test]
+    fn a_session_without_the_allocator_plans_from_the_default_ring() {
+        const MIB: u64 = 1 << 20;
+        let t = Tracking::new();
+        lock(&t.tracker).keep_by_default(DEFAULT_EVENTS);
+        let alloc = |addr, size| DriverCall::Alloc { kind: DriverKind::Pool, addr, size, stream: 7 };
+        call(&t, alloc(0x1000_0000, 100 * MIB));
+        call(&t, alloc(0x9000_0000, 300 * MIB));
+        call(&t, DriverCall::Free { addr: 0x9000_0000 });
+        call(&t, alloc(0x5000_0000, 50 * MIB));
+        let peak = lock(&t.tracker).totals()[&Some(0)].total.peak;
+        assert_eq!(peak, 400 * MIB);
+
+        let snap = tracked_only(&t, 0, crate::device::BackendKind::Cuda);
+        assert_eq!(snap.segments.iter().map(|s| s.requested_size).sum::<u64>(), 150 * MIB, "live ones");
+        let plan = crate::plan::fit_snapshot(&snap, 24 << 30).unwrap();
+        assert_eq!(plan.live_peak, peak, "the session's tracked peak");
+        assert_eq!(plan.before_recording, (0, 0), "every event kept: nothing before");
+        assert!(plan.policies.iter().all(|p| p.fits), "{:?}", plan.policies);
+        let small = crate::plan::fit_snapshot(&snap, 256 * MIB).unwrap();
+        assert!(small.policies.iter().all(|p| !p.fits), "{:?}", small.policies);
+
+        // Nothing kept: said, not planned.
+        let off = Tracking::new();
+        call(&off, alloc(0x1000_0000, 100 * MIB));
+        let err = crate::plan::fit_snapshot(&tracked_only(&off, 0, crate::device::BackendKind::Cuda), 1 << 30);
+        assert!(err.is_err());
+    }
 }

@@ -37,7 +37,10 @@ pub fn fit_on(alloc: &Allocator, device_bytes: u64) -> Result<FitPlan> {
     if device_bytes == 0 {
         return Err(Error::InvalidArgument("a device of 0 bytes holds nothing: give a size such as 24GiB".into()));
     }
-    if alloc.history_options().enabled != RecordMode::All {
+    // A notebook's process keeps tracked events without being asked (`tracking::keep_by_default`).
+    if alloc.history_options().enabled != RecordMode::All
+        && crate::notebook::tracking::recording() == crate::track::Recording::Off
+    {
         return Err(Error::Plan(
             "nothing recorded to plan from: record the session's allocations first (`%gpumem record on`, or \
              alloc.record_memory_history(RecordMode::All, usize::MAX)), from the first cell"

@@ -120,6 +120,28 @@ pub struct AllocatorSettings {
     pub roundup_power2_divisions: Vec<(String, u64)>,
 }
 
+impl AllocatorSettings {
+    /// The settings of an allocator configured by `c`.
+    pub(crate) fn of(c: &crate::policy::config::AllocatorConfig) -> Self {
+        AllocatorSettings {
+            conf: c.source.clone(),
+            max_split_size: c.max_split_size_reported(),
+            garbage_collection_threshold: c.garbage_collection_threshold,
+            expandable_segments: c.expandable_segments,
+            pinned_num_register_threads: c.pinned_num_register_threads,
+            release_lock_on_cudamalloc: c.release_lock_on_cudamalloc,
+            pinned_use_cuda_host_register: c.pinned_use_cuda_host_register,
+            graph_capture_record_stream_reuse: c.graph_capture_record_stream_reuse,
+            roundup_power2_divisions: c
+                .roundup_power2_divisions
+                .iter()
+                .enumerate()
+                .map(|(i, d)| ((1u64 << i).to_string(), *d))
+                .collect(),
+        }
+    }
+}
+
 fn as_map<S: serde::Serializer>(v: &[(String, u64)], s: S) -> Result<S::Ok, S::Error> {
     use serde::ser::SerializeMap;
     let mut m = s.serialize_map(Some(v.len()))?;
@@ -195,28 +217,24 @@ impl Snapshot {
             .collect();
         let mut device_traces: Vec<Vec<TraceSnap>> = (0..raw.device.max(0)).map(|_| Vec::new()).collect();
         device_traces.push(trace);
-        let c = &raw.config;
         Snapshot {
             segments,
             device_traces,
-            allocator_settings: AllocatorSettings {
-                conf: c.source.clone(),
-                max_split_size: c.max_split_size_reported(),
-                garbage_collection_threshold: c.garbage_collection_threshold,
-                expandable_segments: c.expandable_segments,
-                pinned_num_register_threads: c.pinned_num_register_threads,
-                release_lock_on_cudamalloc: c.release_lock_on_cudamalloc,
-                pinned_use_cuda_host_register: c.pinned_use_cuda_host_register,
-                graph_capture_record_stream_reuse: c.graph_capture_record_stream_reuse,
-                roundup_power2_divisions: c
-                    .roundup_power2_divisions
-                    .iter()
-                    .enumerate()
-                    .map(|(i, d)| ((1u64 << i).to_string(), *d))
-                    .collect(),
-            },
+            allocator_settings: AllocatorSettings::of(&raw.config),
             external_annotations: Vec::new(),
             backend: raw.backend,
+        }
+    }
+
+    /// A snapshot of no segments and no events, for `config`: what tracked allocations of a
+    /// device are added to where no allocator of the crate is open there.
+    pub(crate) fn empty(config: &crate::policy::config::AllocatorConfig, backend: crate::device::BackendKind) -> Self {
+        Snapshot {
+            segments: Vec::new(),
+            device_traces: Vec::new(),
+            allocator_settings: AllocatorSettings::of(config),
+            external_annotations: Vec::new(),
+            backend: Some(backend),
         }
     }
 

@@ -170,6 +170,19 @@ impl PlaceTotals {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct TrackSlot(u32);
 
+/// Which tracked events are kept for snapshots, and why.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Recording {
+    /// None.
+    #[default]
+    Off,
+    /// The last N, kept without being asked (gpumem-kernel's notebooks: `%gpumem fit` from any
+    /// session).
+    Default(usize),
+    /// The last N, asked for (`%gpumem record on`, a snapshot scope).
+    Asked(usize),
+}
+
 /// A recorded event (while recording), for snapshots and timelines.
 #[derive(Clone, Debug)]
 pub(crate) struct TrackEvent {
@@ -198,7 +211,7 @@ pub(crate) struct Tracker {
     slots: Vec<Option<BTreeMap<Place, PlaceTotals>>>,
     labels: Labels,
     label: u32,
-    recording: Option<usize>,
+    recording: Recording,
     events: VecDeque<TrackEvent>,
     stacks: stacks::StackBooks,
     /// The order of changes while a slot is open (components' peaks).
@@ -253,16 +266,35 @@ impl Tracker {
     }
 
     /// Keeps the last `max_entries` events for snapshots (`None`: stop recording, forget them).
+    /// A recording asked for while only the default ring was kept starts empty, as PyTorch's
+    /// `_record_memory_history` does (what came before is the snapshot's "before recording").
     pub(crate) fn set_recording(&mut self, max_entries: Option<usize>) {
-        self.recording = max_entries;
-        if max_entries.is_none() {
+        if max_entries.is_none() || matches!(self.recording, Recording::Default(_)) {
             self.events.clear();
+        }
+        self.recording = max_entries.map_or(Recording::Off, Recording::Asked);
+    }
+
+    /// Keeps the last `max_entries` events unless a recording was asked for: what `fit` plans
+    /// from in a session that never asked to record.
+    pub(crate) fn keep_by_default(&mut self, max_entries: usize) {
+        if self.recording == Recording::Off {
+            self.recording = Recording::Default(max_entries);
         }
     }
 
-    /// The ring size while recording.
-    pub(crate) fn recording(&self) -> Option<usize> {
+    /// What is kept now.
+    pub(crate) fn recording(&self) -> Recording {
         self.recording
+    }
+
+    /// Puts back what was kept before ([`Tracker::recording`]), keeping the events (`Off`
+    /// forgets them).
+    pub(crate) fn restore_recording(&mut self, before: Recording) {
+        if before == Recording::Off {
+            self.events.clear();
+        }
+        self.recording = before;
     }
 
     /// The recorded events, oldest first.
@@ -462,7 +494,7 @@ impl Tracker {
     }
 
     fn note(&mut self, alloc: bool, a: &TrackedAlloc) {
-        let Some(max) = self.recording else { return };
+        let (Recording::Default(max) | Recording::Asked(max)) = self.recording else { return };
         if max == 0 {
             return;
         }
@@ -606,6 +638,37 @@ mod tests {
     fn free(t: &mut Tracker, addr: u64) {
         t.record(&ev(DriverCall::Free { addr }, Some(0), false), None, 2);
         t.check().unwrap();
+    }
+
+    /// The default ring keeps events until a recording is asked for, which starts empty (as
+    /// PyTorch's does); one asked for keeps its events when asked again; off forgets them; a
+    /// snapshot scope puts back what it found.
+    #[test]
+    fn a_recording_asked_for_starts_where_the_default_ring_was() {
+        let mut t = Tracker::new();
+        alloc(&mut t, DriverKind::Pool, 0x1000, MIB);
+        assert_eq!((t.recording(), t.events().count()), (Recording::Off, 0));
+        t.keep_by_default(2);
+        alloc(&mut t, DriverKind::Pool, 0x2000, MIB);
+        alloc(&mut t, DriverKind::Pool, 0x3000, MIB);
+        alloc(&mut t, DriverKind::Pool, 0x4000, MIB);
+        let addrs = |t: &Tracker| t.events().map(|e| e.block.addr).collect::<Vec<_>>();
+        assert_eq!(addrs(&t), [0x3000, 0x4000], "the last two");
+        let before = t.recording();
+        assert_eq!(before, Recording::Default(2));
+        t.set_recording(Some(10));
+        assert_eq!((t.recording(), addrs(&t)), (Recording::Asked(10), vec![]));
+        free(&mut t, 0x4000);
+        t.keep_by_default(2);
+        assert_eq!(t.recording(), Recording::Asked(10), "a recording asked for stays");
+        t.set_recording(Some(10));
+        assert_eq!(addrs(&t), [0x4000], "asked again: kept");
+        t.restore_recording(before);
+        assert_eq!((t.recording(), addrs(&t)), (Recording::Default(2), vec![0x4000]));
+        t.set_recording(None);
+        assert_eq!((t.recording(), addrs(&t)), (Recording::Off, vec![]));
+        t.keep_by_default(2);
+        assert_eq!(t.recording(), Recording::Default(2), "and back to the default");
     }
 
     #[test]
