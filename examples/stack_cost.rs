@@ -4,7 +4,8 @@
 //! before and after the tracked loops), then tracked without a stack and with stacks of 8, 16
 //! and 32 frames; at 32 frames, inside a component stamp and not (issue 33); a stamp's own cost
 //! with no framework watched and with one (its books read at both ends); and naming the sites
-//! of a report. Prints one JSON object per line.
+//! of a report; the default ring of tracked events kept for `%gpumem fit` (issue 57). Prints one
+//! JSON object per line.
 //!
 //! `cargo run --release --example stack_cost` (BENCHMARKS.md, "Sites").
 
@@ -94,6 +95,19 @@ fn main() {
                    "alloc_overhead_ns": a - base_a, "free_overhead_ns": f - base_f})
         );
     }
+    // The default ring a notebook's process keeps for `%gpumem fit` (issue 57): the 32-frame
+    // loop again, plain and with the ring (`watch()` keeps it, and it stays on: plain first),
+    // interleaved with nothing else.
+    gpumem_nb::tracking::set_stack_depth(32);
+    let plain32 = best_of(7, || alloc_free_ns(N, 40));
+    gpumem_nb::watch();
+    let ring32 = best_of(7, || alloc_free_ns(N, 40));
+    println!(
+        "{}",
+        json!({"stack_depth": 32, "no_ring_alloc_ns": plain32.0, "ring_alloc_ns": ring32.0,
+               "ring_alloc_overhead_ns": ring32.0 - plain32.0, "no_ring_free_ns": plain32.1,
+               "ring_free_ns": ring32.1, "ring_free_overhead_ns": ring32.1 - plain32.1})
+    );
     // Naming: the sites of everything live, as a report does (first time: symbols read; then
     // cached).
     // Components (issue 33): the same 32-frame allocations inside a component stamp, whose

@@ -4,7 +4,8 @@ from any session): every `%gpumem fit SIZE` cell answers with a plan (no error),
 equals the largest peak the records of the cells before it tracked on device 0 (what the
 framework's allocations reached, counted by CUPTI); a SIZE below that peak fits under no policy
 and names the cell whose request fails first; a SIZE of four times the peak or more fits under
-every policy. Prints PASS/FAIL lines; exits 1 on any FAIL.
+every policy; a `%gpumem snapshot` cell writes its files. Prints PASS/FAIL lines; exits 1 on any
+FAIL.
 
     fit_session_check.py EXECUTED.ipynb
     fit_session_check.py --self-test          (each check fails when its figure is broken)
@@ -79,6 +80,14 @@ def check(nb):
                    f"{[f.get('label') for f in firsts]}")
         elif size >= 4 * peak:
             expect(all(verdicts.values()), f"{where}: {size:,} B is four times the peak or more: every policy fits {verdicts}")
+    for n, cell in enumerate(c for c in nb["cells"] if c["cell_type"] == "code"):
+        if source(cell).strip() != "%gpumem snapshot":
+            continue
+        outs = cell.get("outputs", [])
+        errors = [o.get("evalue", "") for o in outs if o.get("output_type") == "error"]
+        text = "".join("".join(o.get("data", {}).get("text/plain", "")) for o in outs)
+        expect(not errors and re.search(r"snapshot\.pickle \(\d", text) is not None,
+               f"code cell {n} (`%gpumem snapshot`) wrote a snapshot with no allocator open {errors or text[:200]}")
     expect(fits_seen > 0, "the notebook has `%gpumem fit` cells")
     return lines
 
@@ -129,6 +138,8 @@ def self_test():
             {"output_type": "error", "ename": "fit", "evalue": "fit: no device is open"}]),
         "nothing tracked": lambda nb: [c.update(outputs=[]) for c in nb["cells"][:3]],
         "no fit cell": lambda nb: nb.update(cells=nb["cells"][:3]),
+        "the snapshot failed": lambda nb: nb["cells"].append({"cell_type": "code", "source": "%gpumem snapshot", "outputs": [
+            {"output_type": "error", "ename": "snapshot", "evalue": "snapshot: no device is open"}]}),
     }
     for name, f in cases.items():
         fails = broken(f)

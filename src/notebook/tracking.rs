@@ -366,8 +366,8 @@ pub(crate) fn restore_recording(before: Recording) {
 }
 
 /// Tracked events a notebook keeps without being asked to record: what `%gpumem fit` plans from
-/// in any session, the oldest dropped first. Each costs `size_of::<TrackEvent>()` (88 bytes on
-/// x86-64, its stack shared with the books), so 100,000 hold under 9 MB (BENCHMARKS.md).
+/// in any session, the oldest dropped first. Each costs `size_of::<TrackEvent>()` (80 bytes on
+/// x86-64, its stack shared with the books), so the ring holds at most 8 MB (BENCHMARKS.md).
 pub const DEFAULT_EVENTS: usize = 100_000;
 
 /// Keeps the last [`DEFAULT_EVENTS`] tracked events unless a recording was asked for (the

@@ -501,6 +501,12 @@ impl Tracker {
         while self.events.len() >= max {
             self.events.pop_front();
         }
+        // Grown by doubling up to the ring's size and no further: what it holds is bounded by
+        // `max` events, not by the next power of two.
+        if self.events.len() == self.events.capacity() {
+            let want = (self.events.capacity() * 2).max(16).min(max);
+            self.events.reserve_exact(want - self.events.len());
+        }
         self.events.push_back(TrackEvent { alloc, block: a.clone() });
     }
 
@@ -669,6 +675,14 @@ mod tests {
         assert_eq!((t.recording(), addrs(&t)), (Recording::Off, vec![]));
         t.keep_by_default(2);
         assert_eq!(t.recording(), Recording::Default(2), "and back to the default");
+
+        // Memory: never more slots than the ring holds.
+        let mut t = Tracker::new();
+        t.keep_by_default(1000);
+        for i in 0..1500u64 {
+            alloc(&mut t, DriverKind::Pool, 0x1000 * (i + 1), 4096);
+        }
+        assert_eq!((t.events().count(), t.events.capacity()), (1000, 1000));
     }
 
     #[test]

@@ -170,6 +170,15 @@ mod tests {
         tracker.record(&ev, None, time);
     }
 
+    /// What the default ring holds at most, as the docs say it (BENCHMARKS.md, GUIDE.md): its
+    /// events' own bytes, their stacks being shared with the books.
+    #[test]
+    fn the_default_ring_holds_at_most_eight_megabytes() {
+        let each = std::mem::size_of::<crate::track::TrackEvent>();
+        println!("{each} bytes an event, {} in all", each * DEFAULT_EVENTS);
+        assert!(each * DEFAULT_EVENTS <= 8_000_000, "{each} bytes an event");
+    }
+
     /// A session whose code never opened the crate's allocator (candle on a GPU): its snapshot is
     /// tracking's alone, and `fit` plans from the default ring with the session's tracked peak.
     #[test]
