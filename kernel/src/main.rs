@@ -76,6 +76,9 @@ fn main() {
         args.first().map(String::as_str),
         Some("--connection-file" | "--control_file" | "-f" | "run" | "install")
     );
+    if kernel_role {
+        one_malloc_arena();
+    }
     let choice = kernel_role.then(build_dir::choose);
     let _build_dir = choice.and_then(|c| {
         if let Some(notice) = &c.notice {
@@ -121,6 +124,21 @@ fn main() {
     // `exit` runs no destructors: a private build directory goes now.
     drop(_build_dir);
     std::process::exit(code);
+}
+
+/// The kernel's heap in one glibc arena, not one per thread that allocates: type inference
+/// builds its databases on several threads, and each thread's arena kept its own free pages
+/// beside the others' live ones. After `:dep gpumem-nb` and a cell the kernel process held
+/// 390-392 MiB with the default arenas and 376 MiB with one, its highest 438 against 395 MiB,
+/// its cells no slower (BENCHMARKS.md, "The kernel's own memory"). The notebook process (role 4)
+/// keeps glibc's default: the frameworks' threads allocate there.
+fn one_malloc_arena() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt takes two integers and changes how later allocations are placed; called
+    // before the kernel starts any thread (as the `set_var`s below), so no allocation races it.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
 }
 
 fn real_main(args: &[String]) -> anyhow::Result<i32> {
