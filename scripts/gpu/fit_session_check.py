@@ -15,22 +15,14 @@ import json
 import re
 import sys
 
+from check_notebook import size_of, text_of
+
 FIT = "application/vnd.gpumem.fit+json"
 CELL = "application/vnd.gpumem.cell+json"
-UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40, "KB": 10**3, "MB": 10**6,
-         "GB": 10**9}
 
 
 def source(cell):
-    s = cell.get("source", "")
-    return "".join(s) if isinstance(s, list) else s
-
-
-def size_of(text):
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*", text)
-    if not m:
-        return None
-    return int(float(m.group(1)) * UNITS[m.group(2) or ""])
+    return text_of(cell.get("source"))
 
 
 def device0_peak(record):
@@ -85,7 +77,7 @@ def check(nb):
             continue
         outs = cell.get("outputs", [])
         errors = [o.get("evalue", "") for o in outs if o.get("output_type") == "error"]
-        text = "".join("".join(o.get("data", {}).get("text/plain", "")) for o in outs)
+        text = "".join(text_of(o.get("data", {}).get("text/plain")) for o in outs)
         expect(not errors and re.search(r"snapshot\.pickle \(\d", text) is not None,
                f"code cell {n} (`%gpumem snapshot`) wrote a snapshot with no allocator open {errors or text[:200]}")
     expect(fits_seen > 0, "the notebook has `%gpumem fit` cells")
