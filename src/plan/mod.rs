@@ -11,12 +11,17 @@
 //!   reserved at most, cell by cell, and where a pool capped at the plan's size would refuse.
 //! - [`explain`]: every byte a device's allocator reserved, in parts that add up
 //!   ([`crate::blocks::ReservedParts`]), with the CUDA pool beside it.
+//! - [`Sweep`]: which value of a swept variable (a batch size) fits: measured runs' peaks, each
+//!   component fitted as constant or linear in the value, solved against each card.
 #![forbid(unsafe_code)]
 
 mod pool;
 mod session;
+mod sweep;
 
 pub use pool::{POOL_CHUNK, PoolCell, PoolFit, pool_holds};
+
+pub use sweep::{Largest, Shape, Sweep, SweepRun, Target, fit_shape, tolerance};
 
 pub use session::{CARDS_GB, CellFit, FitPlan, PolicyFit, component_table, fit_snapshot, plan, smallest_card};
 
