@@ -1143,3 +1143,79 @@ fn framework_errors_whole_and_panics_on_other_threads() {
     assert_eq!(result_text(&out, 6), "2");
     assert!(errors(&out, 6).is_empty(), "{:?}", outputs(&out, 6));
 }
+
+/// `%%gpumem sweep` on gpumem-nb's own allocator (the simulated device of 8 GiB): each run's
+/// peak fitted (100 MiB kept, 32 MiB at every value, 64 MiB per unit), the largest value it
+/// predicts for this device then run and fitting, 5 % more running out of memory by name; and the
+/// contract's bad cells each a one-line `UsageError` that runs nothing and loses nothing.
+#[test]
+fn a_sweep_predicts_the_largest_batch_and_the_prediction_holds() {
+    let zeros = "DeviceBuffer::<u8>::zeros(&gpumem_nb::current()?";
+    let step = |b: &str| {
+        format!(
+            "let act = {zeros}, {b} * (64 << 20), StreamId::DEFAULT)?;\nlet tmp = {zeros}, 32 << 20, StreamId::DEFAULT)?;\nlet _ = (&keep, &act, &tmp);"
+        )
+    };
+    let sweep = format!("%%gpumem sweep batch=4,1,2\n{}", step("batch"));
+    // (8192 − 100 − 32) / 64 = 125.9: 125 fits, 132 (5 % more, rounded up) does not.
+    let fits = step("125");
+    let over = step("132");
+    const RAISES: &[&str] = &["raises-exception"];
+    let nb = notebook(&[
+        (":dep gpumem-nb", &[]),
+        (
+            &format!("use gpumem_nb::{{DeviceBuffer, StreamId}};\nlet keep = {zeros}, 100 << 20, StreamId::DEFAULT)?;"),
+            &[],
+        ),
+        (&sweep, &[]),
+        (&format!("{{\n{fits}\n}}"), &[]),
+        (&format!("{{\n{over}\n}}"), RAISES),
+        ("%%gpumem sweep n=1,2,3\nlet z = 1;", RAISES),
+        ("%%gpumem sweep batch=1,2,3\nlet gone = keep;\nlet _ = batch;", RAISES),
+        ("let mut step = 0;", &[]),
+        ("%%gpumem sweep batch=1,2,3\nstep += batch;", RAISES),
+        ("keep.len()", &[]),
+    ]);
+    let (_, out, stderr) = run("sweep", &nb, &[]);
+    let mib = (1u64 << 20) as f64;
+    let figures = outputs(&out, 2)
+        .iter()
+        .find_map(|o| o["data"].get("application/vnd.gpumem.sweep+json"))
+        .unwrap_or_else(|| panic!("no sweep figures: {:?}\n{:?}\n{stderr}", notices(&out, 2), errors(&out, 2)))
+        .clone();
+    assert!(errors(&out, 2).is_empty(), "{:?}", errors(&out, 2));
+    let runs = figures["sweep"]["runs"].as_array().unwrap();
+    let values: Vec<f64> = runs.iter().map(|r| r["value"].as_f64().unwrap()).collect();
+    assert_eq!(values, [1.0, 2.0, 4.0], "ascending, the warm-up not counted");
+    for r in runs {
+        let b = r["value"].as_f64().unwrap();
+        assert_eq!(r["peak"].as_f64().unwrap(), (100.0 + 32.0 + 64.0 * b) * mib, "each run's device peak: {r}");
+    }
+    let total = &figures["sweep"]["total"];
+    assert_eq!(total["shape"], "linear", "{total}");
+    assert!((total["slope"].as_f64().unwrap() - 64.0 * mib).abs() < 1.0, "{total}");
+    assert!((total["intercept"].as_f64().unwrap() - 132.0 * mib).abs() < 1.0, "{total}");
+    let this = &figures["answers"][0];
+    assert_eq!(this["capacity"], 8u64 << 30, "{this}");
+    assert_eq!(this["largest"]["value"], 125.0, "{this}");
+    assert_eq!(figures["limiting"]["component"], "other", "the allocator's blocks, untagged: {figures}");
+    assert!(figures["sweep"]["components"].get("cached").is_none(), "a cache is no component: {figures}");
+    // Each run is a cell of the history with its own report; the tables say the answer.
+    assert!(records(&out, 2).len() >= 4, "the warm-up and three runs each reported");
+    let tables = notices(&out, 2).join("\n");
+    assert!(tables.contains("the largest batch that fits") && tables.contains("125"), "{tables}");
+    // The prediction holds: 125 runs, 132 runs out of memory by name.
+    assert!(errors(&out, 3).is_empty(), "b* fits: {:?}", errors(&out, 3));
+    let oom = errors(&out, 4);
+    assert!(oom.iter().any(|e| e.contains("out of memory")), "5 % more fails by name: {oom:?}");
+    // Bad cells: one line each, nothing of them ran, the session intact.
+    for (cell, want) in [(5, "does not use `n`"), (6, "moves `keep`"), (8, "assigns `step`")] {
+        let e = errors(&out, cell);
+        assert!(
+            e.len() == 1 && e[0].starts_with("UsageError: %%gpumem sweep: ") && e[0].contains(want),
+            "{cell}: {e:?}"
+        );
+        assert!(records(&out, cell).is_empty(), "nothing ran: {cell}");
+    }
+    assert_eq!(result_text(&out, 9), "104857600", "`keep` is still the session's");
+}

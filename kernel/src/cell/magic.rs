@@ -45,6 +45,20 @@ impl DiffSide {
     }
 }
 
+/// What `%%gpumem sweep` sweeps.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SweepSpec {
+    /// The variable the cell uses (`batch`).
+    pub variable: String,
+    /// Its values as written (Rust number literals), ascending, each once.
+    pub values: Vec<String>,
+    /// `--on SIZE`: a device size to answer for, beside this device and the cards.
+    pub on: Option<u64>,
+}
+
+/// The fewest values a sweep takes: two tell no line from a curve.
+pub const SWEEP_MIN_VALUES: usize = 3;
+
 /// One parsed magic.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Magic {
@@ -108,6 +122,10 @@ pub enum Magic {
         /// Write a snapshot of the cell to this directory.
         snapshot: Option<PathBuf>,
     },
+    /// `%%gpumem sweep VAR=V1,V2,V3 [--on SIZE]`: the cell run once per value (after a warm-up
+    /// run that is not counted), each run's peak by component fitted, the largest value that fits
+    /// this device, each card and SIZE.
+    Sweep(SweepSpec),
     /// A magic line that could not be understood.
     Bad {
         /// 1-based line in the cell.
@@ -144,6 +162,7 @@ impl Magic {
             Magic::Reset => ("reset", false),
             Magic::Restart => ("restart", false),
             Magic::Cell { .. } => ("%%gpumem", false),
+            Magic::Sweep(_) => ("%%gpumem sweep", false),
             Magic::Bad { .. } => return None,
         };
         COMMANDS.iter().find(|c| c.verb == verb && c.args.starts_with("--on-oom") == on_oom)
@@ -300,6 +319,15 @@ pub static COMMANDS: &[Command] = &[
         when: When::BeforeCode,
     },
     Command {
+        verb: "%%gpumem sweep",
+        args: "VAR=V1,V2,V3 [--on SIZE]",
+        what: "first line of a cell: run the cell once per value of VAR (ascending, after a warm-up run that is not \
+               counted, the caches trimmed between runs); each run's peak by component, each fitted as constant or \
+               linear in VAR, and the largest VAR that fits this device, each card and SIZE. The cell's `let`s drop \
+               at the end of each run; it may borrow earlier variables, never move or assign them",
+        when: When::BeforeCode,
+    },
+    Command {
         verb: "%%gpumem",
         args: "[--timeline] [--snapshot DIR]",
         what: "first line of a cell: record everything in that cell; show its timeline, write a snapshot",
@@ -309,10 +337,11 @@ pub static COMMANDS: &[Command] = &[
 
 /// The one-line usage shown after an error.
 pub fn usage() -> String {
-    let mut verbs: Vec<&str> = COMMANDS.iter().filter(|c| c.verb != "%%gpumem").map(|c| c.verb).collect();
+    let mut verbs: Vec<&str> = COMMANDS.iter().filter(|c| !c.verb.starts_with("%%")).map(|c| c.verb).collect();
     verbs.dedup();
     format!(
-        "usage: %gpumem {} (see %gpumem help) · cell magic: %%gpumem [--timeline] [--snapshot DIR]",
+        "usage: %gpumem {} (see %gpumem help) · cell magics: %%gpumem [--timeline] [--snapshot DIR], \
+         %%gpumem sweep VAR=V1,V2,V3 [--on SIZE]",
         verbs.join(" | ")
     )
 }
@@ -327,7 +356,7 @@ pub fn help_text() -> String {
     }
     let named = |when: When| {
         let mut v: Vec<String> = Vec::new();
-        for c in COMMANDS.iter().filter(|c| c.when == when && c.verb != "%%gpumem" && c.verb != "help") {
+        for c in COMMANDS.iter().filter(|c| c.when == when && !c.verb.starts_with("%%") && c.verb != "help") {
             let name =
                 if c.args.starts_with("--on-oom") { "snapshot --on-oom".to_string() } else { c.verb.to_string() };
             if !v.contains(&name) {
@@ -359,6 +388,7 @@ pub fn help_html() -> String {
         let when = match (c.verb, c.when) {
             ("help", _) => "",
             ("%%gpumem", _) => "around the cell's code",
+            ("%%gpumem sweep", _) => "in place of the cell's code",
             (_, When::BeforeCode) => "before the cell's code",
             (_, When::AfterCode) => "after the cell's code",
         };
@@ -377,8 +407,8 @@ pub fn help_html() -> String {
 }
 
 fn magic_head(c: &Command) -> String {
-    if c.verb == "%%gpumem" {
-        format!("%%gpumem {}", c.args)
+    if c.verb.starts_with("%%") {
+        format!("{} {}", c.verb, c.args)
     } else if c.args.is_empty() {
         format!("%gpumem {}", c.verb)
     } else {
@@ -412,7 +442,7 @@ fn closest_verb(word: &str) -> Option<&'static str> {
     let w: Vec<char> = word.to_lowercase().chars().collect();
     COMMANDS
         .iter()
-        .filter(|c| c.verb != "%%gpumem")
+        .filter(|c| !c.verb.starts_with("%%"))
         .map(|c| (distance(&w, &c.verb.chars().collect::<Vec<_>>()), c.verb))
         .filter(|&(d, v)| d <= 2 && d < v.len())
         .min_by_key(|&(d, _)| d)
@@ -631,6 +661,9 @@ fn parse_on_oom(rest: &[&str]) -> Result<Magic, String> {
 }
 
 fn parse_cell_magic(args: &str) -> Result<Magic, String> {
+    if let Some(rest) = strip_word(args, "sweep") {
+        return parse_sweep(rest).map(Magic::Sweep);
+    }
     let mut timeline = false;
     let mut snapshot = None;
     let words: Vec<&str> = args.split_whitespace().collect();
@@ -646,6 +679,65 @@ fn parse_cell_magic(args: &str) -> Result<Magic, String> {
         }
     }
     Ok(Magic::Cell { timeline, snapshot })
+}
+
+/// `VAR=V1,V2,V3 [--on SIZE]`.
+fn parse_sweep(args: &str) -> Result<SweepSpec, String> {
+    const EXAMPLE: &str = "e.g. `%%gpumem sweep batch=8,16,32`";
+    let words: Vec<&str> = args.split_whitespace().collect();
+    let Some((&first, opts)) = words.split_first() else {
+        return Err(format!("`sweep` needs a variable and its values, {EXAMPLE}"));
+    };
+    let Some((variable, list)) = first.split_once('=') else {
+        return Err(format!("`sweep` needs VAR=V1,V2,V3, not {first:?} ({EXAMPLE})"));
+    };
+    let is_ident = |v: &str| {
+        v.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && v.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && v != "_"
+    };
+    if !is_ident(variable) {
+        return Err(format!("`sweep`: {variable:?} is not a variable name ({EXAMPLE})"));
+    }
+    let written: Vec<&str> = list.split(',').map(str::trim).filter(|v| !v.is_empty()).collect();
+    if written.is_empty() {
+        return Err(format!("`sweep {variable}=` has no values: give at least {SWEEP_MIN_VALUES} ({EXAMPLE})"));
+    }
+    let mut values: Vec<(f64, String)> = Vec::new();
+    for v in written {
+        let number = v.replace('_', "").parse::<f64>().ok().filter(|n| n.is_finite() && *n >= 0.0);
+        match number {
+            Some(n) if v.chars().all(|c| c.is_ascii_digit() || c == '.' || c == '_') => values.push((n, v.to_string())),
+            _ => return Err(format!("`sweep`: {v:?} is not a number (values are numbers: {variable}=8,16,32)")),
+        }
+    }
+    values.sort_by(|a, b| a.0.total_cmp(&b.0));
+    values.dedup_by(|a, b| a.0 == b.0);
+    if values.len() < SWEEP_MIN_VALUES {
+        return Err(format!(
+            "`sweep` needs at least {SWEEP_MIN_VALUES} different values to tell constant from linear (got {})",
+            values.len()
+        ));
+    }
+    let mut on = None;
+    let mut opts = Opts::new(opts);
+    while let Some((name, inline)) = opts.next() {
+        match name {
+            "--on" => {
+                let v = opts.value(inline).ok_or("`--on` needs a device size (e.g. 24GiB)")?;
+                match gpumem_nb::units::parse_size(v) {
+                    Some(b) if b > 0 => on = Some(b),
+                    _ => {
+                        return Err(format!(
+                            "bad size {v:?} for `--on` (write e.g. 24GiB, 512MiB or a number of bytes)"
+                        ));
+                    }
+                }
+            }
+            other => return Err(format!("unknown option `{other}` for %%gpumem sweep")),
+        }
+    }
+    Ok(SweepSpec { variable: variable.to_string(), values: values.into_iter().map(|(_, v)| v).collect(), on })
 }
 
 /// A magic's options, one at a time: `--name`, `--name=value` or `--name value`.

@@ -25,6 +25,7 @@ mod outcome;
 mod panic;
 mod prepare;
 mod pump;
+mod sweep;
 mod trim;
 
 use crate::build::dep;
@@ -445,9 +446,20 @@ impl Engine {
         // `%gpumem trim` runs inside the cell's measured time (after its code), so that the
         // cell's report shows what it gave back; a cell of the magic alone is measured too.
         let trim = magics.contains(&Magic::Trim);
+        let sweep = magics.iter().find_map(|m| if let Magic::Sweep(s) = m { Some(s.clone()) } else { None });
         // After a lost CUDA context the cell runs all the same: host code works (results can be
         // saved), and each call on the device fails with the named error (`show_result`).
-        if magic::has_code(&run_code) || trim {
+        if let Some(spec) = sweep {
+            let swept = self.sweep(count, queued, &run_code, (shown.as_str(), allow_stdin), &spec);
+            if let Some(e) = &swept.error
+                && swept.record.is_none()
+            {
+                self.sink.emit(Output::Error(e.clone()));
+            }
+            outcome.error = swept.error;
+            outcome.record = swept.record;
+            live = swept.live;
+        } else if magic::has_code(&run_code) || trim {
             let how = (shown.as_str(), allow_stdin, trim);
             let ran = self.run_cell(count, queued, &run_code, how, cell_magic.as_ref());
             outcome.error = ran.error;

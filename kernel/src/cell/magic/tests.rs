@@ -172,6 +172,7 @@ fn every_magic_is_a_row_of_the_table_and_the_help_says_when_each_runs() {
         Magic::Reset,
         Magic::Restart,
         Magic::Cell { timeline: false, snapshot: None },
+        Magic::Sweep(SweepSpec { variable: "b".into(), values: vec!["1".into()], on: None }),
     ];
     let rows: Vec<*const Command> = all.iter().map(|m| m.command().expect("a row") as *const Command).collect();
     for (i, c) in COMMANDS.iter().enumerate() {
@@ -182,7 +183,7 @@ fn every_magic_is_a_row_of_the_table_and_the_help_says_when_each_runs() {
     let (before, after) = sentence.split_once(" take effect before").unwrap();
     for m in &all {
         let c = m.command().unwrap();
-        if c.verb == "help" || c.verb == "%%gpumem" {
+        if c.verb == "help" || c.verb.starts_with("%%") {
             continue;
         }
         let name = if c.args.starts_with("--on-oom") { "snapshot --on-oom" } else { c.verb };
@@ -262,4 +263,47 @@ fn output_magics_run_after_code() {
     assert!(!Magic::OnOom(None).runs_after_code());
     assert!(!Magic::Budget(None).runs_after_code());
     assert!(!Magic::Record { on: true, max_entries: None, stacks: false }.runs_after_code());
+}
+
+#[test]
+fn a_sweep_takes_a_variable_and_three_numbers_or_says_what_is_wrong() {
+    let first = |cell: &str| parse(cell).0.into_iter().next().unwrap();
+    assert_eq!(
+        first("%%gpumem sweep batch=32,8,16,8 --on 24GiB\nlet x = batch;"),
+        Magic::Sweep(SweepSpec {
+            variable: "batch".into(),
+            values: vec!["8".into(), "16".into(), "32".into()],
+            on: Some(24 << 30)
+        }),
+        "ascending, each once"
+    );
+    assert_eq!(
+        first("%%gpumem sweep scale=0.5,1.0,1_000"),
+        Magic::Sweep(SweepSpec {
+            variable: "scale".into(),
+            values: vec!["0.5".into(), "1.0".into(), "1_000".into()],
+            on: None
+        })
+    );
+    let cases = [
+        ("%%gpumem sweep", "needs a variable and its values"),
+        ("%%gpumem sweep batch", "needs VAR=V1,V2,V3"),
+        ("%%gpumem sweep batch=", "has no values"),
+        ("%%gpumem sweep batch=8,x16,32", "\"x16\" is not a number"),
+        ("%%gpumem sweep batch=8,-16,32", "\"-16\" is not a number"),
+        ("%%gpumem sweep 8b=1,2,3", "is not a variable name"),
+        ("%%gpumem sweep batch=8,16", "at least 3 different values"),
+        ("%%gpumem sweep batch=8,8,16", "(got 2)"),
+        ("%%gpumem sweep batch=8,16,32 --on 24Gx", "bad size \"24Gx\" for `--on`"),
+        ("%%gpumem sweep batch=8,16,32 --fast", "unknown option `--fast`"),
+    ];
+    for (cell, want) in cases {
+        match &parse(cell).0[..] {
+            [Magic::Bad { error, .. }] => {
+                assert!(error.contains(want), "{cell}: {error}");
+                assert!(!error.contains('\n'), "one line: {error}");
+            }
+            other => panic!("{cell}: {other:?}"),
+        }
+    }
 }
