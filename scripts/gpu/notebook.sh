@@ -65,6 +65,9 @@
 # `%gpumem fit` in a candle notebook that never called gpumem-nb nor asked to record (issue 57;
 # the same build):
 #                     bash scripts/gpu/notebook.sh fit
+# The largest batch a candle training step fits, measured by `%%gpumem sweep` and then proved (it
+# runs at the answer and fails at 5 % more; issue 57), on this card and under a 24 GiB pool cap:
+#                     bash scripts/gpu/notebook.sh sweep candle candle24
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$repo"
@@ -488,6 +491,38 @@ fit_nb() {
     return $status
 }
 
+sweep_nb() {
+    # `%%gpumem sweep` proved on the card (issue 57, item 3): each notebook run through
+    # jupyter_client/nbclient by scripts/gpu/sweep_proof.py, which reads the largest batch the
+    # sweep says fits, then runs the step at it (must fit) and at 5 % more (must fail with a
+    # named out-of-memory) in the same kernel. `sweep [candle] [candle24]` (default both): on
+    # this card, and under a CUDA pool capped at 24 GiB. candle's build is gpu_trim_candle's
+    # (corpus54's warm); candle24 adds gpumem-nb's.
+    # shellcheck disable=SC1091
+    . "$root/env.sh"
+    mkdir -p "$out/sweep"
+    export JUPYTER_PATH="$root/jupyter/share/jupyter" JUPYTER_DATA_DIR="$root/jupyter/data"
+    gpumem-kernel install --prefix "$root/jupyter" > /dev/null
+    local status=0 which nb target t0
+    [ $# -gt 0 ] || set -- candle candle24
+    for which in "$@"; do
+        t0=$SECONDS
+        case "$which" in
+            candle) nb=notebooks/gpu_sweep_candle.ipynb target="" ;;
+            candle24) nb=notebooks/gpu_sweep_candle_24.ipynb target="--on 24.00 GiB" ;;
+            *) echo "sweep: candle or candle24, not $which" >&2; return 2 ;;
+        esac
+        step "sweep proof: $nb"
+        set +e
+        python3 scripts/gpu/sweep_proof.py "$nb" "$out/sweep" ${target:+--target "$target"} \
+            | tee "$out/sweep/$(basename "$nb" .ipynb).proof.txt"
+        [ "${PIPESTATUS[0]}" = 0 ] || status=1
+        set -e
+        echo "sweep $which: $((SECONDS - t0)) s" | tee -a "$out/timings.txt"
+    done
+    return $status
+}
+
 cell_bench() {
     # The small-cell benchmark (scripts/cell_bench.py, issue 35) on this host: gpumem-kernel and
     # the stock evcxr kernel, interleaved, on the simulated device (the cells' compile time is
@@ -520,5 +555,6 @@ case "${1:-}" in
     allocbench) shift; exec bash "$repo/scripts/gpu/alloc_bench.sh" "$@" ;;
     trim) shift; trim_nb "$@" ;;
     fit) fit_nb ;;
+    sweep) shift; sweep_nb "$@" ;;
     *) echo "usage: $0 pack | stash N | setup | run NB... | jupyter NB... | stock NB... | warm NB [gpumem|stock]" >&2; exit 2 ;;
 esac
