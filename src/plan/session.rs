@@ -156,6 +156,9 @@ pub struct FitPlan {
     pub before_recording: (usize, u64),
     /// The program's live peak: no device below it can run it.
     pub live_peak: u64,
+    /// The most bytes the session asked for at once, every source at its requested size: the
+    /// session's tracked peak (`live_peak` counts other sources at the driver's 2 MiB).
+    pub requested_peak: u64,
     /// What the recording's memory was, by component (bytes requested, every source): at the
     /// end, at the requested peak, and each component's own peak.
     pub components: BTreeMap<Component, ComponentBytes>,
@@ -253,6 +256,7 @@ pub fn plan(trace: &DeviceTrace, recorded: &AllocatorConfig, device_bytes: u64) 
         cells,
         before_recording: (prologue.len(), prologue.iter().map(|e| e.size).sum()),
         live_peak: program.live_peak(),
+        requested_peak: program.requested_peak(),
         components: parts.components,
         before_recording_at_peak: parts.before_recording_at_peak,
         context: None,

@@ -102,6 +102,17 @@ impl<'a> Program<'a> {
     /// The most bytes the program holds at once: the requests of its live allocations, and
     /// other sources' allocations at the driver's granularity. No smaller device can run it.
     pub fn live_peak(&self) -> u64 {
+        self.peak_of(driver_bytes)
+    }
+
+    /// The most bytes the program asked for at once, every source at its requested size: what
+    /// tracking counted as the session's peak (the driver's granularity makes
+    /// [`Program::live_peak`] higher).
+    pub fn requested_peak(&self) -> u64 {
+        self.peak_of(|size| size)
+    }
+
+    fn peak_of(&self, foreign_bytes: fn(u64) -> u64) -> u64 {
         let mut sizes: HashMap<u64, u64> = self.trace.prologue.iter().map(|e| (e.addr, e.size)).collect();
         let (mut now, mut peak) = (sizes.values().sum::<u64>(), 0u64);
         peak = peak.max(now);
@@ -109,7 +120,7 @@ impl<'a> Program<'a> {
         for step in self.trace.in_order() {
             match step {
                 Ordered::Foreign(f) if f.alloc => {
-                    let s = driver_bytes(f.size);
+                    let s = foreign_bytes(f.size);
                     foreign.insert(f.addr, s);
                     now += s;
                 }
