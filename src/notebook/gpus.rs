@@ -79,6 +79,7 @@ pub(crate) fn cuda_devices() -> Vec<CudaDevice> {
                     resident_threads: l.map(|l| l.resident_threads),
                     pool_used: l.and_then(|l| l.pool).map(|p| p.0),
                     pool_reserved: l.and_then(|l| l.pool).map(|p| p.1),
+                    mem_total: l.and_then(|l| l.free_total).map(|(_, total)| total),
                 })
             })
             .collect()

@@ -156,6 +156,13 @@ pub struct Sweep {
     pub runs: Vec<SweepRun>,
     /// The device peak's shape.
     pub total: Shape,
+    /// What the answer extrapolates: `total` where it is constant or linear; where it is
+    /// neither (the step's peak moved: at small values in the optimizer's update, say, at large
+    /// ones in the backward pass), the line through the two largest runs, which holds past them
+    /// while the peak stays where it was at the largest run.
+    pub line: Shape,
+    /// Whether `line` is the two largest runs' (the peak was neither constant nor linear).
+    pub from_largest_two: bool,
     /// Each component's shape.
     pub components: BTreeMap<String, Shape>,
     /// Each owner's shape.
@@ -187,9 +194,19 @@ impl Sweep {
         let components = series(&|r| r.components.clone());
         let owners = series(&|r| r.owners.clone());
         let ys: Vec<f64> = runs.iter().map(|r| r.peak as f64).collect();
+        let total = fit_shape(&xs, &ys);
+        let (line, from_largest_two) = match total {
+            Shape::Neither { .. } if xs.len() >= 2 => {
+                let n = xs.len();
+                (fit_shape(&xs[n - 2..], &ys[n - 2..]), true)
+            }
+            _ => (total, false),
+        };
         Sweep {
             variable: variable.to_string(),
-            total: fit_shape(&xs, &ys),
+            total,
+            line,
+            from_largest_two,
             whole: xs.iter().all(|x| x.fract() == 0.0),
             runs,
             components,
@@ -198,20 +215,21 @@ impl Sweep {
         }
     }
 
-    /// What the step needs at `value`: the fitted device peak and the overhead.
+    /// What the step needs at `value`: the extrapolated device peak ([`Sweep::line`]) and the
+    /// overhead.
     pub fn need(&self, value: f64) -> u64 {
-        (self.total.at(value).max(0.0) as u64).saturating_add(self.overhead.0)
+        (self.line.at(value).max(0.0) as u64).saturating_add(self.overhead.0)
     }
 
     /// The largest value that fits `capacity` bytes.
     pub fn largest(&self, capacity: u64) -> Largest {
-        let slope = self.total.slope();
+        let slope = self.line.slope();
         let smallest = if self.whole { 1.0 } else { 0.0 };
         if slope <= 0.0 {
             let need = self.need(self.runs.last().map_or(0.0, |r| r.value));
             return if need <= capacity { Largest::Any { margin: capacity - need } } else { Largest::None { need } };
         }
-        let room = capacity as f64 - self.overhead.0 as f64 - self.total.at(0.0);
+        let room = capacity as f64 - self.overhead.0 as f64 - self.line.at(0.0);
         let mut value = room / slope;
         if self.whole {
             value = value.floor();
@@ -272,6 +290,17 @@ impl Sweep {
         };
         let at0 = |s: &Shape| signed(s.at(0.0));
         t.row(["device peak".to_string(), self.total.word(), per(&self.total), at0(&self.total)]);
+        if self.from_largest_two {
+            let (a, b) = (self.runs.len() - 2, self.runs.len() - 1);
+            let between =
+                format!("{} and {}", self.value_text(self.runs[a].value), self.value_text(self.runs[b].value));
+            t.row([
+                format!("device peak from {between} (the answer's line)"),
+                self.line.word(),
+                per(&self.line),
+                at0(&self.line),
+            ]);
+        }
         for (name, s) in self
             .components
             .iter()
@@ -301,9 +330,15 @@ impl Sweep {
             None => "no component grows with it".to_string(),
         };
         let swept = self.runs.last().map_or(0.0, |r| r.value);
+        let line = if self.from_largest_two {
+            "; the peak is not one line in the value (where it is reached moved), so the answer follows the two \
+             largest runs: sweep larger values to be surer"
+        } else {
+            ""
+        };
         t.title(format!("the largest {} that fits", self.variable)).caption(format!(
-            "{limiting}; every need counts {} beyond the tracked allocations ({}); a value past {} (the largest \
-             run) is predicted from the fit, not run",
+            "{limiting}; every need counts {} beyond the tracked allocations ({}){line}; a value past {} (the \
+             largest run) is predicted, not run",
             iec(self.overhead.0),
             self.overhead.1,
             self.value_text(swept),
@@ -326,6 +361,33 @@ mod tests {
     fn run(value: f64, parts: &[(&str, u64)]) -> SweepRun {
         let components: BTreeMap<String, u64> = parts.iter().map(|(n, b)| (n.to_string(), *b)).collect();
         SweepRun { value, peak: components.values().sum(), components, owners: BTreeMap::new() }
+    }
+
+    #[test]
+    fn a_peak_that_moves_is_extrapolated_from_the_two_largest_runs() {
+        // candle's step on an H100 (2026-12-07): at 8192 the peak is in the optimizer's update,
+        // from 16384 on in the backward pass; the least-squares line through all three runs
+        // under-predicts past them, the two largest runs' line does not.
+        let runs = vec![
+            run(8192.0, &[("temp", 3_758_096_384), ("activation", 4_396_401_672)]),
+            run(16384.0, &[("temp", 4_429_185_024), ("activation", 6_309_168_136)]),
+            run(32768.0, &[("temp", 8_858_370_048), ("activation", 9_329_361_928)]),
+        ];
+        let s = Sweep::new("batch", runs, (0, "none".into()));
+        assert!(matches!(s.total, Shape::Neither { .. }), "{:?}", s.total);
+        assert!(s.from_largest_two);
+        let slope = (18_187_731_976.0 - 10_738_353_160.0) / 16384.0;
+        assert!((s.line.slope() - slope).abs() < 1e-6, "{:?}", s.line);
+        assert_eq!(s.need(32768.0), 18_187_731_976, "the line passes through the largest run");
+        assert!(s.fits_table().to_text().contains("device peak from 16384 and 32768 (the answer's line)"));
+        assert!(s.answer_table(&[]).to_text().contains("follows the two largest runs"));
+        // A linear peak is its own line.
+        let linear = Sweep::new(
+            "n",
+            vec![run(1.0, &[("a", 10 * MIB)]), run(2.0, &[("a", 20 * MIB)]), run(4.0, &[("a", 40 * MIB)])],
+            (0, String::new()),
+        );
+        assert!(!linear.from_largest_two && linear.line == linear.total);
     }
 
     #[test]

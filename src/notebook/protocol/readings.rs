@@ -122,6 +122,11 @@ pub struct CudaDevice {
     /// The same pool's reserved bytes (in use and cached).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool_reserved: Option<u64>,
+    /// The device's size as CUDA counts it (`cuMemGetInfo`'s total in its primary context, where
+    /// that is active): NVML's total less what the driver keeps for itself, the most a process
+    /// can be given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_total: Option<u64>,
 }
 
 /// One place's tracked bytes, as reports show them.

@@ -335,6 +335,11 @@ pub struct CellRecord {
     pub crate_device_free: Option<u64>,
     /// Device size from the crate.
     pub crate_device_total: Option<u64>,
+    /// The notebook's device's size as CUDA counts it (`cuMemGetInfo`'s total: gpumem-nb's
+    /// allocator's reading, else the driver's in the device's primary context), below NVML's
+    /// total by what the driver keeps for itself; `None` on the simulated device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_total: Option<u64>,
     /// Wall time of the cell (compile + run), milliseconds.
     pub wall_ms: f64,
     /// Time the kernel spent in its hooks (pre + post), microseconds.
@@ -699,6 +704,11 @@ pub fn build_record(cell: u64, r: &Readings<'_>) -> CellRecord {
         (reading, d, _) => device_name(reading, d),
     };
     rec.lost = r.crate_after.and_then(|v| v.iter().find_map(|d| d.lost.clone()));
+    let seen = r.tracked_after.into_iter().flat_map(|t| &t.cuda_devices);
+    rec.cuda_total = after0.filter(|a| !a.is_simulated()).and_then(|a| a.device_total).or_else(|| {
+        let uuid = rec.nvml.uuid.as_deref()?;
+        seen.clone().find(|d| d.uuid.eq_ignore_ascii_case(uuid))?.mem_total
+    });
     rec
 }
 

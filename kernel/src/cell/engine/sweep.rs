@@ -128,8 +128,12 @@ impl Engine {
     fn overhead(&self, last: &CellRecord) -> (u64, String) {
         let tracked = place(last).map(|p| p.after).unwrap_or(0);
         let nvml_now = self.child_pid().and_then(|pid| {
-            let device = last.nvml.device?;
-            nvml::snapshot().devices.iter().find(|d| d.index as i32 == device).and_then(|d| d.process_used(pid))
+            let uuid = last.nvml.uuid.as_deref()?;
+            nvml::snapshot()
+                .devices
+                .iter()
+                .find(|d| d.uuid.eq_ignore_ascii_case(uuid))
+                .and_then(|d| d.process_used(pid))
         });
         match nvml_now {
             Some(used) => (
@@ -141,7 +145,14 @@ impl Engine {
                     iec(tracked)
                 ),
             ),
-            None => (0, "none: the simulated device has no context or cache beyond its allocations".into()),
+            None if last.nvml.uuid.is_none() && last.nvml.device_total.is_none() && last.cuda_total.is_none() => {
+                (0, "none: the simulated device has no context or cache beyond its allocations".into())
+            }
+            None => (
+                0,
+                "not measured: NVML gave no figure for the process after the trim, so the CUDA context is not counted"
+                    .into(),
+            ),
         }
     }
 
@@ -314,15 +325,22 @@ fn run_of(rec: &CellRecord, value: f64) -> SweepRun {
     SweepRun { value, peak: p.peak, components, owners }
 }
 
-/// The devices the answer is for: this one (its total less what other processes hold, by NVML;
-/// or the simulated device's size), each card of `%gpumem fit`'s list, and `--on SIZE`.
+/// The devices the answer is for: this one (its size as CUDA counts it, else NVML's, less what
+/// other processes hold by NVML; or the simulated device's size), each card of `%gpumem fit`'s
+/// list, and `--on SIZE`.
 fn targets(last: &CellRecord, on: Option<u64>) -> Vec<Target> {
     let mut out = Vec::new();
-    if let Some(total) = last.nvml.device_total {
+    if let Some(nvml_total) = last.nvml.device_total {
         let others = last.nvml.others_after.unwrap_or(0);
         let name = last.nvml.name.clone().unwrap_or_else(|| last.device.clone());
+        // NVML's total holds what the driver keeps for itself (480 MiB of an H100's 81,559 MiB):
+        // no process can be given that, so CUDA's total is the capacity where it was read.
+        let (total, counted) = match last.cuda_total {
+            Some(t) => (t, "as CUDA counts it"),
+            None => (nvml_total, "as NVML counts it"),
+        };
         out.push(Target {
-            name: format!("this device ({name}, less {} of other processes)", iec(others)),
+            name: format!("this device ({name}, {} {counted}, less {} of other processes)", iec(total), iec(others)),
             capacity: total.saturating_sub(others),
         });
     } else if let Some(total) = last.crate_device_total {
@@ -338,6 +356,24 @@ fn targets(last: &CellRecord, on: Option<u64>) -> Vec<Target> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn this_device_is_what_cuda_can_give_less_other_processes() {
+        // An H100 as the sweep of 2026-12-07 read it: NVML 81,559 MiB, CUDA 79.18 GiB.
+        let mut rec = CellRecord::default();
+        rec.nvml.device_total = Some(85_520_809_984);
+        rec.nvml.others_after = Some(1 << 30);
+        rec.nvml.name = Some("NVIDIA H100 80GB HBM3".into());
+        let nvml_only = targets(&rec, None);
+        assert_eq!(nvml_only[0].capacity, 85_520_809_984 - (1 << 30), "{nvml_only:?}");
+        assert!(nvml_only[0].name.contains("as NVML counts it"), "{nvml_only:?}");
+        rec.cuda_total = Some(85_017_755_648);
+        let t = targets(&rec, Some(24 << 30));
+        assert_eq!(t[0].capacity, 85_017_755_648 - (1 << 30), "{t:?}");
+        assert!(t[0].name.contains("79.18 GiB as CUDA counts it, less 1.00 GiB of other processes"), "{t:?}");
+        assert_eq!((t[1].name.as_str(), t[1].capacity), ("--on 24.00 GiB", 24 << 30));
+        assert_eq!(t.len(), 2 + CARDS_GB.len());
+    }
 
     #[test]
     fn the_generated_run_keeps_the_cells_lines_and_binds_the_value() {
