@@ -29,6 +29,19 @@ pub struct SweepRun {
     pub components: BTreeMap<String, u64>,
     /// Each owner's own highest during the run (`candle`, `burn/cubecl`, `gpumem-nb`, …).
     pub owners: BTreeMap<String, u64>,
+    /// What the device gave the run where a pool reserves beyond its allocations: the CUDA
+    /// stream-ordered pool's reserved bytes at the run's end (trimmed before it, so what it
+    /// reserved during it) plus the tracked bytes outside the pool. On an H100 a candle step's
+    /// pool reserved 3-6 % above its tracked peak. `None` where no pool was read.
+    pub held: Option<u64>,
+}
+
+impl SweepRun {
+    /// What the run needed of the device: its tracked peak, or what the pool held when that is
+    /// more.
+    pub fn need(&self) -> u64 {
+        self.peak.max(self.held.unwrap_or(0))
+    }
 }
 
 /// How a series of peaks depends on the swept value.
@@ -193,7 +206,7 @@ impl Sweep {
         };
         let components = series(&|r| r.components.clone());
         let owners = series(&|r| r.owners.clone());
-        let ys: Vec<f64> = runs.iter().map(|r| r.peak as f64).collect();
+        let ys: Vec<f64> = runs.iter().map(|r| r.need() as f64).collect();
         let total = fit_shape(&xs, &ys);
         let (line, from_largest_two) = match total {
             Shape::Neither { .. } if xs.len() >= 2 => {
@@ -264,21 +277,36 @@ impl Sweep {
     pub fn runs_table(&self) -> crate::render::Table {
         let comps: Vec<&String> = self.components.keys().collect();
         let owners: Vec<&String> = self.owners.keys().collect();
+        let held = self.runs.iter().any(|r| r.held.is_some());
         let mut header = vec![self.variable.clone(), "device peak".to_string()];
+        if held {
+            header.push("CUDA pool held".to_string());
+        }
         header.extend(comps.iter().map(|c| c.to_string()));
         header.extend(owners.iter().map(|o| format!("{o} (owner)")));
         let n = header.len();
         let mut t = crate::render::Table::new(header).right_align(0..n);
         for r in &self.runs {
             let mut row = vec![self.value_text(r.value), iec(r.peak)];
+            if held {
+                row.push(r.held.map_or_else(|| "–".to_string(), iec));
+            }
             row.extend(comps.iter().map(|c| iec(r.components.get(*c).copied().unwrap_or(0))));
             row.extend(owners.iter().map(|o| iec(r.owners.get(*o).copied().unwrap_or(0))));
             t.row(row);
         }
-        t.title(format!(
+        let t = t.title(format!(
             "gpumem sweep {}: each run's peak (tracked bytes on the device, highest during the run)",
             self.variable
-        ))
+        ));
+        if held {
+            t.caption(
+                "CUDA pool held: what the stream-ordered pool reserved during the run plus the tracked bytes outside \
+                 it; where that is above the tracked peak, it is what the fit uses",
+            )
+        } else {
+            t
+        }
     }
 
     /// The fits: the device peak, each component and each owner, as constant, linear or neither.
@@ -360,7 +388,29 @@ mod tests {
 
     fn run(value: f64, parts: &[(&str, u64)]) -> SweepRun {
         let components: BTreeMap<String, u64> = parts.iter().map(|(n, b)| (n.to_string(), *b)).collect();
-        SweepRun { value, peak: components.values().sum(), components, owners: BTreeMap::new() }
+        SweepRun { value, peak: components.values().sum(), components, owners: BTreeMap::new(), held: None }
+    }
+
+    #[test]
+    fn what_a_pool_held_beyond_the_tracked_peak_is_what_is_fitted() {
+        // candle's step on an H100 (2026-12-07): the CUDA pool reserved 3-6 % above the tracked
+        // peak, and an answer from the tracked peaks alone ran out of memory.
+        let mut runs = vec![
+            run(16384.0, &[("activation", 10_738_353_160)]),
+            run(32768.0, &[("activation", 18_187_731_976)]),
+            run(65536.0, &[("activation", 33_086_973_608)]),
+        ];
+        for (r, held) in runs.iter_mut().zip([10_938_888_064u64, 18_857_740_288, 35_496_000_000]) {
+            r.held = Some(held);
+        }
+        let s = Sweep::new("batch", runs, (0, String::new()));
+        let need = s.need(32768.0);
+        assert!(need > 18_187_731_976 + (400 << 20), "fitted on what the pool held, not the tracked peak: {need}");
+        let text = s.runs_table().to_text();
+        assert!(text.contains("CUDA pool held") && text.contains("17.56 GiB"), "{text}");
+        let mut smaller = s.runs.clone();
+        smaller.iter_mut().for_each(|r| r.held = Some(1));
+        assert_eq!(smaller[1].need(), 18_187_731_976, "a pool below the tracked peak: the tracked peak");
     }
 
     #[test]

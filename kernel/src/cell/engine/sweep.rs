@@ -312,7 +312,7 @@ fn place(rec: &CellRecord) -> Option<&gpumem_nb::kernel::report::PlaceAll> {
 /// owner's own peak.
 fn run_of(rec: &CellRecord, value: f64) -> SweepRun {
     let Some(p) = place(rec) else {
-        return SweepRun { value, peak: 0, components: BTreeMap::new(), owners: BTreeMap::new() };
+        return SweepRun { value, peak: 0, components: BTreeMap::new(), owners: BTreeMap::new(), held: None };
     };
     // The allocator's cached free memory is no component: its bytes are in the device peak.
     let components = p
@@ -322,7 +322,14 @@ fn run_of(rec: &CellRecord, value: f64) -> SweepRun {
         .map(|c| (c.component.key().to_string(), c.peak.unwrap_or(c.after)))
         .collect();
     let owners = p.by_owner.iter().map(|o| (o.owner.clone(), o.peak.unwrap_or(o.after))).collect();
-    SweepRun { value, peak: p.peak, components, owners }
+    // The CUDA pool was trimmed before the run, so what it reserves at its end is what it
+    // reserved for it (a synchronize that gave some back mid-run makes this a floor); the tracked
+    // bytes outside the pool (cuBLAS's workspace, `cuMemAlloc`) are added.
+    let held = rec.pool.as_ref().and_then(|pool| {
+        let (reserved, used) = (pool.reserved.after?, pool.used.after?);
+        Some(reserved + p.after.saturating_sub(used))
+    });
+    SweepRun { value, peak: p.peak, components, owners, held }
 }
 
 /// The devices the answer is for: this one (its size as CUDA counts it, else NVML's, less what
