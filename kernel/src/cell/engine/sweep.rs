@@ -129,11 +129,7 @@ impl Engine {
         let tracked = place(last).map(|p| p.after).unwrap_or(0);
         let nvml_now = self.child_pid().and_then(|pid| {
             let uuid = last.nvml.uuid.as_deref()?;
-            nvml::snapshot()
-                .devices
-                .iter()
-                .find(|d| d.uuid.eq_ignore_ascii_case(uuid))
-                .and_then(|d| d.process_used(pid))
+            nvml::snapshot().device_of(Some(pid), Some(uuid))?.process_used(pid)
         });
         match nvml_now {
             Some(used) => (
