@@ -125,8 +125,8 @@ rebuild() {
 
 check() {
     local version=$1
-    build "$version" "$work/evcxr"
-    if ! (cd "$work" && diff -ruN --exclude=patches evcxr "$vendor") >"$work/diff"; then
+    build "$version" "$work/series"
+    if ! (cd "$work" && diff -ruN --exclude=patches series "$vendor") >"$work/diff"; then
         cat "$work/diff"
         echo
         echo "FAIL: vendor/evcxr is not evcxr $version with vendor/evcxr/patches applied (diff above:"

@@ -84,6 +84,9 @@ noting_skips "commit subjects" scripts/check_commits.sh
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
+step "vendor/evcxr is evcxr 0.22.0 with vendor/evcxr/patches applied"
+bash scripts/evcxr_patches.sh check
+
 # --- Debian packages the later steps use, installed in the background at the start when missing
 # (as root, through apt-get; downloads, no CPU to speak of), each as its step installs it:
 # chromium and chromium-driver (tests/html.rs, the JupyterLab tests; scripts/lab_env.sh),
