@@ -66,8 +66,9 @@
 # the same build):
 #                     bash scripts/gpu/notebook.sh fit
 # The largest batch a candle training step fits, measured by `%%gpumem sweep` and then proved (it
-# runs at the answer and fails at 5 % more; issue 57), on this card and under a 24 GiB pool cap:
-#                     bash scripts/gpu/notebook.sh sweep candle candle24
+# runs at the answer and fails at 5 % more; issue 57), on this card and under a 24 GiB pool cap,
+# and a burn training step on this card (after `warm notebooks/gpu_sweep_burn.ipynb`):
+#                     bash scripts/gpu/notebook.sh sweep candle candle24 burn
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$repo"
@@ -495,22 +496,24 @@ sweep_nb() {
     # `%%gpumem sweep` proved on the card (issue 57, item 3): each notebook run through
     # jupyter_client/nbclient by scripts/gpu/sweep_proof.py, which reads the largest batch the
     # sweep says fits, then runs the step at it (must fit) and at 5 % more (must fail with a
-    # named out-of-memory) in the same kernel. `sweep [candle] [candle24]` (default both): on
-    # this card, and under a CUDA pool capped at 24 GiB. candle's build is gpu_trim_candle's
-    # (corpus54's warm); candle24 adds gpumem-nb's.
+    # named out-of-memory) in the same kernel. `sweep [candle] [candle24] [burn]` (default the
+    # three): candle on this card and under a CUDA pool capped at 24 GiB, burn on this card.
+    # candle's build is gpu_trim_candle's (corpus54's warm); candle24 adds gpumem-nb's; burn's is
+    # gpu_trim_burn's (`warm notebooks/gpu_sweep_burn.ipynb`).
     # shellcheck disable=SC1091
     . "$root/env.sh"
     mkdir -p "$out/sweep"
     export JUPYTER_PATH="$root/jupyter/share/jupyter" JUPYTER_DATA_DIR="$root/jupyter/data"
     gpumem-kernel install --prefix "$root/jupyter" > /dev/null
     local status=0 which nb target t0
-    [ $# -gt 0 ] || set -- candle candle24
+    [ $# -gt 0 ] || set -- candle candle24 burn
     for which in "$@"; do
         t0=$SECONDS
         case "$which" in
             candle) nb=notebooks/gpu_sweep_candle.ipynb target="" ;;
             candle24) nb=notebooks/gpu_sweep_candle_24.ipynb target="--on 24.00 GiB" ;;
-            *) echo "sweep: candle or candle24, not $which" >&2; return 2 ;;
+            burn) nb=notebooks/gpu_sweep_burn.ipynb target="" ;;
+            *) echo "sweep: candle, candle24 or burn, not $which" >&2; return 2 ;;
         esac
         step "sweep proof: $nb"
         set +e

@@ -5,7 +5,8 @@ Runs a notebook through jupyter_client (nbclient, kernel `gpumem`) cell by cell,
 cell's figures (`application/vnd.gpumem.sweep+json`): the largest value that fits the chosen
 target (default: this device, the first answer). Then, in the same kernel, runs the swept cell's
 body once at that value (it must finish) and once at 5 % more (it must fail with an
-out-of-memory, named as PyTorch names it), as cells appended to the notebook. Checks that every
+out-of-memory, named as PyTorch names it), as cells appended to the notebook, each after a
+`%gpumem trim` cell, as the sweep trims before each of its runs. Checks that every
 swept value is at most half the answer (the prediction reaches at least twice past what was
 measured). Writes the executed notebook and a JSON summary; prints PASS/FAIL lines; exits 1 on
 any FAIL.
@@ -110,14 +111,17 @@ def run(path, out_dir, target):
         fig = figures(nb.cells[index])
         lines, b = check(fig, swept, None, None, target)
         if b is not None:
+            # Each proof run starts as each swept run did: the caches given back first (the
+            # sweep's last run left its blocks in the CUDA pool, sized for a smaller batch).
             for value in (b, math.ceil(b * 1.05)):
-                cell = nbformat.v4.new_code_cell(proof_cell(var, body, value))
-                nb.cells.append(cell)
-                try:
-                    client.execute_cell(cell, len(nb.cells) - 1)
-                except CellExecutionError:
-                    pass
-            fit_cell, over_cell = nb.cells[-2], nb.cells[-1]
+                for source in ("%gpumem trim", proof_cell(var, body, value)):
+                    cell = nbformat.v4.new_code_cell(source)
+                    nb.cells.append(cell)
+                    try:
+                        client.execute_cell(cell, len(nb.cells) - 1)
+                    except CellExecutionError:
+                        pass
+            fit_cell, over_cell = nb.cells[-3], nb.cells[-1]
     os.makedirs(out_dir, exist_ok=True)
     nbformat.write(nb, os.path.join(out_dir, f"{name}-proof.ipynb"))
     lines, b = check(fig, swept, fit_cell, over_cell, target)
