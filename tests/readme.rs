@@ -134,3 +134,23 @@ fn ci_runs_the_readmes_two_commands() {
     let code_cells = tour["cells"].as_array().unwrap().iter().filter(|c| c["cell_type"] == "code").count();
     assert!(ci.contains(&format!("run: {code_cells} code cells in")), "the tour has {code_cells} code cells");
 }
+
+#[test]
+fn the_readme_is_one_page_with_no_dated_figure() {
+    // Issue 56: a newcomer's page. Dated figures live in BENCHMARKS.md with their machine.
+    let text = readme();
+    let lines = text.lines().count();
+    let words = text.split_whitespace().count();
+    assert!(lines <= 250, "README.md has {lines} lines; at most 250");
+    assert!(words <= 2500, "README.md has {words} words; at most 2,500");
+    let dated: Vec<&str> = text
+        .lines()
+        .filter(|l| {
+            l.as_bytes().windows(10).any(|w| {
+                w.iter().enumerate().all(|(i, c)| if i == 4 || i == 7 { *c == b'-' } else { c.is_ascii_digit() })
+                    && w.starts_with(b"20")
+            })
+        })
+        .collect();
+    assert!(dated.is_empty(), "README.md has dated lines (move them to BENCHMARKS.md): {dated:?}");
+}
