@@ -363,6 +363,7 @@ impl Session {
                     }
                 }
                 tracking::set_label(Some(&format!("cell {cell}")));
+                super::gpus::reset_pool_high_water();
                 if let Some(old) = self.tracked.replace(tracking::open_slot()) {
                     tracking::close_slot(old);
                 }

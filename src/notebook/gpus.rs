@@ -79,6 +79,7 @@ pub(crate) fn cuda_devices() -> Vec<CudaDevice> {
                     resident_threads: l.map(|l| l.resident_threads),
                     pool_used: l.and_then(|l| l.pool).map(|p| p.0),
                     pool_reserved: l.and_then(|l| l.pool).map(|p| p.1),
+                    pool_reserved_high: l.and_then(|l| l.pool_reserved_high),
                     mem_total: l.and_then(|l| l.free_total).map(|(_, total)| total),
                 })
             })
@@ -87,6 +88,17 @@ pub(crate) fn cuda_devices() -> Vec<CudaDevice> {
     #[cfg(not(feature = "cuda"))]
     {
         Vec::new()
+    }
+}
+
+/// Starts the reservation high-water mark of every active primary context's stream-ordered pool
+/// again, before a cell (`crate::device::cuda::reset_primary_pool_high`), while CUPTI tracks and
+/// the process has touched a device: nothing here starts CUDA or makes a context. A device whose
+/// mark could not be reset reads its mark from earlier, a figure no smaller than the cell's.
+pub(crate) fn reset_pool_high_water() {
+    #[cfg(feature = "cuda")]
+    for ordinal in 0..devices_in_use() {
+        let _ = crate::device::cuda::reset_primary_pool_high(ordinal);
     }
 }
 

@@ -65,9 +65,9 @@
 //! | `cuEventSynchronize` | `CudaEvent::synchronize` | [`PinnedHostMemory`] slices, drop |
 //! | `cuStreamSynchronize` | `CudaStream::synchronize` | [`PinnedHostMemory`] copies when an event cannot be recorded |
 //! | NVML `nvmlDeviceGetComputeRunningProcesses_v3` | [`crate::device::nvml`] | `process_memory` (OOM messages) |
-//! | `cuDeviceGetMemPool` | `result::device::get_mem_pool` | `pool_usage`, `reset_pool_high_water` |
-//! | `cuMemPoolGetAttribute` | `result::mem_pool::get_attribute` | `pool_usage` |
-//! | `cuMemPoolSetAttribute` | `result::mem_pool::set_attribute` | `reset_pool_high_water` |
+//! | `cuDeviceGetMemPool` | `result::device::get_mem_pool` | `pool_usage`, `reset_pool_high_water`, [`primary_local_memory`], [`reset_primary_pool_high`] |
+//! | `cuMemPoolGetAttribute` | `result::mem_pool::get_attribute` | `pool_usage`, [`primary_local_memory`] |
+//! | `cuMemPoolSetAttribute` | `result::mem_pool::set_attribute` | `reset_pool_high_water`, [`reset_primary_pool_high`] |
 //! | `cuDriverGetVersion` | `sys` | `driver_version` (CUPTI's library, the pool cap) |
 //! | `cuMemPoolCreate` (`maxSize`), `cuDeviceSetMemPool`, `cuMemPoolDestroy` (if setting fails) | `result::mem_pool::{create, destroy}`, `result::device::set_mem_pool` | `cap_stream_ordered_pool` |
 //! | `cuLaunchHostFunc` | `result::stream::launch_host_function` | [`CudaBackend::sleep_on_stream`] (a busy stream, for probes and tests) |
@@ -765,7 +765,7 @@ mod stacks;
 mod view;
 
 pub use host::PinnedHostMemory;
-pub use stacks::{LocalMemory, PoolTrim, primary_local_memory, trim_primary_pool};
+pub use stacks::{LocalMemory, PoolTrim, primary_local_memory, reset_primary_pool_high, trim_primary_pool};
 
 /// Device memory straight from the driver (`cuMemAlloc`), past any caching allocator: what a
 /// foreign library does, for demos and tests of tracking. Freed (`cuMemFree`) on drop.

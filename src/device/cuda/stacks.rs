@@ -25,10 +25,11 @@ pub fn primary_local_memory(ordinal: usize) -> Result<Option<LocalMemory>, Devic
     let visit = in_primary(dev, || {
         let limit = result::ctx::get_limit(sys::CUlimit::CU_LIMIT_STACK_SIZE);
         let pool = pool_in_use(dev);
+        let high = pool_attribute(dev, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH);
         let free_total = result::mem_get_info().ok().map(|(f, t)| (f as u64, t as u64));
-        limit.map(|l| (l, pool, free_total)).map_err(|e| driver("cuCtxGetLimit(STACK_SIZE)", e))
+        limit.map(|l| (l, pool, high, free_total)).map_err(|e| driver("cuCtxGetLimit(STACK_SIZE)", e))
     })?;
-    let Some((stack, pool, free_total)) = visit.transpose()? else { return Ok(None) };
+    let Some((stack, pool, pool_reserved_high, free_total)) = visit.transpose()? else { return Ok(None) };
     let sms = attribute(
         sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
         "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)",
@@ -44,8 +45,31 @@ pub fn primary_local_memory(ordinal: usize) -> Result<Option<LocalMemory>, Devic
         stack_bytes: stack as u64,
         resident_threads: count(sms, "MULTIPROCESSOR_COUNT")? * count(per_sm, "MAX_THREADS_PER_MULTIPROCESSOR")?,
         pool,
+        pool_reserved_high,
         free_total,
     }))
+}
+
+/// Starts device `ordinal`'s current stream-ordered pool's reservation high-water mark again
+/// from what it reserves now (`CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH` set to 0), so that a later
+/// [`primary_local_memory`] reads the most it reserved since: before each cell, what the pool
+/// held during it even where a synchronize gave memory back before its end. Nothing where the
+/// primary context is not active (none is made) or the device has no pool.
+pub fn reset_primary_pool_high(ordinal: usize) -> Result<(), DeviceError> {
+    let dev = device_handle(ordinal)?;
+    let visit = in_primary(dev, || {
+        // SAFETY: `dev` comes from cuDeviceGet after a successful probe; the call only writes
+        // the pool handle.
+        let Ok(pool) = (unsafe { result::device::get_mem_pool(dev) }) else { return Ok(()) };
+        let mut zero: u64 = 0;
+        let attr = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH;
+        // SAFETY: `pool` is the device's live current pool (read above, in this context); the
+        // `*_HIGH` attributes are `cuuint64_t` and are reset by setting them to 0 (the driver
+        // reads 8 bytes from `zero`).
+        unsafe { result::mem_pool::set_attribute(pool, attr, (&mut zero as *mut u64).cast()) }
+            .map_err(|e| driver("cuMemPoolSetAttribute(RESERVED_MEM_HIGH)", e))
+    })?;
+    visit.transpose().map(|_| ())
 }
 
 /// Gives back what device `ordinal`'s current stream-ordered pool holds unused (where
@@ -118,18 +142,24 @@ fn in_primary<T>(dev: sys::CUdevice, f: impl FnOnce() -> T) -> Result<Option<T>,
 /// where the driver has none (no async allocation on the device). Called with the device's
 /// primary context current on this thread.
 fn pool_in_use(dev: sys::CUdevice) -> Option<(u64, u64)> {
+    use sys::CUmemPool_attribute as A;
+    Some((
+        pool_attribute(dev, A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
+        pool_attribute(dev, A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
+    ))
+}
+
+/// One of the four `*_MEM_*` byte counters of the device's current stream-ordered pool; `None`
+/// where the driver has no pool. Called with the device's primary context current on this thread.
+fn pool_attribute(dev: sys::CUdevice, attr: sys::CUmemPool_attribute) -> Option<u64> {
     // SAFETY: `dev` comes from cuDeviceGet after a successful probe; the call only writes the
     // pool handle.
     let pool = unsafe { result::device::get_mem_pool(dev) }.ok()?;
-    let get = |attr: sys::CUmemPool_attribute| -> Option<u64> {
-        let mut v: u64 = 0;
-        // SAFETY: `pool` is the device's live current pool; the `*_MEM_CURRENT` attributes are
-        // `cuuint64_t`, so the driver writes 8 bytes into `v`.
-        unsafe { result::mem_pool::get_attribute(pool, attr, (&mut v as *mut u64).cast()) }.ok()?;
-        Some(v)
-    };
-    use sys::CUmemPool_attribute as A;
-    Some((get(A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?, get(A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?))
+    let mut v: u64 = 0;
+    // SAFETY: `pool` is the device's live current pool; the `*_MEM_CURRENT` and `*_MEM_HIGH`
+    // attributes are `cuuint64_t`, so the driver writes 8 bytes into `v`.
+    unsafe { result::mem_pool::get_attribute(pool, attr, (&mut v as *mut u64).cast()) }.ok()?;
+    Some(v)
 }
 
 /// What [`trim_primary_pool`] did to a device's stream-ordered pool: (bytes in use, bytes
@@ -151,6 +181,8 @@ pub struct LocalMemory {
     pub resident_threads: u64,
     /// The device's stream-ordered pool in that context: bytes in use and reserved.
     pub pool: Option<(u64, u64)>,
+    /// The most that pool reserved since [`reset_primary_pool_high`] (or since it was made).
+    pub pool_reserved_high: Option<u64>,
     /// The device's free and total memory (`cuMemGetInfo` in that context).
     pub free_total: Option<(u64, u64)>,
 }

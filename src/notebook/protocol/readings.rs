@@ -122,6 +122,10 @@ pub struct CudaDevice {
     /// The same pool's reserved bytes (in use and cached).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool_reserved: Option<u64>,
+    /// The most the same pool reserved since the cell began (its high-water mark, reset before
+    /// each cell): what it held even where a synchronize gave memory back before the reading.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool_reserved_high: Option<u64>,
     /// The device's size as CUDA counts it (`cuMemGetInfo`'s total in its primary context, where
     /// that is active): NVML's total less what the driver keeps for itself, the most a process
     /// can be given.

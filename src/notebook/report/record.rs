@@ -743,7 +743,7 @@ fn tracked_pool(r: &Readings<'_>, place: Option<i32>, restarted: bool) -> Option
         used: Span { before: at(&before, |d| d.pool_used), after: after.pool_used },
         reserved: Span { before: at(&before, |d| d.pool_reserved), after: after.pool_reserved },
         used_high: None,
-        reserved_high: None,
+        reserved_high: after.pool_reserved_high,
     })
 }
 

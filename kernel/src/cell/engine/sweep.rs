@@ -318,12 +318,14 @@ fn run_of(rec: &CellRecord, value: f64) -> SweepRun {
         .map(|c| (c.component.key().to_string(), c.peak.unwrap_or(c.after)))
         .collect();
     let owners = p.by_owner.iter().map(|o| (o.owner.clone(), o.peak.unwrap_or(o.after))).collect();
-    // The CUDA pool was trimmed before the run, so what it reserves at its end is what it
-    // reserved for it (a synchronize that gave some back mid-run makes this a floor); the tracked
-    // bytes outside the pool (cuBLAS's workspace, `cuMemAlloc`) are added.
+    // The CUDA pool was trimmed before the run: the most it reserved during it (its high-water
+    // mark, reset before the cell; a pool that gives memory back at each synchronize, as one
+    // capped by `cap_cuda_pool` did on an H100, reserves little at the run's end), or where no
+    // mark was read what it reserves at the end; the tracked bytes outside the pool (cuBLAS's
+    // workspace, `cuMemAlloc`) are added.
     let held = rec.pool.as_ref().and_then(|pool| {
         let (reserved, used) = (pool.reserved.after?, pool.used.after?);
-        Some(reserved + p.after.saturating_sub(used))
+        Some(reserved.max(pool.reserved_high.unwrap_or(0)) + p.after.saturating_sub(used))
     });
     SweepRun { value, peak: p.peak, components, owners, held }
 }
@@ -376,6 +378,31 @@ mod tests {
         assert!(t[0].name.contains("79.18 GiB as CUDA counts it, less 1.00 GiB of other processes"), "{t:?}");
         assert_eq!((t[1].name.as_str(), t[1].capacity), ("--on 24.00 GiB", 24 << 30));
         assert_eq!(t.len(), 2 + CARDS_GB.len());
+    }
+
+    #[test]
+    fn a_run_holds_the_most_its_pool_reserved_during_it() {
+        use gpumem_nb::kernel::report::{AllAllocations, PlaceAll, PoolPart, Span};
+        // candle under a pool capped at 24 GiB on an H100 (2026-12-07): 12.0 GB tracked at the
+        // peak, the pool's reservation back to 1.41 GB at the run's end.
+        let mut rec = CellRecord::default();
+        let place = PlaceAll { device: Some(0), after: 1_376_269_312, peak: 12_030_280_712, ..Default::default() };
+        rec.all_allocations = Some(AllAllocations { devices: vec![place], ..Default::default() });
+        let outside = 1_376_269_312 - 1_308_831_744;
+        let mut pool = PoolPart {
+            used: Span { before: None, after: Some(1_308_831_744) },
+            reserved: Span { before: None, after: Some(1_409_614_848) },
+            ..Default::default()
+        };
+        rec.pool = Some(pool.clone());
+        let end = run_of(&rec, 20480.0);
+        assert_eq!(end.held, Some(1_409_614_848 + outside), "no mark read: the end's reservation");
+        assert_eq!(end.need(), 12_030_280_712, "below the tracked peak: the peak");
+        pool.reserved_high = Some(12_448_694_272);
+        rec.pool = Some(pool);
+        let high = run_of(&rec, 20480.0);
+        assert_eq!(high.held, Some(12_448_694_272 + outside), "the high-water mark of the run");
+        assert_eq!(high.need(), 12_448_694_272 + outside);
     }
 
     #[test]
