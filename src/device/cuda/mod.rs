@@ -685,22 +685,13 @@ impl Backend for CudaBackend {
         if !self.ctx.has_async_alloc() || self.bind().is_err() {
             return None;
         }
-        // SAFETY: the context is bound to this thread and `cu_device` is its device; the call
-        // only writes the pool handle.
-        let pool = unsafe { result::device::get_mem_pool(self.ctx.cu_device()) }.ok()?;
-        let get = |attr: sys::CUmemPool_attribute| -> Option<u64> {
-            let mut v: u64 = 0;
-            // SAFETY: `pool` is the device's live current pool; the four `*_MEM_*` attributes
-            // are `cuuint64_t`, so the driver writes 8 bytes into `v`.
-            unsafe { result::mem_pool::get_attribute(pool, attr, (&mut v as *mut u64).cast()) }.ok()?;
-            Some(v)
-        };
+        let pool = stacks::current_pool(self.ctx.cu_device())?;
         use sys::CUmemPool_attribute as A;
         Some(crate::device::PoolUsage {
-            used: get(A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
-            reserved: get(A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
-            used_high: get(A::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?,
-            reserved_high: get(A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?,
+            used: stacks::pool_attribute(pool, A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
+            reserved: stacks::pool_attribute(pool, A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
+            used_high: stacks::pool_attribute(pool, A::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?,
+            reserved_high: stacks::pool_attribute(pool, A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?,
         })
     }
 
@@ -708,16 +699,12 @@ impl Backend for CudaBackend {
         if !self.ctx.has_async_alloc() || self.bind().is_err() {
             return;
         }
-        // SAFETY: as in `pool_usage`: bound context, its own device.
-        let Ok(pool) = (unsafe { result::device::get_mem_pool(self.ctx.cu_device()) }) else { return };
+        let Some(pool) = stacks::current_pool(self.ctx.cu_device()) else { return };
         for attr in [
             sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
             sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
         ] {
-            let mut zero: u64 = 0;
-            // SAFETY: the `*_HIGH` attributes are `cuuint64_t` and are reset by setting them to 0
-            // (the driver reads 8 bytes from `zero`); `pool` is the live current pool.
-            let r = unsafe { result::mem_pool::set_attribute(pool, attr, (&mut zero as *mut u64).cast()) };
+            let r = stacks::reset_pool_mark(pool, attr);
             self.ctx.record_err(r);
         }
     }

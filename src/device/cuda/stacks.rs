@@ -24,8 +24,9 @@ pub fn primary_local_memory(ordinal: usize) -> Result<Option<LocalMemory>, Devic
     };
     let visit = in_primary(dev, || {
         let limit = result::ctx::get_limit(sys::CUlimit::CU_LIMIT_STACK_SIZE);
-        let pool = pool_in_use(dev);
-        let high = pool_attribute(dev, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH);
+        let current = current_pool(dev);
+        let pool = current.and_then(pool_in_use);
+        let high = current.and_then(|p| pool_attribute(p, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH));
         let free_total = result::mem_get_info().ok().map(|(f, t)| (f as u64, t as u64));
         limit.map(|l| (l, pool, high, free_total)).map_err(|e| driver("cuCtxGetLimit(STACK_SIZE)", e))
     })?;
@@ -58,15 +59,8 @@ pub fn primary_local_memory(ordinal: usize) -> Result<Option<LocalMemory>, Devic
 pub fn reset_primary_pool_high(ordinal: usize) -> Result<(), DeviceError> {
     let dev = device_handle(ordinal)?;
     let visit = in_primary(dev, || {
-        // SAFETY: `dev` comes from cuDeviceGet after a successful probe; the call only writes
-        // the pool handle.
-        let Ok(pool) = (unsafe { result::device::get_mem_pool(dev) }) else { return Ok(()) };
-        let mut zero: u64 = 0;
-        let attr = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH;
-        // SAFETY: `pool` is the device's live current pool (read above, in this context); the
-        // `*_HIGH` attributes are `cuuint64_t` and are reset by setting them to 0 (the driver
-        // reads 8 bytes from `zero`).
-        unsafe { result::mem_pool::set_attribute(pool, attr, (&mut zero as *mut u64).cast()) }
+        let Some(pool) = current_pool(dev) else { return Ok(()) };
+        reset_pool_mark(pool, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)
             .map_err(|e| driver("cuMemPoolSetAttribute(RESERVED_MEM_HIGH)", e))
     })?;
     visit.transpose().map(|_| ())
@@ -81,16 +75,14 @@ pub fn reset_primary_pool_high(ordinal: usize) -> Result<(), DeviceError> {
 pub fn trim_primary_pool(ordinal: usize) -> Result<Option<PoolTrim>, DeviceError> {
     let dev = device_handle(ordinal)?;
     let visit = in_primary(dev, || {
-        // SAFETY: `dev` comes from cuDeviceGet after a successful probe; the call only writes
-        // the pool handle.
-        let Ok(pool) = (unsafe { result::device::get_mem_pool(dev) }) else { return Ok(None) };
-        let Some(before) = pool_in_use(dev) else { return Ok(None) };
+        let Some(pool) = current_pool(dev) else { return Ok(None) };
+        let Some(before) = pool_in_use(pool) else { return Ok(None) };
         result::ctx::synchronize().map_err(|e| driver("cuCtxSynchronize", e))?;
         // SAFETY: `pool` is the device's live current pool (read above, in this context); the
         // driver keeps every byte in use and releases only unused reserved memory.
         unsafe { result::mem_pool::trim_to(pool, 0) }.map_err(|e| driver("cuMemPoolTrimTo", e))?;
         let after =
-            pool_in_use(dev).ok_or_else(|| DeviceError::Unavailable("the pool's counters after the trim".into()))?;
+            pool_in_use(pool).ok_or_else(|| DeviceError::Unavailable("the pool's counters after the trim".into()))?;
         Ok(Some(PoolTrim { before, after }))
     })?;
     Ok(visit.transpose()?.flatten())
@@ -138,28 +130,41 @@ fn in_primary<T>(dev: sys::CUdevice, f: impl FnOnce() -> T) -> Result<Option<T>,
 }
 
 /// The device's current stream-ordered pool (where `cuMemAllocAsync` allocates: cudarc's
-/// `CudaSlice`, candle): its bytes in use and reserved, by the driver's own counters; `None`
-/// where the driver has none (no async allocation on the device). Called with the device's
-/// primary context current on this thread.
-fn pool_in_use(dev: sys::CUdevice) -> Option<(u64, u64)> {
+/// `CudaSlice`, candle); `None` where the driver has none (no async allocation on the device).
+pub(super) fn current_pool(dev: sys::CUdevice) -> Option<sys::CUmemoryPool> {
+    // SAFETY: `dev` comes from cuDeviceGet after a successful probe (or is a live context's
+    // device); the call only writes the pool handle.
+    unsafe { result::device::get_mem_pool(dev) }.ok()
+}
+
+/// `pool`'s bytes in use and reserved, by the driver's own counters.
+fn pool_in_use(pool: sys::CUmemoryPool) -> Option<(u64, u64)> {
     use sys::CUmemPool_attribute as A;
     Some((
-        pool_attribute(dev, A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
-        pool_attribute(dev, A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
+        pool_attribute(pool, A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
+        pool_attribute(pool, A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
     ))
 }
 
-/// One of the four `*_MEM_*` byte counters of the device's current stream-ordered pool; `None`
-/// where the driver has no pool. Called with the device's primary context current on this thread.
-fn pool_attribute(dev: sys::CUdevice, attr: sys::CUmemPool_attribute) -> Option<u64> {
-    // SAFETY: `dev` comes from cuDeviceGet after a successful probe; the call only writes the
-    // pool handle.
-    let pool = unsafe { result::device::get_mem_pool(dev) }.ok()?;
+/// One of the four `*_MEM_*` byte counters of `pool`, a pool [`current_pool`] gave.
+pub(super) fn pool_attribute(pool: sys::CUmemoryPool, attr: sys::CUmemPool_attribute) -> Option<u64> {
     let mut v: u64 = 0;
-    // SAFETY: `pool` is the device's live current pool; the `*_MEM_CURRENT` and `*_MEM_HIGH`
-    // attributes are `cuuint64_t`, so the driver writes 8 bytes into `v`.
+    // SAFETY: `pool` is a device's live current pool (from `current_pool`); the `*_MEM_CURRENT`
+    // and `*_MEM_HIGH` attributes are `cuuint64_t`, so the driver writes 8 bytes into `v`.
     unsafe { result::mem_pool::get_attribute(pool, attr, (&mut v as *mut u64).cast()) }.ok()?;
     Some(v)
+}
+
+/// Starts `attr`, one of `pool`'s `*_MEM_HIGH` marks, again from the pool's current figure.
+pub(super) fn reset_pool_mark(
+    pool: sys::CUmemoryPool,
+    attr: sys::CUmemPool_attribute,
+) -> Result<(), cudarc::driver::DriverError> {
+    let mut zero: u64 = 0;
+    // SAFETY: `pool` is a device's live current pool (from `current_pool`); the `*_HIGH`
+    // attributes are `cuuint64_t` and are reset by setting them to 0 (the driver reads 8 bytes
+    // from `zero`).
+    unsafe { result::mem_pool::set_attribute(pool, attr, (&mut zero as *mut u64).cast()) }
 }
 
 /// What [`trim_primary_pool`] did to a device's stream-ordered pool: (bytes in use, bytes
