@@ -126,7 +126,14 @@ impl Engine {
     /// NVML's process figure less the tracked live bytes (the CUDA context, modules and what
     /// no trim gives back), or none on the simulated device.
     fn overhead(&self, last: &CellRecord) -> (u64, String) {
-        let tracked = place(last).map(|p| p.after).unwrap_or(0);
+        // Tracked bytes now, after the trim: the last run's end still counted the framework
+        // caches the trim gave back (cubecl frees its pages only in its cleanup).
+        let device = place(last).and_then(|p| p.device);
+        let now =
+            self.hooks.control().request(Op::Read, SLOW_TIMEOUT).ok().and_then(|r| {
+                r.tracked?.into_iter().find(|p| p.device.is_some() && p.device == device).map(|p| p.live)
+            });
+        let tracked = now.or_else(|| place(last).map(|p| p.after)).unwrap_or(0);
         let nvml_now = self.child_pid().and_then(|pid| {
             let uuid = last.nvml.uuid.as_deref()?;
             nvml::snapshot().device_of(Some(pid), Some(uuid))?.process_used(pid)
