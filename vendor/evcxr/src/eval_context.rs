@@ -745,9 +745,9 @@ impl EvalContext {
     ) -> Result<EvalOutputs, Error> {
         self.write_cargo_toml(state)?;
         let analysis_code = state.analysis_code(user_code.clone());
-        // A cell of commands only (`:dep`) has no variables: type inference is not asked, so
-        // that it reads new crates when code first needs them, not here (gpumem-kernel's patch,
-        // PATCHES.md §6).
+        // A cell of commands only (`:dep`) has no variables: type inference is not asked here
+        // (gpumem-kernel's patch, PATCHES.md §6); it reads the new crates while they build
+        // (§11).
         let typed = if user_code.is_empty() {
             Ok(())
         } else {
@@ -860,8 +860,42 @@ impl EvalContext {
         phases: &mut PhaseDetailsBuilder,
         callbacks: &mut EvalCallbacks,
     ) -> Result<ExecutionArtifacts, Error> {
+        // A cell of commands that changed Cargo.toml (a `:dep`): type inference reads the new
+        // crates while cargo builds them, rather than at the next cell (gpumem-kernel's patch,
+        // PATCHES.md §11).
+        let read_alongside = user_code.is_empty()
+            && compilation_mode == CompilationMode::RunAndCatchPanics
+            && self.analyzer.cargo_toml_changed();
+        let analysis = read_alongside.then(|| state.analysis_code(CodeBlock::new()));
         let code = state.code_to_compile(user_code, compilation_mode);
-        let so_file = self.module.compile(&code, &state.config)?;
+        let so_file = match analysis {
+            Some(analysis) => {
+                let done = std::sync::atomic::AtomicBool::new(false);
+                let source = analysis.code_string();
+                let (module, analyzer, config) =
+                    (&mut self.module, &mut self.analyzer, &state.config);
+                let (built, read) = std::thread::scope(|s| {
+                    // The read runs at the lowest priority, on a thread of its own, so that it
+                    // takes only what the build leaves of the CPUs; cargo, started from this
+                    // thread, keeps its priority. Best effort: what fails (or panics) here
+                    // fails again, and is said, at the next cell.
+                    let read = s.spawn(|| {
+                        lowest_priority_for_this_thread();
+                        analyzer.set_source_until(source.clone(), Some(&done))
+                    });
+                    let built = module.compile(&code, config);
+                    done.store(true, std::sync::atomic::Ordering::Release);
+                    (built, read.join().unwrap_or(Ok(false)))
+                });
+                if built.is_ok() && matches!(read, Ok(true)) {
+                    // The read ended first: the crates that use the proc macros the build made
+                    // are read again now (about a second), not in the next cell.
+                    let _ = self.analyzer.set_source_until(source, None);
+                }
+                built?
+            }
+            None => self.module.compile(&code, &state.config)?,
+        };
 
         if compilation_mode == CompilationMode::NoCatchExpectError {
             // Uh-oh, caller was expecting an error, return OK and the caller can return the
@@ -2437,6 +2471,18 @@ fn std_lib_path(rustc: &Path) -> Result<PathBuf> {
         }
     }
     anyhow::bail!("No libstd found in {libdir}");
+}
+
+/// Gives the calling thread the lowest scheduling priority (nice 19) for the rest of its life:
+/// what it computes waits for every other runnable thread (gpumem-kernel's patch, PATCHES.md
+/// §11).
+fn lowest_priority_for_this_thread() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: setpriority takes no pointer; on Linux PRIO_PROCESS with a thread id sets that
+    // one thread's nice value, and a thread may always lower its own priority.
+    unsafe {
+        libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19);
+    }
 }
 
 #[cfg(test)]

@@ -192,11 +192,32 @@ impl RustAnalyzer {
     }
 
     pub(crate) fn set_source(&mut self, source: String) -> Result<()> {
+        self.set_source_until(source, None).map(|_| ())
+    }
+
+    /// Whether Cargo.toml differs from the one type inference last read: the next
+    /// `set_source` loads a new crate graph.
+    pub(crate) fn cargo_toml_changed(&self) -> bool {
+        std::fs::read(self.cargo_toml_filename()).ok() != self.last_cargo_toml
+    }
+
+    /// `set_source`, reading a new crate graph's crates only until `done` turns true; what is
+    /// left unread then is read by the next `set_source` (gpumem-kernel's patch, PATCHES.md
+    /// §11: a `:dep` cell's build runs meanwhile). Whether every crate was read.
+    pub(crate) fn set_source_until(
+        &mut self,
+        source: String,
+        done: Option<&std::sync::atomic::AtomicBool>,
+    ) -> Result<bool> {
         self.current_source = source;
         let mut change = ra_hir::ChangeWithProcMacros::default();
 
-        std::fs::write(self.source_file.as_path(), &*self.current_source)
-            .with_context(|| format!("Failed to write {:?}", self.source_file))?;
+        // While a build runs (`done`), src/lib.rs is the build's: type inference keeps its text
+        // in the database only.
+        if done.is_none() {
+            std::fs::write(self.source_file.as_path(), &*self.current_source)
+                .with_context(|| format!("Failed to write {:?}", self.source_file))?;
+        }
         self.vfs.set_file_contents(
             self.source_file.clone().into(),
             Some(self.current_source.bytes().collect()),
@@ -234,11 +255,16 @@ impl RustAnalyzer {
         }
         self.analysis_host.apply_change(change);
         if std::mem::take(&mut self.graph_changed) {
-            self.read_crates_one_by_one();
-            self.blank_unused_files();
-            self.release_memory();
+            if self.read_crates_one_by_one(done) {
+                self.blank_unused_files();
+                self.release_memory();
+            } else {
+                // Stopped early: the rest at the next `set_source`.
+                self.graph_changed = true;
+                return Ok(false);
+            }
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Gives type inference an empty text for each library file that no crate of the graph has
@@ -293,11 +319,15 @@ impl RustAnalyzer {
     /// each, so that salsa's LRU caches let go of the syntax trees one crate needed before the
     /// next parses its own: type inference finds them computed, and the memory it needs at its
     /// peak is about one crate's trees, not every crate's at once (gpumem-kernel's patch,
-    /// PATCHES.md §10).
-    fn read_crates_one_by_one(&mut self) {
+    /// PATCHES.md §10). Stops before the next crate once `done` is true, and then answers
+    /// false (§11).
+    fn read_crates_one_by_one(&mut self, done: Option<&std::sync::atomic::AtomicBool>) -> bool {
         use ra_ap_base_db::salsa::Database;
         let crates = ra_ap_base_db::all_crates(self.analysis_host.raw_database()).to_vec();
         for krate in crates {
+            if done.is_some_and(|d| d.load(std::sync::atomic::Ordering::Acquire)) {
+                return false;
+            }
             let db = self.analysis_host.raw_database();
             ra_hir::attach_db(db, || {
                 let _ = ra_hir::crate_def_map(db, krate);
@@ -307,6 +337,7 @@ impl RustAnalyzer {
                 .raw_database_mut()
                 .synthetic_write(ra_ap_base_db::salsa::Durability::LOW);
         }
+        true
     }
 
     /// What type inference no longer needs dropped (salsa's unused memos, interned types no
