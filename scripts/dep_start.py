@@ -32,8 +32,9 @@ LINES = {
 SMALL = "let x = 40 + 2;"
 
 
-def execute(kc, code, timeout=3600):
-    """Seconds from the execute request to idle; the reply's status."""
+def execute(kc, code, timeout=3600, texts=None):
+    """Seconds from the execute request to idle; the reply's status. `texts`, when given, gets
+    the cell's stream and plain-text outputs."""
     started = time.time()
     msg_id = kc.execute(code)
     status = None
@@ -41,6 +42,10 @@ def execute(kc, code, timeout=3600):
         msg = kc.get_iopub_msg(timeout=timeout)
         if msg["parent_header"].get("msg_id") != msg_id:
             continue
+        if texts is not None and msg["msg_type"] == "stream":
+            texts.append(msg["content"]["text"])
+        elif texts is not None and msg["msg_type"] in ("display_data", "execute_result", "update_display_data"):
+            texts.append(msg["content"]["data"].get("text/plain", ""))
         if msg["msg_type"] == "error":
             status = "error: " + msg["content"].get("evalue", "")[:200]
         if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":

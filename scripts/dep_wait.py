@@ -17,30 +17,11 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 
+from dep_start import execute
 from jupyter_client.manager import start_new_kernel
 
 CELLS = [":dep gpumem-nb", "let size = gpumem_nb::units::iec(3 << 20);\nsize"]
-
-
-def run_cell(kc, code):
-    start = time.time()
-    msg_id = kc.execute(code)
-    texts, error = [], None
-    while True:
-        m = kc.get_iopub_msg(timeout=3600)
-        if m["parent_header"].get("msg_id") != msg_id:
-            continue
-        c = m["content"]
-        if m["msg_type"] == "stream":
-            texts.append(c["text"])
-        elif m["msg_type"] in ("display_data", "execute_result", "update_display_data"):
-            texts.append(c["data"].get("text/plain", ""))
-        elif m["msg_type"] == "error":
-            error = f"{c['ename']}: {c['evalue']}"
-        elif m["msg_type"] == "status" and c["execution_state"] == "idle":
-            return time.time() - start, texts, error
 
 
 def session(binary, root):
@@ -55,9 +36,10 @@ def session(binary, root):
     try:
         out = []
         for code in CELLS:
-            seconds, texts, error = run_cell(kc, code)
-            if error:
-                sys.exit(f"FAIL: {code.splitlines()[0]!r}: {error}")
+            texts = []
+            seconds, status = execute(kc, code, texts=texts)
+            if status != "ok":
+                sys.exit(f"FAIL: {code.splitlines()[0]!r}: {status}")
             waited = next((t.strip() for t in texts if "for type inference to read" in t), None)
             out.append({"cell": code.splitlines()[0], "seconds": round(seconds, 2), "waited_line": waited})
         return out
