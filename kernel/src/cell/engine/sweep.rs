@@ -128,12 +128,13 @@ impl Engine {
     fn overhead(&self, last: &CellRecord) -> (u64, String) {
         // Tracked bytes now, after the trim: the last run's end still counted the framework
         // caches the trim gave back (cubecl frees its pages only in its cleanup).
-        let device = place(last).and_then(|p| p.device);
+        let at_end = place(last);
+        let device = at_end.and_then(|p| p.device);
         let now =
             self.hooks.control().request(Op::Read, SLOW_TIMEOUT).ok().and_then(|r| {
                 r.tracked?.into_iter().find(|p| p.device.is_some() && p.device == device).map(|p| p.live)
             });
-        let tracked = now.or_else(|| place(last).map(|p| p.after)).unwrap_or(0);
+        let tracked = now.or_else(|| at_end.map(|p| p.after)).unwrap_or(0);
         let nvml_now = self.child_pid().and_then(|pid| {
             let uuid = last.nvml.uuid.as_deref()?;
             nvml::snapshot().device_of(Some(pid), Some(uuid))?.process_used(pid)
