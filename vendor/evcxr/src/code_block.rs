@@ -74,6 +74,11 @@ pub(crate) enum CodeKind {
     DropVariable {
         variable_name: String,
     },
+    /// Code that shows a variable to the session's probe before it is stored (gpumem-kernel's
+    /// patch): an error in it drops the probe for that variable, never the cell.
+    ProbeVariable {
+        variable_name: String,
+    },
     /// A line of code that has a fallback to be used in case the supplied line fails to compile.
     WithFallback(CodeBlock),
     /// Code that we generated, but which we don't expect errors from. If we get errors there's not
@@ -335,6 +340,13 @@ impl CodeBlock {
     pub(crate) fn pack_variable(&mut self, variable_name: String, code: String) {
         self.segments
             .push(Segment::new(CodeKind::PackVariable { variable_name }, code));
+    }
+
+    pub(crate) fn probe_variable(&mut self, variable_name: String, code: String) {
+        self.segments.push(Segment::new(
+            CodeKind::ProbeVariable { variable_name },
+            code,
+        ));
     }
 
     pub(crate) fn drop_variable(&mut self, variable_name: String, code: String) {

@@ -40,6 +40,9 @@ pub struct CommandContext {
     last_errors: Vec<CompilationError>,
     /// Crates to link from the next execution on (gpumem-kernel's patch, PATCHES.md §6).
     link_next: Vec<(String, String)>,
+    /// The module whose probe every stored variable passes at the end of a cell
+    /// (gpumem-kernel's patch, PATCHES.md §12).
+    variable_probe: Option<String>,
 }
 
 impl CommandContext {
@@ -55,6 +58,7 @@ impl CommandContext {
             eval_context,
             last_errors: Vec::new(),
             link_next: Vec::new(),
+            variable_probe: None,
         }
     }
 
@@ -70,6 +74,17 @@ impl CommandContext {
     /// session with that execution: when the execution fails, it is dropped with it.
     pub fn link_in_next_execution(&mut self, name: &str, spec: &str) {
         self.link_next.push((name.to_owned(), spec.to_owned()));
+    }
+
+    /// From the next execution on, each variable a cell stores is first shown to the probe of
+    /// module `path` (`None`: no probe), by reference, as
+    /// `(&&&&path::Wrap(&v)).gpumem_probe("v")` with the module's traits `ProbeTyped`,
+    /// `ProbeBlanket`, `ProbeModule` and `ProbeOther` in scope, after `path::begin()` (gpumem-kernel's
+    /// patch, PATCHES.md §12). The module is in a crate every cell links
+    /// ([`CommandContext::link_in_next_execution`]). A variable whose probe does not compile is
+    /// stored without it, from then on while its type stays.
+    pub fn probe_variables_with(&mut self, path: Option<&str>) {
+        self.variable_probe = path.map(str::to_owned);
     }
 
     /// Whether `name` is linked into every cell ([`CommandContext::link_in_next_execution`] and
@@ -147,6 +162,7 @@ Panic detected. Here's some useful information if you're filing a bug report.
         for (name, spec) in std::mem::take(&mut self.link_next) {
             state.add_link_crate(&name, &spec)?;
         }
+        state.set_variable_probe(self.variable_probe.as_deref());
         let mut non_command_code = CodeBlock::new();
         let (user_code, code_info) = CodeBlock::from_original_user_code(to_run);
         for segment in user_code.segments {

@@ -1074,7 +1074,13 @@ impl EvalContext {
         self.keep_for_cell_only_on_error(error, state, fixed_errors);
         for code_origin in &error.code_origins {
             match code_origin {
-                CodeKind::PackVariable { variable_name } => {
+                // A variable used after a move errs where it is first used after the cell's
+                // code: shown to the probe (gpumem-kernel's patch, §12) or stored. rustc says it
+                // once per variable, and the same fix applies to both.
+                CodeKind::PackVariable { variable_name }
+                | CodeKind::ProbeVariable { variable_name }
+                    if matches!(error.code(), Some("E0382" | "E0425")) =>
+                {
                     if error.code() == Some("E0382") {
                         // Use of moved value. A variable of an earlier cell that this cell moves
                         // (into the closure the cell runs in) is stored from inside it, after the
@@ -1094,6 +1100,17 @@ impl EvalContext {
                         // cannot find value in scope.
                         state.variable_states.remove(variable_name);
                         fixed_errors.insert("Variable moved");
+                    }
+                }
+                CodeKind::PackVariable { .. } => {}
+                CodeKind::ProbeVariable { variable_name } => {
+                    // Any other error: the probe cannot take this variable's type, and it is
+                    // stored without it.
+                    if let Some(v) = state.variable_states.get(variable_name) {
+                        let key = (variable_name.clone(), v.type_name.clone());
+                        if state.unprobed.insert(key) {
+                            fixed_errors.insert("Variable probe");
+                        }
                     }
                 }
                 CodeKind::WithFallback(fallback) => {
@@ -1407,6 +1424,10 @@ pub struct ContextState {
     /// Crates linked into every cell (`extern crate`) but not part of what type inference reads
     /// (`CommandContext::link_in_next_execution`, gpumem-kernel's patch).
     link_crates: std::collections::BTreeSet<String>,
+    /// The probe module each stored variable is shown to (`CommandContext::probe_variables_with`,
+    /// gpumem-kernel's patch), and the variables (name, type) whose probe did not compile.
+    variable_probe: Option<String>,
+    unprobed: HashSet<(String, String)>,
 }
 
 impl ContextState {
@@ -1425,6 +1446,16 @@ impl ContextState {
             config,
             cell_only: HashMap::new(),
             link_crates: Default::default(),
+            variable_probe: None,
+            unprobed: HashSet::new(),
+        }
+    }
+
+    /// The module whose probe each stored variable passes ([`ContextState::store_variable_statements`]).
+    pub(crate) fn set_variable_probe(&mut self, path: Option<&str>) {
+        if self.variable_probe.as_deref() != path {
+            self.variable_probe = path.map(str::to_owned);
+            self.unprobed.clear();
         }
     }
 
@@ -1944,6 +1975,13 @@ impl ContextState {
                 .generated("let evcxr_variable_store = unsafe {&mut *evcxr_variable_store};")
                 .add_all(self.check_variable_statements())
                 .add_all(self.load_variable_statements());
+            // The probe's answer is this cell's from here (gpumem-kernel's patch, PATCHES.md
+            // §12): the variables stored after the cell's code, in the closure (new ones) and
+            // after it (the earlier cells'), are shown to it; a cell that returns early or
+            // panics shows those that are stored.
+            if let Some(p) = &self.variable_probe {
+                code = code.generated(format!("{p}::begin();"));
+            }
             user_code = user_code
                 .add_all(self.drop_cell_only_statements())
                 .add_all(self.store_variable_statements(VariableMoveState::New));
@@ -2009,8 +2047,24 @@ impl ContextState {
 
     fn store_variable_statements(&self, move_state: VariableMoveState) -> CodeBlock {
         let mut statements = CodeBlock::new();
+        // The session's probe sees each variable the cell ends with, by reference, before it is
+        // stored (gpumem-kernel's patch, PATCHES.md §12).
+        let probe = self.variable_probe.as_deref();
         for (var_name, var_state) in &self.variable_states {
             if var_state.move_state == move_state {
+                if let Some(p) = probe
+                    && !self
+                        .unprobed
+                        .contains(&(var_name.clone(), var_state.type_name.clone()))
+                {
+                    statements.probe_variable(
+                        var_name.clone(),
+                        format!(
+                            "{{use {p}::{{ProbeTyped as _, ProbeBlanket as _, ProbeModule as _, \
+                             ProbeOther as _}}; (&&&&{p}::Wrap(&{var_name})).gpumem_probe(stringify!({var_name}));}}"
+                        ),
+                    );
+                }
                 statements.pack_variable(
                     var_name.clone(),
                     format!(
@@ -2537,5 +2591,42 @@ mod tests {
                 "#![feature(some_other_feature)]".to_owned(),
             ]
         );
+    }
+
+    /// gpumem-kernel's patch (PATCHES.md §12): with a probe, each variable the cell ends with is
+    /// shown to it by reference, after `begin()` and before it is stored; a variable whose probe
+    /// did not compile is stored without it; without a probe nothing of it is generated.
+    #[test]
+    fn variables_are_shown_to_the_probe_before_they_are_stored() {
+        let compiled = |state: &mut ContextState| {
+            let (user_code, code_info) = CodeBlock::from_original_user_code("let x = 10;");
+            let user_code = state.apply(user_code, &code_info.nodes).unwrap();
+            state
+                .code_to_compile(user_code, CompilationMode::NoCatch)
+                .code_string()
+        };
+        let mut state = create_state();
+        assert!(!compiled(&mut state).contains("gpumem_probe"));
+        state.set_variable_probe(Some("deps::probe"));
+        let code = compiled(&mut state);
+        let begin = code.find("deps::probe::begin();").expect(&code);
+        let shown = code
+            .find("(&&&&deps::probe::Wrap(&x)).gpumem_probe(stringify!(x));")
+            .expect(&code);
+        let stored = code.find("put_variable::<").expect(&code);
+        assert!(begin < shown && shown < stored, "{code}");
+        assert!(code.contains("ProbeTyped as _, ProbeBlanket as _, ProbeModule as _"));
+        let ty = state.variable_states["x"].type_name.clone();
+        state.unprobed.insert(("x".to_owned(), ty));
+        let code = compiled(&mut state);
+        assert!(
+            code.contains("deps::probe::begin();") && !code.contains("Wrap(&x)"),
+            "{code}"
+        );
+        // Another probe: what did not compile for the last one is tried again.
+        state.set_variable_probe(Some("deps2::probe"));
+        assert!(compiled(&mut state).contains("(&&&&deps2::probe::Wrap(&x))"));
+        state.set_variable_probe(None);
+        assert!(!compiled(&mut state).contains("gpumem_probe"));
     }
 }
