@@ -322,6 +322,7 @@ impl Session {
             super::watched::settle(settle_timeout());
         }
         let frameworks = if full.frameworks { super::watched::readings() } else { None };
+        let variables = if full.frameworks { super::probe::reading() } else { None };
         if times_wanted() {
             // Where a reading's time goes (BENCHMARKS.md, "Sites"): on stderr, one line a reading.
             eprintln!(
@@ -339,6 +340,7 @@ impl Session {
             tracked,
             cuda_devices,
             frameworks,
+            variables,
             ..Reply::ok(id)
         }
     }

@@ -17,9 +17,10 @@
 //!    process (selecting and opening devices, nothing more); frameworks with their own books
 //!    of device memory (cubecl's pools), read with every cell's numbers and at each component
 //!    stamp's ends; the per-cell record and its one-line report, shared by both kernels.
-//! 3. `components`, `shims` — what memory is: the stamps a thread sets (each a phase of the
-//!    watched frameworks) and the rules on stacks; cubecl's own books watched with no call of
-//!    the notebook's, through gpumem-kernel's session library, once cubecl holds memory.
+//! 3. `components`, `shims`, `probe` — what memory is: the stamps a thread sets (each a phase of
+//!    the watched frameworks) and the rules on stacks; cubecl's own books watched with no call of
+//!    the notebook's, through gpumem-kernel's session library, once cubecl holds memory; what
+//!    the notebook's variables hold by burn's types, from the session library's probe.
 //! 4. `tracking`, `metrics` — every device allocation of the process (CUPTI, or the simulated
 //!    driver); the per-cell numbers in the OpenMetrics text format, for Prometheus, and
 //!    (feature `metrics`) the endpoint serving them.
@@ -51,6 +52,7 @@ pub mod report;
 pub(crate) mod watched;
 
 pub mod components;
+pub(crate) mod probe;
 pub(crate) mod shims;
 
 pub mod metrics;

@@ -1,7 +1,9 @@
 //! cubecl's own books, read through the reader gpumem-kernel compiles into a notebook's session
 //! library (`kernel/src/build/books_shim.rs`: C functions built against the notebook's own
-//! cubecl). Found by name among the shared libraries this process has loaded
-//! (`libgpumem_deps_*.so`, from `/proc/self/maps`); nothing is loaded that was not already.
+//! cubecl), and what the notebook's variables hold by burn's types (the probe of
+//! `kernel/src/build/variable_probe.rs`). Found by name among the shared libraries this process
+//! has loaded (`libgpumem_deps_*.so`, from `/proc/self/maps`); nothing is loaded that was not
+//! already.
 
 use libloading::os::unix::{Library as UnixLib, RTLD_LOCAL, RTLD_NOW};
 use std::ffi::OsStr;
@@ -9,6 +11,7 @@ use std::ffi::OsStr;
 type StreamFn = unsafe extern "C" fn() -> u64;
 type UsageFn = unsafe extern "C" fn(u32, *mut u64, *mut u8, usize, *mut usize) -> i32;
 type CallFn = unsafe extern "C" fn(u32, *mut u8, usize, *mut usize) -> i32;
+type ProbeFn = unsafe extern "C" fn(*mut u8, usize, *mut usize) -> u64;
 
 /// The reader of one session library.
 pub(crate) struct CubeclBooks {
@@ -50,11 +53,7 @@ pub(crate) fn find(prefix: &str) -> Option<CubeclBooks> {
 }
 
 fn open(path: &str) -> Result<CubeclBooks, String> {
-    // SAFETY: `path` is a library this process has already loaded (it is mapped), so opening it
-    // again runs no initialiser and only returns a new reference to it; RTLD_LOCAL adds nothing
-    // to the global scope.
-    let lib: libloading::Library =
-        unsafe { UnixLib::open(Some(OsStr::new(path)), RTLD_NOW | RTLD_LOCAL) }.map_err(|e| e.to_string())?.into();
+    let lib = reopen(path)?;
     macro_rules! sym {
         ($name:literal, $ty:ty) => {{
             // SAFETY: looked up by its C name; `$ty` is the prototype the kernel's generated
@@ -68,6 +67,59 @@ fn open(path: &str) -> Result<CubeclBooks, String> {
     let flush = sym!(b"gpumem_books_cubecl_flush_v1", CallFn);
     let cleanup = sym!(b"gpumem_books_cubecl_cleanup_v1", CallFn);
     Ok(CubeclBooks { stream, usage, flush, cleanup, _lib: lib })
+}
+
+/// A library this process has already loaded, opened again by its path.
+fn reopen(path: &str) -> Result<libloading::Library, String> {
+    // SAFETY: `path` is a library this process has already loaded (it is mapped), so opening it
+    // again runs no initialiser and only returns a new reference to it; RTLD_LOCAL adds nothing
+    // to the global scope.
+    Ok(unsafe { UnixLib::open(Some(OsStr::new(path)), RTLD_NOW | RTLD_LOCAL) }.map_err(|e| e.to_string())?.into())
+}
+
+/// The probe of the variables a cell ends with, in one session library.
+struct VariableProbe {
+    probe: ProbeFn,
+    _lib: libloading::Library,
+}
+
+/// The session libraries last looked at, and the probe found in them.
+static PROBE: std::sync::Mutex<(Vec<String>, Option<VariableProbe>)> = std::sync::Mutex::new((Vec::new(), None));
+
+/// The last answer of the variable probe in the loaded session libraries (`lib<prefix>….so`):
+/// the number of the cell's probe (0: none yet) and its lines; `None` without a probe. The
+/// libraries are looked at again only when the loaded ones change.
+pub(crate) fn probe_answer(prefix: &str) -> Option<(u64, String)> {
+    let mut found = PROBE.lock().unwrap_or_else(|p| p.into_inner());
+    if found.1.is_none() {
+        let maps = crate::procfs::read("/proc/self/maps")?;
+        let libs: Vec<String> = session_libraries(&maps, prefix).into_iter().map(str::to_owned).collect();
+        if libs != found.0 {
+            found.1 = libs.iter().find_map(|p| open_probe(p).ok());
+            found.0 = libs;
+        }
+    }
+    let probe = found.1.as_ref()?.probe;
+    let mut buf = vec![0u8; 16 << 10];
+    loop {
+        let mut len = 0usize;
+        // SAFETY: `buf` has `cap` writable bytes and `len` is one usize; the probe writes at most
+        // `cap` bytes and the whole answer's length, and holds its own lock while it does.
+        let n = unsafe { probe(buf.as_mut_ptr(), buf.len(), &mut len) };
+        if len <= buf.len() {
+            return Some((n, String::from_utf8_lossy(&buf[..len]).into_owned()));
+        }
+        buf.resize(len, 0);
+    }
+}
+
+fn open_probe(path: &str) -> Result<VariableProbe, String> {
+    let lib = reopen(path)?;
+    // SAFETY: looked up by its C name; `ProbeFn` is the prototype the kernel's generated probe
+    // defines for it (`variable_probe`, versioned `_v1`). The pointer stays valid while `lib`
+    // lives, which is stored beside it and never unloaded.
+    let probe = unsafe { lib.get::<ProbeFn>(b"gpumem_probe_burn_v1") }.map(|s| *s).map_err(|e| e.to_string())?;
+    Ok(VariableProbe { probe, _lib: lib })
 }
 
 /// The reader's answer: `Ok` for 0, else its text, said as cubecl's error or its panic.
@@ -155,5 +207,6 @@ mod tests {
     #[test]
     fn a_process_without_a_session_library_has_no_reader() {
         assert!(find("gpumem_deps_").is_none());
+        assert!(probe_answer("gpumem_deps_").is_none());
     }
 }

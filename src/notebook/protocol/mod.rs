@@ -18,7 +18,7 @@ mod readings;
 pub use readings::{
     CACHED_FREE, ComponentReading, CudaDevice, DeviceReading, FrameworkPhase, FrameworkPool, FrameworkReading,
     GPUMEM_NB, Held, OomEvent, OwnerBytes, OwnerReading, PlaceReading, PlaceTop, Settled, SnapshotPaths, SourceReading,
-    TopReport, Trimmed,
+    TopReport, Trimmed, VariableHeld, VariablesReading,
 };
 
 /// The environment variable naming the kernel's control socket.
@@ -256,6 +256,10 @@ pub struct Reply {
     /// queue), absent when none is watched.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub frameworks: Option<Vec<FrameworkReading>>,
+    /// What the notebook's variables hold by a framework's own types, as the session library's
+    /// probe last saw them at a cell's end (`pre`, `post`, `read`; absent without a probe).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub variables: Option<VariablesReading>,
     /// What did not settle before the reading (`pre`, `post`, `read`, `top`, `snapshot`): a
     /// device or framework still busy after the settle time, read as it was. Absent when all
     /// settled.

@@ -416,6 +416,43 @@ pub struct FrameworkReading {
     pub from_empty: bool,
 }
 
+/// What the notebook's variables held at the end of a cell, by a framework's own types: the
+/// probe gpumem-kernel compiles into the session library for burn 0.21, which evcxr shows each
+/// variable before storing it (`notebook::probe`). Sizes are logical (elements × the dtype's
+/// size, as burn's `num_params` counts); a buffer two variables share counts for each.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VariablesReading {
+    /// The framework whose types were read (`burn`).
+    pub framework: String,
+    /// Which cell end of the session this is (1 for the first probed; a cell that stored no
+    /// variable, or returned early, leaves it as it was).
+    pub probe: u64,
+    /// Where the numbers come from.
+    pub source: String,
+    /// Each variable holding tensors, in the order the probe saw them.
+    pub variables: Vec<VariableHeld>,
+}
+
+/// One variable's tensors, as the probe counted them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VariableHeld {
+    /// The variable's name.
+    pub name: String,
+    /// What its tensors are: `parameter` (a module's), `optimizer_state` (an optimizer's
+    /// moments) or `tensor` (a tensor of its own).
+    pub component: String,
+    /// Their logical bytes.
+    pub bytes: u64,
+    /// How many tensors.
+    pub tensors: u64,
+    /// Parameters not initialised yet (burn's lazy `Param`): no memory until first used.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub lazy: u64,
+    /// Its type, as Rust names it.
+    #[serde(default)]
+    pub type_name: String,
+}
+
 /// The stamped phases of one component, on one watched framework: how its in-use bytes changed
 /// from when each stamp began to when it ended, less what stamps nested in it changed (those
 /// count for their own component). A framework that keeps tensors in pools of its own (cubecl)

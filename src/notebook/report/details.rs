@@ -152,6 +152,9 @@ impl CellRecord {
         for f in &self.frameworks {
             f.rows(&mut t);
         }
+        if let Some(v) = &self.variables {
+            v.rows(&mut t);
+        }
         if let Some(o) = &self.oom {
             t.row([
                 "out of memory".into(),

@@ -165,6 +165,19 @@ impl CellRecord {
         for f in &self.frameworks {
             parts.add_forms(vec![(Keep::Framework, f.line()), (Keep::FrameworkShort, f.short_line())]);
         }
+        if let Some(v) = &self.variables {
+            let forms = v.line_forms();
+            let n = forms.len();
+            // Kept as the components of tracked memory are: the full form as long as `what:`,
+            // the last (the changes) to the end of `what:`'s shortest.
+            parts.add_forms(
+                forms
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, f)| (if i + 1 == n { Keep::WhatShortest } else { Keep::What }, f))
+                    .collect(),
+            );
+        }
         if let Some(all) = all {
             parts.add_forms(what_it_is(&all.place.by_component));
         }

@@ -14,6 +14,8 @@
 //!   [`OwnerDelta`]).
 //! - `framework`: a watched framework's own numbers in the record ([`FrameworkPart`]), and what
 //!   a re-run left behind ([`Growth`]).
+//! - `variables`: what the notebook's variables hold by a framework's own types
+//!   ([`VariablesPart`]: the session library's probe, burn's parameters and optimizer state).
 //! - `oom`: an out-of-memory as the cell's error says it ([`oom_message`]): PyTorch's words, who
 //!   asked and where, and what holds the device.
 #![forbid(unsafe_code)]
@@ -26,6 +28,7 @@ mod line;
 mod oom;
 mod record;
 mod top;
+mod variables;
 
 pub use deltas::{ComponentDelta, OwnerDelta};
 pub use framework::{FrameworkPart, Growth, PoolKindPart, framework_parts};
@@ -39,3 +42,4 @@ pub use record::{
     NvmlPart, PlaceAll, PoolPart, Readings, SourceDelta, Sources, Span, TrackedReadings, all_allocations, build_record,
     device_name,
 };
+pub use variables::{VariableComponent, VariablesPart, variables_part};

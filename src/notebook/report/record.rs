@@ -321,6 +321,11 @@ pub struct CellRecord {
     /// own numbers: in use, cached, reserved, per pool kind.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub frameworks: Vec<super::FrameworkPart>,
+    /// What the notebook's variables hold by a framework's own types at the cell's end (the
+    /// session library's probe: burn's parameters, optimizer state, tensors), when it saw the
+    /// cell's end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub variables: Option<super::VariablesPart>,
     /// NVML: the notebook's device (the one the line describes).
     pub nvml: NvmlPart,
     /// NVML, every device the notebook's process is on, when it is on more than one (each with
