@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{errors, fresh_dir, notices, repo_root, result_text, run_file};
+use common::{errors, fresh_dir, notices, records, repo_root, result_text, run_file};
 use serde_json::Value;
 
 /// Runs `notebooks/NAME.ipynb` headlessly; every code cell must end without an error. Returns
@@ -74,8 +74,35 @@ fn burn_as_its_book_writes_it() {
     let params = cell_starting(&out, "type MyBackend");
     let n = result_text(&out, params);
     assert!(n.parse::<u64>().is_ok_and(|n| n == 28 * 28 * 256 + 256 + 256 * 10 + 10), "{n}");
-    assert_eq!(result_text(&out, cell_starting(&out, "let mut optim = AdamConfig::new().init();")), "true");
+    let step = cell_starting(&out, "let mut optim = AdamConfig::new().init();");
+    assert_eq!(result_text(&out, step), "true");
     assert_eq!(result_text(&out, cell_starting(&out, "model.num_params()")), n);
+    // What the variables hold, by burn's own types, with no call of ours (the session library's
+    // probe): the model's parameters are its `num_params` f32s; after the steps, Adam's two
+    // moments per parameter.
+    let n: u64 = n.parse().unwrap();
+    let held = |i: usize| {
+        let r = records(&out, i);
+        assert_eq!(r.len(), 1, "cell {i}: one record");
+        let v = &r[0]["variables"];
+        assert_eq!(v["framework"], "burn", "cell {i}: {v}");
+        let of = |name: &str| v["variables"].as_array().unwrap().iter().find(|x| x["name"] == name).cloned();
+        (v.clone(), of("model"), of("optim"))
+    };
+    let (v, model, optim) = held(params);
+    let model = model.unwrap_or_else(|| panic!("no `model` in {v}"));
+    assert_eq!((model["component"].as_str(), model["bytes"].as_u64()), (Some("parameter"), Some(n * 4)), "{v}");
+    assert!(optim.is_none(), "{v}");
+    let (v, model, optim) = held(step);
+    assert_eq!(model.map(|m| m["bytes"].as_u64()), Some(Some(n * 4)), "{v}");
+    let optim = optim.unwrap_or_else(|| panic!("no `optim` in {v}"));
+    assert_eq!(
+        (optim["component"].as_str(), optim["bytes"].as_u64()),
+        (Some("optimizer_state"), Some(2 * n * 4)),
+        "{v}"
+    );
+    let adam = v["components"].as_array().unwrap().iter().find(|c| c["component"] == "optimizer_state").unwrap();
+    assert_eq!((adam["before"].as_u64(), adam["after"].as_u64()), (Some(0), Some(2 * n * 4)), "{v}");
 }
 
 /// candle's error as its book shows one ("Error management": a `matmul` of two `(1, 784)`

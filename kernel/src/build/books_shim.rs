@@ -76,7 +76,7 @@ fn known(key: &str, spec: &str) -> Option<Known> {
 
 /// Whether a Cargo version requirement (`0.21`, `^0.21.0`, `=0.21.0`, `~0.21`) picks from
 /// `minor` (`0.21`) and nothing else.
-fn same_minor(req: &str, minor: &str) -> bool {
+pub(crate) fn same_minor(req: &str, minor: &str) -> bool {
     let v = req.trim().trim_start_matches(['^', '=', '~']).trim();
     v == minor || v.strip_prefix(minor).is_some_and(|rest| rest.starts_with('.') && !rest.contains(['*', 'x', ',']))
 }

@@ -12,8 +12,9 @@
 //!    `:dep gpumem-nb` is the crate the kernel was built with; a cell's value shown in one
 //!    compile; how far a cell's build has come; the one stable hash of what the kernel keeps on
 //!    disk; a reader of cubecl's own books for the session library.
-//! 2. `quick_build` — a cell built without cargo when only the cell changed (evcxr's cargo
-//!    wrapper).
+//! 2. `quick_build`, `variable_probe` — a cell built without cargo when only the cell changed
+//!    (evcxr's cargo wrapper); a probe of what the variables hold by burn's types, for the
+//!    session library.
 //! 3. `cell_lines`, `session_deps` — line tables in the cells' own code (the cell crate's rustc,
 //!    timed when asked, its command kept for a build without cargo); one copy of every `:dep`
 //!    crate for the session, beside the build directory.
@@ -28,6 +29,7 @@ pub mod timings;
 pub mod toolchain;
 
 pub mod quick_build;
+pub mod variable_probe;
 
 pub mod cell_lines;
 pub mod session_deps;

@@ -100,12 +100,22 @@ pub struct SessionDeps {
     top: Option<String>,
     /// Every loaded generation (its name and the crates it adds), oldest first.
     loaded: Vec<(String, Vec<String>)>,
+    /// The path of the first loaded generation's variable probe (`variable_probe`), if any.
+    probe: Option<String>,
 }
 
 impl SessionDeps {
     /// Generated crates under `root`.
     pub fn new(root: PathBuf) -> SessionDeps {
-        SessionDeps { root, on: true, held: BTreeMap::new(), refused: BTreeMap::new(), top: None, loaded: Vec::new() }
+        SessionDeps {
+            root,
+            on: true,
+            held: BTreeMap::new(),
+            refused: BTreeMap::new(),
+            top: None,
+            loaded: Vec::new(),
+            probe: None,
+        }
     }
 
     /// Where the generated crates go by default: beside the shared build directory
@@ -163,9 +173,18 @@ impl SessionDeps {
 
     /// `load` is loaded: its crates are the session's.
     pub fn loaded(&mut self, load: &Load) {
+        if self.probe.is_none() && super::variable_probe::for_deps(&load.deps).is_some() {
+            self.probe = Some(format!("{}::{}", load.name, super::variable_probe::MODULE_NAME));
+        }
         self.held.extend(load.deps.iter().cloned());
         self.top = Some(load.name.clone());
         self.loaded.push((load.name.clone(), load.adds.clone()));
+    }
+
+    /// The module every cell shows its variables to at its end, when a loaded generation has
+    /// one (`variable_probe`: burn 0.21 with `autodiff`).
+    pub fn probe(&self) -> Option<&str> {
+        self.probe.as_deref()
     }
 
     /// The loaded generations' shared libraries as built under `build_dir` (evcxr's
@@ -279,6 +298,10 @@ fn write_generation(
         if let Some(dep) = dep {
             manifest.push_str(&format!("{dep}\n"));
         }
+        lib.push_str(&code);
+    }
+    // The probe of what the variables hold by burn's types (`variable_probe`).
+    if let Some(code) = super::variable_probe::for_deps(deps) {
         lib.push_str(&code);
     }
     if std::fs::read_to_string(dir.join("Cargo.toml")).is_ok_and(|m| m == manifest)

@@ -11,8 +11,10 @@
 
 use crate::session::control::ControlServer;
 use gpumem_nb::device::nvml::{self, NvmlSnapshot};
-use gpumem_nb::kernel::protocol::{FrameworkReading, OomEvent, Op, Reply};
-use gpumem_nb::kernel::report::{CellRecord, CrateReading, Readings, TrackedReadings, build_record, framework_parts};
+use gpumem_nb::kernel::protocol::{FrameworkReading, OomEvent, Op, Reply, VariablesReading};
+use gpumem_nb::kernel::report::{
+    CellRecord, CrateReading, Readings, TrackedReadings, build_record, framework_parts, variables_part,
+};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -32,6 +34,8 @@ pub struct Before {
     pub tracked: Option<TrackedReadings>,
     /// The watched frameworks' own numbers (cubecl's pools), when one is watched.
     pub frameworks: Option<Vec<FrameworkReading>>,
+    /// What the variables held by a framework's types at the last probed cell's end.
+    pub variables: Option<VariablesReading>,
     /// Whether `pre` opened a peak slot, so that the peaks cover exactly the cell.
     pub slot_opened: bool,
     /// Time the hooks took, microseconds.
@@ -50,6 +54,8 @@ pub struct After {
     pub tracked: Option<TrackedReadings>,
     /// The watched frameworks' own numbers (cubecl's pools), when one is watched.
     pub frameworks: Option<Vec<FrameworkReading>>,
+    /// What the variables hold by a framework's types, when the session library probes them.
+    pub variables: Option<VariablesReading>,
     /// The cell's first out-of-memory failure, when `%gpumem snapshot --on-oom` watches.
     /// What did not settle before the reading (read as it stood).
     pub unsettled: Vec<gpumem_nb::kernel::protocol::Settled>,
@@ -211,9 +217,10 @@ impl Hooks {
     pub fn before(&mut self, cell: u64, pid: Option<u32>) -> Before {
         let (nvml, mut reply, us) = self.read(Op::Pre { cell }, pid);
         let frameworks = reply.as_mut().and_then(|r| r.frameworks.take());
+        let variables = reply.as_mut().and_then(|r| r.variables.take());
         let (crate_readings, tracked) = readings(reply);
         let slot_opened = crate_readings.is_some();
-        Before { pid, nvml, crate_readings, tracked, frameworks, slot_opened, us }
+        Before { pid, nvml, crate_readings, tracked, frameworks, variables, slot_opened, us }
     }
 
     /// Runs the post-cell hooks for cell `cell`; `pid` is the child's pid now.
@@ -221,9 +228,10 @@ impl Hooks {
         let (nvml, mut reply, us) = self.read(Op::Post { cell }, pid);
         let oom = reply.as_mut().and_then(|r| r.oom.take());
         let frameworks = reply.as_mut().and_then(|r| r.frameworks.take());
+        let variables = reply.as_mut().and_then(|r| r.variables.take());
         let unsettled = reply.as_mut().and_then(|r| r.unsettled.take()).unwrap_or_default();
         let (crate_readings, tracked) = readings(reply);
-        After { pid, nvml, crate_readings, tracked, frameworks, oom, unsettled, us }
+        After { pid, nvml, crate_readings, tracked, frameworks, variables, oom, unsettled, us }
     }
 
     /// One side of the hooks: accept a (re)connecting child, ask the crate for `op` (`pre` or
@@ -331,6 +339,8 @@ pub fn record(cell: u64, before: &Before, after: &After) -> CellRecord {
     rec.unsettled = after.unsettled.clone();
     let frameworks_before = if before.pid == after.pid { before.frameworks.as_deref() } else { None };
     rec.frameworks = framework_parts(frameworks_before, after.frameworks.as_deref());
+    let variables_before = if before.pid == after.pid { before.variables.as_ref() } else { None };
+    rec.variables = variables_part(variables_before, after.variables.as_ref());
     // No reading names the device (a process replaced in the cell, a crate not loaded yet): the
     // device the cell had, or the one the notebook will use.
     if rec.device == "device n/a" {

@@ -466,6 +466,7 @@ mod tests {
                 ..Default::default()
             }),
             frameworks: None,
+            variables: None,
             unsettled: Vec::new(),
             oom: None,
             us: 0,

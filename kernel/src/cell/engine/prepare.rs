@@ -163,6 +163,7 @@ impl Engine {
             Ok(_) => {
                 let rebuilt = build_dir.as_deref().map(|d| self.deps.rebuilt(&before, d)).unwrap_or_default();
                 self.deps.loaded(&load);
+                self.ctx.probe_variables_with(self.deps.probe());
                 prelude.new_generation = true;
                 if !rebuilt.is_empty() {
                     self.restart_child();
@@ -195,6 +196,7 @@ impl Engine {
             }
         }
         self.deps.loaded(&load);
+        self.ctx.probe_variables_with(self.deps.probe());
         prelude.new_generation = true;
         result
     }
