@@ -822,7 +822,9 @@ def corpus_checks(nb, opts, C):
       line that shows `cubecl in use`;
     - `framework-component`: every cell that printed `FRAMEWORK_COMPONENT NAME ±N` (what the
       model says a component is: its parameters' bytes, its optimizer's two moments) has a record
-      whose `all_allocations.by_component` entry NAME changed by exactly N;
+      whose `all_allocations.by_component` entry NAME changed by exactly N, or, where the record
+      has `variables` (burn's types, read by the session library's probe), whose
+      `variables.components` entry NAME did, and a line that names NAME;
     - `tracking`: every record says tracking `--require-tracking` (`cupti` on a GPU);
     - `owners-add-up`: the owners' `after`s add up to `all_allocations.after`;
     - `no-allocated-0`: no report line says `allocated 0 B` (no allocator the notebook never used);
@@ -926,17 +928,26 @@ def corpus_checks(nb, opts, C):
             C.expect(got == want, w, "framework-books",
                      f"{fw}: in use {got:+,} B by the record's reading of its books, {want:+,} B printed by the notebook")
             C.expect(f"{fw} in use " in line, w, "framework-books", f"the line shows {fw}'s books: {line!r}")
-        # What the model says a component is, against the record's component.
+        # What the model says a component is, against the record's component: the tracked
+        # bytes', or, where the record has what the variables hold by the framework's types
+        # (burn: the session library's probe), those, and the line shows the component.
+        variables = rec.get("variables")
         for name, want in printed(stdout, FRAMEWORK_COMPONENT).items():
-            parts_by = {c["component"]: c for c in alla.get("by_component") or []}
+            if variables is not None:
+                parts_by, said = {c["component"]: c for c in variables.get("components") or []}, "the probe"
+            else:
+                parts_by, said = {c["component"]: c for c in alla.get("by_component") or []}, "tracked"
             if name not in parts_by:
                 C.fail(w, "framework-component", f"{name}: the record has no such component "
-                       f"({sorted(parts_by)}), the model printed {want:+,} B")
+                       f"({said}: {sorted(parts_by)}), the model printed {want:+,} B")
                 continue
             c = parts_by[name]
             got = (c.get("after") or 0) - (c.get("before") or 0)
             C.expect(got == want, w, "framework-component",
-                     f"{name}: tracked {got:+,} B, the model printed {want:+,} B")
+                     f"{name}: {said} {got:+,} B, the model printed {want:+,} B")
+            if variables is not None:
+                C.expect(f" {name} " in line, w, "framework-component",
+                         f"the line shows {variables.get('framework')}'s {name}: {line!r}")
         # The line leads with who holds the memory.
         parts = line.split(" · ")
         lead_part = parts[2] if len(parts) > 2 else None
@@ -1457,6 +1468,22 @@ def self_test():
                     o["data"]["text/plain"] += " · cubecl in use 3.00 MiB (+3.00 MiB, cached 1.00 MiB)"
         return _nb([c])
 
+    def probed(after, on_line=True, part=True):
+        """A burn cell that printed Adam's moments (+8 MiB) and the record's probe of its variables."""
+        nb = books(0, 3 * MIB, on_line=False)
+        if part:
+            _set_record(nb, 0, lambda r: r.update(variables={"framework": "burn", "components": [
+                {"component": "parameter", "before": 4 * MIB, "after": 4 * MIB},
+                {"component": "optimizer_state", "before": 0, "after": after}]}))
+        for o in _code(nb, 0)["outputs"]:
+            if o.get("output_type") == "stream":
+                o["text"] += f"FRAMEWORK_COMPONENT optimizer_state +{8 * MIB}\n"
+            if "text/plain" in o.get("data", {}):
+                o["data"]["text/plain"] += " · cubecl in use 3.00 MiB (+3.00 MiB, cached 1.00 MiB)"
+                if on_line:
+                    o["data"]["text/plain"] += " · burn: parameter 4.00 MiB, optimizer_state 8.00 MiB (+8.00 MiB)"
+        return nb
+
     cupti = ["--require-tracking", "cupti"]
     tag = lambda n, *tags: (lambda nb: _code(nb, n)["metadata"].update(tags=list(tags)))
     cases = [
@@ -1567,6 +1594,10 @@ def self_test():
         ("cubecl's books without a before", books(None, 3 * MIB), corpus, "framework-books"),
         ("cubecl's books not on the line", books(0, 3 * MIB, on_line=False), corpus, "framework-books"),
         ("cubecl's books missing", books(0, 3 * MIB, part=False), corpus, "framework-books"),
+        ("burn's variables by the probe as printed", probed(8 * MIB), corpus, None),
+        ("burn's optimizer state by the probe off by 4 bytes", probed(8 * MIB - 4), corpus, "framework-component"),
+        ("burn's components not on the line", probed(8 * MIB, on_line=False), corpus, "framework-component"),
+        ("no probe: tracked has no optimizer_state", probed(8 * MIB, part=False), corpus, "framework-component"),
         ("the kernel's exit status", cand, corpus + ["--kernel-exit", "1"], "kernel-exit"),
         # Out of memory.
         ("candle out of memory as recorded", oomc, oomargs, None),
