@@ -6,9 +6,9 @@
 //! from its optimizer's moments. The variables can: at the end of every cell evcxr stores each
 //! variable the cell ends with, and with our patch (vendor/evcxr/PATCHES.md §12) it first shows
 //! each one, by reference, to a probe in the session library, whose type it knows there. When a
-//! generation of the session library adds burn 0.21 with `autodiff` and a backend, it also gets
-//! the module below, built against that burn. The probe picks what it knows by autoref
-//! specialisation, most specific first:
+//! generation of the session library adds burn 0.21 with `autodiff` and CUDA or ndarray, it
+//! also gets the module below, built against that burn. The probe picks what it knows by
+//! autoref specialisation, most specific first:
 //! 1. a `Tensor` (any backend, rank and kind), an `OptimizerAdaptor` of `Adam` or `AdamW` (its
 //!    moments, read through `to_record`: handle clones, no copy);
 //! 2. a type that is a `Module` of every backend (`usize`, `String`, `Vec<u8>`: burn implements
@@ -42,9 +42,10 @@ pub fn for_deps(deps: &[(String, String)]) -> Option<String> {
 /// The module's path under the generated crate's name.
 pub const MODULE_NAME: &str = "__gpumem_probe";
 
-/// For burn 0.21 with `autodiff`, the path of a backend its features turn on (the first of
-/// `cuda`, `ndarray`, `flex`, `wgpu`, `cpu`), under which the probe tells blanket types from
-/// modules; `None` for anything else.
+/// For burn 0.21 with `autodiff`, the path of a backend its features turn on (`cuda`, else
+/// `ndarray`: the two the probe is built and checked against), under which the probe tells
+/// blanket types from modules; `None` for anything else (a probe that did not build would cost
+/// the session library, so none is tried where it was not checked).
 fn sentinel_backend(key: &str, spec: &str) -> Option<&'static str> {
     let doc = format!("d = {spec}").parse::<toml::Table>().ok()?;
     let toml::Value::Table(t) = &doc["d"] else { return None };
@@ -58,16 +59,10 @@ fn sentinel_backend(key: &str, spec: &str) -> Option<&'static str> {
     if package != "burn" || !super::books_shim::same_minor(version, "0.21") || !features.contains(&"autodiff") {
         return None;
     }
-    [
-        ("cuda", "burn::backend::Cuda"),
-        ("ndarray", "burn::backend::NdArray"),
-        ("flex", "burn::backend::Flex"),
-        ("wgpu", "burn::backend::Wgpu"),
-        ("cpu", "burn::backend::Cpu"),
-    ]
-    .into_iter()
-    .find(|(f, _)| features.contains(f))
-    .map(|(_, b)| b)
+    [("cuda", "burn::backend::Cuda"), ("ndarray", "burn::backend::NdArray")]
+        .into_iter()
+        .find(|(f, _)| features.contains(f))
+        .map(|(_, b)| b)
 }
 
 /// The module, against burn 0.21 (`__BURN__`: the notebook's key for burn; `__SENTINEL__`: a
@@ -276,7 +271,7 @@ mod tests {
                 r#"{ version = "0.21", default-features = false, features = ["std", "cuda", "autodiff", "cubecl"] }"#,
                 "Cuda",
             ),
-            ("b", r#"{ package = "burn", version = "=0.21.0", features = ["autodiff", "wgpu"] }"#, "Wgpu"),
+            ("b", r#"{ package = "burn", version = "=0.21.0", features = ["autodiff", "ndarray"] }"#, "NdArray"),
         ] {
             let module = for_deps(&dep(k, s)).unwrap_or_else(|| panic!("{k} = {s}: no probe"));
             assert!(module.contains(&format!("use ::{k} as burn;")), "{module}");
@@ -292,6 +287,7 @@ mod tests {
         for (k, s) in [
             ("burn", r#"{ version = "0.21", features = ["ndarray"] }"#),
             ("burn", r#"{ version = "0.21", features = ["autodiff"] }"#),
+            ("burn", r#"{ version = "0.21", features = ["autodiff", "wgpu"] }"#),
             ("burn", r#""0.21""#),
             ("burn", r#"{ version = "0.22", features = ["ndarray", "autodiff"] }"#),
             ("candle-core", r#"{ version = "0.9", features = ["autodiff", "cuda"] }"#),
