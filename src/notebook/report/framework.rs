@@ -224,6 +224,18 @@ impl FrameworkPart {
         }
     }
 
+    /// Its shortest words for the line: what is in use and its change (`cubecl in use 2.15 MiB
+    /// (+2.15 MiB)`), what it keeps cached left to the details.
+    pub(crate) fn shortest_line(&self) -> String {
+        match (&self.error, self.in_use.after) {
+            (None, Some(after)) => match self.in_use.delta() {
+                Some(d) => format!("{} in use {} ({})", self.framework, iec(after), iec_delta(d)),
+                None => format!("{} in use {}", self.framework, iec(after)),
+            },
+            _ => self.short_line(),
+        }
+    }
+
     /// Its rows in a cell's details table.
     pub fn rows(&self, t: &mut Table) {
         let b = |v: Option<u64>| v.map_or("–".to_string(), iec);

@@ -163,13 +163,20 @@ impl CellRecord {
             parts.add_forms(pool_forms(p, all.and_then(AllAllocations::delta)));
         }
         for f in &self.frameworks {
-            parts.add_forms(vec![(Keep::Framework, f.line()), (Keep::FrameworkShort, f.short_line())]);
+            // Its stamps' changes go first, then what it keeps cached; what is in use stays as
+            // long as a framework's figures do.
+            parts.add_forms(vec![
+                (Keep::Framework, f.line()),
+                (Keep::Framework, f.short_line()),
+                (Keep::FrameworkShort, f.shortest_line()),
+            ]);
         }
         if let Some(v) = &self.variables {
             let forms = v.line_forms();
             let n = forms.len();
             // Kept as the components of tracked memory are: the full form as long as `what:`,
-            // the last (the changes) to the end of `what:`'s shortest.
+            // the last (the changes) to the end of `what:`'s shortest, after a framework's
+            // stamps and cache are dropped and before its in-use figure is.
             parts.add_forms(
                 forms
                     .into_iter()

@@ -589,3 +589,44 @@ fn a_change_of_the_pool_s_cache_is_on_the_line_when_nothing_else_changed() {
     let same = rec(32 * mib).line_within(usize::MAX, false);
     assert!(same.contains("CUDA pool 4.00 MiB (±0 B, cached 28.0 MiB)"), "{same}");
 }
+
+/// burn's variables by their types (the session library's probe) stay on a line that also has
+/// cubecl's own books: cubecl's figures are shortened first.
+#[test]
+fn burn_s_variables_stay_beside_cubecl_s_books() {
+    use crate::notebook::protocol::{FrameworkPool, FrameworkReading, VariableHeld, VariablesReading};
+    let mut rec = owned(&[("burn/cubecl", 0, 20_756_992)]);
+    rec.cell = 5;
+    rec.wall_ms = 13_300.0;
+    let books = |in_use: u64| FrameworkReading {
+        framework: "cubecl".into(),
+        device: "cuda:0 stream 0".into(),
+        pools: vec![FrameworkPool { in_use, reserved: 20_756_992, ..Default::default() }],
+        ..Default::default()
+    };
+    rec.frameworks = super::super::framework_parts(
+        Some(&[FrameworkReading { from_empty: true, ..books(0) }]),
+        Some(&[books(2_255_360)]),
+    );
+    let probe = VariablesReading {
+        framework: "burn".into(),
+        probe: 1,
+        source: "probe".into(),
+        variables: vec![VariableHeld {
+            name: "model".into(),
+            component: "parameter".into(),
+            bytes: 2_140_160,
+            tensors: 8,
+            ..Default::default()
+        }],
+    };
+    rec.variables = super::super::variables_part(None, Some(&probe));
+    let line = rec.line();
+    assert_eq!(
+        line,
+        "[5] cuda:0 · 13.3 s · burn/cubecl 19.8 MiB (+19.8 MiB) · cubecl in use 2.15 MiB (+2.15 MiB) · burn: \
+         parameter 2.04 MiB"
+    );
+    // With room, cubecl's cache is said too.
+    assert!(rec.line_within(usize::MAX, false).contains("cached 17.64 MiB"));
+}
