@@ -6,9 +6,10 @@
 //! burn it does not know) there is no answer, and nothing is loaded to look for one.
 #![forbid(unsafe_code)]
 
-use super::protocol::{VariableHeld, VariablesReading};
+use super::protocol::VariablesReading;
 
 /// Where the numbers come from.
+#[cfg(any(feature = "cuda", test))]
 pub(crate) const SOURCE: &str = "burn 0.21's own types, read by gpumem-kernel's probe in the session library as \
      each variable is stored at the cell's end: logical bytes (elements × dtype size)";
 
@@ -25,13 +26,14 @@ pub(crate) fn reading() -> Option<VariablesReading> {
 
 /// The probe's lines (`name \t component \t bytes \t tensors \t lazy \t type`); a line that is
 /// not one is skipped.
+#[cfg(any(feature = "cuda", test))]
 fn parse(probe: u64, text: &str) -> VariablesReading {
     let variables = text
         .lines()
         .filter_map(|l| {
             let f: Vec<&str> = l.splitn(6, '\t').collect();
             let [name, component, bytes, tensors, lazy, type_name] = f[..] else { return None };
-            Some(VariableHeld {
+            Some(super::protocol::VariableHeld {
                 name: name.to_string(),
                 component: component.to_string(),
                 bytes: bytes.parse().ok()?,
