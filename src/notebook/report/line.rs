@@ -174,9 +174,9 @@ impl CellRecord {
         if let Some(v) = &self.variables {
             let forms = v.line_forms();
             let n = forms.len();
-            // Kept as the components of tracked memory are: the full form as long as `what:`,
-            // the last (the changes) to the end of `what:`'s shortest, after a framework's
-            // stamps and cache are dropped and before its in-use figure is.
+            // Kept as the components of tracked memory are: the longer forms as long as
+            // `what:`, the last (the largest change alone) to the end of `what:`'s shortest,
+            // after a framework's stamps and cache are dropped and before its in-use figure is.
             parts.add_forms(
                 forms
                     .into_iter()

@@ -111,29 +111,36 @@ fn short_type(t: &str) -> String {
 impl VariablesPart {
     /// The line's forms, longest first: each component with its change
     /// (`burn: parameter 1.55 MiB (+1.55 MiB), optimizer_state 3.11 MiB (+3.11 MiB)`), then the
-    /// changes alone (`burn: parameter +1.55 MiB`). None where nothing changed and nothing is
-    /// held.
+    /// changes alone (`burn: parameter +1.55 MiB`), then the one that changed most, or where
+    /// none did the largest held, without the framework's name, which the line's owner already
+    /// says (`optimizer_state +3.11 MiB`). None where nothing changed and nothing is held.
     pub fn line_forms(&self) -> Vec<String> {
         let held: Vec<&VariableComponent> =
             self.components.iter().filter(|c| c.after > 0 || c.before.unwrap_or(0) > 0).collect();
-        if held.is_empty() {
-            return Vec::new();
-        }
+        let change = |c: &VariableComponent| c.delta().filter(|d| *d != 0);
         let full: Vec<String> = held
             .iter()
-            .map(|c| match c.delta().filter(|d| *d != 0) {
+            .map(|c| match change(c) {
                 Some(d) => format!("{} {} ({})", c.component, iec3(c.after), iec3_delta(d)),
                 None => format!("{} {}", c.component, iec3(c.after)),
             })
             .collect();
+        let changed: Vec<String> =
+            held.iter().filter_map(|c| Some(format!("{} {}", c.component, iec3_delta(change(c)?)))).collect();
+        // Of equals, the first in the components' order (`max_by_key` keeps the last).
+        let most = held.iter().rev().filter_map(|c| Some((c, change(c)?))).max_by_key(|(_, d)| d.unsigned_abs());
+        let shortest = match most {
+            Some((c, d)) => format!("{} {}", c.component, iec3_delta(d)),
+            None => match held.iter().rev().max_by_key(|c| c.after) {
+                Some(c) => format!("{} {}", c.component, iec3(c.after)),
+                None => return Vec::new(),
+            },
+        };
         let mut forms = vec![format!("{}: {}", self.framework, full.join(", "))];
-        let changed: Vec<String> = held
-            .iter()
-            .filter_map(|c| Some(format!("{} {}", c.component, iec3_delta(c.delta().filter(|d| *d != 0)?))))
-            .collect();
         if !changed.is_empty() {
             forms.push(format!("{}: {}", self.framework, changed.join(", ")));
         }
+        forms.push(shortest);
         forms
     }
 
@@ -205,10 +212,11 @@ mod tests {
             "burn: parameter 1.95 KiB (+1000 B), optimizer_state 1.95 KiB (+1.95 KiB), tensor 0 B (-40 B)"
         );
         assert_eq!(forms[1], "burn: parameter +1000 B, optimizer_state +1.95 KiB, tensor -40 B");
-        // The first probed cell: no before, the sums alone.
+        assert_eq!(forms[2], "optimizer_state +1.95 KiB", "the largest change alone");
+        // The first probed cell: no before, the sums alone, then the largest held.
         let first = variables_part(None, Some(&after)).unwrap();
         assert!(first.components.iter().all(|c| c.before.is_none()));
-        assert_eq!(first.line_forms(), ["burn: parameter 1.95 KiB, optimizer_state 1.95 KiB"]);
+        assert_eq!(first.line_forms(), ["burn: parameter 1.95 KiB, optimizer_state 1.95 KiB", "parameter 1.95 KiB"]);
     }
 
     #[test]

@@ -624,9 +624,40 @@ fn burn_s_variables_stay_beside_cubecl_s_books() {
     let line = rec.line();
     assert_eq!(
         line,
-        "[5] cuda:0 · 13.3 s · burn/cubecl 19.8 MiB (+19.8 MiB) · cubecl in use 2.15 MiB (+2.15 MiB) · burn: \
-         parameter 2.04 MiB"
+        "[5] cuda:0 · 13.3 s · burn/cubecl 19.8 MiB (+19.8 MiB) · cubecl in use 2.15 MiB (+2.15 MiB) · parameter \
+         2.04 MiB"
     );
     // With room, cubecl's cache is said too.
     assert!(rec.line_within(usize::MAX, false).contains("cached 17.64 MiB"));
+    // The H100's gpu_nocall_burn (2026-12-08): the model's cell also kept its inputs (the full
+    // form, 134 characters, did not fit), and the Adam step's; each keeps its largest part.
+    let tensor = VariableHeld {
+        name: "images".into(),
+        component: "tensor".into(),
+        bytes: 100_480,
+        tensors: 2,
+        ..Default::default()
+    };
+    let model = VariableHeld { bytes: 2_124_712, ..probe.variables[0].clone() };
+    let first = VariablesReading { variables: vec![model.clone(), tensor.clone()], ..probe.clone() };
+    rec.variables = super::super::variables_part(None, Some(&first));
+    rec.wall_ms = 17_800.0;
+    let line = rec.line();
+    assert!(line.ends_with("cubecl in use 2.15 MiB (+2.15 MiB) · parameter 2.03 MiB"), "{line}");
+    let adam = VariableHeld {
+        name: "optim".into(),
+        component: "optimizer_state".into(),
+        bytes: 4_249_424,
+        tensors: 16,
+        ..Default::default()
+    };
+    let step = VariablesReading { probe: 2, variables: vec![model, adam, tensor], ..probe };
+    rec.variables = super::super::variables_part(Some(&first), Some(&step));
+    rec.cell = 6;
+    rec.wall_ms = 23_600.0;
+    rec.all_allocations.as_mut().unwrap().place.by_owner[0].before = Some(106 << 20);
+    rec.frameworks = super::super::framework_parts(Some(&[books(8_060_000)]), Some(&[books(14_870_000)]));
+    let line = rec.line();
+    assert!(line.contains("cubecl in use") && line.ends_with(" · optimizer_state +4.05 MiB"), "{line}");
+    assert!(line.chars().count() <= 120, "{line}");
 }
